@@ -1,0 +1,97 @@
+# rl: the one build entry point. `make` builds into $(BUILD)/, `make test`
+# builds and runs every test, `make asan` / `make tsan` run the same tests
+# under the sanitizers in their own build trees.
+
+BUILD   ?= build
+CC      ?= cc
+SAN     ?=
+OPT     ?= -O2
+PREFIX  ?= /usr/local
+
+CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
+             -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+             $(OPT) -g -fPIC -fvisibility=hidden -MMD -MP \
+             -Iagent -Icommon $(SAN) $(CFLAGS)
+LDFLAGS_ALL = $(SAN) $(LDFLAGS)
+
+LIB_DEPS  = -lcyaml -lyaml -lpthread
+TEST_DEPS = -lcriterion -lhiredis
+
+LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
+RLCTL_SRC  = aggregator/rlctl.c
+TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
+             tests/support/test_env.c
+RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
+             tests/support/redis_cluster.c
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIB_A   = $(BUILD)/lib/librl.a
+LIB_SO  = $(BUILD)/lib/librl.so
+SONAME  = librl.so.0
+HEADER  = $(BUILD)/include/rl.h
+RLCTL   = $(BUILD)/bin/rlctl
+TESTS   = $(BUILD)/tests/rl-tests
+RUNNER  = $(BUILD)/tests/with-redis
+
+.PHONY: all deps test asan tsan clean
+.DEFAULT_GOAL := all
+
+all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) | deps
+
+deps:
+	@sh scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(LIB_A): $(call obj,$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(call obj,$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(LDFLAGS_ALL) \
+	    -o $@ $^ $(LIB_DEPS)
+
+$(HEADER): agent/rl.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+$(TESTS): $(call obj,$(TEST_SRC)) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS)
+
+$(RUNNER): $(call obj,$(RUNNER_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
+
+# The runner starts one redis-server and a 3-primary/3-replica cluster on
+# free loopback ports, runs the Criterion binary with their addresses in the
+# environment, and stops them whatever happens to the tests.
+TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
+           RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
+CRITERION_ARGS ?=
+
+test: all $(TESTS) $(RUNNER)
+	$(TEST_ENV) $(RUNNER) --cluster -- $(TESTS) $(CRITERION_ARGS)
+
+# Sanitizer builds live in their own trees so that they never mix objects
+# with the normal build.
+asan:
+	$(MAKE) BUILD=build/asan OPT=-O1 \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	    test
+
+tsan:
+	$(MAKE) BUILD=build/tsan OPT=-O1 SAN="-fsanitize=thread" test
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

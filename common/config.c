@@ -1,0 +1,516 @@
+/*
+ * config.c: turns the YAML that libcyaml read into a validated rl_config.
+ * Every rejection names the document, the line where it can be found, the
+ * field and the rule, and says what would be accepted. A config either loads
+ * whole or not at all: no field is ever defaulted over a value that was
+ * written but wrong.
+ */
+#include "config.h"
+
+#include "config_yaml.h"
+#include "duration.h"
+#include "error.h"
+#include "yaml_locate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RL_CONFIG_FILE_MAX (4u << 20)
+
+#define DEFAULT_STORE_HOST "127.0.0.1"
+#define DEFAULT_TIMEOUT_MS 50
+#define DEFAULT_REPORTS_URL "tcp://127.0.0.1:7301"
+#define DEFAULT_TOTALS_URL "tcp://127.0.0.1:7302"
+#define DEFAULT_SYNC_INTERVAL_MS 1000
+
+static const char *const mode_names[] = {"exact", "synced", NULL};
+static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
+static const char *const on_error_names[] = {"allow", "deny", NULL};
+static const char *const charge_names[] = {"all", "first_reject", "refund",
+                                           NULL};
+
+const char *rl_mode_name(rl_mode m) { return mode_names[m]; }
+const char *rl_algorithm_name(rl_algorithm a) { return algorithm_names[a]; }
+const char *rl_on_error_name(rl_on_error o) { return on_error_names[o]; }
+const char *rl_charge_name(rl_charge c) { return charge_names[c]; }
+
+/* Where validation is: the text (to find lines in), its name for messages,
+ * and the rule being checked, if any, so that messages can name it. */
+struct loader {
+    const char *yaml;
+    size_t len;
+    const char *name;
+    const char *rule;
+    rl_error *err;
+};
+
+/* Reports a problem with the value at path (dotted, as yaml_locate takes
+ * it) and returns RL_ECONFIG. */
+__attribute__((format(printf, 3, 4)))
+static int bad(struct loader *ld, const char *path, const char *fmt, ...)
+{
+    char what[512], shown[256], where[64] = "", rule[RL_NAME_MAX + 16] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    unsigned line, column;
+    if (rl_yaml_locate(ld->yaml, ld->len, path, false, &line, &column))
+        snprintf(where, sizeof where, ":%u:%u", line, column);
+    if (ld->rule != NULL)
+        snprintf(rule, sizeof rule, " (rule \"%s\")", ld->rule);
+    rl_config_path_display(path, shown, sizeof shown);
+    return rl_error_set(ld->err, RL_ECONFIG, "%s%s: %s%s: %s", ld->name, where,
+                        shown, rule, what);
+}
+
+/* Looks text up among names; an absent text leaves the default. */
+static int choose(struct loader *ld, const char *path, const char *text,
+                  const char *const *names, int *out)
+{
+    if (text == NULL)
+        return RL_OK;
+    for (int i = 0; names[i] != NULL; i++) {
+        if (strcmp(text, names[i]) == 0) {
+            *out = i;
+            return RL_OK;
+        }
+    }
+    char choices[128] = "";
+    for (int i = 0; names[i] != NULL; i++) {
+        size_t n = strlen(choices);
+        snprintf(choices + n, sizeof choices - n, "%s%s", i ? ", " : "",
+                 names[i]);
+    }
+    return bad(ld, path, "unknown value '%s' (choose one of: %s)", text,
+               choices);
+}
+
+/* Reads a decimal integer from min to max: digits only, so that "5.5",
+ * "0x10" and "-1" are errors rather than 5, 16 and a wrapped number. */
+static int parse_int(struct loader *ld, const char *path, const char *text,
+                     uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t n = 0;
+    const char *p = text;
+    for (; *p >= '0' && *p <= '9' && n <= max; p++)
+        n = n * 10 + (uint64_t)(*p - '0');
+    if (p == text || *p != '\0' || n < min || n > max)
+        return bad(ld, path, "must be a whole number from %llu to %llu, got "
+                   "'%s'", (unsigned long long)min, (unsigned long long)max,
+                   text);
+    *out = n;
+    return RL_OK;
+}
+
+/* Names appear in response headers and JSON bodies; keep them plain. */
+static bool is_plain_name(const char *s, const char *extra)
+{
+    if (*s == '\0')
+        return false;
+    for (; *s != '\0'; s++) {
+        bool ok = (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')
+                  || (*s >= '0' && *s <= '9') || strchr(extra, *s) != NULL;
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static bool is_printable_word(const char *s)
+{
+    if (*s == '\0')
+        return false;
+    for (; *s != '\0'; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c <= ' ' || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
+/* The seed's keys: rl:ip:..., rl:key:..., rl:tenant:... */
+static void default_prefix(const char *match, char *out, size_t cap)
+{
+    const char *short_name = strcmp(match, "api_key") == 0 ? "key" : match;
+    snprintf(out, cap, "rl:%s:", short_name);
+}
+
+static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
+                     rl_rule *rule)
+{
+    char path[64];
+    int rc, choice;
+#define FIELD(f) (snprintf(path, sizeof path, "rules.%zu.%s", i, f), path)
+
+    ld->rule = NULL;
+    if (!is_plain_name(raw->name, "_.:-"))
+        return bad(ld, FIELD("name"), "'%s' is not a valid rule name (use "
+                   "letters, digits and _ . : -)", raw->name);
+    snprintf(rule->name, sizeof rule->name, "%s", raw->name);
+    ld->rule = rule->name;
+
+    if (!is_plain_name(raw->match, "_.-"))
+        return bad(ld, FIELD("match"), "'%s' is not a valid attribute name "
+                   "(use letters, digits and _ . -)", raw->match);
+    snprintf(rule->match, sizeof rule->match, "%s", raw->match);
+
+    if ((rc = parse_int(ld, FIELD("limit"), raw->limit, 1, RL_LIMIT_MAX,
+                        &rule->limit)) != RL_OK)
+        return rc;
+
+    if (rl_duration_parse(raw->period, &rule->period_ms) != RL_OK)
+        return bad(ld, FIELD("period"), "'%s' is not a period: write a "
+                   "positive count and a unit (ms, s, m, h, d), e.g. 500ms, "
+                   "1s, 1m, 1h, 1d, at most 366d", raw->period);
+
+    rule->burst = rule->limit;
+    if (raw->burst != NULL
+        && (rc = parse_int(ld, FIELD("burst"), raw->burst, 1, RL_LIMIT_MAX,
+                           &rule->burst)) != RL_OK)
+        return rc;
+
+    choice = RL_MODE_EXACT;
+    if ((rc = choose(ld, FIELD("mode"), raw->mode, mode_names, &choice)))
+        return rc;
+    rule->mode = (rl_mode)choice;
+    choice = RL_ALGO_TOKEN_BUCKET;
+    if ((rc = choose(ld, FIELD("algorithm"), raw->algorithm, algorithm_names,
+                     &choice)))
+        return rc;
+    rule->algorithm = (rl_algorithm)choice;
+    choice = RL_ON_ERROR_ALLOW;
+    if ((rc = choose(ld, FIELD("on_error"), raw->on_error, on_error_names,
+                     &choice)))
+        return rc;
+    rule->on_error = (rl_on_error)choice;
+
+    if (raw->key_prefix == NULL) {
+        default_prefix(rule->match, rule->key_prefix, sizeof rule->key_prefix);
+    } else if (!is_printable_word(raw->key_prefix)) {
+        return bad(ld, FIELD("key_prefix"), "'%s' is not a valid key prefix "
+                   "(no spaces or control characters, not empty)",
+                   raw->key_prefix);
+    } else {
+        snprintf(rule->key_prefix, sizeof rule->key_prefix, "%s",
+                 raw->key_prefix);
+    }
+#undef FIELD
+    return RL_OK;
+}
+
+/* Two rules with one name could not be told apart in headers; two rules with
+ * one key prefix would share buckets with different rates. */
+static int check_rules_distinct(struct loader *ld, const rl_config *cfg)
+{
+    char path[64];
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        for (size_t j = 0; j < i; j++) {
+            const rl_rule *a = &cfg->rules[j], *b = &cfg->rules[i];
+            ld->rule = b->name;
+            if (strcmp(a->name, b->name) == 0) {
+                snprintf(path, sizeof path, "rules.%zu.name", i);
+                return bad(ld, path, "duplicate rule name: rules[%zu] has "
+                           "it already", j);
+            }
+            if (strcmp(a->key_prefix, b->key_prefix) == 0) {
+                snprintf(path, sizeof path, "rules.%zu", i);
+                return bad(ld, path, "key prefix '%s' is also used by rule "
+                           "\"%s\": the two would share buckets; give one of "
+                           "them its own key_prefix", b->key_prefix, a->name);
+            }
+        }
+    }
+    return RL_OK;
+}
+
+static int load_rules(struct loader *ld, const rl_raw_config *raw,
+                      rl_config *cfg)
+{
+    if (raw->rules_count == 0)
+        return bad(ld, "rules", "the rules list is empty: give at least one "
+                   "rule (name, match, limit, period)");
+    cfg->rules = calloc(raw->rules_count, sizeof *cfg->rules);
+    if (cfg->rules == NULL)
+        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+    cfg->n_rules = raw->rules_count;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        int rc = load_rule(ld, i, &raw->rules[i], &cfg->rules[i]);
+        if (rc != RL_OK)
+            return rc;
+    }
+    int rc = check_rules_distinct(ld, cfg);
+    ld->rule = NULL;
+    return rc;
+}
+
+static int copy_secret(struct loader *ld, const char *text, char **out)
+{
+    if (text == NULL)
+        return RL_OK;
+    *out = strdup(text);
+    if (*out == NULL)
+        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+    return RL_OK;
+}
+
+static int load_seeds(struct loader *ld, const rl_raw_store *raw,
+                      rl_store_config *store)
+{
+    char path[64];
+    if (raw->cluster_count == 0)
+        return bad(ld, "store.cluster", "the cluster list is empty: give at "
+                   "least one node as host:port");
+    store->nodes = calloc(raw->cluster_count, sizeof *store->nodes);
+    if (store->nodes == NULL)
+        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+    store->n_nodes = raw->cluster_count;
+    store->cluster = true;
+    for (size_t i = 0; i < store->n_nodes; i++) {
+        snprintf(path, sizeof path, "store.cluster.%zu", i);
+        if (rl_endpoint_parse(raw->cluster[i], &store->nodes[i]) != RL_OK)
+            return bad(ld, path, "'%s' is not host:port (IPv6 as "
+                       "[addr]:port)", raw->cluster[i]);
+    }
+    return RL_OK;
+}
+
+static int load_store(struct loader *ld, const rl_raw_store *raw,
+                      rl_store_config *store)
+{
+    int rc;
+    store->timeout_ms = DEFAULT_TIMEOUT_MS;
+    if (raw != NULL && raw->url != NULL && raw->cluster != NULL)
+        return bad(ld, "store.cluster", "give either store.url or "
+                   "store.cluster, not both");
+    if (raw != NULL && raw->cluster != NULL) {
+        if ((rc = load_seeds(ld, raw, store)) != RL_OK)
+            return rc;
+    } else {
+        store->nodes = calloc(1, sizeof *store->nodes);
+        if (store->nodes == NULL)
+            return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory",
+                                ld->name);
+        store->n_nodes = 1;
+        snprintf(store->nodes[0].host, RL_HOST_MAX, DEFAULT_STORE_HOST);
+        store->nodes[0].port = RL_REDIS_DEFAULT_PORT;
+        if (raw != NULL && raw->url != NULL
+            && rl_redis_url_parse(raw->url, &store->nodes[0], &store->db))
+            return bad(ld, "store.url", "'%s' is not redis://host[:port][/db]"
+                       " (credentials go in store.username and "
+                       "store.password)", raw->url);
+    }
+    if (raw == NULL)
+        return RL_OK;
+    uint64_t n;
+    if (raw->timeout_ms != NULL) {
+        if ((rc = parse_int(ld, "store.timeout_ms", raw->timeout_ms, 1, 60000,
+                            &n)) != RL_OK)
+            return rc;
+        store->timeout_ms = (uint32_t)n;
+    }
+    if (raw->username != NULL && raw->password == NULL)
+        return bad(ld, "store.username", "a username needs a password "
+                   "(store.password)");
+    if ((rc = copy_secret(ld, raw->username, &store->username)) != RL_OK)
+        return rc;
+    return copy_secret(ld, raw->password, &store->password);
+}
+
+static bool is_nng_url(const char *url)
+{
+    static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://",
+                                          "ipc://", "inproc://", "ws://",
+                                          "tls+tcp://", NULL};
+    for (int i = 0; schemes[i] != NULL; i++) {
+        size_t n = strlen(schemes[i]);
+        if (strncmp(url, schemes[i], n) == 0 && url[n] != '\0')
+            return is_printable_word(url);
+    }
+    return false;
+}
+
+static int load_nng_url(struct loader *ld, const char *path, const char *text,
+                        const char *fallback, char *out)
+{
+    if (text != NULL && !is_nng_url(text))
+        return bad(ld, path, "'%s' is not an nng URL such as "
+                   "tcp://127.0.0.1:7301 or ipc:///run/rl/reports", text);
+    snprintf(out, RL_NNG_URL_MAX, "%s", text != NULL ? text : fallback);
+    return RL_OK;
+}
+
+static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
+                           rl_aggregator_config *agg)
+{
+    static const rl_raw_aggregator none = {0};
+    int rc;
+    if (raw == NULL)
+        raw = &none;
+    if ((rc = load_nng_url(ld, "aggregator.reports", raw->reports,
+                           DEFAULT_REPORTS_URL, agg->reports)) != RL_OK
+        || (rc = load_nng_url(ld, "aggregator.totals", raw->totals,
+                              DEFAULT_TOTALS_URL, agg->totals)) != RL_OK)
+        return rc;
+    if (strcmp(agg->reports, agg->totals) == 0)
+        return bad(ld, "aggregator.totals", "reports and totals need two "
+                   "different URLs, both are '%s'", agg->reports);
+    agg->sync_interval_ms = DEFAULT_SYNC_INTERVAL_MS;
+    uint64_t n;
+    if (raw->sync_interval_ms != NULL) {
+        if ((rc = parse_int(ld, "aggregator.sync_interval_ms",
+                            raw->sync_interval_ms, 10, 60000, &n)) != RL_OK)
+            return rc;
+        agg->sync_interval_ms = (uint32_t)n;
+    }
+    return RL_OK;
+}
+
+static int load_config(struct loader *ld, const rl_raw_config *raw,
+                       rl_config *cfg)
+{
+    int rc, choice = RL_CHARGE_ALL;
+    if ((rc = load_store(ld, raw->store, &cfg->store)) != RL_OK
+        || (rc = load_aggregator(ld, raw->aggregator, &cfg->aggregator))
+               != RL_OK
+        || (rc = choose(ld, "charge", raw->charge, charge_names, &choice))
+               != RL_OK)
+        return rc;
+    cfg->charge = (rl_charge)choice;
+    return load_rules(ld, raw, cfg);
+}
+
+int rl_config_parse(const char *yaml, size_t len, const char *name,
+                    rl_config **out, rl_error *err)
+{
+    if (out == NULL)
+        return rl_error_set(err, RL_EINVAL, "rl_config_parse: out is NULL");
+    *out = NULL;
+    if (yaml == NULL || name == NULL)
+        return rl_error_set(err, RL_EINVAL, "rl_config_parse: yaml and name "
+                            "must not be NULL");
+    rl_raw_config *raw = NULL;
+    int rc = rl_config_yaml_load(yaml, len, name, &raw, err);
+    if (rc != RL_OK)
+        return rc;
+    if (raw == NULL)
+        return rl_error_set(err, RL_ECONFIG, "%s: the config is empty: it "
+                            "needs at least a rules list", name);
+    unsigned line, column;
+    if (rl_yaml_find_nul(yaml, len, &line, &column)) {
+        rl_config_yaml_free(raw);
+        return rl_error_set(err, RL_ECONFIG, "%s:%u:%u: this value holds a "
+                            "NUL byte, which no rl field can carry", name,
+                            line, column);
+    }
+    rl_config *cfg = calloc(1, sizeof *cfg);
+    if (cfg == NULL) {
+        rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory", name);
+        goto fail;
+    }
+    struct loader ld = {.yaml = yaml, .len = len, .name = name, .err = err};
+    if ((rc = load_config(&ld, raw, cfg)) != RL_OK)
+        goto fail;
+    rl_config_yaml_free(raw);
+    rl_error_clear(err);
+    *out = cfg;
+    return RL_OK;
+fail:
+    rl_config_yaml_free(raw);
+    rl_config_free(cfg);
+    return rc;
+}
+
+/* Reads a whole file of at most RL_CONFIG_FILE_MAX bytes. */
+static int read_file(const char *path, char **text, size_t *len,
+                     rl_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rl_error_set(err, RL_EIO, "%s: cannot open config: %s", path,
+                            strerror(errno));
+    struct stat st;
+    int rc = RL_OK;
+    char *buf = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = rl_error_set(err, RL_EIO, "%s: not a regular file", path);
+        goto done;
+    }
+    if (st.st_size > (off_t)RL_CONFIG_FILE_MAX) {
+        rc = rl_error_set(err, RL_EIO, "%s: config is %lld bytes, over the "
+                          "%u-byte limit", path, (long long)st.st_size,
+                          RL_CONFIG_FILE_MAX);
+        goto done;
+    }
+    /* One byte more than the size, to notice a file that grew. */
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    if ((buf = malloc(cap)) == NULL) {
+        rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (ssize_t got; n < cap; n += (size_t)got) {
+        got = read(fd, buf + n, cap - n);
+        if (got == 0)
+            break;
+        if (got < 0 && errno == EINTR) {
+            got = 0;
+            continue;
+        }
+        if (got < 0) {
+            rc = rl_error_set(err, RL_EIO, "%s: cannot read config: %s", path,
+                              strerror(errno));
+            goto done;
+        }
+    }
+    if (n == cap) {
+        rc = rl_error_set(err, RL_EIO, "%s: changed while being read", path);
+        goto done;
+    }
+    *text = buf;
+    *len = n;
+    buf = NULL;
+done:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int rl_config_load(const char *path, rl_config **out, rl_error *err)
+{
+    if (out == NULL || path == NULL) {
+        if (out != NULL)
+            *out = NULL;
+        return rl_error_set(err, RL_EINVAL, "rl_config_load: path and out "
+                            "must not be NULL");
+    }
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_file(path, &text, &len, err);
+    if (rc != RL_OK)
+        return rc;
+    rc = rl_config_parse(text, len, path, out, err);
+    free(text);
+    return rc;
+}
+
+void rl_config_free(rl_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    free(cfg->rules);
+    free(cfg->store.nodes);
+    free(cfg->store.username);
+    if (cfg->store.password != NULL) {
+        /* Do not leave the secret in freed memory. */
+        explicit_bzero(cfg->store.password, strlen(cfg->store.password));
+        free(cfg->store.password);
+    }
+    free(cfg);
+}

@@ -1,0 +1,78 @@
+/*
+ * config.h: the validated rules config, as every part of rl reads it. A
+ * loaded config is immutable. Private to rl: the public side is the opaque
+ * rl_config of rl.h.
+ */
+#ifndef RL_COMMON_CONFIG_H
+#define RL_COMMON_CONFIG_H
+
+#include "address.h"
+#include "keys.h"
+#include "rl.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RL_NAME_MAX 64       /* rule names and attribute names, in bytes */
+#define RL_NNG_URL_MAX 256
+#define RL_SECRET_MAX 512    /* store username and password */
+#define RL_RULES_MAX 4096
+#define RL_SEEDS_MAX 1024
+/* Redis evaluates scripts with double-precision numbers, exact up to 2^53. */
+#define RL_LIMIT_MAX ((1ULL << 53) - 1)
+
+typedef enum rl_mode { RL_MODE_EXACT, RL_MODE_SYNCED } rl_mode;
+typedef enum rl_algorithm { RL_ALGO_TOKEN_BUCKET, RL_ALGO_GCRA } rl_algorithm;
+typedef enum rl_on_error { RL_ON_ERROR_ALLOW, RL_ON_ERROR_DENY } rl_on_error;
+typedef enum rl_charge {
+    RL_CHARGE_ALL,          /* charge every matching rule (the seed's choice) */
+    RL_CHARGE_FIRST_REJECT, /* stop charging at the first rejecting rule */
+    RL_CHARGE_REFUND,       /* give the tokens back when the request is rejected */
+} rl_charge;
+
+/* One rule. The rate is kept as two integers, limit tokens per period_ms,
+ * never as a float per second, so that "100 a minute" is exact. */
+typedef struct rl_rule {
+    char name[RL_NAME_MAX + 1];
+    char match[RL_NAME_MAX + 1];          /* the request attribute it keys on */
+    char key_prefix[RL_PREFIX_MAX + 1];
+    uint64_t limit;                       /* tokens added per period */
+    uint64_t period_ms;
+    uint64_t burst;                       /* bucket capacity */
+    rl_mode mode;
+    rl_algorithm algorithm;
+    rl_on_error on_error;
+} rl_rule;
+
+typedef struct rl_store_config {
+    bool cluster;           /* nodes are cluster seeds, not one server */
+    rl_endpoint *nodes;
+    size_t n_nodes;
+    unsigned db;            /* always 0 for a cluster */
+    char *username;         /* NULL when not set */
+    char *password;         /* NULL when not set */
+    uint32_t timeout_ms;    /* deadline of one check against the store */
+} rl_store_config;
+
+typedef struct rl_aggregator_config {
+    char reports[RL_NNG_URL_MAX]; /* where agents push their counts */
+    char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
+    uint32_t sync_interval_ms;
+} rl_aggregator_config;
+
+struct rl_config {
+    rl_store_config store;
+    rl_aggregator_config aggregator;
+    rl_charge charge;
+    rl_rule *rules;
+    size_t n_rules;
+};
+
+/* The config's words for its enums, for messages and listings. */
+const char *rl_mode_name(rl_mode mode);
+const char *rl_algorithm_name(rl_algorithm algorithm);
+const char *rl_on_error_name(rl_on_error on_error);
+const char *rl_charge_name(rl_charge charge);
+
+#endif

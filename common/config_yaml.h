@@ -1,0 +1,63 @@
+/*
+ * config_yaml.h: the config file as libcyaml reads it, before validation.
+ * Every scalar stays a string here, numbers too: config.c parses them
+ * strictly (libcyaml would take "5.5" as 5) and rejects them with a message
+ * that says what would be accepted. Private to librl.
+ */
+#ifndef RL_COMMON_CONFIG_YAML_H
+#define RL_COMMON_CONFIG_YAML_H
+
+#include "rl.h"
+
+#include <stddef.h>
+
+typedef struct rl_raw_rule {
+    char *name;
+    char *match;
+    char *limit;
+    char *period;
+    char *mode;          /* optional fields are NULL when absent */
+    char *algorithm;
+    char *burst;
+    char *key_prefix;
+    char *on_error;
+} rl_raw_rule;
+
+typedef struct rl_raw_store {
+    char *url;
+    char **cluster;
+    unsigned cluster_count;
+    char *username;
+    char *password;
+    char *timeout_ms;
+} rl_raw_store;
+
+typedef struct rl_raw_aggregator {
+    char *reports;
+    char *totals;
+    char *sync_interval_ms;
+} rl_raw_aggregator;
+
+typedef struct rl_raw_config {
+    rl_raw_store *store;
+    rl_raw_aggregator *aggregator;
+    char *charge;
+    rl_raw_rule *rules;
+    unsigned rules_count;
+} rl_raw_config;
+
+/* rl_config_yaml_load parses len bytes of YAML against rl's schema. On
+ * success *out is the raw config (NULL for an empty document), to be freed
+ * with rl_config_yaml_free. On failure returns RL_ECONFIG or RL_ENOMEM with
+ * err's message "NAME:LINE:COLUMN: PATH: problem" built from libcyaml's
+ * report. */
+int rl_config_yaml_load(const char *yaml, size_t len, const char *name,
+                        rl_raw_config **out, rl_error *err);
+
+void rl_config_yaml_free(rl_raw_config *raw);
+
+/* rl_config_path_display turns a dotted locator path into the way messages
+ * show it: "rules.0.limit" -> "rules[0].limit". */
+void rl_config_path_display(const char *path, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * keys.c: bucket keys and their cluster slots. A key is the rule's prefix
+ * followed by the attribute value as given: values are length-checked here
+ * and only ever passed to Redis as arguments, never spliced into script text.
+ * The slot function follows the Redis Cluster specification (CRC16-XMODEM:
+ * polynomial 0x1021, initial value 0, no reflection) and its hash tag rule.
+ */
+#include "keys.h"
+
+#include "rl.h"
+
+#include <pthread.h>
+#include <string.h>
+
+int rl_key_build(const char *prefix, const char *value, size_t value_len,
+                 char *buf, size_t cap, size_t *key_len)
+{
+    if (prefix == NULL || value == NULL || buf == NULL || value_len == 0)
+        return RL_EINVAL;
+    if (value_len > RL_VALUE_MAX)
+        return RL_ETOOLONG;
+    if (memchr(value, '\0', value_len) != NULL)
+        return RL_EINVAL;
+    size_t prefix_len = strlen(prefix);
+    if (prefix_len + value_len + 1 > cap)
+        return RL_ETOOLONG;
+    memcpy(buf, prefix, prefix_len);
+    memcpy(buf + prefix_len, value, value_len);
+    buf[prefix_len + value_len] = '\0';
+    if (key_len != NULL)
+        *key_len = prefix_len + value_len;
+    return RL_OK;
+}
+
+static uint16_t crc16_table[256];
+static pthread_once_t crc16_once = PTHREAD_ONCE_INIT;
+
+/* The table holds the CRC of each byte value shifted into the top of the
+ * register, so that the main loop handles a byte in one step. */
+static void crc16_table_fill(void)
+{
+    for (unsigned byte = 0; byte < 256; byte++) {
+        uint16_t crc = (uint16_t)(byte << 8);
+        for (int bit = 0; bit < 8; bit++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021)
+                                 : (uint16_t)(crc << 1);
+        crc16_table[byte] = crc;
+    }
+}
+
+static uint16_t crc16_xmodem(const unsigned char *p, size_t len)
+{
+    pthread_once(&crc16_once, crc16_table_fill);
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++)
+        crc = (uint16_t)((crc << 8) ^ crc16_table[((crc >> 8) ^ p[i]) & 0xff]);
+    return crc;
+}
+
+uint16_t rl_key_slot(const char *key, size_t len)
+{
+    const char *open = memchr(key, '{', len);
+    if (open != NULL) {
+        size_t after = (size_t)(open - key) + 1;
+        const char *close = memchr(open + 1, '}', len - after);
+        if (close != NULL && close > open + 1)
+            return crc16_xmodem((const unsigned char *)open + 1,
+                                (size_t)(close - open - 1)) % RL_CLUSTER_SLOTS;
+    }
+    return crc16_xmodem((const unsigned char *)key, len) % RL_CLUSTER_SLOTS;
+}

@@ -1,0 +1,37 @@
+/*
+ * keys.h: the Redis key of a bucket (rule prefix + attribute value) and the
+ * Redis Cluster hash slot it lives in. Private to librl.
+ */
+#ifndef RL_COMMON_KEYS_H
+#define RL_COMMON_KEYS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The longest attribute value a key may carry, in bytes. Longer values are
+ * refused, never truncated: two long values that shared a prefix would
+ * otherwise share a bucket. */
+#define RL_VALUE_MAX 256
+
+/* The longest key prefix a rule may have, in bytes. */
+#define RL_PREFIX_MAX 128
+
+/* Room for any key rl builds, with its terminating NUL. */
+#define RL_KEY_MAX (RL_PREFIX_MAX + RL_VALUE_MAX + 1)
+
+#define RL_CLUSTER_SLOTS 16384
+
+/* rl_key_build writes prefix followed by the value_len bytes of value into
+ * buf (of size cap), NUL-terminated, and its length into *key_len.
+ * Returns RL_EINVAL for an empty value or one holding a NUL byte (it could
+ * not be told apart from a shorter value), RL_ETOOLONG for a value over
+ * RL_VALUE_MAX bytes or a key that does not fit in cap. */
+int rl_key_build(const char *prefix, const char *value, size_t value_len,
+                 char *buf, size_t cap, size_t *key_len);
+
+/* rl_key_slot returns the Redis Cluster hash slot of a key: CRC16 (XMODEM)
+ * of the key, or of its hash tag, modulo 16384. The tag is what lies between
+ * the first '{' and the first '}' after it, when that is not empty. */
+uint16_t rl_key_slot(const char *key, size_t len);
+
+#endif

@@ -1,0 +1,28 @@
+#!/bin/sh
+# Installs the Debian packages rl builds and tests with, only those missing.
+# Called by `make deps` (and so by `make` and `make test`): on a fresh Debian
+# machine, as root, `make test` alone sets everything up.
+set -eu
+
+packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
+libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev redis-server redis-tools"
+
+missing=""
+for p in $packages; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+    [ "$status" = "installed" ] || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+    echo "rl: missing Debian packages:$missing" >&2
+    echo "rl: install them as root, then run make again:" >&2
+    echo "    apt-get update && apt-get install -y$missing" >&2
+    exit 1
+fi
+
+echo "rl: installing missing Debian packages:$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+# shellcheck disable=SC2086  # word splitting of the package list is wanted
+apt-get install -y --no-install-recommends $missing

@@ -1,0 +1,124 @@
+/*
+ * redis_cluster.c: a real cluster for the cluster tests. The cluster is
+ * created by redis-cli, as an operator would, and only handed to tests once
+ * all slots are served and replication is up, so that no test races the
+ * cluster's own start-up.
+ */
+#include "redis_cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CLUSTER_READY_TIMEOUT_MS 30000
+
+static int run_create(const test_cluster *cl, const char *root)
+{
+    char addrs[TEST_CLUSTER_NODES][32], log[PATH_MAX];
+    snprintf(log, sizeof log, "%s/cluster-create.log", root);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        char *argv[TEST_CLUSTER_NODES + 8];
+        int n = 0;
+        argv[n++] = "redis-cli";
+        argv[n++] = "--cluster";
+        argv[n++] = "create";
+        for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
+            snprintf(addrs[i], sizeof addrs[i], "127.0.0.1:%u",
+                     cl->nodes[i].port);
+            argv[n++] = addrs[i];
+        }
+        argv[n++] = "--cluster-replicas";
+        argv[n++] = "1";
+        argv[n++] = "--cluster-yes";
+        argv[n] = NULL;
+        execvp("redis-cli", argv);
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* Whether INFO-style text from the node holds line. */
+static bool node_says(uint16_t port, const char *command, const char *line)
+{
+    struct timeval tv = {0, 500000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    bool yes = false;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, command);
+        yes = r != NULL
+              && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_VERB)
+              && strstr(r->str, line) != NULL;
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    return yes;
+}
+
+static bool cluster_ready(const test_cluster *cl)
+{
+    int primaries_with_replica = 0;
+    for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
+        uint16_t port = cl->nodes[i].port;
+        if (!node_says(port, "CLUSTER INFO", "cluster_state:ok")
+            || !node_says(port, "CLUSTER INFO", "cluster_slots_ok:16384"))
+            return false;
+        if (node_says(port, "INFO replication", "role:slave")
+            && !node_says(port, "INFO replication", "master_link_status:up"))
+            return false;
+        if (node_says(port, "INFO replication", "connected_slaves:1"))
+            primaries_with_replica++;
+    }
+    return primaries_with_replica == TEST_CLUSTER_PRIMARIES;
+}
+
+int test_cluster_start(test_cluster *cl, const char *root, char *err,
+                       size_t errlen)
+{
+    memset(cl, 0, sizeof *cl);
+    for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
+        if (test_redis_start(&cl->nodes[i], root, true, err, errlen) != 0)
+            goto fail;
+    }
+    if (run_create(cl, root) != 0) {
+        snprintf(err, errlen, "redis-cli --cluster create failed; see "
+                 "%s/cluster-create.log", root);
+        goto fail;
+    }
+    for (int waited = 0; waited < CLUSTER_READY_TIMEOUT_MS; waited += 50) {
+        if (cluster_ready(cl))
+            return 0;
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    snprintf(err, errlen, "cluster not ready within %d ms; see the redis.log "
+             "of each node under %s", CLUSTER_READY_TIMEOUT_MS, root);
+fail:
+    test_cluster_stop(cl);
+    return -1;
+}
+
+void test_cluster_stop(test_cluster *cl)
+{
+    for (int i = 0; i < TEST_CLUSTER_NODES; i++)
+        test_redis_stop(&cl->nodes[i]);
+}

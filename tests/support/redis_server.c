@@ -1,0 +1,199 @@
+/*
+ * redis_server.c: private redis-servers for tests. A server is a child of
+ * the runner with PR_SET_PDEATHSIG, so that it dies with the runner even if
+ * the runner itself is killed: no test ever leaves a server behind.
+ */
+#include "redis_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define START_ATTEMPTS 10
+#define READY_TIMEOUT_MS 10000
+
+uint16_t test_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    uint16_t port = 0;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0
+        && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static int write_config(const test_redis *srv, bool cluster)
+{
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/redis.conf", srv->dir);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f,
+            "port %u\n"
+            "bind 127.0.0.1\n"
+            "daemonize no\n"
+            "save \"\"\n"
+            "appendonly no\n"
+            "dir %s\n"
+            "logfile %s/redis.log\n"
+            "enable-debug-command local\n",
+            srv->port, srv->dir, srv->dir);
+    if (cluster)
+        fprintf(f,
+                "cluster-enabled yes\n"
+                "cluster-config-file nodes.conf\n"
+                "cluster-port %u\n"
+                "cluster-node-timeout 2000\n",
+                srv->bus_port);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static pid_t spawn(const test_redis *srv)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(127); /* the runner died before prctl took effect */
+    char conf[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(conf, sizeof conf, "%s/redis.conf", srv->dir);
+    snprintf(out, sizeof out, "%s/stdout.log", srv->dir);
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+    }
+    const char *bin = getenv("RL_REDIS_SERVER");
+    bin = bin != NULL ? bin : "redis-server";
+    execlp(bin, bin, conf, (char *)NULL);
+    fprintf(stderr, "cannot run %s: %s\n", bin, strerror(errno));
+    _exit(127);
+}
+
+static bool answers_ping(uint16_t port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    bool ok = false;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "PING");
+        ok = r != NULL && r->type == REDIS_REPLY_STATUS
+             && strcmp(r->str, "PONG") == 0;
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    return ok;
+}
+
+/* 1 ready, 0 exited early (port taken, most likely), -1 timed out. */
+static int wait_ready(test_redis *srv)
+{
+    for (int waited = 0; waited < READY_TIMEOUT_MS; waited += 20) {
+        int status;
+        if (waitpid(srv->pid, &status, WNOHANG) == srv->pid) {
+            srv->pid = 0;
+            return 0;
+        }
+        if (answers_ping(srv->port))
+            return 1;
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+static int try_start(test_redis *srv, const char *root, bool cluster,
+                     char *err, size_t errlen)
+{
+    srv->port = test_free_port();
+    srv->bus_port = cluster ? test_free_port() : 0;
+    if (srv->port == 0 || (cluster && srv->bus_port == 0)) {
+        snprintf(err, errlen, "no free loopback port: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(srv->dir, sizeof srv->dir, "%s/redis-%u", root, srv->port);
+    if (mkdir(srv->dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "mkdir %s: %s", srv->dir, strerror(errno));
+        return -1;
+    }
+    if (write_config(srv, cluster) != 0) {
+        snprintf(err, errlen, "cannot write %s/redis.conf", srv->dir);
+        return -1;
+    }
+    srv->pid = spawn(srv);
+    if (srv->pid < 0) {
+        srv->pid = 0;
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        return -1;
+    }
+    int ready = wait_ready(srv);
+    if (ready < 0) {
+        test_redis_stop(srv);
+        snprintf(err, errlen, "redis-server on port %u did not answer PING "
+                 "within %d ms; see %s/redis.log", srv->port,
+                 READY_TIMEOUT_MS, srv->dir);
+        return -1;
+    }
+    if (ready == 0)
+        snprintf(err, errlen, "redis-server exited at start; see "
+                 "%s/redis.log and %s/stdout.log", srv->dir, srv->dir);
+    return ready == 1 ? 0 : 1;
+}
+
+int test_redis_start(test_redis *srv, const char *root, bool cluster,
+                     char *err, size_t errlen)
+{
+    memset(srv, 0, sizeof *srv);
+    for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
+        int rc = try_start(srv, root, cluster, err, errlen);
+        if (rc <= 0)
+            return rc;
+        /* Exited at start: another process took the port; pick again. */
+    }
+    return -1;
+}
+
+void test_redis_stop(test_redis *srv)
+{
+    if (srv->pid <= 0)
+        return;
+    kill(srv->pid, SIGTERM);
+    for (int waited = 0; waited < 5000; waited += 10) {
+        if (waitpid(srv->pid, NULL, WNOHANG) == srv->pid) {
+            srv->pid = 0;
+            return;
+        }
+        sleep_ms(10);
+    }
+    kill(srv->pid, SIGKILL);
+    waitpid(srv->pid, NULL, 0);
+    srv->pid = 0;
+}

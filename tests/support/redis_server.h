@@ -1,0 +1,36 @@
+/*
+ * redis_server.h: one private redis-server for tests, on a free loopback
+ * port in its own directory, stopped on request or when its parent dies.
+ */
+#ifndef RL_TEST_REDIS_SERVER_H
+#define RL_TEST_REDIS_SERVER_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct test_redis {
+    pid_t pid;          /* 0 when not running */
+    uint16_t port;
+    uint16_t bus_port;  /* cluster bus, 0 when not a cluster node */
+    char dir[PATH_MAX]; /* its working directory: redis.conf, redis.log */
+} test_redis;
+
+/* test_redis_start starts redis-server (or $RL_REDIS_SERVER) with a config
+ * written under root: loopback only, no persistence, cluster mode if asked.
+ * It retries on another port if the one picked was taken meanwhile, and
+ * returns once PING answers. On failure returns -1 with a reason in err. */
+int test_redis_start(test_redis *srv, const char *root, bool cluster,
+                     char *err, size_t errlen);
+
+/* test_redis_stop stops the server (SIGTERM, then SIGKILL after 5 s) and
+ * waits for it. Safe on a server that is not running. */
+void test_redis_stop(test_redis *srv);
+
+/* test_free_port returns a loopback TCP port that was free a moment ago,
+ * or 0. */
+uint16_t test_free_port(void);
+
+#endif

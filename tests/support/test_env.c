@@ -1,0 +1,52 @@
+/*
+ * test_env.c: helpers every integration test uses to reach the servers the
+ * runner started for it.
+ */
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *test_env(const char *name)
+{
+    const char *value = getenv(name);
+    cr_assert(value != NULL && value[0] != '\0',
+              "%s is not set: run the tests with `make test`, which starts "
+              "the servers they need", name);
+    return value;
+}
+
+redisContext *test_redis_connect(const char *addr)
+{
+    if (addr == NULL)
+        addr = test_env("RL_TEST_REDIS");
+    char host[64];
+    unsigned port;
+    cr_assert(sscanf(addr, "%63[^:]:%u", host, &port) == 2,
+              "bad address '%s'", addr);
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(host, (int)port, tv);
+    cr_assert(c != NULL && !c->err, "cannot connect to %s: %s", addr,
+              c ? c->errstr : "out of memory");
+    return c;
+}
+
+redisReply *test_redis_command(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    cr_assert(r != NULL, "redis command '%s' failed: %s", fmt, c->errstr);
+    return r;
+}
+
+const char *test_path(char *buf, size_t cap, const char *env_dir,
+                      const char *file)
+{
+    snprintf(buf, cap, "%s/%s", test_env(env_dir), file);
+    return buf;
+}

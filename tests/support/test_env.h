@@ -1,0 +1,27 @@
+/*
+ * test_env.h: what the runner (with-redis) and the Makefile hand to tests
+ * through the environment, with Criterion assertions when it is missing.
+ */
+#ifndef RL_TEST_ENV_H
+#define RL_TEST_ENV_H
+
+#include <hiredis/hiredis.h>
+#include <stddef.h>
+
+/* test_env returns the variable's value; the test fails when it is unset,
+ * with a message saying to run the tests through make test. */
+const char *test_env(const char *name);
+
+/* test_redis_connect connects to the address in RL_TEST_REDIS (or any
+ * "host:port" given). The test fails if that is not possible. */
+redisContext *test_redis_connect(const char *addr);
+
+/* test_redis_command runs one command and fails the test on a NULL reply
+ * (a lost connection). The caller frees the reply. */
+redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
+
+/* test_path joins a directory from the environment and a file name. */
+const char *test_path(char *buf, size_t cap, const char *env_dir,
+                      const char *file);
+
+#endif
