@@ -16,7 +16,7 @@ typedef struct test_cluster {
 
 /* test_cluster_start starts the nodes under root, joins them into a cluster
  * with one replica per primary, and returns once every node reports
- * cluster_state:ok and every replica's link to its primary is up. On
+ * cluster_state:ok and lists every primary with a synced replica. On
  * failure everything started is stopped and -1 is returned with a reason. */
 int test_cluster_start(test_cluster *cl, const char *root, char *err,
                        size_t errlen);

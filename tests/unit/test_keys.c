@@ -1,0 +1,82 @@
+/* Bucket keys: exact bytes, hard limits, and the cluster slot function on
+ * the specification's own check value. */
+#include "keys.h"
+#include "rl.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+Test(keys, seed_keys_are_prefix_and_value)
+{
+    char key[RL_KEY_MAX];
+    size_t len = 0;
+    cr_assert_eq(rl_key_build("rl:ip:", "203.0.113.42", 12, key, sizeof key,
+                              &len), RL_OK);
+    cr_assert_str_eq(key, "rl:ip:203.0.113.42");
+    cr_assert_eq(len, 18);
+    cr_assert_eq(rl_key_build("rl:key:", "ak_abc123", 9, key, sizeof key,
+                              &len), RL_OK);
+    cr_assert_str_eq(key, "rl:key:ak_abc123");
+}
+
+Test(keys, values_up_to_256_bytes_are_kept_whole)
+{
+    char value[RL_VALUE_MAX + 1], key[RL_KEY_MAX];
+    memset(value, 'v', sizeof value);
+    size_t len = 0;
+    cr_assert_eq(rl_key_build("rl:ip:", value, RL_VALUE_MAX, key, sizeof key,
+                              &len), RL_OK);
+    cr_assert_eq(len, 6 + RL_VALUE_MAX);
+    cr_assert_eq(memcmp(key + 6, value, RL_VALUE_MAX), 0);
+}
+
+Test(keys, longer_values_are_refused_not_truncated)
+{
+    char value[RL_VALUE_MAX + 1], key[RL_KEY_MAX];
+    memset(value, 'v', sizeof value);
+    memset(key, 'x', sizeof key);
+    cr_assert_eq(rl_key_build("rl:ip:", value, RL_VALUE_MAX + 1, key,
+                              sizeof key, NULL), RL_ETOOLONG);
+    cr_assert_eq(key[0], 'x', "the buffer was written to");
+}
+
+Test(keys, empty_values_and_nul_bytes_are_refused)
+{
+    char key[RL_KEY_MAX];
+    cr_assert_eq(rl_key_build("rl:ip:", "", 0, key, sizeof key, NULL),
+                 RL_EINVAL);
+    cr_assert_eq(rl_key_build("rl:ip:", "a\0b", 3, key, sizeof key, NULL),
+                 RL_EINVAL);
+    cr_assert_eq(rl_key_build(NULL, "a", 1, key, sizeof key, NULL),
+                 RL_EINVAL);
+}
+
+Test(keys, a_key_that_does_not_fit_the_buffer_is_refused)
+{
+    char key[10];
+    cr_assert_eq(rl_key_build("rl:ip:", "1234", 4, key, sizeof key, NULL),
+                 RL_ETOOLONG);
+    cr_assert_eq(rl_key_build("rl:ip:", "123", 3, key, sizeof key, NULL),
+                 RL_OK);
+    cr_assert_str_eq(key, "rl:ip:123");
+}
+
+Test(keys, slot_of_the_crc16_check_string)
+{
+    /* CRC16-XMODEM("123456789") = 0x31C3, the cluster spec's check value. */
+    cr_assert_eq(rl_key_slot("123456789", 9), 0x31C3 % 16384);
+}
+
+Test(keys, hash_tags_follow_the_cluster_spec)
+{
+    uint16_t user = rl_key_slot("user1000", 8);
+    cr_assert_eq(rl_key_slot("{user1000}.following", 20), user);
+    cr_assert_eq(rl_key_slot("{user1000}.followers", 20), user);
+    /* An empty tag means no tag: the whole key is hashed. */
+    cr_assert_eq(rl_key_slot("foo{}{bar}", 10),
+                 rl_key_slot("foo{}{bar}", 10));
+    cr_assert_neq(rl_key_slot("foo{}{bar}", 10), rl_key_slot("bar", 3));
+    /* The tag ends at the first '}' after the first '{'. */
+    cr_assert_eq(rl_key_slot("foo{{bar}}zap", 13), rl_key_slot("{bar", 4));
+    cr_assert_eq(rl_key_slot("foo{bar}{zap}", 13), rl_key_slot("bar", 3));
+}
