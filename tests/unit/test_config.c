@@ -343,3 +343,34 @@ Test(config, rlctl_exits_nonzero_naming_the_culprit)
     cr_assert_eq(run_rlctl(path, out, sizeof out), 0);
     cr_assert(strstr(out, "per-key") != NULL, "%s", out);
 }
+
+#include <pthread.h>
+
+static void *load_example(void *arg)
+{
+    const char *path = arg;
+    for (int i = 0; i < 20; i++) {
+        rl_config *cfg;
+        rl_error err;
+        if (rl_config_load(path, &cfg, &err) != RL_OK)
+            return (void *)1;
+        rl_config_free(cfg);
+        if (rl_config_parse("rules: []\n", 10, "x", &cfg, &err) != RL_ECONFIG)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+Test(config, loads_from_many_threads_at_once)
+{
+    char path[512];
+    test_path(path, sizeof path, "RL_TEST_EXAMPLES", "rules.example.yaml");
+    pthread_t threads[8];
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, load_example, path), 0);
+    for (int i = 0; i < 8; i++) {
+        void *failed;
+        pthread_join(threads[i], &failed);
+        cr_assert_null(failed, "thread %d could not load the config", i);
+    }
+}

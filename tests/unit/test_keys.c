@@ -80,3 +80,28 @@ Test(keys, hash_tags_follow_the_cluster_spec)
     cr_assert_eq(rl_key_slot("foo{{bar}}zap", 13), rl_key_slot("{bar", 4));
     cr_assert_eq(rl_key_slot("foo{bar}{zap}", 13), rl_key_slot("bar", 3));
 }
+
+#include <pthread.h>
+
+static void *slot_many(void *arg)
+{
+    uint16_t *out = arg;
+    for (int i = 0; i < 1000; i++)
+        *out = rl_key_slot("rl:key:ak_abc123", 16);
+    return NULL;
+}
+
+Test(keys, slot_is_safe_from_many_threads_at_first_use)
+{
+    /* Each test runs in a new process, so these threads race to build the
+     * CRC table: the result must be the same for all of them. */
+    pthread_t threads[8];
+    uint16_t slots[8];
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, slot_many, &slots[i]),
+                     0);
+    for (int i = 0; i < 8; i++)
+        pthread_join(threads[i], NULL);
+    for (int i = 1; i < 8; i++)
+        cr_assert_eq(slots[i], slots[0]);
+}

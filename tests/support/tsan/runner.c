@@ -1,0 +1,93 @@
+/*
+ * runner.c: runs the tests registered through the TSan stand-in for
+ * Criterion (see criterion/criterion.h beside this file), each in a forked
+ * process with a time limit, and ends with one "tsan: N passed, N failed"
+ * line. Exit status 1 if any test failed or crashed.
+ */
+#include "criterion/criterion.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_TESTS 1024
+#define TEST_TIMEOUT_S 300
+
+struct test {
+    const char *suite, *name;
+    void (*fn)(void);
+};
+
+static struct test tests[MAX_TESTS];
+static size_t n_tests;
+static bool expect_failed;
+
+void tsan_test_register(const char *suite, const char *name, void (*fn)(void))
+{
+    if (n_tests == MAX_TESTS) {
+        fprintf(stderr, "tsan runner: more than %d tests\n", MAX_TESTS);
+        exit(2);
+    }
+    tests[n_tests++] = (struct test){suite, name, fn};
+}
+
+void tsan_test_check(bool ok, bool fatal, const char *file, int line,
+                     const char *what, const char *fmt, ...)
+{
+    if (ok)
+        return;
+    char message[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "[----] %s:%d: %s%s%s\n", file, line, what,
+            message[0] ? ": " : "", message);
+    fflush(NULL);
+    if (fatal)
+        exit(1);
+    expect_failed = true;
+}
+
+static bool run_one(const struct test *t)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("tsan runner: fork");
+        return false;
+    }
+    if (pid == 0) {
+        alarm(TEST_TIMEOUT_S);
+        t->fn();
+        fflush(NULL);
+        exit(expect_failed ? 1 : 0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "[----] %s::%s: crashed with signal %d\n", t->suite,
+                t->name, WTERMSIG(status));
+    printf("[%s] %s::%s\n", passed ? "PASS" : "FAIL", t->suite, t->name);
+    return passed;
+}
+
+int main(int argc, char **argv)
+{
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    size_t passed = 0, failed = 0;
+    for (size_t i = 0; i < n_tests; i++) {
+        if (filter != NULL && strstr(tests[i].suite, filter) == NULL)
+            continue;
+        if (run_one(&tests[i]))
+            passed++;
+        else
+            failed++;
+    }
+    printf("tsan: %zu passed, %zu failed\n", passed, failed);
+    return failed == 0 && passed > 0 ? 0 : 1;
+}
