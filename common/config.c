@@ -70,6 +70,11 @@ static int bad(struct loader *ld, const char *path, const char *fmt, ...)
                         shown, rule, what);
 }
 
+static int out_of_memory(struct loader *ld)
+{
+    return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+}
+
 /* Looks text up among names; an absent text leaves the default. */
 static int choose(struct loader *ld, const char *path, const char *text,
                   const char *const *names, int *out)
@@ -238,7 +243,7 @@ static int load_rules(struct loader *ld, const rl_raw_config *raw,
                    "rule (name, match, limit, period)");
     cfg->rules = calloc(raw->rules_count, sizeof *cfg->rules);
     if (cfg->rules == NULL)
-        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+        return out_of_memory(ld);
     cfg->n_rules = raw->rules_count;
     for (size_t i = 0; i < cfg->n_rules; i++) {
         int rc = load_rule(ld, i, &raw->rules[i], &cfg->rules[i]);
@@ -256,7 +261,7 @@ static int copy_secret(struct loader *ld, const char *text, char **out)
         return RL_OK;
     *out = strdup(text);
     if (*out == NULL)
-        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+        return out_of_memory(ld);
     return RL_OK;
 }
 
@@ -269,7 +274,7 @@ static int load_seeds(struct loader *ld, const rl_raw_store *raw,
                    "least one node as host:port");
     store->nodes = calloc(raw->cluster_count, sizeof *store->nodes);
     if (store->nodes == NULL)
-        return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
+        return out_of_memory(ld);
     store->n_nodes = raw->cluster_count;
     store->cluster = true;
     for (size_t i = 0; i < store->n_nodes; i++) {
@@ -295,8 +300,7 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
     } else {
         store->nodes = calloc(1, sizeof *store->nodes);
         if (store->nodes == NULL)
-            return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory",
-                                ld->name);
+            return out_of_memory(ld);
         store->n_nodes = 1;
         snprintf(store->nodes[0].host, RL_HOST_MAX, DEFAULT_STORE_HOST);
         store->nodes[0].port = RL_REDIS_DEFAULT_PORT;
