@@ -34,11 +34,13 @@ static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
 static const char *const on_error_names[] = {"allow", "deny", NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
                                            NULL};
+static const char *const scripts_names[] = {"auto", "function", "eval", NULL};
 
 const char *rl_mode_name(rl_mode m) { return mode_names[m]; }
 const char *rl_algorithm_name(rl_algorithm a) { return algorithm_names[a]; }
 const char *rl_on_error_name(rl_on_error o) { return on_error_names[o]; }
 const char *rl_charge_name(rl_charge c) { return charge_names[c]; }
+const char *rl_scripts_name(rl_scripts s) { return scripts_names[s]; }
 
 /* Where validation is: the text (to find lines in), its name for messages,
  * and the rule being checked, if any, so that messages can name it. */
@@ -181,6 +183,17 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                            &rule->burst)) != RL_OK)
         return rc;
 
+    /* The scripts count in 1/period_ms tokens so that refills are whole
+     * numbers; Redis's doubles keep them exact up to 2^53. */
+    if (rule->burst > RL_LIMIT_MAX / rule->period_ms)
+        return bad(ld, FIELD(raw->burst ? "burst" : "limit"), "burst %llu "
+                   "(the bucket's capacity, limit unless set) over a period "
+                   "of %llu ms "
+                   "is more than rl can count exactly: burst x period in ms "
+                   "must stay below 2^53; shorten the period or lower the "
+                   "burst", (unsigned long long)rule->burst,
+                   (unsigned long long)rule->period_ms);
+
     choice = RL_MODE_EXACT;
     if ((rc = choose(ld, FIELD("mode"), raw->mode, mode_names, &choice)))
         return rc;
@@ -319,6 +332,11 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
             return rc;
         store->timeout_ms = (uint32_t)n;
     }
+    int choice = RL_SCRIPTS_AUTO;
+    if ((rc = choose(ld, "store.scripts", raw->scripts, scripts_names,
+                     &choice)) != RL_OK)
+        return rc;
+    store->scripts = (rl_scripts)choice;
     if (raw->username != NULL && raw->password == NULL)
         return bad(ld, "store.username", "a username needs a password "
                    "(store.password)");

@@ -25,6 +25,11 @@
 typedef enum rl_mode { RL_MODE_EXACT, RL_MODE_SYNCED } rl_mode;
 typedef enum rl_algorithm { RL_ALGO_TOKEN_BUCKET, RL_ALGO_GCRA } rl_algorithm;
 typedef enum rl_on_error { RL_ON_ERROR_ALLOW, RL_ON_ERROR_DENY } rl_on_error;
+typedef enum rl_scripts {
+    RL_SCRIPTS_AUTO,     /* a function library on Redis 7+, scripts before */
+    RL_SCRIPTS_FUNCTION, /* FUNCTION LOAD + FCALL */
+    RL_SCRIPTS_EVAL,     /* SCRIPT LOAD + EVALSHA */
+} rl_scripts;
 typedef enum rl_charge {
     RL_CHARGE_ALL,          /* charge every matching rule (the seed's choice) */
     RL_CHARGE_FIRST_REJECT, /* stop charging at the first rejecting rule */
@@ -53,6 +58,7 @@ typedef struct rl_store_config {
     char *username;         /* NULL when not set */
     char *password;         /* NULL when not set */
     uint32_t timeout_ms;    /* deadline of one check against the store */
+    rl_scripts scripts;
 } rl_store_config;
 
 typedef struct rl_aggregator_config {
@@ -74,5 +80,6 @@ const char *rl_mode_name(rl_mode mode);
 const char *rl_algorithm_name(rl_algorithm algorithm);
 const char *rl_on_error_name(rl_on_error on_error);
 const char *rl_charge_name(rl_charge charge);
+const char *rl_scripts_name(rl_scripts scripts);
 
 #endif

@@ -49,6 +49,7 @@ static const cyaml_schema_field_t store_fields[] = {
     STR_FIELD("password", CYAML_FLAG_OPTIONAL, rl_raw_store, password,
               RL_SECRET_MAX),
     STR_FIELD("timeout_ms", CYAML_FLAG_OPTIONAL, rl_raw_store, timeout_ms, 32),
+    STR_FIELD("scripts", CYAML_FLAG_OPTIONAL, rl_raw_store, scripts, 32),
     CYAML_FIELD_END,
 };
 

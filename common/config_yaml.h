@@ -30,6 +30,7 @@ typedef struct rl_raw_store {
     char *username;
     char *password;
     char *timeout_ms;
+    char *scripts;
 } rl_raw_store;
 
 typedef struct rl_raw_aggregator {

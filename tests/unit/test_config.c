@@ -95,6 +95,7 @@ Test(config, omitted_fields_take_the_documented_defaults)
     cr_assert_null(cfg->store.username);
     cr_assert_null(cfg->store.password);
     cr_assert_eq(cfg->store.timeout_ms, 50);
+    cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_AUTO);
     cr_assert_str_eq(cfg->aggregator.reports, "tcp://127.0.0.1:7301");
     cr_assert_str_eq(cfg->aggregator.totals, "tcp://127.0.0.1:7302");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
@@ -110,6 +111,7 @@ Test(config, every_field_can_be_set)
         "  username: rl\n"
         "  password: s3cret\n"
         "  timeout_ms: 20\n"
+        "  scripts: eval\n"
         "aggregator:\n"
         "  reports: ipc:///run/rl/reports\n"
         "  totals: tcp://[::1]:9000\n"
@@ -137,6 +139,7 @@ Test(config, every_field_can_be_set)
     cr_assert_str_eq(cfg->store.username, "rl");
     cr_assert_str_eq(cfg->store.password, "s3cret");
     cr_assert_eq(cfg->store.timeout_ms, 20);
+    cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_EVAL);
     cr_assert_str_eq(cfg->aggregator.reports, "ipc:///run/rl/reports");
     cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
@@ -168,11 +171,14 @@ Test(config, rates_stay_two_integers)
     rl_config *cfg = load_ok("rules:\n"
                              "  - {name: a, match: ip, limit: 100, period: 1m}\n"
                              "  - {name: b, match: api_key, limit: 9007199254740991, "
+                             "period: 1ms}\n"
+                             "  - {name: c, match: tenant, limit: 1, "
                              "period: 366d}\n");
     cr_assert_eq(cfg->rules[0].limit, 100);
     cr_assert_eq(cfg->rules[0].period_ms, 60000);
     cr_assert_eq(cfg->rules[1].limit, 9007199254740991ULL);
-    cr_assert_eq(cfg->rules[1].period_ms, 366ULL * 86400000);
+    cr_assert_eq(cfg->rules[1].period_ms, 1);
+    cr_assert_eq(cfg->rules[2].period_ms, 366ULL * 86400000);
     rl_config_free(cfg);
 }
 
@@ -201,6 +207,8 @@ struct bad_file {
 };
 
 static const struct bad_file bad_files[] = {
+    {"burst-times-period-too-large.yaml", ":5:12: rules[0].limit (rule \"per-tenant\"): burst 1000000000 (the bucket's capacity, limit unless set) over a period of 31536000000 ms is more than rl can count exactly: burst x period in ms must stay below 2^53; shorten the period or lower the burst"},
+    {"unknown-scripts.yaml", ":3:12: store.scripts: unknown value 'lua' (choose one of: auto, function, eval)"},
     {"aggregator-same-urls.yaml", ":4:11: aggregator.totals: reports and totals need two different URLs, both are 'tcp://127.0.0.1:7301'"},
     {"aggregator-url.yaml", ":3:12: aggregator.reports: '127.0.0.1:7301' is not an nng URL such as tcp://127.0.0.1:7301 or ipc:///run/rl/reports"},
     {"burst-zero.yaml", ":7:12: rules[0].burst (rule \"per-key\"): must be a whole number from 1 to 9007199254740991, got '0'"},
