@@ -13,7 +13,9 @@
 #ifndef RL_H
 #define RL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +34,10 @@ extern "C" {
 #define RL_ECONFIG  -3 /* the config is invalid; rl_error says where */
 #define RL_EIO      -4 /* a file could not be read */
 #define RL_ETOOLONG -5 /* a value is longer than its limit */
+#define RL_ECLOSED  -6 /* the agent is shutting down or closed */
+#define RL_EFORKED  -7 /* the agent was opened in another process (fork) */
+#define RL_ENOTSUP  -8 /* the config asks for something this build lacks */
+#define RL_ESYS     -9 /* the system refused a thread, socket or timer */
 
 /* The longest message an rl_error carries, including its terminating NUL.
  * A longer message is cut and ends in "..." so a cut is never silent. */
@@ -73,6 +79,143 @@ RL_API int rl_config_parse(const char *yaml, size_t len, const char *name,
 /* rl_config_free releases a config. rl_config_free(NULL) does nothing. The
  * caller must make sure no other thread still uses the config. */
 RL_API void rl_config_free(rl_config *config);
+
+/* ------------------------------------------------------------------------
+ * The agent: checks requests against the rules.
+ * ------------------------------------------------------------------------ */
+
+/* An agent owns one I/O thread and its connection to the store. Opaque. */
+typedef struct rl_agent rl_agent;
+
+/* What a log line is about. */
+typedef enum rl_log_level {
+    RL_LOG_DEBUG,
+    RL_LOG_INFO,
+    RL_LOG_WARN,
+    RL_LOG_ERROR,
+} rl_log_level;
+
+/* A logger the host may set. It is called from the agent's I/O thread with
+ * one line of key=value text (valid only during the call); it must not call
+ * back into the agent. */
+typedef void (*rl_log_fn)(rl_log_level level, const char *line, void *arg);
+
+/* Options for rl_agent_open. Zero-initialise, then set what you need. */
+typedef struct rl_options {
+    /* The rules: either a path to a YAML config, or a config already
+     * loaded with rl_config_load (borrowed: it must outlive the agent). */
+    const char *config_path;
+    const rl_config *config;
+    /* Overrides of the config; 0 keeps the config's value. */
+    uint32_t timeout_ms;   /* deadline of one check, 1 to 60000 */
+    rl_log_fn log;         /* NULL: the agent logs nothing */
+    void *log_arg;
+    rl_log_level log_level; /* lines below this level are not produced */
+} rl_options;
+
+/* rl_agent_open loads the rules, starts the agent's I/O thread and begins
+ * connecting to the store. It returns without waiting for the connection:
+ * checks made before the store answers wait for it up to their deadline.
+ * On success *out owns a new agent, released with rl_agent_close(). On
+ * failure *out is NULL and err says why: RL_EIO / RL_ECONFIG for the config,
+ * RL_ENOTSUP for a rule mode this build cannot serve, RL_ESYS if no thread
+ * could be started, RL_EINVAL, RL_ENOMEM. Thread-safe.
+ *
+ * After fork(), an agent opened in the parent cannot be used in the child:
+ * its I/O thread lives only in the parent. Calls from the child return
+ * RL_EFORKED. Open the agent in each worker, after forking. */
+RL_API int rl_agent_open(rl_agent **out, const rl_options *options,
+                         rl_error *err);
+
+/* rl_agent_shutdown stops the agent without freeing it. Checks waiting for
+ * the store are decided at once by their rules' on_error policy (marked
+ * degraded); checks started after it return RL_ECLOSED. Safe to call from
+ * any thread while others are checking; calling it again does nothing. */
+RL_API void rl_agent_shutdown(rl_agent *agent);
+
+/* rl_agent_close shuts the agent down (if not already), waits for every call
+ * still inside the agent to return, stops its thread and frees it. No call
+ * on the agent may start once rl_agent_close has been called: to stop
+ * threads that are still checking, call rl_agent_shutdown first, let them
+ * see RL_ECLOSED, then close. rl_agent_close(NULL) does nothing. */
+RL_API void rl_agent_close(rl_agent *agent);
+
+/* One attribute of a request: a rule applies when its `match` names an
+ * attribute present in the request. The value is bytes, not necessarily
+ * NUL-terminated: value_len of them are used. Attributes no rule matches
+ * are ignored. */
+typedef struct rl_attr {
+    const char *name;
+    const char *value;
+    size_t value_len;
+} rl_attr;
+
+/* The longest rule name, in bytes (without the terminating NUL). */
+#define RL_RULE_NAME_MAX 64
+/* At most this many attributes per request. */
+#define RL_ATTRS_MAX 64
+
+/* The combined answer for one request. */
+typedef struct rl_decision {
+    bool allowed;
+    /* The store did not answer within the deadline (or the agent was shut
+     * down) for at least one rule, and that rule's on_error decided. */
+    bool degraded;
+    /* The deciding rule: when rejected, the rejecting rule with the longest
+     * retry; when allowed, the tightest rule (fewest tokens remaining; the
+     * first in config order on a tie). Empty when no rule applied. */
+    char rule[RL_RULE_NAME_MAX + 1];
+    uint64_t limit;     /* the rule's tokens per period */
+    uint64_t period_ms; /* the rule's period */
+    uint64_t remaining; /* whole tokens left in its bucket */
+    uint64_t reset_ms;  /* until its bucket is full again */
+    /* 0 when allowed; when rejected, ms until the request could pass, or
+     * -1 when it never can (its cost is larger than the bucket). */
+    int64_t retry_after_ms;
+} rl_decision;
+
+/* rl_check decides one request: every rule whose attribute is present is
+ * checked and charged `cost` tokens (see the config's `charge`), all of them
+ * in one round trip to the store. It blocks until the decision, and never
+ * past the store's deadline (timeout_ms): if the store has not answered by
+ * then, each unanswered rule's on_error decides and out->degraded is set.
+ * A request that no rule applies to is allowed at once, without a round
+ * trip. Thread-safe: any number of threads may check at once.
+ *
+ * Returns RL_OK with *out filled in (allowed or rejected alike), or without
+ * touching the store: RL_EINVAL for a NULL argument, cost 0, more than
+ * RL_ATTRS_MAX attributes, an attribute named twice, or a value that is
+ * empty or holds a NUL byte; RL_ETOOLONG for a value a rule applies to that
+ * is over 256 bytes; RL_ECLOSED after shutdown; RL_EFORKED in a forked
+ * child; RL_ENOMEM. */
+RL_API int rl_check(rl_agent *agent, const rl_attr *attrs, size_t n,
+                    uint32_t cost, rl_decision *out);
+
+/* Called once with the decision of an rl_check_async call, from the agent's
+ * I/O thread. The decision is valid only during the call. The callback must
+ * be quick and must not block: every other check waits for it. */
+typedef void (*rl_check_fn)(const rl_decision *decision, void *arg);
+
+/* rl_check_async is rl_check for event-loop gateways: it returns at once and
+ * the decision comes to callback(decision, arg), exactly once, from the
+ * agent's I/O thread, within the deadline. If the call itself fails (the
+ * same errors as rl_check) it returns the error and the callback never
+ * runs. attrs are copied: they need not outlive the call. Thread-safe. */
+RL_API int rl_check_async(rl_agent *agent, const rl_attr *attrs, size_t n,
+                          uint32_t cost, rl_check_fn callback, void *arg);
+
+/* rl_format_headers writes the HTTP response headers for a decision into
+ * buf, one "Name: value\r\n" line each: RateLimit-Limit, RateLimit-Remaining,
+ * RateLimit-Reset (seconds, rounded up), Retry-After on rejection (whole
+ * seconds rounded up: 0.6 s is 1 s; left out when the request can never
+ * pass), and the IETF httpapi draft's structured fields
+ * RateLimit-Policy: "rule";q=LIMIT;w=SECONDS and
+ * RateLimit: "rule";r=REMAINING;t=SECONDS. Nothing is written for a
+ * decision no rule applied to. Returns the length written (buf is
+ * NUL-terminated), or RL_ETOOLONG if len is too small (512 bytes always
+ * suffice), or RL_EINVAL. Thread-safe. */
+RL_API int rl_format_headers(const rl_decision *decision, char *buf,
+                             size_t len);
 
 #ifdef __cplusplus
 }

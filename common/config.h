@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RL_NAME_MAX 64       /* rule names and attribute names, in bytes */
+#define RL_NAME_MAX RL_RULE_NAME_MAX /* rule and attribute names, bytes */
 #define RL_NNG_URL_MAX 256
 #define RL_SECRET_MAX 512    /* store username and password */
 #define RL_RULES_MAX 4096

@@ -19,6 +19,10 @@ const char *rl_strerror(int code)
     case RL_ECONFIG:  return "invalid config";
     case RL_EIO:      return "file could not be read";
     case RL_ETOOLONG: return "value too long";
+    case RL_ECLOSED:  return "agent is shut down";
+    case RL_EFORKED:  return "agent was opened in another process";
+    case RL_ENOTSUP:  return "not supported by this build";
+    case RL_ESYS:     return "system resource unavailable";
     default:          return "unknown error";
     }
 }

@@ -1,0 +1,212 @@
+/*
+ * agent.c: an agent's life: open (config, per-rule arguments, the I/O
+ * thread), the submission queue into the I/O thread, shutdown and close.
+ * The I/O thread owns the libuv loop, the store connection and every
+ * request once submitted; gateway threads only take the queue's lock for
+ * the moment it takes to link a request in.
+ */
+#include "agent_impl.h"
+
+#include "error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Runs on the I/O thread when woken: takes every queued request at once,
+ * so that all of them are written to the store in one batch. */
+static void on_wakeup(uv_async_t *handle)
+{
+    rl_agent *a = handle->data;
+    pthread_mutex_lock(&a->queue_lock);
+    rl_request *req = a->queue_head;
+    a->queue_head = NULL;
+    a->queue_tail = &a->queue_head;
+    bool closing = atomic_load(&a->closing);
+    if (closing)
+        a->queue_closed = true;
+    pthread_mutex_unlock(&a->queue_lock);
+
+    while (req != NULL) {
+        rl_request *next = req->next;
+        rl_exact_start(a, req);
+        req = next;
+    }
+    if (closing && a->store != NULL) {
+        rl_exact_finalize_all(a);
+        rl_store_close(a->store);
+        a->store = NULL;
+        uv_close((uv_handle_t *)&a->wakeup, NULL);
+        uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+        return;
+    }
+    rl_exact_arm_deadline(a);
+}
+
+static void io_thread(void *arg)
+{
+    rl_agent *a = arg;
+    a->store = rl_store_new(&a->loop, &a->store_config, &a->log);
+    if (a->store == NULL)
+        rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+}
+
+int rl_agent_submit(rl_agent *a, rl_request *req)
+{
+    req->next = NULL;
+    pthread_mutex_lock(&a->queue_lock);
+    if (a->queue_closed || atomic_load(&a->closing)) {
+        pthread_mutex_unlock(&a->queue_lock);
+        return RL_ECLOSED;
+    }
+    *a->queue_tail = req;
+    a->queue_tail = &req->next;
+    /* Under the lock: the I/O thread closes the wakeup handle only after
+     * closing the queue, so the handle is open here. uv_async_send
+     * coalesces: many requests, one wakeup. */
+    uv_async_send(&a->wakeup);
+    pthread_mutex_unlock(&a->queue_lock);
+    return RL_OK;
+}
+
+/* This build serves exact rules; synced rules need the aggregator. */
+static int check_modes(const rl_config *cfg, rl_error *err)
+{
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        if (cfg->rules[i].mode != RL_MODE_EXACT)
+            return rl_error_set(err, RL_ENOTSUP, "rule \"%s\": mode %s is "
+                                "not available in this build of librl (only "
+                                "exact rules are)", cfg->rules[i].name,
+                                rl_mode_name(cfg->rules[i].mode));
+    }
+    return RL_OK;
+}
+
+static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
+{
+    if (o->config != NULL) {
+        a->config = o->config;
+    } else if (o->config_path != NULL) {
+        int rc = rl_config_load(o->config_path, &a->owned_config, err);
+        if (rc != RL_OK)
+            return rc;
+        a->config = a->owned_config;
+    } else {
+        return rl_error_set(err, RL_EINVAL, "rl_agent_open: options need "
+                            "config_path or config");
+    }
+    int rc = check_modes(a->config, err);
+    if (rc != RL_OK)
+        return rc;
+    a->store_config = a->config->store;
+    if (o->timeout_ms != 0) {
+        if (o->timeout_ms > 60000)
+            return rl_error_set(err, RL_EINVAL, "rl_agent_open: timeout_ms "
+                                "%u is over 60000", o->timeout_ms);
+        a->store_config.timeout_ms = o->timeout_ms;
+    }
+    a->args = calloc(a->config->n_rules, sizeof *a->args);
+    if (a->args == NULL)
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
+    for (size_t i = 0; i < a->config->n_rules; i++) {
+        const rl_rule *r = &a->config->rules[i];
+        rl_bucket_args *args = &a->args[i];
+        args->algorithm = r->algorithm;
+        snprintf(args->burst, sizeof args->burst, "%llu",
+                 (unsigned long long)r->burst);
+        snprintf(args->limit, sizeof args->limit, "%llu",
+                 (unsigned long long)r->limit);
+        snprintf(args->period, sizeof args->period, "%llu",
+                 (unsigned long long)r->period_ms);
+    }
+    return RL_OK;
+}
+
+static void free_agent(rl_agent *a)
+{
+    free(a->args);
+    rl_config_free(a->owned_config);
+    free(a);
+}
+
+static int start_io(rl_agent *a, rl_error *err)
+{
+    if (uv_loop_init(&a->loop) != 0)
+        return rl_error_set(err, RL_ESYS, "rl_agent_open: cannot create an "
+                            "event loop");
+    uv_async_init(&a->loop, &a->wakeup, on_wakeup);
+    uv_timer_init(&a->loop, &a->deadline_timer);
+    a->wakeup.data = a->deadline_timer.data = a;
+    if (uv_thread_create(&a->thread, io_thread, a) != 0) {
+        uv_close((uv_handle_t *)&a->wakeup, NULL);
+        uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+        uv_run(&a->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&a->loop);
+        return rl_error_set(err, RL_ESYS, "rl_agent_open: cannot start the "
+                            "I/O thread");
+    }
+    return RL_OK;
+}
+
+int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
+{
+    if (out == NULL || o == NULL) {
+        if (out != NULL)
+            *out = NULL;
+        return rl_error_set(err, RL_EINVAL, "rl_agent_open: out and options "
+                            "must not be NULL");
+    }
+    *out = NULL;
+    rl_agent *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
+    a->log = (rl_logger){.fn = o->log, .arg = o->log_arg,
+                         .level = o->log_level};
+    a->pid = getpid();
+    a->queue_tail = &a->queue_head;
+    pthread_mutex_init(&a->queue_lock, NULL);
+    int rc = take_config(a, o, err);
+    if (rc == RL_OK)
+        rc = start_io(a, err);
+    if (rc != RL_OK) {
+        pthread_mutex_destroy(&a->queue_lock);
+        free_agent(a);
+        return rc;
+    }
+    rl_error_clear(err);
+    *out = a;
+    return RL_OK;
+}
+
+void rl_agent_shutdown(rl_agent *a)
+{
+    if (a == NULL || atomic_exchange(&a->closing, true))
+        return;
+    pthread_mutex_lock(&a->queue_lock);
+    if (!a->queue_closed && a->pid == getpid())
+        uv_async_send(&a->wakeup);
+    pthread_mutex_unlock(&a->queue_lock);
+}
+
+void rl_agent_close(rl_agent *a)
+{
+    if (a == NULL)
+        return;
+    if (a->pid != getpid()) {
+        /* A forked child: the I/O thread and its loop live in the parent.
+         * Free what is ours; the loop's copies of descriptors are left to
+         * the child's exit. */
+        free_agent(a);
+        return;
+    }
+    rl_agent_shutdown(a);
+    /* Callers still inside rl_check* return promptly once shut down. */
+    while (atomic_load(&a->active_calls) > 0)
+        usleep(1000);
+    uv_thread_join(&a->thread);
+    uv_loop_close(&a->loop);
+    pthread_mutex_destroy(&a->queue_lock);
+    free_agent(a);
+}

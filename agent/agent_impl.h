@@ -1,0 +1,111 @@
+/*
+ * agent_impl.h: the agent and a check in flight, shared by the files of the
+ * agent. Private to librl.
+ *
+ * Threads: a gateway thread builds a request (check.c) and hands it to the
+ * I/O thread through the submission queue; from then on only the I/O thread
+ * (agent.c, exact.c) touches its rule states. The decision goes back through
+ * a semaphore (rl_check) or a callback (rl_check_async).
+ */
+#ifndef RL_AGENT_IMPL_H
+#define RL_AGENT_IMPL_H
+
+#include "config.h"
+#include "log.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+#include <uv.h>
+
+/* How one rule of a request came out. */
+typedef enum rl_outcome {
+    RL_OUTCOME_PENDING,  /* no answer yet */
+    RL_OUTCOME_ANSWERED, /* the bucket script answered */
+    RL_OUTCOME_FAILED,   /* the store did not answer: on_error decides */
+    RL_OUTCOME_SKIPPED,  /* not checked (charge: first_reject) */
+} rl_outcome;
+
+typedef struct rl_request rl_request;
+
+typedef struct rl_rule_state {
+    rl_request *req;
+    const rl_rule *rule;        /* set by the caller, then read-only */
+    const rl_bucket_args *args; /* likewise */
+    uint32_t key_offset;        /* likewise: into req->keys */
+    uint32_t key_len;
+    rl_outcome outcome;         /* I/O thread only */
+    rl_bucket_reply reply;      /* I/O thread only */
+} rl_rule_state;
+
+/* Who completed a blocking check: the I/O thread with a decision, or the
+ * caller, which gave up waiting (the I/O thread was stuck). */
+enum { RL_OWNER_PENDING, RL_OWNER_DONE, RL_OWNER_ABANDONED };
+
+struct rl_request {
+    rl_request *next;             /* submission queue */
+    rl_request *live_prev, *live_next; /* I/O thread: by deadline */
+    rl_agent *agent;
+    atomic_int refs;              /* the caller's (sync) and the I/O thread's */
+    atomic_int owner;             /* RL_OWNER_*, blocking checks only */
+    sem_t done;                   /* blocking checks only */
+    rl_check_fn callback;         /* async checks only */
+    void *callback_arg;
+    uint64_t deadline_ns;         /* uv_hrtime() clock */
+    uint32_t cost;
+    int n_rules;
+    int outstanding;              /* store calls not yet answered */
+    int next_rule;                /* charge: first_reject */
+    bool finalized;
+    rl_decision decision;         /* written by the I/O thread */
+    char *keys;
+    rl_rule_state rules[];
+};
+
+struct rl_agent {
+    rl_config *owned_config;      /* NULL when the config is borrowed */
+    const rl_config *config;
+    rl_store_config store_config; /* the config's, with overrides */
+    rl_bucket_args *args;         /* one per rule, by rule index */
+    rl_logger log;
+    pid_t pid;                    /* the process that opened it */
+
+    /* Submission queue: gateway threads -> I/O thread. */
+    pthread_mutex_t queue_lock;
+    rl_request *queue_head, **queue_tail;
+    bool queue_closed;            /* under queue_lock */
+    atomic_bool closing;
+    atomic_int active_calls;      /* callers inside rl_check* */
+
+    /* I/O thread. */
+    uv_thread_t thread;
+    uv_loop_t loop;
+    uv_async_t wakeup;
+    uv_timer_t deadline_timer;
+    rl_store *store;
+    rl_request *live_head, *live_tail;
+};
+
+/* exact.c: the I/O thread's side of a check. */
+void rl_exact_start(rl_agent *agent, rl_request *req);
+void rl_exact_expire(rl_agent *agent, uint64_t now_ns);
+void rl_exact_finalize_all(rl_agent *agent);
+void rl_exact_arm_deadline(rl_agent *agent);
+
+/* agent.c: queue a request for the I/O thread; RL_ECLOSED once the queue is
+ * closed. */
+int rl_agent_submit(rl_agent *agent, rl_request *req);
+
+/* check.c: drop one reference; the last one frees the request. */
+void rl_request_release(rl_request *req);
+
+/* decision.c: combine the rules' outcomes into one decision. */
+void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);
+/* The same as if the store had not answered for any rule; reads only the
+ * rules' fixed fields (rule), never their outcomes. */
+void rl_decide_unanswered(const rl_rule_state *rules, int n,
+                          rl_decision *out);
+
+#endif

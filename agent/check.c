@@ -1,0 +1,229 @@
+/*
+ * check.c: the gateway thread's side of a check. Everything that can be
+ * refused is refused here, before the store sees anything: bad arguments,
+ * values too long or holding a NUL. The rules that apply are found and
+ * their keys built, in one allocation, and the request goes to the I/O
+ * thread. A blocking check then waits on a semaphore until the I/O thread
+ * decides, which it does by the deadline at the latest. If the I/O thread
+ * itself is held up past the deadline (it resolves a host name while
+ * reconnecting, say), the caller stops waiting and decides on its own by
+ * on_error: rl_check never blocks much past its deadline.
+ */
+#define _GNU_SOURCE /* sem_clockwait: a deadline on the monotonic clock */
+#include "agent_impl.h"
+
+#include "error.h"
+#include "keys.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* How long past the deadline a caller waits for the I/O thread before it
+ * decides alone. The I/O thread's own timer normally fires first. */
+#define CALLER_GRACE_NS (5 * 1000000ULL)
+
+void rl_request_release(rl_request *req)
+{
+    if (atomic_fetch_sub(&req->refs, 1) != 1)
+        return;
+    if (req->callback == NULL)
+        sem_destroy(&req->done);
+    free(req);
+}
+
+static int validate(const rl_attr *attrs, size_t n, uint32_t cost)
+{
+    if ((attrs == NULL && n > 0) || n > RL_ATTRS_MAX || cost == 0)
+        return RL_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (attrs[i].name == NULL || attrs[i].value == NULL)
+            return RL_EINVAL;
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(attrs[i].name, attrs[j].name) == 0)
+                return RL_EINVAL;
+        }
+    }
+    return RL_OK;
+}
+
+static const rl_attr *find_attr(const rl_attr *attrs, size_t n,
+                                const char *name)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(attrs[i].name, name) == 0)
+            return &attrs[i];
+    }
+    return NULL;
+}
+
+/* Checks the value a rule applies to; the key is built from it later. */
+static int check_value(const rl_attr *attr)
+{
+    if (attr->value_len > RL_VALUE_MAX)
+        return RL_ETOOLONG;
+    if (attr->value_len == 0
+        || memchr(attr->value, '\0', attr->value_len) != NULL)
+        return RL_EINVAL;
+    return RL_OK;
+}
+
+/* Builds the request: one allocation holding the rule states and keys.
+ * *out is NULL when no rule applies. */
+static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
+                 rl_request **out)
+{
+    const rl_config *cfg = a->config;
+    int n_rules = 0;
+    size_t key_bytes = 0;
+    *out = NULL;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
+        if (attr == NULL)
+            continue;
+        int rc = check_value(attr);
+        if (rc != RL_OK)
+            return rc;
+        n_rules++;
+        key_bytes += strlen(cfg->rules[i].key_prefix) + attr->value_len + 1;
+    }
+    if (n_rules == 0)
+        return RL_OK;
+    rl_request *req = calloc(1, sizeof *req + n_rules * sizeof req->rules[0]
+                                    + key_bytes);
+    if (req == NULL)
+        return RL_ENOMEM;
+    req->agent = a;
+    req->cost = cost;
+    req->n_rules = n_rules;
+    req->keys = (char *)&req->rules[n_rules];
+    size_t offset = 0;
+    int k = 0;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
+        if (attr == NULL)
+            continue;
+        size_t len;
+        rl_key_build(cfg->rules[i].key_prefix, attr->value, attr->value_len,
+                     req->keys + offset, key_bytes - offset, &len);
+        req->rules[k++] = (rl_rule_state){
+            .req = req, .rule = &cfg->rules[i], .args = &a->args[i],
+            .key_offset = (uint32_t)offset, .key_len = (uint32_t)len};
+        offset += len + 1;
+    }
+    req->deadline_ns = uv_hrtime()
+                       + (uint64_t)a->store_config.timeout_ms * 1000000ULL;
+    *out = req;
+    return RL_OK;
+}
+
+/* Common entry checks; on RL_OK the caller counts as active. */
+static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
+{
+    if (a == NULL)
+        return RL_EINVAL;
+    if (a->pid != getpid())
+        return RL_EFORKED;
+    int rc = validate(attrs, n, cost);
+    if (rc != RL_OK)
+        return rc;
+    atomic_fetch_add(&a->active_calls, 1);
+    if (atomic_load(&a->closing)) {
+        atomic_fetch_sub(&a->active_calls, 1);
+        return RL_ECLOSED;
+    }
+    return RL_OK;
+}
+
+static void leave(rl_agent *a)
+{
+    atomic_fetch_sub(&a->active_calls, 1);
+}
+
+static void wait_for_decision(rl_request *req, rl_decision *out)
+{
+    uint64_t until = req->deadline_ns + CALLER_GRACE_NS;
+    struct timespec ts = {(time_t)(until / 1000000000ULL),
+                          (long)(until % 1000000000ULL)};
+    int rc;
+    while ((rc = sem_clockwait(&req->done, CLOCK_MONOTONIC, &ts)) != 0
+           && errno == EINTR)
+        ;
+    int expected = RL_OWNER_PENDING;
+    if (rc != 0 && atomic_compare_exchange_strong(&req->owner, &expected,
+                                                  RL_OWNER_ABANDONED)) {
+        /* Reads only what this thread wrote before submitting: safe while
+         * the I/O thread still holds the request. */
+        rl_decide_unanswered(req->rules, req->n_rules, out);
+        return;
+    }
+    if (rc != 0) {
+        /* The I/O thread decided just now; its post is on the way. */
+        while (sem_wait(&req->done) != 0 && errno == EINTR)
+            ;
+    }
+    *out = req->decision;
+}
+
+int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
+             rl_decision *out)
+{
+    if (out == NULL)
+        return RL_EINVAL;
+    int rc = enter(a, attrs, n, cost);
+    if (rc != RL_OK)
+        return rc;
+    rl_request *req;
+    rc = build(a, attrs, n, cost, &req);
+    if (rc == RL_OK && req == NULL) {
+        memset(out, 0, sizeof *out);
+        out->allowed = true;
+    } else if (rc == RL_OK) {
+        sem_init(&req->done, 0, 0);
+        atomic_init(&req->owner, RL_OWNER_PENDING);
+        atomic_init(&req->refs, 2);
+        rc = rl_agent_submit(a, req);
+        if (rc == RL_OK) {
+            wait_for_decision(req, out);
+            rl_request_release(req);
+        } else {
+            sem_destroy(&req->done);
+            free(req);
+        }
+    }
+    leave(a);
+    return rc;
+}
+
+int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
+                   uint32_t cost, rl_check_fn callback, void *arg)
+{
+    if (callback == NULL)
+        return RL_EINVAL;
+    int rc = enter(a, attrs, n, cost);
+    if (rc != RL_OK)
+        return rc;
+    rl_request *req;
+    rc = build(a, attrs, n, cost, &req);
+    if (rc == RL_OK && req == NULL) {
+        /* No rule applies: still answered from the I/O thread, as the
+         * contract says, through an empty request. */
+        req = calloc(1, sizeof *req);
+        if (req == NULL)
+            rc = RL_ENOMEM;
+        else
+            req->agent = a;
+    }
+    if (rc == RL_OK) {
+        req->callback = callback;
+        req->callback_arg = arg;
+        atomic_init(&req->refs, 1);
+        rc = rl_agent_submit(a, req);
+        if (rc != RL_OK)
+            free(req);
+    }
+    leave(a);
+    return rc;
+}

@@ -1,0 +1,141 @@
+/*
+ * decision.c: from the rules' answers to one decision, and from a decision
+ * to HTTP headers. The seed's rule: reject if any rule rejects, and wait for
+ * the longest retry; the headers describe the tightest rule.
+ *
+ * A rule the store did not answer is decided by its on_error policy and
+ * marks the decision degraded. It reports what is known: nothing about its
+ * bucket, so "allow" shows a full bucket (remaining = burst) and "deny" an
+ * empty one with a retry of one second, a pause a client can live with
+ * while the store is away.
+ */
+#include "agent_impl.h"
+
+#include "error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DEGRADED_RETRY_MS 1000
+
+typedef struct verdict {
+    bool counts;      /* false for a rule that was not checked */
+    bool allowed;
+    bool degraded;
+    uint64_t remaining;
+    uint64_t reset_ms;
+    int64_t retry_ms;
+} verdict;
+
+static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
+{
+    rl_outcome outcome = unanswered ? RL_OUTCOME_FAILED : rs->outcome;
+    verdict v = {.counts = outcome != RL_OUTCOME_SKIPPED};
+    if (outcome == RL_OUTCOME_ANSWERED) {
+        v.allowed = rs->reply.allowed;
+        v.remaining = rs->reply.remaining;
+        v.reset_ms = rs->reply.reset_ms;
+        v.retry_ms = rs->reply.allowed ? 0 : rs->reply.retry_ms;
+    } else if (outcome != RL_OUTCOME_SKIPPED) {
+        v.degraded = true;
+        v.allowed = rs->rule->on_error == RL_ON_ERROR_ALLOW;
+        v.remaining = v.allowed ? rs->rule->burst : 0;
+        v.retry_ms = v.allowed ? 0 : DEGRADED_RETRY_MS;
+    }
+    return v;
+}
+
+/* -1 ("never") is the longest wait of all. */
+static bool longer_retry(int64_t a, int64_t b)
+{
+    if (a < 0)
+        return b >= 0;
+    return b >= 0 && a > b;
+}
+
+static void decide(const rl_rule_state *rules, int n, bool unanswered,
+                   rl_decision *out)
+{
+    memset(out, 0, sizeof *out);
+    out->allowed = true;
+    int pick = -1;
+    verdict chosen = {0};
+    for (int i = 0; i < n; i++) {
+        verdict v = verdict_of(&rules[i], unanswered);
+        if (!v.counts)
+            continue;
+        out->degraded |= v.degraded;
+        bool better;
+        if (!v.allowed) {
+            better = out->allowed || longer_retry(v.retry_ms, chosen.retry_ms);
+            out->allowed = false;
+        } else {
+            better = out->allowed && (pick < 0 || v.remaining < chosen.remaining);
+        }
+        if (better) {
+            pick = i;
+            chosen = v;
+        }
+    }
+    if (pick < 0)
+        return;
+    const rl_rule *rule = rules[pick].rule;
+    snprintf(out->rule, sizeof out->rule, "%s", rule->name);
+    out->limit = rule->limit;
+    out->period_ms = rule->period_ms;
+    out->remaining = chosen.remaining;
+    out->reset_ms = chosen.reset_ms;
+    out->retry_after_ms = out->allowed ? 0 : chosen.retry_ms;
+}
+
+void rl_decide(const rl_rule_state *rules, int n, rl_decision *out)
+{
+    decide(rules, n, false, out);
+}
+
+void rl_decide_unanswered(const rl_rule_state *rules, int n,
+                          rl_decision *out)
+{
+    decide(rules, n, true, out);
+}
+
+static uint64_t seconds_up(uint64_t ms)
+{
+    return (ms + 999) / 1000;
+}
+
+int rl_format_headers(const rl_decision *d, char *buf, size_t len)
+{
+    if (d == NULL || buf == NULL || len == 0)
+        return RL_EINVAL;
+    buf[0] = '\0';
+    if (d->rule[0] == '\0')
+        return 0;
+    uint64_t reset_s = seconds_up(d->reset_ms);
+    uint64_t window_s = seconds_up(d->period_ms);
+    char retry[48] = "";
+    if (!d->allowed && d->retry_after_ms >= 0) {
+        uint64_t s = seconds_up((uint64_t)d->retry_after_ms);
+        snprintf(retry, sizeof retry, "Retry-After: %llu\r\n",
+                 (unsigned long long)(s > 0 ? s : 1));
+    }
+    int n = snprintf(buf, len,
+                     "RateLimit-Limit: %llu\r\n"
+                     "RateLimit-Remaining: %llu\r\n"
+                     "RateLimit-Reset: %llu\r\n"
+                     "%s"
+                     "RateLimit-Policy: \"%s\";q=%llu;w=%llu\r\n"
+                     "RateLimit: \"%s\";r=%llu;t=%llu\r\n",
+                     (unsigned long long)d->limit,
+                     (unsigned long long)d->remaining,
+                     (unsigned long long)reset_s, retry, d->rule,
+                     (unsigned long long)d->limit,
+                     (unsigned long long)window_s, d->rule,
+                     (unsigned long long)d->remaining,
+                     (unsigned long long)reset_s);
+    if (n < 0 || (size_t)n >= len) {
+        buf[0] = '\0';
+        return RL_ETOOLONG;
+    }
+    return n;
+}

@@ -1,0 +1,214 @@
+/*
+ * exact.c: a check on the I/O thread. All of a request's rules are sent to
+ * the store together, one bucket call each, so the request waits one round
+ * trip (charge: all and refund); with charge: first_reject they go one at a
+ * time, in config order, and stop at the first rejection. The request is
+ * decided when every rule has answered or its deadline passes, whichever is
+ * first; replies that come later are dropped. With charge: refund, a
+ * rejected request gives its tokens back to the rules that allowed it, in a
+ * second call the caller does not wait for: on the same connection, so any
+ * later call of this agent sees it.
+ *
+ * Live requests are kept in deadline order; one timer fires at the first
+ * deadline.
+ */
+#include "agent_impl.h"
+
+static void live_insert(rl_agent *a, rl_request *req)
+{
+    rl_request *after = a->live_tail;
+    while (after != NULL && after->deadline_ns > req->deadline_ns)
+        after = after->live_prev;
+    req->live_prev = after;
+    req->live_next = after != NULL ? after->live_next : a->live_head;
+    if (req->live_next != NULL)
+        req->live_next->live_prev = req;
+    else
+        a->live_tail = req;
+    if (after != NULL)
+        after->live_next = req;
+    else
+        a->live_head = req;
+}
+
+static void live_remove(rl_agent *a, rl_request *req)
+{
+    if (req->live_prev != NULL)
+        req->live_prev->live_next = req->live_next;
+    else
+        a->live_head = req->live_next;
+    if (req->live_next != NULL)
+        req->live_next->live_prev = req->live_prev;
+    else
+        a->live_tail = req->live_prev;
+    req->live_prev = req->live_next = NULL;
+}
+
+/* The I/O thread lets go of a request once it is decided and every call it
+ * made has been answered (a late reply still points to it). */
+static void maybe_release(rl_request *req)
+{
+    if (req->finalized && req->outstanding == 0)
+        rl_request_release(req);
+}
+
+static void on_refund_reply(void *arg, const rl_bucket_reply *reply,
+                            const char *error)
+{
+    rl_agent *a = arg;
+    if (reply == NULL)
+        rl_log(&a->log, RL_LOG_WARN, "refund_failed", "reason=\"%s\"", error);
+}
+
+static void refund(rl_agent *a, rl_request *req)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        const rl_rule_state *rs = &req->rules[i];
+        if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed)
+            rl_store_call(a->store, rs->args, req->keys + rs->key_offset,
+                          rs->key_len, -(int64_t)req->cost, on_refund_reply,
+                          a);
+    }
+}
+
+static void deliver(rl_request *req)
+{
+    if (req->callback != NULL) {
+        req->callback(&req->decision, req->callback_arg);
+        return;
+    }
+    int expected = RL_OWNER_PENDING;
+    if (atomic_compare_exchange_strong(&req->owner, &expected, RL_OWNER_DONE))
+        sem_post(&req->done);
+}
+
+/* Decides the request with what is known now; rules still pending count
+ * as unanswered (on_error decides). */
+static void finalize(rl_agent *a, rl_request *req)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+            req->rules[i].outcome = RL_OUTCOME_FAILED;
+    }
+    rl_decide(req->rules, req->n_rules, &req->decision);
+    if (!req->decision.allowed && a->config->charge == RL_CHARGE_REFUND
+        && a->store != NULL)
+        refund(a, req);
+    req->finalized = true;
+    live_remove(a, req);
+    deliver(req);
+    maybe_release(req);
+}
+
+static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
+                          const char *error);
+
+static void send_rule(rl_agent *a, rl_rule_state *rs)
+{
+    rl_request *req = rs->req;
+    req->outstanding++;
+    if (a->store == NULL) {
+        on_rule_reply(rs, NULL, "no store");
+        return;
+    }
+    rl_store_call(a->store, rs->args, req->keys + rs->key_offset, rs->key_len,
+                  req->cost, on_rule_reply, rs);
+}
+
+/* charge: first_reject goes on to the next rule only while every rule so
+ * far has let the request through. */
+static bool send_next_in_order(rl_agent *a, rl_request *req,
+                               const rl_rule_state *last)
+{
+    bool passed = last->outcome == RL_OUTCOME_ANSWERED
+                      ? last->reply.allowed
+                      : last->rule->on_error == RL_ON_ERROR_ALLOW;
+    if (!passed || req->next_rule >= req->n_rules) {
+        for (int i = req->next_rule; i < req->n_rules; i++)
+            req->rules[i].outcome = RL_OUTCOME_SKIPPED;
+        return false;
+    }
+    send_rule(a, &req->rules[req->next_rule++]);
+    return true;
+}
+
+static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
+                          const char *error)
+{
+    rl_rule_state *rs = arg;
+    rl_request *req = rs->req;
+    rl_agent *a = req->agent;
+    req->outstanding--;
+    if (req->finalized) {
+        maybe_release(req);
+        return;
+    }
+    if (reply != NULL) {
+        rs->outcome = RL_OUTCOME_ANSWERED;
+        rs->reply = *reply;
+    } else {
+        rs->outcome = RL_OUTCOME_FAILED;
+        rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered",
+               "rule=%s reason=\"%s\"", rs->rule->name, error);
+    }
+    if (a->config->charge == RL_CHARGE_FIRST_REJECT
+        && send_next_in_order(a, req, rs))
+        return;
+    if (req->outstanding == 0)
+        finalize(a, req);
+}
+
+void rl_exact_start(rl_agent *a, rl_request *req)
+{
+    live_insert(a, req);
+    if (req->n_rules == 0) {
+        finalize(a, req);
+        return;
+    }
+    if (a->config->charge == RL_CHARGE_FIRST_REJECT) {
+        req->next_rule = 1;
+        send_rule(a, &req->rules[0]);
+        return;
+    }
+    /* Mark every call as outstanding first: a call that fails at once
+     * answers inside rl_store_call and must not finalize early. */
+    req->outstanding++;
+    for (int i = 0; i < req->n_rules; i++)
+        send_rule(a, &req->rules[i]);
+    if (--req->outstanding == 0 && !req->finalized)
+        finalize(a, req);
+}
+
+void rl_exact_expire(rl_agent *a, uint64_t now_ns)
+{
+    while (a->live_head != NULL && a->live_head->deadline_ns <= now_ns)
+        finalize(a, a->live_head);
+}
+
+void rl_exact_finalize_all(rl_agent *a)
+{
+    while (a->live_head != NULL)
+        finalize(a, a->live_head);
+}
+
+static void deadline_fired(uv_timer_t *t)
+{
+    rl_agent *a = t->data;
+    /* Timers count whole ms from a cached loop time: accept up to half a
+     * millisecond early rather than wait another turn. */
+    rl_exact_expire(a, uv_hrtime() + 500000);
+    rl_exact_arm_deadline(a);
+}
+
+void rl_exact_arm_deadline(rl_agent *a)
+{
+    if (a->live_head == NULL) {
+        uv_timer_stop(&a->deadline_timer);
+        return;
+    }
+    uv_update_time(&a->loop);
+    uint64_t now = uv_hrtime();
+    uint64_t due = a->live_head->deadline_ns;
+    uint64_t wait_ms = due > now ? (due - now + 999999) / 1000000 : 0;
+    uv_timer_start(&a->deadline_timer, deadline_fired, wait_ms, 0);
+}

@@ -1,0 +1,469 @@
+/*
+ * store.c: one Redis connection, driven by hiredis's async API on the
+ * agent's libuv loop. hiredis queues every command written in one turn of
+ * the loop and sends them in one write, so calls from many requests share
+ * round trips (automatic pipelining).
+ *
+ * States: DOWN (waiting to reconnect: calls fail at once, so a gateway is
+ * not held up while Redis is known to be away), CONNECTING and LOADING
+ * (calls wait, to be sent once the scripts are loaded), READY, CLOSED.
+ * The scripts are loaded on every connection: a restarted Redis or a
+ * promoted replica has none. A NOSCRIPT or "function not found" reply (a
+ * SCRIPT FLUSH or FUNCTION FLUSH behind our back) reloads them and resends
+ * the calls that failed, so no check is lost to it.
+ */
+#include "store.h"
+
+#include "scripts.h"
+
+#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONNECT_TIMEOUT_MS 1000
+#define BACKOFF_FIRST_MS 25
+#define BACKOFF_MAX_MS 500
+#define WATCHDOG_EVERY_MS 100
+/* More calls than this in flight and new ones fail at once rather than
+ * pile up in memory behind a store that is not keeping up. */
+#define MAX_IN_FLIGHT 100000
+/* A call is resent after a script reload at most this many times. */
+#define MAX_ATTEMPTS 3
+
+typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
+
+typedef struct call {
+    struct call *next;
+    rl_store *store;
+    const rl_bucket_args *args;
+    char cost[24];
+    rl_store_fn fn;
+    void *arg;
+    int attempts;
+    size_t key_len;
+    char key[];
+} call;
+
+struct rl_store {
+    uv_loop_t *loop;
+    const rl_store_config *cfg;
+    const rl_logger *log;
+    redisAsyncContext *ac;
+    state state;
+    bool use_functions;
+    char sha[2][41];         /* EVALSHA digests by algorithm */
+    int loads_pending;       /* replies still due before READY */
+    call *waiting, **waiting_tail;
+    size_t in_flight;        /* calls sent, not yet answered */
+    uint64_t last_progress;  /* ms of the last reply, or of going busy */
+    uint32_t backoff_ms;
+    uv_timer_t retry_timer;  /* reconnect after backoff; connect timeout */
+    uv_timer_t watchdog;     /* a connection that stopped answering */
+    int open_handles;
+};
+
+static void connect_now(rl_store *s);
+static void send_call(rl_store *s, call *c);
+static void went_down(rl_store *s, const char *why);
+
+static uint64_t now_ms(const rl_store *s)
+{
+    return uv_now(s->loop);
+}
+
+static void finish(call *c, const rl_bucket_reply *reply, const char *error)
+{
+    c->fn(c->arg, reply, error);
+    free(c);
+}
+
+static void wait_for_ready(rl_store *s, call *c)
+{
+    c->next = NULL;
+    *s->waiting_tail = c;
+    s->waiting_tail = &c->next;
+}
+
+/* Fails every call that waits to be sent. */
+static void fail_waiting(rl_store *s, const char *why)
+{
+    call *c = s->waiting;
+    s->waiting = NULL;
+    s->waiting_tail = &s->waiting;
+    while (c != NULL) {
+        call *next = c->next;
+        finish(c, NULL, why);
+        c = next;
+    }
+}
+
+static void send_waiting(rl_store *s)
+{
+    call *c = s->waiting;
+    s->waiting = NULL;
+    s->waiting_tail = &s->waiting;
+    while (c != NULL) {
+        call *next = c->next;
+        send_call(s, c);
+        c = next;
+    }
+}
+
+static void retry_fired(uv_timer_t *t)
+{
+    rl_store *s = t->data;
+    if (s->state == DOWN) {
+        connect_now(s);
+    } else if (s->state == CONNECTING && s->ac != NULL) {
+        /* Connect timeout. The context never connected, so hiredis will
+         * not call the disconnect callback: clean up here. */
+        rl_log(s->log, RL_LOG_WARN, "store_connect_timeout",
+               "addr=%s:%u after_ms=%d", s->cfg->nodes[0].host,
+               s->cfg->nodes[0].port, CONNECT_TIMEOUT_MS);
+        redisAsyncContext *ac = s->ac;
+        s->ac = NULL;
+        redisAsyncFree(ac);
+        went_down(s, "store connect timed out");
+    }
+}
+
+/* The connection is gone (or never came): fail what waits, retry later. */
+static void went_down(rl_store *s, const char *why)
+{
+    s->ac = NULL;
+    s->in_flight = 0;
+    if (s->state == CLOSED)
+        return;
+    s->state = DOWN;
+    fail_waiting(s, why);
+    uv_timer_start(&s->retry_timer, retry_fired, s->backoff_ms, 0);
+    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                       : s->backoff_ms * 2;
+}
+
+static void drop_connection(rl_store *s, const char *event, const char *why)
+{
+    rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
+           s->cfg->nodes[0].host, s->cfg->nodes[0].port, why);
+    if (s->ac != NULL)
+        redisAsyncDisconnect(s->ac); /* the disconnect callback follows */
+}
+
+static void became_ready(rl_store *s)
+{
+    s->state = READY;
+    s->backoff_ms = BACKOFF_FIRST_MS;
+    rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s",
+           s->cfg->nodes[0].host, s->cfg->nodes[0].port,
+           s->use_functions ? "function" : "eval");
+    send_waiting(s);
+}
+
+static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_store *s = ac->data;
+    intptr_t algorithm = (intptr_t)privdata;
+    if (reply == NULL || s->state != LOADING)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        drop_connection(s, "store_load_failed", reply->str);
+        return;
+    }
+    if (!s->use_functions && reply->type == REDIS_REPLY_STRING
+        && reply->len == 40)
+        memcpy(s->sha[algorithm], reply->str, 41);
+    if (--s->loads_pending == 0)
+        became_ready(s);
+}
+
+static void load_scripts(rl_store *s)
+{
+    s->state = LOADING;
+    if (s->use_functions) {
+        s->loads_pending = 1;
+        redisAsyncCommand(s->ac, on_load_reply, (void *)0,
+                          "FUNCTION LOAD REPLACE %s", rl_library_source);
+        return;
+    }
+    s->loads_pending = 2;
+    for (intptr_t a = RL_ALGO_TOKEN_BUCKET; a <= RL_ALGO_GCRA; a++)
+        redisAsyncCommand(s->ac, on_load_reply, (void *)a, "SCRIPT LOAD %s",
+                          rl_script_source((rl_algorithm)a));
+}
+
+/* "redis_version:7.0.15" -> 7 */
+static int major_version(const char *info)
+{
+    const char *v = strstr(info, "redis_version:");
+    return v != NULL ? atoi(v + strlen("redis_version:")) : 0;
+}
+
+static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_store *s = ac->data;
+    (void)privdata;
+    if (reply == NULL || s->state != LOADING)
+        return;
+    if (reply->type != REDIS_REPLY_STRING) {
+        drop_connection(s, "store_handshake_failed",
+                        reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                         : "INFO failed");
+        return;
+    }
+    int major = major_version(reply->str);
+    s->use_functions = s->cfg->scripts == RL_SCRIPTS_FUNCTION
+                       || (s->cfg->scripts == RL_SCRIPTS_AUTO && major >= 7);
+    if (s->use_functions && major < 7) {
+        drop_connection(s, "store_handshake_failed", "scripts: function "
+                        "needs Redis 7 or later");
+        return;
+    }
+    load_scripts(s);
+}
+
+/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
+static void on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_store *s = ac->data;
+    (void)privdata;
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR
+        && s->state == LOADING)
+        drop_connection(s, "store_handshake_failed", reply->str);
+}
+
+static void on_connect(const redisAsyncContext *cac, int status)
+{
+    redisAsyncContext *ac = (redisAsyncContext *)cac;
+    rl_store *s = ac->data;
+    if (s->state != CONNECTING || s->ac != ac)
+        return;
+    uv_timer_stop(&s->retry_timer);
+    if (status != REDIS_OK) {
+        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
+               "addr=%s:%u reason=\"%s\"", s->cfg->nodes[0].host,
+               s->cfg->nodes[0].port, ac->errstr);
+        went_down(s, "store unreachable"); /* hiredis frees ac */
+        return;
+    }
+    s->state = LOADING;
+    const rl_store_config *cfg = s->cfg;
+    if (cfg->password != NULL && cfg->username != NULL)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s %s",
+                          cfg->username, cfg->password);
+    else if (cfg->password != NULL)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s",
+                          cfg->password);
+    if (cfg->db != 0)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "SELECT %u", cfg->db);
+    redisAsyncCommand(ac, on_info_reply, NULL, "INFO server");
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    rl_store *s = ac->data;
+    (void)status;
+    if (s->ac != ac)
+        return;
+    rl_log(s->log, RL_LOG_WARN, "store_disconnected", "addr=%s:%u",
+           s->cfg->nodes[0].host, s->cfg->nodes[0].port);
+    went_down(s, "store connection lost");
+}
+
+static void connect_now(rl_store *s)
+{
+    const rl_endpoint *ep = &s->cfg->nodes[0];
+    redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
+    if (ac == NULL || ac->err) {
+        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
+               "addr=%s:%u reason=\"%s\"", ep->host, ep->port,
+               ac != NULL ? ac->errstr : "out of memory");
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        s->state = CONNECTING; /* so that went_down schedules a retry */
+        went_down(s, "store unreachable");
+        return;
+    }
+    ac->data = s;
+    if (redisLibuvAttach(ac, s->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        s->state = CONNECTING;
+        went_down(s, "cannot watch the store's socket");
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    s->ac = ac;
+    s->state = CONNECTING;
+    uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
+}
+
+static bool parse_bucket_reply(const redisReply *r, rl_bucket_reply *out)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4)
+        return false;
+    for (int i = 0; i < 4; i++) {
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return false;
+    }
+    out->allowed = r->element[0]->integer == 1;
+    out->remaining = (uint64_t)(r->element[1]->integer > 0
+                                    ? r->element[1]->integer : 0);
+    out->retry_ms = r->element[2]->integer;
+    out->reset_ms = (uint64_t)(r->element[3]->integer > 0
+                                   ? r->element[3]->integer : 0);
+    return true;
+}
+
+/* The scripts are gone from the server (flushed, or a restart the
+ * connection did not notice): reload them, and resend c once they are. */
+static bool scripts_missing(const redisReply *r)
+{
+    return strncmp(r->str, "NOSCRIPT", 8) == 0
+           || strstr(r->str, "Function not found") != NULL;
+}
+
+static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    call *c = privdata;
+    rl_store *s = c->store;
+    (void)ac;
+    if (reply == NULL) {
+        finish(c, NULL, "store connection lost");
+        return;
+    }
+    s->in_flight--;
+    s->last_progress = now_ms(s);
+    rl_bucket_reply out;
+    if (reply->type == REDIS_REPLY_ERROR && scripts_missing(reply)
+        && c->attempts < MAX_ATTEMPTS && s->state != CLOSED) {
+        if (s->state == READY) {
+            rl_log(s->log, RL_LOG_WARN, "store_scripts_missing",
+                   "addr=%s:%u reason=\"%s\"", s->cfg->nodes[0].host,
+                   s->cfg->nodes[0].port, reply->str);
+            load_scripts(s);
+        }
+        wait_for_ready(s, c);
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        finish(c, NULL, reply->str);
+    } else if (!parse_bucket_reply(reply, &out)) {
+        finish(c, NULL, "unexpected reply from the bucket script");
+    } else {
+        finish(c, &out, NULL);
+    }
+}
+
+static void send_call(rl_store *s, call *c)
+{
+    if (s->state != READY) {
+        wait_for_ready(s, c);
+        return;
+    }
+    const rl_bucket_args *a = c->args;
+    const char *argv[8] = {
+        s->use_functions ? "FCALL" : "EVALSHA",
+        s->use_functions ? rl_function_name(a->algorithm)
+                         : s->sha[a->algorithm],
+        "1", c->key, a->burst, a->limit, a->period, c->cost,
+    };
+    size_t lens[8];
+    for (int i = 0; i < 8; i++)
+        lens[i] = i == 3 ? c->key_len : strlen(argv[i]);
+    c->attempts++;
+    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, 8, argv, lens)
+        != REDIS_OK) {
+        finish(c, NULL, "store connection is closing");
+        return;
+    }
+    if (s->in_flight++ == 0)
+        s->last_progress = now_ms(s);
+}
+
+void rl_store_call(rl_store *s, const rl_bucket_args *args, const char *key,
+                   size_t key_len, int64_t cost, rl_store_fn fn, void *arg)
+{
+    if (s->state == DOWN || s->state == CLOSED) {
+        fn(arg, NULL, s->state == DOWN ? "store unavailable"
+                                       : "agent shutting down");
+        return;
+    }
+    if (s->in_flight >= MAX_IN_FLIGHT) {
+        fn(arg, NULL, "too many calls in flight to the store");
+        return;
+    }
+    call *c = malloc(sizeof *c + key_len + 1);
+    if (c == NULL) {
+        fn(arg, NULL, "out of memory");
+        return;
+    }
+    *c = (call){.store = s, .args = args, .fn = fn, .arg = arg,
+                .key_len = key_len};
+    memcpy(c->key, key, key_len);
+    c->key[key_len] = '\0';
+    snprintf(c->cost, sizeof c->cost, "%lld", (long long)cost);
+    send_call(s, c);
+}
+
+/* A connection with calls in flight that has answered nothing for this
+ * long is taken as dead (a peer gone without a FIN) and replaced. */
+static uint64_t stall_limit_ms(const rl_store *s)
+{
+    uint64_t ten_deadlines = 10ULL * s->cfg->timeout_ms;
+    return ten_deadlines > 1000 ? ten_deadlines : 1000;
+}
+
+static void watchdog_fired(uv_timer_t *t)
+{
+    rl_store *s = t->data;
+    if (s->state == READY && s->in_flight > 0
+        && now_ms(s) - s->last_progress > stall_limit_ms(s))
+        drop_connection(s, "store_stalled", "no reply within the stall "
+                        "limit");
+}
+
+rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
+                       const rl_logger *log)
+{
+    rl_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->loop = loop;
+    s->cfg = cfg;
+    s->log = log;
+    s->waiting_tail = &s->waiting;
+    s->backoff_ms = BACKOFF_FIRST_MS;
+    uv_timer_init(loop, &s->retry_timer);
+    uv_timer_init(loop, &s->watchdog);
+    s->retry_timer.data = s->watchdog.data = s;
+    s->open_handles = 2;
+    uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
+                   WATCHDOG_EVERY_MS);
+    connect_now(s);
+    return s;
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    rl_store *s = h->data;
+    if (--s->open_handles == 0)
+        free(s);
+}
+
+void rl_store_close(rl_store *s)
+{
+    if (s == NULL)
+        return;
+    s->state = CLOSED;
+    redisAsyncContext *ac = s->ac;
+    s->ac = NULL;
+    if (ac != NULL)
+        redisAsyncFree(ac); /* answers every call in flight with NULL */
+    fail_waiting(s, "agent shutting down");
+    uv_close((uv_handle_t *)&s->retry_timer, handle_closed);
+    uv_close((uv_handle_t *)&s->watchdog, handle_closed);
+}
