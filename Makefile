@@ -31,7 +31,9 @@ endif
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
-             tests/support/test_env.c $(HARNESS_SRC)
+             tests/support/test_env.c tests/support/redis_server.c \
+             tests/support/test_agent.c \
+             $(HARNESS_SRC)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 

@@ -27,6 +27,11 @@
  * whole number of ms ("TAT" or "TAT REM"). It is the same bucket seen as a
  * time: level = capacity - (TAT - now), so it makes the same decisions with
  * a smaller key (an integer-encoded string in the common case).
+ *
+ * The two states cannot be mistaken for each other (only the token bucket's
+ * has a ':'). A value a script cannot read, such as the other algorithm's
+ * after a rule switched algorithm, counts as a missing key: a full bucket,
+ * the same trade the seed makes for a lost key.
  */
 #include "scripts.h"
 
@@ -57,25 +62,26 @@
     "  end\n" \
     "end\n"
 
-/* KEYS[1] the bucket; ARGV burst, limit, period_ms, cost. State "LEVEL TS":
- * level in 1/period_ms tokens, ts the ms of the last write. */
+/* KEYS[1] the bucket; ARGV burst, limit, period_ms, cost. State
+ * "LEVEL:TS": level in 1/period_ms tokens, ts the ms of the last write. */
 #define LUA_TOKEN_BUCKET_BODY \
     "  local burst, limit = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
     "  local period, cost = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
     "  local cap, now = burst * period, now_ms()\n" \
     "  local level, ts = cap, now\n" \
     "  local v = redis.call('GET', KEYS[1])\n" \
-    "  if v then\n" \
-    "    local sp = string.find(v, ' ', 1, true)\n" \
-    "    level = tonumber(string.sub(v, 1, sp - 1))\n" \
-    "    ts = tonumber(string.sub(v, sp + 1))\n" \
+    "  local sep = v and string.find(v, ':', 1, true)\n" \
+    "  if sep then\n" \
+    "    local l = tonumber(string.sub(v, 1, sep - 1))\n" \
+    "    local t = tonumber(string.sub(v, sep + 1))\n" \
+    "    if l and t then level, ts = math.min(cap, l), t end\n" \
     "  end\n" \
     "  level = math.min(cap, level + math.max(0, now - ts) * limit)\n" \
     "  local allowed, retry\n" \
     "  level, allowed, retry = spend(level, cap, limit, period, cost)\n" \
     "  local reset = math.ceil((cap - level) / limit)\n" \
     "  if allowed == 1 then\n" \
-    "    store(KEYS[1], string.format('%d %d', level, now), reset)\n" \
+    "    store(KEYS[1], string.format('%d:%d', level, now), reset)\n" \
     "  end\n" \
     "  return {allowed, math.floor(level / period), retry, reset}\n"
 
@@ -94,7 +100,9 @@
     "      tat = tonumber(string.sub(v, 1, sp - 1))\n" \
     "      rem = tonumber(string.sub(v, sp + 1))\n" \
     "    end\n" \
-    "    d = math.min(cap, math.max(0, (tat - now) * limit + rem))\n" \
+    "    if tat and rem then\n" \
+    "      d = math.min(cap, math.max(0, (tat - now) * limit + rem))\n" \
+    "    end\n" \
     "  end\n" \
     "  local level, allowed, retry = spend(cap - d, cap, limit, period, cost)\n" \
     "  d = cap - level\n" \

@@ -108,7 +108,8 @@ int test_cluster_start(test_cluster *cl, const char *root, char *err,
 {
     memset(cl, 0, sizeof *cl);
     for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
-        if (test_redis_start(&cl->nodes[i], root, true, err, errlen) != 0)
+        const test_redis_options node = {.cluster = true};
+        if (test_redis_start(&cl->nodes[i], root, &node, err, errlen) != 0)
             goto fail;
     }
     if (run_create(cl, root) != 0) {

@@ -47,7 +47,7 @@ static void sleep_ms(long ms)
         ;
 }
 
-static int write_config(const test_redis *srv, bool cluster)
+static int write_config(const test_redis *srv, const test_redis_options *o)
 {
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/redis.conf", srv->dir);
@@ -64,7 +64,9 @@ static int write_config(const test_redis *srv, bool cluster)
             "logfile %s/redis.log\n"
             "enable-debug-command local\n",
             srv->port, srv->dir, srv->dir);
-    if (cluster)
+    if (o->extra_conf != NULL)
+        fprintf(f, "%s\n", o->extra_conf);
+    if (o->cluster)
         fprintf(f,
                 "cluster-enabled yes\n"
                 "cluster-config-file nodes.conf\n"
@@ -74,8 +76,16 @@ static int write_config(const test_redis *srv, bool cluster)
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* Everything the child needs is prepared before fork(): the tests fork
+ * from processes that already run threads, where only async-signal-safe
+ * calls are allowed between fork and exec. */
 static pid_t spawn(const test_redis *srv)
 {
+    char conf[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(conf, sizeof conf, "%s/redis.conf", srv->dir);
+    snprintf(out, sizeof out, "%s/stdout.log", srv->dir);
+    const char *bin = getenv("RL_REDIS_SERVER");
+    bin = bin != NULL ? bin : "redis-server";
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
@@ -83,19 +93,13 @@ static pid_t spawn(const test_redis *srv)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(127); /* the runner died before prctl took effect */
-    char conf[PATH_MAX + 16], out[PATH_MAX + 16];
-    snprintf(conf, sizeof conf, "%s/redis.conf", srv->dir);
-    snprintf(out, sizeof out, "%s/stdout.log", srv->dir);
     int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
         close(fd);
     }
-    const char *bin = getenv("RL_REDIS_SERVER");
-    bin = bin != NULL ? bin : "redis-server";
     execlp(bin, bin, conf, (char *)NULL);
-    fprintf(stderr, "cannot run %s: %s\n", bin, strerror(errno));
     _exit(127);
 }
 
@@ -130,24 +134,10 @@ static int wait_ready(test_redis *srv)
     return -1;
 }
 
-static int try_start(test_redis *srv, const char *root, bool cluster,
-                     char *err, size_t errlen)
+/* Starts the server in srv->dir and waits for it: 0 ready, 1 exited at
+ * start, -1 failed. */
+static int launch(test_redis *srv, char *err, size_t errlen)
 {
-    srv->port = test_free_port();
-    srv->bus_port = cluster ? test_free_port() : 0;
-    if (srv->port == 0 || (cluster && srv->bus_port == 0)) {
-        snprintf(err, errlen, "no free loopback port: %s", strerror(errno));
-        return -1;
-    }
-    snprintf(srv->dir, sizeof srv->dir, "%s/redis-%u", root, srv->port);
-    if (mkdir(srv->dir, 0700) != 0 && errno != EEXIST) {
-        snprintf(err, errlen, "mkdir %s: %s", srv->dir, strerror(errno));
-        return -1;
-    }
-    if (write_config(srv, cluster) != 0) {
-        snprintf(err, errlen, "cannot write %s/redis.conf", srv->dir);
-        return -1;
-    }
     srv->pid = spawn(srv);
     if (srv->pid < 0) {
         srv->pid = 0;
@@ -168,12 +158,36 @@ static int try_start(test_redis *srv, const char *root, bool cluster,
     return ready == 1 ? 0 : 1;
 }
 
-int test_redis_start(test_redis *srv, const char *root, bool cluster,
-                     char *err, size_t errlen)
+static int try_start(test_redis *srv, const char *root,
+                     const test_redis_options *o, char *err, size_t errlen)
 {
+    srv->port = test_free_port();
+    srv->bus_port = o->cluster ? test_free_port() : 0;
+    if (srv->port == 0 || (o->cluster && srv->bus_port == 0)) {
+        snprintf(err, errlen, "no free loopback port: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(srv->dir, sizeof srv->dir, "%s/redis-%u", root, srv->port);
+    if (mkdir(srv->dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "mkdir %s: %s", srv->dir, strerror(errno));
+        return -1;
+    }
+    if (write_config(srv, o) != 0) {
+        snprintf(err, errlen, "cannot write %s/redis.conf", srv->dir);
+        return -1;
+    }
+    return launch(srv, err, errlen);
+}
+
+int test_redis_start(test_redis *srv, const char *root,
+                     const test_redis_options *opts, char *err,
+                     size_t errlen)
+{
+    static const test_redis_options none = {0};
     memset(srv, 0, sizeof *srv);
     for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
-        int rc = try_start(srv, root, cluster, err, errlen);
+        int rc = try_start(srv, root, opts != NULL ? opts : &none, err,
+                           errlen);
         if (rc <= 0)
             return rc;
         /* Exited at start: another process took the port; pick again. */
@@ -193,6 +207,27 @@ void test_redis_stop(test_redis *srv)
         }
         sleep_ms(10);
     }
+    kill(srv->pid, SIGKILL);
+    waitpid(srv->pid, NULL, 0);
+    srv->pid = 0;
+}
+
+int test_redis_restart(test_redis *srv, char *err, size_t errlen)
+{
+    for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
+        int rc = launch(srv, err, errlen);
+        if (rc <= 0)
+            return rc;
+        /* The port may still be held by the old process's socket. */
+        sleep_ms(100);
+    }
+    return -1;
+}
+
+void test_redis_kill(test_redis *srv)
+{
+    if (srv->pid <= 0)
+        return;
     kill(srv->pid, SIGKILL);
     waitpid(srv->pid, NULL, 0);
     srv->pid = 0;

@@ -18,12 +18,26 @@ typedef struct test_redis {
     char dir[PATH_MAX]; /* its working directory: redis.conf, redis.log */
 } test_redis;
 
+/* What to start: cluster mode, and extra redis.conf lines (or NULL). */
+typedef struct test_redis_options {
+    bool cluster;
+    const char *extra_conf;
+} test_redis_options;
+
 /* test_redis_start starts redis-server (or $RL_REDIS_SERVER) with a config
  * written under root: loopback only, no persistence, cluster mode if asked.
  * It retries on another port if the one picked was taken meanwhile, and
  * returns once PING answers. On failure returns -1 with a reason in err. */
-int test_redis_start(test_redis *srv, const char *root, bool cluster,
-                     char *err, size_t errlen);
+int test_redis_start(test_redis *srv, const char *root,
+                     const test_redis_options *opts, char *err,
+                     size_t errlen);
+
+/* test_redis_restart starts a stopped server again on the same port, with
+ * the same config. Returns -1 with a reason if it does not come up. */
+int test_redis_restart(test_redis *srv, char *err, size_t errlen);
+
+/* test_redis_kill kills the server at once (SIGKILL), as a crash would. */
+void test_redis_kill(test_redis *srv);
 
 /* test_redis_stop stops the server (SIGTERM, then SIGKILL after 5 s) and
  * waits for it. Safe on a server that is not running. */

@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     test_redis single = {0};
     test_cluster cluster = {0};
     int rc = EXIT_SETUP;
-    if (test_redis_start(&single, root, false, err, sizeof err) != 0) {
+    if (test_redis_start(&single, root, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "with-redis: %s\n", err);
         goto done;
     }

@@ -1,0 +1,119 @@
+/*
+ * test_agent.c: agents for integration tests, always on a real Redis.
+ */
+#include "test_agent.h"
+
+#include "config.h"
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+uint64_t test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void test_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* The agent's errors go to stderr, where Criterion shows them next to a
+ * failing test; with RL_TEST_VERBOSE set, every line does. */
+static void test_log_line(rl_log_level level, const char *line, void *arg)
+{
+    (void)arg;
+    if (level >= RL_LOG_ERROR || getenv("RL_TEST_VERBOSE") != NULL)
+        fprintf(stderr, "agent: %s\n", line);
+}
+
+static void flush_scripts(const char *addr, test_scripts mode)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = test_redis_command(c, mode == TEST_FCALL
+                                              ? "FUNCTION FLUSH"
+                                              : "SCRIPT FLUSH");
+    cr_assert_eq(r->type, REDIS_REPLY_STATUS, "flush failed");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+void test_agent_open(test_agent *t, const char *addr, test_scripts mode,
+                     const char *store_extra, const char *charge,
+                     const char *rules_yaml)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->addr, sizeof t->addr, "%s",
+             addr != NULL ? addr : test_env("RL_TEST_REDIS"));
+    char yaml[8192];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store:\n"
+                     "  url: redis://%s\n"
+                     "  scripts: %s\n"
+                     "%s"
+                     "charge: %s\n"
+                     "rules:\n%s",
+                     t->addr, mode == TEST_FCALL ? "function" : "eval",
+                     store_extra != NULL ? store_extra : "",
+                     charge != NULL ? charge : "all", rules_yaml);
+    cr_assert_lt((size_t)n, sizeof yaml);
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", &t->config, &err),
+                 RL_OK, "%s", err.message);
+    rl_options o = {.config = t->config, .log = test_log_line};
+    cr_assert_eq(rl_agent_open(&t->agent, &o, &err), RL_OK, "%s",
+                 err.message);
+    /* Warm up on a key no test uses, so the scripts are loaded... */
+    rl_attr warm[RL_ATTRS_MAX];
+    size_t n_warm = 0;
+    for (size_t i = 0; i < t->config->n_rules; i++) {
+        const char *match = t->config->rules[i].match;
+        bool seen = false;
+        for (size_t j = 0; j < n_warm; j++)
+            seen = seen || strcmp(warm[j].name, match) == 0;
+        if (!seen)
+            warm[n_warm++] = (rl_attr){match, "warm-up", 7};
+    }
+    rl_decision d;
+    cr_assert_eq(rl_check(t->agent, warm, n_warm, 1, &d), RL_OK);
+    cr_assert(!d.degraded, "the test Redis at %s did not answer", t->addr);
+    /* ...then take them away again. */
+    flush_scripts(t->addr, mode);
+}
+
+void test_agent_close(test_agent *t)
+{
+    rl_agent_close(t->agent);
+    rl_config_free(t->config);
+    t->agent = NULL;
+    t->config = NULL;
+}
+
+rl_decision test_check(test_agent *t, ...)
+{
+    rl_attr attrs[RL_ATTRS_MAX];
+    char names[RL_ATTRS_MAX][64];
+    size_t n = 0;
+    va_list ap;
+    va_start(ap, t);
+    for (const char *kv; (kv = va_arg(ap, const char *)) != NULL; n++) {
+        const char *eq = strchr(kv, '=');
+        cr_assert_not_null(eq, "attribute '%s' is not name=value", kv);
+        snprintf(names[n], sizeof names[n], "%.*s", (int)(eq - kv), kv);
+        attrs[n] = (rl_attr){names[n], eq + 1, strlen(eq + 1)};
+    }
+    va_end(ap);
+    rl_decision d;
+    int rc = rl_check(t->agent, attrs, n, 1, &d);
+    cr_assert_eq(rc, RL_OK, "rl_check: %s", rl_strerror(rc));
+    return d;
+}

@@ -1,0 +1,47 @@
+/*
+ * test_agent.h: an agent on a test Redis, from a few lines of rules, in
+ * FCALL or EVALSHA mode, with its scripts flushed after warm-up so that
+ * every test also runs through the reload path.
+ */
+#ifndef RL_TEST_AGENT_H
+#define RL_TEST_AGENT_H
+
+#include "rl.h"
+
+#include <stdint.h>
+
+typedef struct test_agent {
+    rl_agent *agent;
+    rl_config *config;
+    char addr[64];     /* host:port of its Redis */
+} test_agent;
+
+typedef enum test_scripts { TEST_FCALL, TEST_EVALSHA } test_scripts;
+
+/* test_agent_open opens an agent on addr (NULL: RL_TEST_REDIS) with
+ * `store.scripts` set by mode and extra store lines, and the given rules
+ * YAML (a list under "rules:"). It makes one check so that the scripts are
+ * loaded, then flushes them (SCRIPT FLUSH or FUNCTION FLUSH): the test's
+ * own first calls meet NOSCRIPT or "function not found" and must recover. */
+void test_agent_open(test_agent *t, const char *addr, test_scripts mode,
+                     const char *store_extra, const char *charge,
+                     const char *rules_yaml);
+
+void test_agent_close(test_agent *t);
+
+/* test_check runs rl_check with one or more "name=value" attributes
+ * (NULL-terminated) and cost 1, asserting it returns RL_OK. */
+rl_decision test_check(test_agent *t, ...);
+
+/* Runs both script modes of a test: name_fcall and name_evalsha. */
+#define TEST_BOTH_MODES(suite, name)                                      \
+    static void suite##_##name(test_scripts mode);                         \
+    Test(suite, name##_fcall) { suite##_##name(TEST_FCALL); }              \
+    Test(suite, name##_evalsha) { suite##_##name(TEST_EVALSHA); }          \
+    static void suite##_##name(test_scripts mode)
+
+/* Milliseconds on the monotonic clock. */
+uint64_t test_now_ms(void);
+void test_sleep_ms(unsigned ms);
+
+#endif
