@@ -1,0 +1,374 @@
+/*
+ * The exact path when things go wrong: Redis killed and restarted, scripts
+ * flushed under load, bad input, shutdown while threads check, fork, and
+ * authentication. Tests that kill or flush use a private redis-server, so
+ * that no other test sees it.
+ */
+#include "config.h"
+#include "redis_server.h"
+#include "test_agent.h"
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void private_redis(test_redis *srv, const char *extra_conf,
+                          char *addr, size_t cap)
+{
+    char err[512];
+    test_redis_options o = {.extra_conf = extra_conf};
+    cr_assert_eq(test_redis_start(srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, cap, "127.0.0.1:%u", srv->port);
+}
+
+static rl_decision timed_check(test_agent *t, const char *attr,
+                               uint64_t *elapsed_ms)
+{
+    uint64_t start = test_now_ms();
+    rl_decision d = test_check(t, attr, NULL);
+    *elapsed_ms = test_now_ms() - start;
+    return d;
+}
+
+/* --- 6. Redis killed mid-run, then restarted. ---------------------------- */
+
+TEST_BOTH_MODES(faults, redis_killed_then_restarted)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, NULL, addr, sizeof addr);
+    test_agent t;
+    test_agent_open(&t, addr, mode, "  timeout_ms: 50\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000, "
+                    "period: 1s, on_error: allow}\n"
+                    "  - {name: per-ip, match: ip, limit: 1000, "
+                    "period: 1s, on_error: deny}\n");
+    uint64_t ms;
+    cr_assert(!timed_check(&t, "api_key=k", &ms).degraded);
+
+    test_redis_kill(&srv);
+    uint64_t start = test_now_ms();
+    int checks = 0;
+    while (test_now_ms() - start < 1000) {
+        rl_decision d = timed_check(&t, "api_key=k", &ms);
+        cr_assert(d.degraded && d.allowed, "on_error allow not honored");
+        cr_assert_leq(ms, 70, "a check took %llu ms", (unsigned long long)ms);
+        d = timed_check(&t, "ip=1.2.3.4", &ms);
+        cr_assert(d.degraded && !d.allowed, "on_error deny not honored");
+        cr_assert_str_eq(d.rule, "per-ip");
+        cr_assert_leq(ms, 70, "a check took %llu ms", (unsigned long long)ms);
+        checks++;
+        test_sleep_ms(5);
+    }
+    cr_assert_gt(checks, 10);
+
+    char err[512];
+    cr_assert_eq(test_redis_restart(&srv, err, sizeof err), 0, "%s", err);
+    uint64_t restarted = test_now_ms();
+    while (timed_check(&t, "api_key=k", &ms).degraded) {
+        cr_assert_lt(test_now_ms() - restarted, 1000, "not back within 1 s");
+        test_sleep_ms(5);
+    }
+    rl_decision d = test_check(&t, "ip=1.2.3.4", NULL);
+    cr_assert(d.allowed && !d.degraded);
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+}
+
+/* --- Scripts flushed while eight threads check: no check fails. -------- */
+
+struct flusher_load {
+    test_agent *t;
+    atomic_bool stop;
+    atomic_int degraded;
+    atomic_int checks;
+};
+
+static void *keep_checking(void *arg)
+{
+    struct flusher_load *l = arg;
+    char value[32];
+    snprintf(value, sizeof value, "flush-%p", (void *)&value);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    while (!atomic_load(&l->stop)) {
+        rl_decision d;
+        if (rl_check(l->t->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(&l->degraded, 1);
+        atomic_fetch_add(&l->checks, 1);
+    }
+    return NULL;
+}
+
+TEST_BOTH_MODES(faults, scripts_flushed_under_load_lose_no_check)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, NULL, addr, sizeof addr);
+    struct flusher_load l = {0};
+    test_agent t;
+    /* A generous deadline: the point is that no call is lost, not speed
+     * on a loaded test machine. */
+    test_agent_open(&t, addr, mode, "  timeout_ms: 1000\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000000, "
+                    "period: 1s}\n");
+    l.t = &t;
+    pthread_t threads[8];
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, keep_checking, &l), 0);
+    redisContext *c = test_redis_connect(addr);
+    for (int i = 0; i < 10; i++) {
+        test_sleep_ms(50);
+        redisReply *r = test_redis_command(c, mode == TEST_FCALL
+                                                  ? "FUNCTION FLUSH"
+                                                  : "SCRIPT FLUSH");
+        freeReplyObject(r);
+    }
+    test_sleep_ms(50);
+    atomic_store(&l.stop, true);
+    for (int i = 0; i < 8; i++)
+        pthread_join(threads[i], NULL);
+    redisFree(c);
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+    cr_assert_gt(atomic_load(&l.checks), 100);
+    cr_assert_eq(atomic_load(&l.degraded), 0, "%d of %d checks failed",
+                 atomic_load(&l.degraded), atomic_load(&l.checks));
+}
+
+/* --- 7. Bad input: defined results, and no call to Redis. -------------- */
+
+static long long script_calls(const char *addr)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = test_redis_command(c, "INFO commandstats");
+    long long calls = 0;
+    const char *names[] = {"cmdstat_fcall:calls=", "cmdstat_evalsha:calls="};
+    for (int i = 0; i < 2; i++) {
+        const char *p = strstr(r->str, names[i]);
+        if (p != NULL)
+            calls += atoll(p + strlen(names[i]));
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return calls;
+}
+
+TEST_BOTH_MODES(faults, bad_input_is_refused_before_redis)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, NULL, addr, sizeof addr);
+    test_agent t;
+    test_agent_open(&t, addr, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 10, "
+                    "period: 1s}\n");
+    /* One good check first, so that the scripts test_agent_open flushed
+     * are back and every later call counts once. */
+    cr_assert(!test_check(&t, "api_key=reload", NULL).degraded);
+    long long before = script_calls(addr);
+    char big[258];
+    memset(big, 'k', sizeof big);
+    rl_decision d;
+    rl_attr too_long = {"api_key", big, 257};
+    cr_assert_eq(rl_check(t.agent, &too_long, 1, 1, &d), RL_ETOOLONG);
+    rl_attr nul = {"api_key", "a\0b", 3};
+    cr_assert_eq(rl_check(t.agent, &nul, 1, 1, &d), RL_EINVAL);
+    rl_attr empty = {"api_key", "", 0};
+    cr_assert_eq(rl_check(t.agent, &empty, 1, 1, &d), RL_EINVAL);
+    rl_attr ok = {"api_key", "fine", 4};
+    cr_assert_eq(rl_check(t.agent, &ok, 1, 0, &d), RL_EINVAL);
+    rl_attr twice[] = {{"api_key", "a", 1}, {"api_key", "b", 1}};
+    cr_assert_eq(rl_check(t.agent, twice, 2, 1, &d), RL_EINVAL);
+    cr_assert_eq(rl_check(t.agent, NULL, 1, 1, &d), RL_EINVAL);
+    cr_assert_eq(rl_check(t.agent, &ok, RL_ATTRS_MAX + 1, 1, &d), RL_EINVAL);
+    cr_assert_eq(rl_check(t.agent, &ok, 1, 1, NULL), RL_EINVAL);
+    cr_assert_eq(rl_check(NULL, &ok, 1, 1, &d), RL_EINVAL);
+
+    /* An attribute no rule matches is ignored: allowed, no round trip, no
+     * headers. Its value is not even looked at. */
+    rl_attr unknown[] = {{"x-unknown", big, 257}, {"tenant", "\0", 1}};
+    memset(&d, 0xff, sizeof d);
+    cr_assert_eq(rl_check(t.agent, unknown, 2, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    cr_assert_str_empty(d.rule);
+    char headers[64];
+    cr_assert_eq(rl_format_headers(&d, headers, sizeof headers), 0);
+    cr_assert_eq(script_calls(addr), before, "refused input reached Redis");
+
+    /* 256 bytes is the longest value, and it is kept whole. */
+    rl_attr longest = {"api_key", big, 256};
+    cr_assert_eq(rl_check(t.agent, &longest, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    cr_assert_eq(script_calls(addr), before + 1);
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+}
+
+/* --- The async API: exactly once, from the agent's thread. ------------- */
+
+struct async_count {
+    atomic_int calls;
+    atomic_int allowed;
+    atomic_int from_caller_thread;
+    pthread_t caller;
+};
+
+static void on_decision(const rl_decision *d, void *arg)
+{
+    struct async_count *c = arg;
+    if (pthread_equal(pthread_self(), c->caller))
+        atomic_fetch_add(&c->from_caller_thread, 1);
+    if (d->allowed && !d->degraded)
+        atomic_fetch_add(&c->allowed, 1);
+    atomic_fetch_add(&c->calls, 1);
+}
+
+TEST_BOTH_MODES(faults, async_callbacks_run_exactly_once)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d}\n");
+    struct async_count c = {.caller = pthread_self()};
+    char value[32];
+    snprintf(value, sizeof value, "async-%d", mode);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(rl_check_async(t.agent, &attr, 1, 1, on_decision, &c),
+                     RL_OK);
+    /* A call that fails never calls back; one no rule applies to does. */
+    cr_assert_eq(rl_check_async(t.agent, &attr, 1, 0, on_decision, &c),
+                 RL_EINVAL);
+    rl_attr none = {"nobody", "x", 1};
+    cr_assert_eq(rl_check_async(t.agent, &none, 1, 1, on_decision, &c),
+                 RL_OK);
+    uint64_t start = test_now_ms();
+    while (atomic_load(&c.calls) < 301 && test_now_ms() - start < 2000)
+        test_sleep_ms(5);
+    test_sleep_ms(50); /* room for a callback that should not come */
+    cr_assert_eq(atomic_load(&c.calls), 301);
+    cr_assert_eq(atomic_load(&c.allowed), 101, "100 tokens plus the request "
+                 "no rule applied to");
+    cr_assert_eq(atomic_load(&c.from_caller_thread), 0);
+    test_agent_close(&t);
+}
+
+/* --- 8. Sixteen threads check while the agent shuts down. -------------- */
+
+struct shutdown_load {
+    test_agent *t;
+    atomic_int closed_seen;
+    atomic_int other_errors;
+};
+
+static void *check_until_closed(void *arg)
+{
+    struct shutdown_load *l = arg;
+    char value[32];
+    snprintf(value, sizeof value, "shut-%p", (void *)&value);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    for (;;) {
+        rl_decision d;
+        int rc = rl_check(l->t->agent, &attr, 1, 1, &d);
+        if (rc == RL_ECLOSED) {
+            atomic_fetch_add(&l->closed_seen, 1);
+            return NULL;
+        }
+        if (rc != RL_OK)
+            atomic_fetch_add(&l->other_errors, 1);
+    }
+}
+
+TEST_BOTH_MODES(faults, shutdown_while_sixteen_threads_check)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000000, "
+                    "period: 1s}\n");
+    struct shutdown_load l = {.t = &t};
+    pthread_t threads[16];
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, check_until_closed,
+                                    &l), 0);
+    test_sleep_ms(200);
+    rl_agent_shutdown(t.agent);
+    for (int i = 0; i < 16; i++)
+        pthread_join(threads[i], NULL);
+    rl_agent_shutdown(t.agent); /* again: nothing happens */
+    test_agent_close(&t);
+    cr_assert_eq(atomic_load(&l.closed_seen), 16);
+    cr_assert_eq(atomic_load(&l.other_errors), 0);
+}
+
+/* --- fork(): the child gets an error, not a hang. ----------------------- */
+
+Test(faults, a_forked_child_gets_eforked)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 10, "
+                    "period: 1s}\n");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        rl_attr attr = {"api_key", "child", 5};
+        rl_decision d;
+        int rc = rl_check(t.agent, &attr, 1, 1, &d);
+        rl_agent_close(t.agent);
+        _exit(rc == RL_EFORKED ? 0 : 1);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the child did not get RL_EFORKED");
+    cr_assert(!test_check(&t, "api_key=parent", NULL).degraded);
+    test_agent_close(&t);
+}
+
+/* --- AUTH: a password, an ACL user, and a wrong password. --------------- */
+
+static rl_decision check_with_store(const char *addr, const char *store_auth)
+{
+    char yaml[512];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store:\n  url: redis://%s\n  timeout_ms: 500\n%s"
+                     "rules:\n  - {name: per-key, match: api_key, "
+                     "limit: 10, period: 1s}\n", addr, store_auth);
+    rl_config *cfg;
+    rl_agent *agent;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<auth>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    cr_assert_eq(rl_agent_open(&agent, &o, &err), RL_OK, "%s", err.message);
+    rl_attr attr = {"api_key", "auth", 4};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &attr, 1, 1, &d), RL_OK);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    return d;
+}
+
+Test(faults, authenticates_with_a_password_or_an_acl_user)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, "requirepass s3cret\n"
+                        "user rl on >rlpass ~rl:* +@all", addr, sizeof addr);
+    rl_decision d = check_with_store(addr, "  password: s3cret\n");
+    cr_assert(d.allowed && !d.degraded, "password auth failed");
+    d = check_with_store(addr, "  username: rl\n  password: rlpass\n");
+    cr_assert(d.allowed && !d.degraded, "ACL user auth failed");
+    d = check_with_store(addr, "  password: wrong\n");
+    cr_assert(d.degraded, "a wrong password was not noticed");
+    d = check_with_store(addr, "");
+    cr_assert(d.degraded, "no password was not noticed");
+    test_redis_stop(&srv);
+}
