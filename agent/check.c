@@ -164,7 +164,11 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
         while (sem_wait(&req->done) != 0 && errno == EINTR)
             ;
     }
-    *out = req->decision;
+    /* The semaphore already orders the I/O thread's write of the decision
+     * before this read; this acquire load of the CAS that published it says
+     * so in a way ThreadSanitizer sees (it does not model sem_clockwait). */
+    if (atomic_load(&req->owner) == RL_OWNER_DONE)
+        *out = req->decision;
 }
 
 int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,

@@ -46,6 +46,12 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
     TSAN_CHECK(true, (a) != (b), #a " != " #b, __VA_ARGS__)
 #define cr_assert_geq(a, b, ...) \
     TSAN_CHECK(true, (a) >= (b), #a " >= " #b, __VA_ARGS__)
+#define cr_assert_gt(a, b, ...) \
+    TSAN_CHECK(true, (a) > (b), #a " > " #b, __VA_ARGS__)
+#define cr_assert_leq(a, b, ...) \
+    TSAN_CHECK(true, (a) <= (b), #a " <= " #b, __VA_ARGS__)
+#define cr_assert_lt(a, b, ...) \
+    TSAN_CHECK(true, (a) < (b), #a " < " #b, __VA_ARGS__)
 #define cr_assert_null(p, ...) \
     TSAN_CHECK(true, (p) == NULL, #p " == NULL", __VA_ARGS__)
 #define cr_expect_null(p, ...) \
