@@ -44,13 +44,15 @@ LIB_SO  = $(BUILD)/lib/librl.so
 SONAME  = librl.so.0
 HEADER  = $(BUILD)/include/rl.h
 RLCTL   = $(BUILD)/bin/rlctl
+EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
+BENCH   = $(BUILD)/bench/bench-exact
 
-.PHONY: all deps test asan tsan clean
+.PHONY: all deps test asan tsan bench clean
 .DEFAULT_GOAL := all
 
-all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) | deps
+all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(EXAMPLE) | deps
 
 deps:
 	@sh scripts/deps.sh
@@ -67,6 +69,7 @@ $(LIB_SO): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(LDFLAGS_ALL) \
 	    -o $@ $^ $(LIB_DEPS)
+	ln -sf librl.so $(BUILD)/lib/$(SONAME)
 
 $(HEADER): agent/rl.h
 	@mkdir -p $(dir $@)
@@ -76,6 +79,13 @@ $(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+# The example is built against the installed header and the shared
+# library, as a gateway would be.
+$(EXAMPLE): examples/check_request.c $(HEADER) $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g $(SAN) -I$(BUILD)/include \
+	    -o $@ $< -L$(BUILD)/lib -lrl -Wl,-rpath,$(abspath $(BUILD)/lib)
+
 $(TESTS): $(call obj,$(TEST_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS)
@@ -84,10 +94,20 @@ $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
 
+$(BENCH): $(call obj,tests/bench/bench_exact.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+# Benchmarks are not tests: they report figures (ratios against a ceiling
+# measured in the same run), they do not pass or fail on speed.
+bench: all $(BENCH) $(RUNNER)
+	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
+
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the
 # environment, and stops them whatever happens to the tests.
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
+           RL_TEST_EXAMPLE=$(EXAMPLE) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=
 
