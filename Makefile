@@ -69,7 +69,10 @@ $(LIB_SO): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(LDFLAGS_ALL) \
 	    -o $@ $^ $(LIB_DEPS)
-	ln -sf librl.so $(BUILD)/lib/$(SONAME)
+
+# The name programs linked with -lrl look for at run time.
+$(BUILD)/lib/$(SONAME): $(LIB_SO)
+	ln -sf librl.so $@
 
 $(HEADER): agent/rl.h
 	@mkdir -p $(dir $@)
@@ -81,7 +84,7 @@ $(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
 
 # The example is built against the installed header and the shared
 # library, as a gateway would be.
-$(EXAMPLE): examples/check_request.c $(HEADER) $(LIB_SO)
+$(EXAMPLE): examples/check_request.c $(HEADER) $(BUILD)/lib/$(SONAME)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g $(SAN) -I$(BUILD)/include \
 	    -o $@ $< -L$(BUILD)/lib -lrl -Wl,-rpath,$(abspath $(BUILD)/lib)
