@@ -142,6 +142,20 @@ static void leave(rl_agent *a)
     atomic_fetch_sub(&a->active_calls, 1);
 }
 
+/* Validates the call and builds its request (NULL when no rule applies).
+ * On RL_OK the caller counts as active until it calls leave(). */
+static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
+                 rl_request **req)
+{
+    int rc = enter(a, attrs, n, cost);
+    if (rc != RL_OK)
+        return rc;
+    rc = build(a, attrs, n, cost, req);
+    if (rc != RL_OK)
+        leave(a);
+    return rc;
+}
+
 static void wait_for_decision(rl_request *req, rl_decision *out)
 {
     uint64_t until = req->deadline_ns + CALLER_GRACE_NS;
@@ -174,17 +188,14 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
              rl_decision *out)
 {
-    if (out == NULL)
-        return RL_EINVAL;
-    int rc = enter(a, attrs, n, cost);
+    rl_request *req;
+    int rc = out != NULL ? begin(a, attrs, n, cost, &req) : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
-    rl_request *req;
-    rc = build(a, attrs, n, cost, &req);
-    if (rc == RL_OK && req == NULL) {
+    if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;
-    } else if (rc == RL_OK) {
+    } else {
         sem_init(&req->done, 0, 0);
         atomic_init(&req->owner, RL_OWNER_PENDING);
         atomic_init(&req->refs, 2);
@@ -204,14 +215,11 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
 int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
                    uint32_t cost, rl_check_fn callback, void *arg)
 {
-    if (callback == NULL)
-        return RL_EINVAL;
-    int rc = enter(a, attrs, n, cost);
+    rl_request *req;
+    int rc = callback != NULL ? begin(a, attrs, n, cost, &req) : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
-    rl_request *req;
-    rc = build(a, attrs, n, cost, &req);
-    if (rc == RL_OK && req == NULL) {
+    if (req == NULL) {
         /* No rule applies: still answered from the I/O thread, as the
          * contract says, through an empty request. */
         req = calloc(1, sizeof *req);

@@ -5,19 +5,13 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 static int run(const char *config, const char *args, char *out, size_t cap)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", test_env("RL_TEST_EXAMPLE"),
-             config, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    snprintf(cmd, sizeof cmd, "%s %s %s", test_env("RL_TEST_EXAMPLE"), config,
+             args);
+    return test_run(cmd, out, cap);
 }
 
 Test(example, check_request_allows_then_rejects_with_headers)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 const char *test_env(const char *name)
 {
@@ -49,4 +50,16 @@ const char *test_path(char *buf, size_t cap, const char *env_dir,
 {
     snprintf(buf, cap, "%s/%s", test_env(env_dir), file);
     return buf;
+}
+
+int test_run(const char *cmd, char *out, size_t cap)
+{
+    char full[2048];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

@@ -20,6 +20,10 @@ redisContext *test_redis_connect(const char *addr);
  * (a lost connection). The caller frees the reply. */
 redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
 
+/* test_run runs a shell command, puts what it printed (stdout and stderr)
+ * in out, and returns its exit status (-1 if it did not exit). */
+int test_run(const char *cmd, char *out, size_t cap);
+
 /* test_path joins a directory from the environment and a file name. */
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file);

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static rl_config *load_ok(const char *yaml)
@@ -330,14 +329,9 @@ Test(config, null_arguments_are_invalid_not_crashes)
 static int run_rlctl(const char *config, char *out, size_t cap)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s --config %s config 2>&1",
+    snprintf(cmd, sizeof cmd, "%s --config %s config",
              test_env("RL_TEST_RLCTL"), config);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return test_run(cmd, out, cap);
 }
 
 Test(config, rlctl_exits_nonzero_naming_the_culprit)
