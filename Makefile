@@ -14,7 +14,7 @@ CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Iagent -Icommon -Itests/support $(SAN) $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
-LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lpthread
+LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lpthread
 # Criterion cannot run under ThreadSanitizer (its sandbox maps memory where
 # TSan forbids it), so `make tsan` builds the same test files against a
 # stand-in for its API: see tests/support/tsan/criterion/criterion.h.
@@ -49,7 +49,7 @@ TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 
-.PHONY: all deps test asan tsan bench clean
+.PHONY: all deps test asan tsan bench fuzz clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(EXAMPLE) | deps
@@ -130,6 +130,22 @@ tsan:
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	$(MAKE) BUILD=build/tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    TEST_HARNESS=tsan-runner test
+
+# libFuzzer (clang) on the wire decoder. New inputs go to build/fuzz/corpus;
+# tests/fuzz/corpus/wire holds the seeds. FUZZ_SECONDS=600 for a long run.
+FUZZ_SECONDS ?= 60
+FUZZ_WIRE = build/fuzz/fuzz-wire
+
+$(FUZZ_WIRE): tests/fuzz/fuzz_wire.c common/wire.c common/wire.h
+	@sh scripts/deps.sh clang libclang-rt-14-dev
+	@mkdir -p $(dir $@) build/fuzz/corpus
+	clang -std=c11 -g -O1 -Wall -Wextra -Werror -Icommon \
+	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    -o $@ tests/fuzz/fuzz_wire.c common/wire.c -lmsgpackc
+
+fuzz: $(FUZZ_WIRE)
+	$(FUZZ_WIRE) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	    build/fuzz/corpus tests/fuzz/corpus/wire
 
 clean:
 	rm -rf build

@@ -1,11 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages rl builds and tests with, only those missing.
 # Called by `make deps` (and so by `make` and `make test`): on a fresh Debian
-# machine, as root, `make test` alone sets everything up.
+# machine, as root, `make test` alone sets everything up. With arguments, it
+# installs those packages instead (`make fuzz` asks for clang this way).
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev redis-server redis-tools"
+[ $# -gt 0 ] && packages="$*"
 
 missing=""
 for p in $packages; do

@@ -1,0 +1,373 @@
+/*
+ * wire.c: encoding with msgpack-c's packer, decoding with a strict reader
+ * of our own. The reader accepts exactly the shapes in wire.h and nothing
+ * else, and allocates one thing: the entries array, whose length it first
+ * checks against both RL_WIRE_ENTRIES_MAX and the bytes actually left in
+ * the message. A generic msgpack unpacker would allocate whatever an array
+ * header claims before it finds the message too short; from a network peer
+ * that is an allocation bomb.
+ */
+#include "wire.h"
+
+#include <msgpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct reader {
+    const uint8_t *p, *end;
+    const char *why;
+};
+
+static bool fail(struct reader *r, const char *why)
+{
+    if (r->why == NULL)
+        r->why = why;
+    return false;
+}
+
+static size_t left(const struct reader *r)
+{
+    return (size_t)(r->end - r->p);
+}
+
+/* A big-endian number of n bytes. */
+static bool rd_be(struct reader *r, size_t n, uint64_t *v)
+{
+    if (left(r) < n)
+        return fail(r, "message cut short");
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++)
+        x = x << 8 | r->p[i];
+    r->p += n;
+    *v = x;
+    return true;
+}
+
+static bool rd_array(struct reader *r, size_t *n)
+{
+    if (left(r) < 1)
+        return fail(r, "message cut short");
+    uint8_t b = *r->p++;
+    uint64_t count;
+    if ((b & 0xf0) == 0x90)
+        count = b & 0x0f;
+    else if (b == 0xdc) {
+        if (!rd_be(r, 2, &count))
+            return false;
+    } else if (b == 0xdd) {
+        if (!rd_be(r, 4, &count))
+            return false;
+    } else {
+        return fail(r, "expected an array");
+    }
+    /* Each element takes at least one byte. */
+    if (count > left(r))
+        return fail(r, "array longer than the message");
+    *n = (size_t)count;
+    return true;
+}
+
+static bool rd_uint(struct reader *r, uint64_t *v)
+{
+    if (left(r) < 1)
+        return fail(r, "message cut short");
+    uint8_t b = *r->p++;
+    if (b <= 0x7f) {
+        *v = b;
+        return true;
+    }
+    static const size_t widths[] = {1, 2, 4, 8};
+    if (b >= 0xcc && b <= 0xcf)
+        return rd_be(r, widths[b - 0xcc], v);
+    return fail(r, "expected an unsigned integer");
+}
+
+static bool rd_bounded(struct reader *r, uint64_t max, uint64_t *v)
+{
+    if (!rd_uint(r, v))
+        return false;
+    return *v <= max || fail(r, "number out of range");
+}
+
+/* A str or a bin of 1 to max bytes. */
+static bool rd_bytes(struct reader *r, size_t max, rl_wire_bytes *out)
+{
+    if (left(r) < 1)
+        return fail(r, "message cut short");
+    uint8_t b = *r->p++;
+    uint64_t len;
+    bool ok = true;
+    if ((b & 0xe0) == 0xa0)
+        len = b & 0x1f;
+    else if (b == 0xd9 || b == 0xc4)
+        ok = rd_be(r, 1, &len);
+    else if (b == 0xda || b == 0xc5)
+        ok = rd_be(r, 2, &len);
+    else if (b == 0xdb || b == 0xc6)
+        ok = rd_be(r, 4, &len);
+    else
+        return fail(r, "expected a string");
+    if (!ok)
+        return false;
+    if (len == 0 || len > max)
+        return fail(r, "string empty or too long");
+    if (len > left(r))
+        return fail(r, "message cut short");
+    out->ptr = (const char *)r->p;
+    out->len = (size_t)len;
+    r->p += len;
+    return true;
+}
+
+static bool rd_bool(struct reader *r, bool *v)
+{
+    if (left(r) < 1 || (*r->p != 0xc2 && *r->p != 0xc3))
+        return fail(r, "expected a boolean");
+    *v = *r->p++ == 0xc3;
+    return true;
+}
+
+static bool rd_fields(struct reader *r, size_t want)
+{
+    size_t n;
+    if (!rd_array(r, &n))
+        return false;
+    return n == want || fail(r, "wrong number of fields");
+}
+
+static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
+{
+    return rd_fields(r, 3) && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
+           && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
+           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count);
+}
+
+static bool rd_totals(struct reader *r, rl_wire_entry *e)
+{
+    return rd_bounded(r, UINT64_MAX, &e->window)
+           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->current)
+           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->previous)
+           && rd_bounded(r, UINT32_MAX, &e->agents);
+}
+
+static bool rd_ack_entry(struct reader *r, rl_wire_entry *e)
+{
+    return rd_fields(r, 6) && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
+           && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value) && rd_totals(r, e);
+}
+
+static bool rd_totals_entry(struct reader *r, rl_wire_entry *e)
+{
+    return rd_fields(r, 5) && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
+           && rd_totals(r, e);
+}
+
+static bool rd_entries(struct reader *r, rl_wire_msg *m,
+                       bool (*entry)(struct reader *, rl_wire_entry *))
+{
+    size_t n;
+    if (!rd_array(r, &n))
+        return false;
+    if (n > RL_WIRE_ENTRIES_MAX)
+        return fail(r, "too many entries");
+    if (n == 0)
+        return true;
+    m->entries = calloc(n, sizeof *m->entries);
+    if (m->entries == NULL)
+        return fail(r, "out of memory");
+    m->n_entries = n;
+    for (size_t i = 0; i < n; i++) {
+        if (!entry(r, &m->entries[i]))
+            return false;
+    }
+    return true;
+}
+
+static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
+{
+    switch (m->type) {
+    case RL_WIRE_REPORT:
+        return (fields == 5 || fail(r, "wrong number of fields"))
+               && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
+               && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry);
+    case RL_WIRE_ACK:
+        return (fields == 6 || fail(r, "wrong number of fields"))
+               && rd_uint(r, &m->seq)
+               && rd_bounded(r, RL_ACK_RETRY, &m->status)
+               && rd_uint(r, &m->now_ms) && rd_entries(r, m, rd_ack_entry);
+    case RL_WIRE_TOTALS:
+        return (fields == 6 || fail(r, "wrong number of fields"))
+               && rd_bytes(r, RL_WIRE_NAME_MAX, &m->rule)
+               && rd_uint(r, &m->now_ms) && rd_bool(r, &m->stale)
+               && rd_entries(r, m, rd_totals_entry);
+    default:
+        return fail(r, "unknown message type");
+    }
+}
+
+int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
+                   const char **why)
+{
+    struct reader r = {buf, (const uint8_t *)buf + len, NULL};
+    memset(out, 0, sizeof *out);
+    size_t fields;
+    uint64_t version, type;
+    bool ok = len <= RL_WIRE_MESSAGE_MAX || fail(&r, "message too large");
+    ok = ok && rd_array(&r, &fields)
+         && (fields >= 2 || fail(&r, "wrong number of fields"))
+         && rd_uint(&r, &version)
+         && (version == RL_WIRE_VERSION || fail(&r, "unknown version"))
+         && rd_uint(&r, &type);
+    if (ok) {
+        out->type = type <= RL_WIRE_TOTALS ? (int)type : -1;
+        ok = rd_body(&r, fields, out)
+             && (left(&r) == 0 || fail(&r, "bytes after the message"));
+    }
+    if (!ok) {
+        rl_wire_msg_free(out);
+        *why = r.why;
+        return -1;
+    }
+    return 0;
+}
+
+void rl_wire_msg_free(rl_wire_msg *m)
+{
+    free(m->entries);
+    m->entries = NULL;
+    m->n_entries = 0;
+}
+
+struct rl_wire_writer {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+};
+
+rl_wire_writer *rl_wire_writer_new(void)
+{
+    rl_wire_writer *w = malloc(sizeof *w);
+    if (w == NULL)
+        return NULL;
+    msgpack_sbuffer_init(&w->buf);
+    msgpack_packer_init(&w->pk, &w->buf, msgpack_sbuffer_write);
+    return w;
+}
+
+void rl_wire_writer_free(rl_wire_writer *w)
+{
+    if (w == NULL)
+        return;
+    msgpack_sbuffer_destroy(&w->buf);
+    free(w);
+}
+
+const void *rl_wire_writer_data(const rl_wire_writer *w, size_t *len)
+{
+    *len = w->buf.size;
+    return w->buf.data;
+}
+
+void rl_wire_writer_reset(rl_wire_writer *w)
+{
+    msgpack_sbuffer_clear(&w->buf);
+}
+
+static void put_str(rl_wire_writer *w, const char *s, size_t len)
+{
+    msgpack_pack_str(&w->pk, len);
+    msgpack_pack_str_body(&w->pk, s, len);
+}
+
+/* Values are bytes, not text: bin keeps them exact. */
+static void put_bin(rl_wire_writer *w, const char *s, size_t len)
+{
+    msgpack_pack_bin(&w->pk, len);
+    msgpack_pack_bin_body(&w->pk, s, len);
+}
+
+static void put_header(rl_wire_writer *w, size_t fields, int type)
+{
+    msgpack_pack_array(&w->pk, fields);
+    msgpack_pack_uint64(&w->pk, RL_WIRE_VERSION);
+    msgpack_pack_uint64(&w->pk, (uint64_t)type);
+}
+
+void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
+                          uint64_t seq, size_t n_entries)
+{
+    put_header(w, 5, RL_WIRE_REPORT);
+    put_str(w, agent_id, strlen(agent_id));
+    msgpack_pack_uint64(&w->pk, seq);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
+void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
+                       size_t value_len, uint64_t count)
+{
+    msgpack_pack_array(&w->pk, 3);
+    put_str(w, rule, strlen(rule));
+    put_bin(w, value, value_len);
+    msgpack_pack_uint64(&w->pk, count);
+}
+
+void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,
+                       uint64_t now_ms, size_t n_entries)
+{
+    put_header(w, 6, RL_WIRE_ACK);
+    msgpack_pack_uint64(&w->pk, seq);
+    msgpack_pack_uint64(&w->pk, status);
+    msgpack_pack_uint64(&w->pk, now_ms);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
+static void put_totals(rl_wire_writer *w, uint64_t window, uint64_t current,
+                       uint64_t previous, uint64_t agents)
+{
+    msgpack_pack_uint64(&w->pk, window);
+    msgpack_pack_uint64(&w->pk, current);
+    msgpack_pack_uint64(&w->pk, previous);
+    msgpack_pack_uint64(&w->pk, agents);
+}
+
+void rl_wire_put_ack_total(rl_wire_writer *w, const char *rule,
+                           const char *value, size_t value_len,
+                           uint64_t window, uint64_t current,
+                           uint64_t previous, uint64_t agents)
+{
+    msgpack_pack_array(&w->pk, 6);
+    put_str(w, rule, strlen(rule));
+    put_bin(w, value, value_len);
+    put_totals(w, window, current, previous, agents);
+}
+
+size_t rl_wire_topic(const char *rule, char *buf, size_t cap)
+{
+    size_t n = strlen(rule) + 1;
+    if (n > cap)
+        return 0;
+    memcpy(buf, rule, n); /* the terminating NUL ends the topic */
+    return n;
+}
+
+void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
+                          uint64_t now_ms, bool stale, size_t n_entries)
+{
+    msgpack_sbuffer_write(&w->buf, rule, strlen(rule) + 1);
+    put_header(w, 6, RL_WIRE_TOTALS);
+    put_str(w, rule, strlen(rule));
+    msgpack_pack_uint64(&w->pk, now_ms);
+    if (stale)
+        msgpack_pack_true(&w->pk);
+    else
+        msgpack_pack_false(&w->pk);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
+void rl_wire_put_total(rl_wire_writer *w, const char *value,
+                       size_t value_len, uint64_t window, uint64_t current,
+                       uint64_t previous, uint64_t agents)
+{
+    msgpack_pack_array(&w->pk, 5);
+    put_bin(w, value, value_len);
+    put_totals(w, window, current, previous, agents);
+}

@@ -1,0 +1,113 @@
+/*
+ * wire.h: the messages between agents and aggregators, msgpack over nng.
+ * Every message is a msgpack array that starts with the format version and
+ * the message type. Private to rl.
+ *
+ *   REPORT  agent -> aggregator (REQ)
+ *           [1, 1, agent_id, seq, [[rule, value, count], ...]]
+ *   ACK     aggregator -> agent (REP), once the report is in Redis
+ *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
+ *            previous, agents], ...]]
+ *   TOTALS  aggregator -> agents (PUB), one per rule and interval, after a
+ *           topic prefix "rule\0"
+ *           [1, 3, rule, now_ms, stale, [[value, window, current, previous,
+ *            agents], ...]]
+ *
+ * now_ms is Redis's clock as the aggregator knows it; windows are numbered
+ * by it (window = now_ms / period_ms), never by an agent's clock.
+ */
+#ifndef RL_COMMON_WIRE_H
+#define RL_COMMON_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RL_WIRE_VERSION 1
+#define RL_WIRE_REPORT 1
+#define RL_WIRE_ACK 2
+#define RL_WIRE_TOTALS 3
+
+/* Decoders refuse anything larger or longer than these. */
+#define RL_WIRE_MESSAGE_MAX (4u << 20)
+#define RL_WIRE_ENTRIES_MAX 65536
+#define RL_WIRE_ID_MAX 64
+#define RL_WIRE_NAME_MAX 64
+#define RL_WIRE_VALUE_MAX 256
+#define RL_WIRE_COUNT_MAX ((1ULL << 53) - 1)
+
+/* ACK status. */
+#define RL_ACK_APPLIED 0
+#define RL_ACK_DUPLICATE 1   /* applied before: not counted again */
+#define RL_ACK_RETRY 2       /* the store is away: send the same report again */
+
+/* Byte strings point into the decoded message's buffer. */
+typedef struct rl_wire_bytes {
+    const char *ptr;
+    size_t len;
+} rl_wire_bytes;
+
+typedef struct rl_wire_entry {
+    rl_wire_bytes rule;   /* REPORT, ACK */
+    rl_wire_bytes value;
+    uint64_t count;       /* REPORT */
+    uint64_t window;      /* ACK, TOTALS */
+    uint64_t current;     /* fleet total of the window */
+    uint64_t previous;    /* fleet total of the window before */
+    uint64_t agents;      /* agents that reported the rule lately */
+} rl_wire_entry;
+
+typedef struct rl_wire_msg {
+    int type;
+    rl_wire_bytes agent_id; /* REPORT */
+    rl_wire_bytes rule;     /* TOTALS */
+    uint64_t seq;           /* REPORT, ACK */
+    uint64_t status;        /* ACK */
+    uint64_t now_ms;        /* ACK, TOTALS */
+    bool stale;             /* TOTALS: the aggregator cannot reach Redis */
+    rl_wire_entry *entries; /* owned: free with rl_wire_msg_free */
+    size_t n_entries;
+} rl_wire_msg;
+
+/* rl_wire_decode parses one message of len bytes (for TOTALS, after its
+ * topic). It checks everything: version, type, field types, lengths, counts,
+ * that nothing is left over. On failure it returns -1 and writes why
+ * (static text) into *why; nothing is allocated then. */
+int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
+                   const char **why);
+
+void rl_wire_msg_free(rl_wire_msg *msg);
+
+/* An encoder over a growing buffer (msgpack-c's). */
+typedef struct rl_wire_writer rl_wire_writer;
+
+rl_wire_writer *rl_wire_writer_new(void);
+void rl_wire_writer_free(rl_wire_writer *w);
+/* The bytes written so far (valid until the next write or reset). */
+const void *rl_wire_writer_data(const rl_wire_writer *w, size_t *len);
+void rl_wire_writer_reset(rl_wire_writer *w);
+
+void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
+                          uint64_t seq, size_t n_entries);
+void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
+                       size_t value_len, uint64_t count);
+
+void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,
+                       uint64_t now_ms, size_t n_entries);
+void rl_wire_put_ack_total(rl_wire_writer *w, const char *rule,
+                           const char *value, size_t value_len,
+                           uint64_t window, uint64_t current,
+                           uint64_t previous, uint64_t agents);
+
+/* TOTALS starts with its topic, "rule\0", so that agents can subscribe by
+ * rule. */
+void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
+                          uint64_t now_ms, bool stale, size_t n_entries);
+void rl_wire_put_total(rl_wire_writer *w, const char *value,
+                       size_t value_len, uint64_t window, uint64_t current,
+                       uint64_t previous, uint64_t agents);
+
+/* The topic bytes a TOTALS message of rule starts with, and its length. */
+size_t rl_wire_topic(const char *rule, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,166 @@
+/*
+ * The wire format: what is written reads back the same, and every way a
+ * peer can get a message wrong is refused with a reason, without a crash
+ * and without allocating what the message claims.
+ */
+#include "wire.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static rl_wire_msg decode_ok(rl_wire_writer *w, size_t skip)
+{
+    size_t len;
+    const char *data = rl_wire_writer_data(w, &len);
+    rl_wire_msg m;
+    const char *why = NULL;
+    cr_assert_eq(rl_wire_decode(data + skip, len - skip, &m, &why), 0,
+                 "refused: %s", why);
+    return m;
+}
+
+static const char *refusal(const void *buf, size_t len)
+{
+    rl_wire_msg m;
+    const char *why = NULL;
+    cr_assert_eq(rl_wire_decode(buf, len, &m, &why), -1, "accepted");
+    cr_assert_not_null(why);
+    cr_assert_null(m.entries);
+    return why;
+}
+
+Test(wire, a_report_reads_back_the_same)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, "agent-1", 42, 2);
+    rl_wire_put_count(w, "per-tenant", "org_acme", 8, 17);
+    rl_wire_put_count(w, "per-tenant", "a\0b", 3, 9007199254740991ULL);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_REPORT);
+    cr_assert_eq(m.agent_id.len, 7);
+    cr_assert_eq(memcmp(m.agent_id.ptr, "agent-1", 7), 0);
+    cr_assert_eq(m.seq, 42);
+    cr_assert_eq(m.n_entries, 2);
+    cr_assert_eq(memcmp(m.entries[0].rule.ptr, "per-tenant", 10), 0);
+    cr_assert_eq(m.entries[0].count, 17);
+    cr_assert_eq(m.entries[1].value.len, 3);
+    cr_assert_eq(memcmp(m.entries[1].value.ptr, "a\0b", 3), 0);
+    cr_assert_eq(m.entries[1].count, 9007199254740991ULL);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+Test(wire, acks_and_totals_read_back_the_same)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_ack(w, 7, RL_ACK_DUPLICATE, 1796000000123ULL, 1);
+    rl_wire_put_ack_total(w, "per-tenant", "org", 3, 179600, 950, 1000, 10);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_ACK);
+    cr_assert_eq(m.seq, 7);
+    cr_assert_eq(m.status, RL_ACK_DUPLICATE);
+    cr_assert_eq(m.now_ms, 1796000000123ULL);
+    cr_assert_eq(m.entries[0].window, 179600);
+    cr_assert_eq(m.entries[0].current, 950);
+    cr_assert_eq(m.entries[0].previous, 1000);
+    cr_assert_eq(m.entries[0].agents, 10);
+    rl_wire_msg_free(&m);
+
+    rl_wire_writer_reset(w);
+    rl_wire_begin_totals(w, "per-tenant", 5000, true, 1);
+    rl_wire_put_total(w, "org", 3, 1, 2, 3, 4);
+    size_t len;
+    const char *data = rl_wire_writer_data(w, &len);
+    char topic[64];
+    size_t tlen = rl_wire_topic("per-tenant", topic, sizeof topic);
+    cr_assert_eq(tlen, 11);
+    cr_assert_eq(memcmp(data, topic, tlen), 0, "the topic comes first");
+    m = decode_ok(w, tlen);
+    cr_assert_eq(m.type, RL_WIRE_TOTALS);
+    cr_assert(m.stale);
+    cr_assert_eq(m.now_ms, 5000);
+    cr_assert_eq(m.entries[0].agents, 4);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+Test(wire, malformed_messages_are_refused_with_a_reason)
+{
+    /* [1, 1, "a", 1, [...]] with pieces wrong. */
+    static const unsigned char empty[] = {0};
+    cr_assert_str_eq(refusal(empty, 0), "message cut short");
+    static const unsigned char not_array[] = {0x01};
+    cr_assert_str_eq(refusal(not_array, 1), "expected an array");
+    static const unsigned char version[] = {0x95, 0x02, 0x01, 0xa1, 'a', 0x01,
+                                            0x90};
+    cr_assert_str_eq(refusal(version, sizeof version), "unknown version");
+    static const unsigned char type[] = {0x95, 0x01, 0x09, 0xa1, 'a', 0x01,
+                                         0x90};
+    cr_assert_str_eq(refusal(type, sizeof type), "unknown message type");
+    static const unsigned char fields[] = {0x94, 0x01, 0x01, 0xa1, 'a', 0x01};
+    cr_assert_str_eq(refusal(fields, sizeof fields), "wrong number of fields");
+    static const unsigned char empty_id[] = {0x95, 0x01, 0x01, 0xa0, 0x01,
+                                             0x90};
+    cr_assert_str_eq(refusal(empty_id, sizeof empty_id),
+                     "string empty or too long");
+    static const unsigned char negative[] = {0x95, 0x01, 0x01, 0xa1, 'a',
+                                             0xff, 0x90};
+    cr_assert_str_eq(refusal(negative, sizeof negative),
+                     "expected an unsigned integer");
+    static const unsigned char trailing[] = {0x95, 0x01, 0x01, 0xa1, 'a',
+                                             0x01, 0x90, 0x00};
+    cr_assert_str_eq(refusal(trailing, sizeof trailing),
+                     "bytes after the message");
+    /* A count over 2^53. */
+    static const unsigned char huge[] = {0x95, 0x01, 0x01, 0xa1, 'a', 0x01,
+                                         0x91, 0x93, 0xa1, 'r', 0xa1, 'v',
+                                         0xcf, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                         0xff, 0xff, 0xff};
+    cr_assert_str_eq(refusal(huge, sizeof huge), "number out of range");
+}
+
+Test(wire, array_headers_cannot_claim_more_than_the_message_holds)
+{
+    /* An entries array claiming 4 billion entries in a 12-byte message. */
+    static const unsigned char bomb[] = {0x95, 0x01, 0x01, 0xa1, 'a', 0x01,
+                                         0xdd, 0xff, 0xff, 0xff, 0xff, 0x00};
+    cr_assert_str_eq(refusal(bomb, sizeof bomb),
+                     "array longer than the message");
+    /* 70,000 entries of the smallest size: over the entries cap. */
+    static unsigned char many[6 + 5 + 70000];
+    memcpy(many, (unsigned char[]){0x95, 0x01, 0x01, 0xa1, 'a', 0x01}, 6);
+    memcpy(many + 6, (unsigned char[]){0xdd, 0x00, 0x01, 0x11, 0x70}, 5);
+    cr_assert_str_eq(refusal(many, sizeof many), "too many entries");
+    /* A string longer than the message, and one over its limit. */
+    static const unsigned char str[] = {0x95, 0x01, 0x01, 0xdb, 0x00, 0x00,
+                                        0x00, 0x30, 'a'};
+    cr_assert_str_eq(refusal(str, sizeof str), "message cut short");
+    static const unsigned char id[] = {0x95, 0x01, 0x01, 0xdb, 0xff, 0xff,
+                                       0xff, 0xff, 'a'};
+    cr_assert_str_eq(refusal(id, sizeof id), "string empty or too long");
+}
+
+/* The fuzzer's seeds are valid messages: if the format changes, so must
+ * they. */
+Test(wire, fuzz_seeds_decode)
+{
+    const char *names[] = {"report", "ack", "totals"};
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/../fuzz/corpus/wire/%s",
+                 getenv("RL_TEST_CONFIGS"), names[i]);
+        FILE *f = fopen(path, "rb");
+        cr_assert_not_null(f, "%s", path);
+        unsigned char buf[512];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        rl_wire_msg m;
+        const char *why = NULL;
+        cr_assert_eq(rl_wire_decode(buf, n, &m, &why), 0, "%s: %s", names[i],
+                     why);
+        cr_assert_eq(m.type, i + 1);
+        rl_wire_msg_free(&m);
+    }
+}
