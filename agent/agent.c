@@ -47,7 +47,8 @@ static void on_wakeup(uv_async_t *handle)
 static void io_thread(void *arg)
 {
     rl_agent *a = arg;
-    a->store = rl_store_new(&a->loop, &a->store_config, &a->log);
+    a->store = rl_store_new(&a->loop, &a->store_config, &rl_bucket_scripts,
+                            &a->log);
     if (a->store == NULL)
         rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     uv_run(&a->loop, UV_RUN_DEFAULT);
@@ -110,17 +111,8 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
     a->args = calloc(a->config->n_rules, sizeof *a->args);
     if (a->args == NULL)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
-    for (size_t i = 0; i < a->config->n_rules; i++) {
-        const rl_rule *r = &a->config->rules[i];
-        rl_bucket_args *args = &a->args[i];
-        args->algorithm = r->algorithm;
-        snprintf(args->burst, sizeof args->burst, "%llu",
-                 (unsigned long long)r->burst);
-        snprintf(args->limit, sizeof args->limit, "%llu",
-                 (unsigned long long)r->limit);
-        snprintf(args->period, sizeof args->period, "%llu",
-                 (unsigned long long)r->period_ms);
-    }
+    for (size_t i = 0; i < a->config->n_rules; i++)
+        rl_bucket_args_init(&a->args[i], &a->config->rules[i]);
     return RL_OK;
 }
 

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "bucket.h"
 #include "store.h"
 
 #include <pthread.h>

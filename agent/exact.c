@@ -65,7 +65,7 @@ static void refund(rl_agent *a, rl_request *req)
     for (int i = 0; i < req->n_rules; i++) {
         const rl_rule_state *rs = &req->rules[i];
         if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed)
-            rl_store_call(a->store, rs->args, req->keys + rs->key_offset,
+            rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset,
                           rs->key_len, -(int64_t)req->cost, on_refund_reply,
                           a);
     }
@@ -111,7 +111,7 @@ static void send_rule(rl_agent *a, rl_rule_state *rs)
         on_rule_reply(rs, NULL, "no store");
         return;
     }
-    rl_store_call(a->store, rs->args, req->keys + rs->key_offset, rs->key_len,
+    rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset, rs->key_len,
                   req->cost, on_rule_reply, rs);
 }
 

@@ -35,6 +35,8 @@
  */
 #include "scripts.h"
 
+#include "bucket.h"
+
 /* Shared by both algorithms: the clock, the arguments and the decision. */
 #define LUA_COMMON \
     "local function now_ms()\n" \
@@ -136,13 +138,19 @@ static const char token_bucket_script[] =
     LUA_SCRIPT_PREAMBLE LUA_COMMON LUA_TOKEN_BUCKET_BODY;
 static const char gcra_script[] = LUA_SCRIPT_PREAMBLE LUA_COMMON LUA_GCRA_BODY;
 
+/* Indexed by rl_algorithm. */
+static const char *const functions[] = {RL_FUNCTION_TOKEN_BUCKET,
+                                        RL_FUNCTION_GCRA};
+static const char *const sources[] = {token_bucket_script, gcra_script};
+
+const rl_script_set rl_bucket_scripts = {
+    .library = rl_library_source,
+    .functions = functions,
+    .sources = sources,
+    .n = 2,
+};
+
 const char *rl_script_source(rl_algorithm algorithm)
 {
-    return algorithm == RL_ALGO_GCRA ? gcra_script : token_bucket_script;
-}
-
-const char *rl_function_name(rl_algorithm algorithm)
-{
-    return algorithm == RL_ALGO_GCRA ? RL_FUNCTION_GCRA
-                                     : RL_FUNCTION_TOKEN_BUCKET;
+    return sources[algorithm];
 }

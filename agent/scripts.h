@@ -21,7 +21,4 @@ extern const char rl_library_source[];
  * EVALSHA) of an algorithm. */
 const char *rl_script_source(rl_algorithm algorithm);
 
-/* rl_function_name returns the library function of an algorithm. */
-const char *rl_function_name(rl_algorithm algorithm);
-
 #endif

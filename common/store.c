@@ -1,6 +1,6 @@
 /*
- * store.c: one Redis connection, driven by hiredis's async API on the
- * agent's libuv loop. hiredis queues every command written in one turn of
+ * store.c: one Redis connection, driven by hiredis's async API on a libuv
+ * loop (the agent's I/O thread, the aggregator's main loop). hiredis queues every command written in one turn of
  * the loop and sends them in one write, so calls from many requests share
  * round trips (automatic pipelining).
  *
@@ -14,9 +14,8 @@
  */
 #include "store.h"
 
-#include "scripts.h"
+#include "store_uv.h"
 
-#include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,29 +30,35 @@
 #define MAX_IN_FLIGHT 100000
 /* A call is resent after a script reload at most this many times. */
 #define MAX_ATTEMPTS 3
+/* How often Redis's clock is read again while connected. */
+#define CLOCK_EVERY_MS 5000
 
 typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
 
 typedef struct call {
     struct call *next;
     rl_store *store;
-    const rl_bucket_args *args;
-    char cost[24];
+    int script;
+    int argc;
     rl_store_fn fn;
     void *arg;
     int attempts;
-    size_t key_len;
-    char key[];
+    const char **argv;  /* point into data */
+    size_t *lens;
+    char data[];
 } call;
 
 struct rl_store {
     uv_loop_t *loop;
     const rl_store_config *cfg;
+    const rl_script_set *scripts;
     const rl_logger *log;
     redisAsyncContext *ac;
     state state;
     bool use_functions;
-    char sha[2][41];         /* EVALSHA digests by algorithm */
+    char sha[RL_STORE_SCRIPTS_MAX][41]; /* EVALSHA digests by script */
+    uint64_t clock_offset_ms;  /* Redis's ms minus the loop's; 0: unknown */
+    uint64_t clock_read_at;    /* loop ms of the last TIME */
     int loads_pending;       /* replies still due before READY */
     call *waiting, **waiting_tail;
     size_t in_flight;        /* calls sent, not yet answered */
@@ -73,7 +78,7 @@ static uint64_t now_ms(const rl_store *s)
     return uv_now(s->loop);
 }
 
-static void finish(call *c, const rl_bucket_reply *reply, const char *error)
+static void finish(call *c, const redisReply *reply, const char *error)
 {
     c->fn(c->arg, reply, error);
     free(c);
@@ -165,7 +170,7 @@ static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     rl_store *s = ac->data;
-    intptr_t algorithm = (intptr_t)privdata;
+    intptr_t script = (intptr_t)privdata;
     if (reply == NULL || s->state != LOADING)
         return;
     if (reply->type == REDIS_REPLY_ERROR) {
@@ -174,7 +179,7 @@ static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
     if (!s->use_functions && reply->type == REDIS_REPLY_STRING
         && reply->len == 40)
-        memcpy(s->sha[algorithm], reply->str, 41);
+        memcpy(s->sha[script], reply->str, 41);
     if (--s->loads_pending == 0)
         became_ready(s);
 }
@@ -185,13 +190,35 @@ static void load_scripts(rl_store *s)
     if (s->use_functions) {
         s->loads_pending = 1;
         redisAsyncCommand(s->ac, on_load_reply, (void *)0,
-                          "FUNCTION LOAD REPLACE %s", rl_library_source);
+                          "FUNCTION LOAD REPLACE %s", s->scripts->library);
         return;
     }
-    s->loads_pending = 2;
-    for (intptr_t a = RL_ALGO_TOKEN_BUCKET; a <= RL_ALGO_GCRA; a++)
-        redisAsyncCommand(s->ac, on_load_reply, (void *)a, "SCRIPT LOAD %s",
-                          rl_script_source((rl_algorithm)a));
+    s->loads_pending = s->scripts->n;
+    for (intptr_t i = 0; i < s->scripts->n; i++)
+        redisAsyncCommand(s->ac, on_load_reply, (void *)i, "SCRIPT LOAD %s",
+                          s->scripts->sources[i]);
+}
+
+/* TIME answers [seconds, microseconds]. */
+static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_store *s = ac->data;
+    (void)privdata;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements != 2)
+        return;
+    uint64_t ms = strtoull(reply->element[0]->str, NULL, 10) * 1000
+                  + strtoull(reply->element[1]->str, NULL, 10) / 1000;
+    s->clock_read_at = now_ms(s);
+    s->clock_offset_ms = ms - s->clock_read_at;
+}
+
+static void read_clock(rl_store *s)
+{
+    s->clock_read_at = now_ms(s);
+    if (s->ac != NULL)
+        redisAsyncCommand(s->ac, on_time_reply, NULL, "TIME");
 }
 
 /* "redis_version:7.0.15" -> 7 */
@@ -222,6 +249,7 @@ static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
                         "needs Redis 7 or later");
         return;
     }
+    read_clock(s);
     load_scripts(s);
 }
 
@@ -289,7 +317,7 @@ static void connect_now(rl_store *s)
         return;
     }
     ac->data = s;
-    if (redisLibuvAttach(ac, s->loop) != REDIS_OK) {
+    if (rl_store_uv_attach(ac, s->loop) != REDIS_OK) {
         redisAsyncFree(ac);
         s->state = CONNECTING;
         went_down(s, "cannot watch the store's socket");
@@ -300,23 +328,6 @@ static void connect_now(rl_store *s)
     s->ac = ac;
     s->state = CONNECTING;
     uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
-}
-
-static bool parse_bucket_reply(const redisReply *r, rl_bucket_reply *out)
-{
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4)
-        return false;
-    for (int i = 0; i < 4; i++) {
-        if (r->element[i]->type != REDIS_REPLY_INTEGER)
-            return false;
-    }
-    out->allowed = r->element[0]->integer == 1;
-    out->remaining = (uint64_t)(r->element[1]->integer > 0
-                                    ? r->element[1]->integer : 0);
-    out->retry_ms = r->element[2]->integer;
-    out->reset_ms = (uint64_t)(r->element[3]->integer > 0
-                                   ? r->element[3]->integer : 0);
-    return true;
 }
 
 /* The scripts are gone from the server (flushed, or a restart the
@@ -339,7 +350,6 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
     s->in_flight--;
     s->last_progress = now_ms(s);
-    rl_bucket_reply out;
     if (reply->type == REDIS_REPLY_ERROR && scripts_missing(reply)
         && c->attempts < MAX_ATTEMPTS && s->state != CLOSED) {
         if (s->state == READY) {
@@ -351,10 +361,8 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_for_ready(s, c);
     } else if (reply->type == REDIS_REPLY_ERROR) {
         finish(c, NULL, reply->str);
-    } else if (!parse_bucket_reply(reply, &out)) {
-        finish(c, NULL, "unexpected reply from the bucket script");
     } else {
-        finish(c, &out, NULL);
+        finish(c, reply, NULL);
     }
 }
 
@@ -364,19 +372,15 @@ static void send_call(rl_store *s, call *c)
         wait_for_ready(s, c);
         return;
     }
-    const rl_bucket_args *a = c->args;
-    const char *argv[8] = {
-        s->use_functions ? "FCALL" : "EVALSHA",
-        s->use_functions ? rl_function_name(a->algorithm)
-                         : s->sha[a->algorithm],
-        "1", c->key, a->burst, a->limit, a->period, c->cost,
-    };
-    size_t lens[8];
-    for (int i = 0; i < 8; i++)
-        lens[i] = i == 3 ? c->key_len : strlen(argv[i]);
+    /* Slots 0 and 1 were left free for the command and the script. */
+    c->argv[0] = s->use_functions ? "FCALL" : "EVALSHA";
+    c->argv[1] = s->use_functions ? s->scripts->functions[c->script]
+                                  : s->sha[c->script];
+    c->lens[0] = strlen(c->argv[0]);
+    c->lens[1] = strlen(c->argv[1]);
     c->attempts++;
-    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, 8, argv, lens)
-        != REDIS_OK) {
+    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, c->argc + 2, c->argv,
+                              c->lens) != REDIS_OK) {
         finish(c, NULL, "store connection is closing");
         return;
     }
@@ -384,29 +388,65 @@ static void send_call(rl_store *s, call *c)
         s->last_progress = now_ms(s);
 }
 
-void rl_store_call(rl_store *s, const rl_bucket_args *args, const char *key,
-                   size_t key_len, int64_t cost, rl_store_fn fn, void *arg)
+/* One allocation holds the call and copies of its arguments, after two
+ * free slots for the command and the script's name or digest. */
+static call *new_call(int argc, const char *const *argv, const size_t *lens)
+{
+    size_t slots = (size_t)argc + 2, bytes = 0;
+    for (int i = 0; i < argc; i++)
+        bytes += lens[i] + 1;
+    call *c = malloc(sizeof *c + slots * (sizeof(char *) + sizeof(size_t))
+                     + bytes);
+    if (c == NULL)
+        return NULL;
+    c->argv = (const char **)c->data;
+    c->lens = (size_t *)(c->data + slots * sizeof(char *));
+    char *p = (char *)(c->lens + slots);
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], lens[i]);
+        p[lens[i]] = '\0';
+        c->argv[i + 2] = p;
+        c->lens[i + 2] = lens[i];
+        p += lens[i] + 1;
+    }
+    c->argc = argc;
+    return c;
+}
+
+void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
+                  const size_t *lens, rl_store_fn fn, void *arg)
 {
     if (s->state == DOWN || s->state == CLOSED) {
         fn(arg, NULL, s->state == DOWN ? "store unavailable"
-                                       : "agent shutting down");
+                                       : "shutting down");
         return;
     }
     if (s->in_flight >= MAX_IN_FLIGHT) {
         fn(arg, NULL, "too many calls in flight to the store");
         return;
     }
-    call *c = malloc(sizeof *c + key_len + 1);
+    call *c = new_call(argc, argv, lens);
     if (c == NULL) {
         fn(arg, NULL, "out of memory");
         return;
     }
-    *c = (call){.store = s, .args = args, .fn = fn, .arg = arg,
-                .key_len = key_len};
-    memcpy(c->key, key, key_len);
-    c->key[key_len] = '\0';
-    snprintf(c->cost, sizeof c->cost, "%lld", (long long)cost);
+    c->next = NULL;
+    c->store = s;
+    c->script = script;
+    c->fn = fn;
+    c->arg = arg;
+    c->attempts = 0;
     send_call(s, c);
+}
+
+bool rl_store_up(const rl_store *s)
+{
+    return s->state == READY;
+}
+
+uint64_t rl_store_now_ms(const rl_store *s)
+{
+    return s->clock_offset_ms == 0 ? 0 : s->clock_offset_ms + now_ms(s);
 }
 
 /* A connection with calls in flight that has answered nothing for this
@@ -420,6 +460,8 @@ static uint64_t stall_limit_ms(const rl_store *s)
 static void watchdog_fired(uv_timer_t *t)
 {
     rl_store *s = t->data;
+    if (s->state == READY && now_ms(s) - s->clock_read_at > CLOCK_EVERY_MS)
+        read_clock(s);
     if (s->state == READY && s->in_flight > 0
         && now_ms(s) - s->last_progress > stall_limit_ms(s))
         drop_connection(s, "store_stalled", "no reply within the stall "
@@ -427,13 +469,14 @@ static void watchdog_fired(uv_timer_t *t)
 }
 
 rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
-                       const rl_logger *log)
+                       const rl_script_set *scripts, const rl_logger *log)
 {
     rl_store *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NULL;
     s->loop = loop;
     s->cfg = cfg;
+    s->scripts = scripts;
     s->log = log;
     s->waiting_tail = &s->waiting;
     s->backoff_ms = BACKOFF_FIRST_MS;
@@ -463,7 +506,7 @@ void rl_store_close(rl_store *s)
     s->ac = NULL;
     if (ac != NULL)
         redisAsyncFree(ac); /* answers every call in flight with NULL */
-    fail_waiting(s, "agent shutting down");
+    fail_waiting(s, "shutting down");
     uv_close((uv_handle_t *)&s->retry_timer, handle_closed);
     uv_close((uv_handle_t *)&s->watchdog, handle_closed);
 }

@@ -1,0 +1,45 @@
+/*
+ * bucket.h: one call of a bucket script (token bucket or GCRA) through the
+ * store, and its answer. Private to librl; runs on the I/O thread.
+ */
+#ifndef RL_AGENT_BUCKET_H
+#define RL_AGENT_BUCKET_H
+
+#include "config.h"
+#include "store.h"
+
+#include <stdint.h>
+
+/* A bucket script's answer. */
+typedef struct rl_bucket_reply {
+    bool allowed;
+    uint64_t remaining; /* whole tokens left */
+    int64_t retry_ms;   /* 0 when allowed, -1 when the cost can never pass */
+    uint64_t reset_ms;  /* until the bucket is full */
+} rl_bucket_reply;
+
+/* The fixed arguments of a rule's calls, formatted once. */
+typedef struct rl_bucket_args {
+    rl_algorithm algorithm;
+    char burst[24];
+    char limit[24];
+    char period[24];
+} rl_bucket_args;
+
+/* Called exactly once per rl_bucket_call: with the answer, or with reply
+ * NULL and the reason the store did not give one. */
+typedef void (*rl_bucket_fn)(void *arg, const rl_bucket_reply *reply,
+                             const char *error);
+
+void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule);
+
+/* rl_bucket_call spends cost tokens of key (a negative cost gives them
+ * back) and reports the answer to fn. */
+void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
+                    const char *key, size_t key_len, int64_t cost,
+                    rl_bucket_fn fn, void *arg);
+
+/* The bucket scripts, for rl_store_new. */
+extern const rl_script_set rl_bucket_scripts;
+
+#endif
