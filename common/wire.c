@@ -196,9 +196,10 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
                && rd_bounded(r, RL_ACK_RETRY, &m->status)
                && rd_uint(r, &m->now_ms) && rd_entries(r, m, rd_ack_entry);
     case RL_WIRE_TOTALS:
-        return (fields == 6 || fail(r, "wrong number of fields"))
+        return (fields == 7 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_NAME_MAX, &m->rule)
                && rd_uint(r, &m->now_ms) && rd_bool(r, &m->stale)
+               && rd_bounded(r, UINT32_MAX, &m->agents)
                && rd_entries(r, m, rd_totals_entry);
     default:
         return fail(r, "unknown message type");
@@ -350,16 +351,18 @@ size_t rl_wire_topic(const char *rule, char *buf, size_t cap)
 }
 
 void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
-                          uint64_t now_ms, bool stale, size_t n_entries)
+                          uint64_t now_ms, bool stale, uint64_t agents,
+                          size_t n_entries)
 {
     msgpack_sbuffer_write(&w->buf, rule, strlen(rule) + 1);
-    put_header(w, 6, RL_WIRE_TOTALS);
+    put_header(w, 7, RL_WIRE_TOTALS);
     put_str(w, rule, strlen(rule));
     msgpack_pack_uint64(&w->pk, now_ms);
     if (stale)
         msgpack_pack_true(&w->pk);
     else
         msgpack_pack_false(&w->pk);
+    msgpack_pack_uint64(&w->pk, agents);
     msgpack_pack_array(&w->pk, n_entries);
 }
 

@@ -10,8 +10,11 @@
  *            previous, agents], ...]]
  *   TOTALS  aggregator -> agents (PUB), one per rule and interval, after a
  *           topic prefix "rule\0"
- *           [1, 3, rule, now_ms, stale, [[value, window, current, previous,
- *            agents], ...]]
+ *           [1, 3, rule, now_ms, stale, agents, [[value, window, current,
+ *            previous, agents], ...]]
+ *
+ * agents is how many agents reported counts for the rule in the current or
+ * the previous window.
  *
  * now_ms is Redis's clock as the aggregator knows it; windows are numbered
  * by it (window = now_ms / period_ms), never by an agent's clock.
@@ -65,6 +68,7 @@ typedef struct rl_wire_msg {
     uint64_t status;        /* ACK */
     uint64_t now_ms;        /* ACK, TOTALS */
     bool stale;             /* TOTALS: the aggregator cannot reach Redis */
+    uint64_t agents;        /* TOTALS: agents reporting the rule */
     rl_wire_entry *entries; /* owned: free with rl_wire_msg_free */
     size_t n_entries;
 } rl_wire_msg;
@@ -102,7 +106,8 @@ void rl_wire_put_ack_total(rl_wire_writer *w, const char *rule,
 /* TOTALS starts with its topic, "rule\0", so that agents can subscribe by
  * rule. */
 void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
-                          uint64_t now_ms, bool stale, size_t n_entries);
+                          uint64_t now_ms, bool stale, uint64_t agents,
+                          size_t n_entries);
 void rl_wire_put_total(rl_wire_writer *w, const char *value,
                        size_t value_len, uint64_t window, uint64_t current,
                        uint64_t previous, uint64_t agents);

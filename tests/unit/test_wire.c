@@ -69,7 +69,7 @@ Test(wire, acks_and_totals_read_back_the_same)
     rl_wire_msg_free(&m);
 
     rl_wire_writer_reset(w);
-    rl_wire_begin_totals(w, "per-tenant", 5000, true, 1);
+    rl_wire_begin_totals(w, "per-tenant", 5000, true, 9, 1);
     rl_wire_put_total(w, "org", 3, 1, 2, 3, 4);
     size_t len;
     const char *data = rl_wire_writer_data(w, &len);
@@ -81,6 +81,7 @@ Test(wire, acks_and_totals_read_back_the_same)
     cr_assert_eq(m.type, RL_WIRE_TOTALS);
     cr_assert(m.stale);
     cr_assert_eq(m.now_ms, 5000);
+    cr_assert_eq(m.agents, 9);
     cr_assert_eq(m.entries[0].agents, 4);
     rl_wire_msg_free(&m);
     rl_wire_writer_free(w);
