@@ -30,6 +30,8 @@ endif
 
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c
+AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
+             aggregator/windows.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c \
@@ -44,6 +46,7 @@ LIB_SO  = $(BUILD)/lib/librl.so
 SONAME  = librl.so.0
 HEADER  = $(BUILD)/include/rl.h
 RLCTL   = $(BUILD)/bin/rlctl
+AGG     = $(BUILD)/bin/rl-aggregator
 EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
@@ -52,7 +55,7 @@ BENCH   = $(BUILD)/bench/bench-exact
 .PHONY: all deps test asan tsan bench fuzz clean
 .DEFAULT_GOAL := all
 
-all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(EXAMPLE) | deps
+all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(EXAMPLE) | deps
 
 deps:
 	@sh scripts/deps.sh
@@ -79,6 +82,10 @@ $(HEADER): agent/rl.h
 	cp $< $@
 
 $(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+$(AGG): $(call obj,$(AGG_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
@@ -110,6 +117,7 @@ bench: all $(BENCH) $(RUNNER)
 # free loopback ports, runs the Criterion binary with their addresses in the
 # environment, and stops them whatever happens to the tests.
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
+           RL_TEST_AGGREGATOR=$(AGG) \
            RL_TEST_EXAMPLE=$(EXAMPLE) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=

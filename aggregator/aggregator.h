@@ -1,0 +1,94 @@
+/*
+ * aggregator.h: the rl-aggregator daemon's state. One libuv loop thread
+ * owns all of it; nng's threads only hand finished receives and sends to
+ * the loop through a locked queue and uv_async_send. Private to
+ * rl-aggregator.
+ */
+#ifndef RL_AGGREGATOR_H
+#define RL_AGGREGATOR_H
+
+#include "config.h"
+#include "log.h"
+#include "store.h"
+#include "wire.h"
+
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+/* Reports handled at once. */
+#define RL_INGEST_WORKERS 32
+
+typedef struct rl_aggregator rl_aggregator;
+
+/* One REP context: receive a report, apply it, acknowledge, again. */
+typedef struct rl_ingest_worker {
+    rl_aggregator *agg;
+    struct rl_ingest_worker *next; /* the ready queue */
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool sending;
+    int result;                    /* of the last aio, set by nng */
+    nng_msg *msg;
+    rl_wire_msg report;
+    char peer[160];
+} rl_ingest_worker;
+
+/* Counters, for logs now and metrics later. */
+typedef struct rl_aggregator_stats {
+    uint64_t reports_applied;
+    uint64_t reports_duplicate;
+    uint64_t reports_retry;        /* Redis away: the agent resends */
+    uint64_t reports_rejected;     /* malformed, unknown rules, ... */
+    uint64_t entries_applied;
+    uint64_t totals_published;
+    uint64_t broadcast_dropped;    /* changed keys over the per-interval cap */
+} rl_aggregator_stats;
+
+typedef struct rl_broadcast rl_broadcast;
+
+struct rl_aggregator {
+    rl_config *boot_config;        /* store and sockets settings */
+    rl_config *config;             /* the rules, replaced on SIGHUP */
+    char *config_path;
+    rl_logger log;
+    uv_loop_t *loop;
+    rl_store *store;
+    nng_socket reports;
+    nng_socket totals;
+    rl_ingest_worker workers[RL_INGEST_WORKERS];
+
+    pthread_mutex_t ready_lock;    /* nng threads -> loop */
+    rl_ingest_worker *ready;
+    uv_async_t wakeup;
+
+    uv_timer_t publish_timer;
+    uv_signal_t sigterm, sigint, sighup;
+    rl_broadcast *broadcast;
+    rl_aggregator_stats stats;
+    bool stopping;
+    int in_flight;                 /* reports waiting for Redis */
+};
+
+/* ingest.c */
+int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen);
+void rl_ingest_stop(rl_aggregator *agg);
+void rl_ingest_drain_ready(rl_aggregator *agg);
+
+/* broadcast.c */
+rl_broadcast *rl_broadcast_new(void);
+void rl_broadcast_free(rl_broadcast *b);
+/* Remembers the latest totals of a key, to publish at the next interval. */
+void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
+                       const char *value, size_t value_len, uint64_t window,
+                       uint64_t current, uint64_t previous, uint64_t agents);
+/* Publishes every rule's changed keys (and a heartbeat for the others). */
+void rl_broadcast_publish(rl_aggregator *agg);
+
+/* The synced rule named by bytes, or NULL. */
+const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
+                                  rl_wire_bytes name);
+
+#endif

@@ -1,0 +1,168 @@
+/*
+ * broadcast.c: totals out. Every key whose totals changed during an
+ * interval is remembered (the latest totals win) and, once per interval,
+ * each synced rule gets one TOTALS message on the PUB socket, topic "rule\0",
+ * with its changed keys, Redis's clock and the rule's agent count. A rule
+ * with no changes still gets its message: it carries the clock by which
+ * agents roll their windows over. When Redis is away the message says so
+ * (stale) and carries what was known.
+ *
+ * Memory is bounded: at most RL_WIRE_ENTRIES_MAX keys per rule per
+ * interval; more are counted as dropped from that broadcast (the agents
+ * get them in their acknowledgements anyway).
+ */
+#include "aggregator.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct noted {
+    uint64_t hash;
+    uint64_t window, current, previous;
+    uint16_t value_len;
+    char value[RL_WIRE_VALUE_MAX];
+} noted;
+
+typedef struct rule_changes {
+    noted *slots;        /* open addressing, cap slots */
+    size_t cap, used;
+    uint64_t agents;     /* the rule's latest agent count */
+} rule_changes;
+
+struct rl_broadcast {
+    rule_changes *rules; /* by index in the config */
+    size_t n_rules;
+};
+
+rl_broadcast *rl_broadcast_new(void)
+{
+    return calloc(1, sizeof(rl_broadcast));
+}
+
+void rl_broadcast_free(rl_broadcast *b)
+{
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i < b->n_rules; i++)
+        free(b->rules[i].slots);
+    free(b->rules);
+    free(b);
+}
+
+static uint64_t hash_bytes(const char *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+    return h | 1; /* 0 marks an empty slot */
+}
+
+static rule_changes *changes_of(rl_aggregator *agg, const rl_rule *rule)
+{
+    rl_broadcast *b = agg->broadcast;
+    if (b->rules == NULL) {
+        b->rules = calloc(agg->config->n_rules, sizeof *b->rules);
+        if (b->rules == NULL)
+            return NULL;
+        b->n_rules = agg->config->n_rules;
+    }
+    size_t i = (size_t)(rule - agg->config->rules);
+    return i < b->n_rules ? &b->rules[i] : NULL;
+}
+
+static bool grow(rule_changes *c)
+{
+    size_t cap = c->cap ? c->cap * 2 : 64;
+    noted *slots = calloc(cap, sizeof *slots);
+    if (slots == NULL)
+        return false;
+    for (size_t i = 0; i < c->cap; i++) {
+        if (c->slots[i].hash == 0)
+            continue;
+        size_t j = c->slots[i].hash & (cap - 1);
+        while (slots[j].hash != 0)
+            j = (j + 1) & (cap - 1);
+        slots[j] = c->slots[i];
+    }
+    free(c->slots);
+    c->slots = slots;
+    c->cap = cap;
+    return true;
+}
+
+void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
+                       const char *value, size_t value_len, uint64_t window,
+                       uint64_t current, uint64_t previous, uint64_t agents)
+{
+    rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
+    if (c == NULL || value_len > RL_WIRE_VALUE_MAX)
+        return;
+    c->agents = agents;
+    if (c->used * 2 >= c->cap) {
+        if (c->used >= RL_WIRE_ENTRIES_MAX || !grow(c)) {
+            agg->stats.broadcast_dropped++;
+            return;
+        }
+    }
+    uint64_t h = hash_bytes(value, value_len);
+    size_t j = h & (c->cap - 1);
+    while (c->slots[j].hash != 0
+           && !(c->slots[j].hash == h && c->slots[j].value_len == value_len
+                && memcmp(c->slots[j].value, value, value_len) == 0))
+        j = (j + 1) & (c->cap - 1);
+    noted *n = &c->slots[j];
+    if (n->hash == 0) {
+        c->used++;
+        n->hash = h;
+        n->value_len = (uint16_t)value_len;
+        memcpy(n->value, value, value_len);
+    } else if (n->window > window
+               || (n->window == window && n->current > current)) {
+        return; /* an older answer than the one kept */
+    }
+    n->window = window;
+    n->current = current;
+    n->previous = previous;
+}
+
+static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
+                         rule_changes *c, rl_wire_writer *w, uint64_t now,
+                         bool stale)
+{
+    rl_wire_writer_reset(w);
+    rl_wire_begin_totals(w, rule->name, now, stale, c ? c->agents : 0,
+                         c ? c->used : 0);
+    for (size_t i = 0; c != NULL && i < c->cap; i++) {
+        const noted *n = &c->slots[i];
+        if (n->hash != 0)
+            rl_wire_put_total(w, n->value, n->value_len, n->window,
+                              n->current, n->previous, c->agents);
+    }
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    int rv = nng_send(agg->totals, (void *)data, len, NNG_FLAG_NONBLOCK);
+    if (rv != 0 && rv != NNG_EAGAIN)
+        rl_log(&agg->log, RL_LOG_WARN, "totals_not_sent", "rule=%s "
+               "reason=\"%s\"", rule->name, nng_strerror(rv));
+    else
+        agg->stats.totals_published++;
+    if (c != NULL && c->cap > 0) {
+        memset(c->slots, 0, c->cap * sizeof *c->slots);
+        c->used = 0;
+    }
+}
+
+void rl_broadcast_publish(rl_aggregator *agg)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    if (w == NULL)
+        return;
+    uint64_t now = rl_store_now_ms(agg->store);
+    bool stale = !rl_store_up(agg->store);
+    for (size_t i = 0; i < agg->config->n_rules; i++) {
+        const rl_rule *rule = &agg->config->rules[i];
+        if (rule->mode == RL_MODE_SYNCED && now != 0)
+            publish_rule(agg, rule, changes_of(agg, rule), w, now, stale);
+    }
+    rl_wire_writer_free(w);
+}

@@ -1,0 +1,273 @@
+/*
+ * ingest.c: reports in, acknowledgements out. The reports socket is nng
+ * REP with RL_INGEST_WORKERS contexts, so that many agents are served at
+ * once and every report gets its own answer. A worker's aio completes on an
+ * nng thread, which only queues the worker and wakes the loop; decoding,
+ * Redis and the reply all happen on the loop thread.
+ *
+ * What comes off the wire is never trusted: size is capped by the socket
+ * (RL_WIRE_MESSAGE_MAX), the decoder checks every field, and a report
+ * naming a rule this aggregator does not have as synced is refused whole.
+ * A refused report gets no answer (its peer's REQ resends it later, and is
+ * refused again); it is counted and logged with the peer's address, at most
+ * once per peer per interval.
+ */
+#include "aggregator.h"
+
+#include "windows.h"
+
+#include <arpa/inet.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void on_aio(void *arg)
+{
+    rl_ingest_worker *w = arg;
+    rl_aggregator *agg = w->agg;
+    w->result = nng_aio_result(w->aio);
+    pthread_mutex_lock(&agg->ready_lock);
+    w->next = agg->ready;
+    agg->ready = w;
+    uv_async_send(&agg->wakeup);
+    pthread_mutex_unlock(&agg->ready_lock);
+}
+
+static void receive(rl_ingest_worker *w)
+{
+    w->sending = false;
+    nng_ctx_recv(w->ctx, w->aio);
+}
+
+static void peer_of(nng_msg *msg, char *buf, size_t cap)
+{
+    nng_sockaddr sa;
+    nng_pipe pipe = nng_msg_get_pipe(msg);
+    snprintf(buf, cap, "unknown");
+    if (nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) != 0)
+        return;
+    char ip[INET6_ADDRSTRLEN];
+    if (sa.s_family == NNG_AF_INET) {
+        inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof ip);
+        snprintf(buf, cap, "%s:%u", ip, ntohs(sa.s_in.sa_port));
+    } else if (sa.s_family == NNG_AF_INET6) {
+        inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof ip);
+        snprintf(buf, cap, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
+    } else if (sa.s_family == NNG_AF_IPC) {
+        snprintf(buf, cap, "ipc:%s", sa.s_ipc.sa_path);
+    }
+}
+
+/* A refused report: counted, logged, dropped, and the worker listens
+ * again. Logging once per peer per interval is the peer table's job. */
+static void refuse(rl_ingest_worker *w, const char *why)
+{
+    rl_aggregator *agg = w->agg;
+    agg->stats.reports_rejected++;
+    rl_log(&agg->log, RL_LOG_WARN, "report_rejected", "peer=%s reason=\"%s\"",
+           w->peer, why);
+    rl_wire_msg_free(&w->report);
+    nng_msg_free(w->msg);
+    w->msg = NULL;
+    receive(w);
+}
+
+static void send_ack(rl_ingest_worker *w, uint64_t status,
+                     const rl_window_total *totals)
+{
+    rl_aggregator *agg = w->agg;
+    rl_wire_writer *out = rl_wire_writer_new();
+    nng_msg *reply = NULL;
+    if (out != NULL) {
+        const rl_wire_msg *m = &w->report;
+        size_t n = totals != NULL ? m->n_entries : 0;
+        rl_wire_begin_ack(out, m->seq, status, rl_store_now_ms(agg->store),
+                          n);
+        char rule[RL_WIRE_NAME_MAX + 1];
+        for (size_t i = 0; i < n; i++) {
+            const rl_wire_entry *e = &m->entries[i];
+            snprintf(rule, sizeof rule, "%.*s", (int)e->rule.len,
+                     e->rule.ptr);
+            rl_wire_put_ack_total(out, rule, e->value.ptr, e->value.len,
+                                  totals[i].window, totals[i].current,
+                                  totals[i].previous, totals[i].agents);
+        }
+        size_t len;
+        const void *data = rl_wire_writer_data(out, &len);
+        if (nng_msg_alloc(&reply, 0) == 0
+            && nng_msg_append(reply, data, len) != 0) {
+            nng_msg_free(reply);
+            reply = NULL;
+        }
+        rl_wire_writer_free(out);
+    }
+    rl_wire_msg_free(&w->report);
+    if (reply == NULL) {
+        rl_log(&agg->log, RL_LOG_ERROR, "ack_failed", "peer=%s "
+               "reason=\"out of memory\"", w->peer);
+        receive(w);
+        return;
+    }
+    w->sending = true;
+    nng_aio_set_msg(w->aio, reply);
+    nng_ctx_send(w->ctx, w->aio);
+}
+
+static void on_applied(void *arg, bool duplicate,
+                       const rl_window_total *totals, const char *error)
+{
+    rl_ingest_worker *w = arg;
+    rl_aggregator *agg = w->agg;
+    agg->in_flight--;
+    if (totals == NULL) {
+        agg->stats.reports_retry++;
+        rl_log(&agg->log, RL_LOG_WARN, "report_not_applied",
+               "peer=%s reason=\"%s\"", w->peer, error);
+        send_ack(w, RL_ACK_RETRY, NULL);
+        return;
+    }
+    const rl_wire_msg *m = &w->report;
+    if (duplicate) {
+        agg->stats.reports_duplicate++;
+    } else {
+        agg->stats.reports_applied++;
+        agg->stats.entries_applied += m->n_entries;
+    }
+    for (size_t i = 0; i < m->n_entries; i++) {
+        const rl_rule *rule = rl_aggregator_rule(agg, m->entries[i].rule);
+        rl_broadcast_note(agg, rule, m->entries[i].value.ptr,
+                          m->entries[i].value.len, totals[i].window,
+                          totals[i].current, totals[i].previous,
+                          totals[i].agents);
+    }
+    send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, totals);
+}
+
+static void handle_report(rl_ingest_worker *w)
+{
+    rl_aggregator *agg = w->agg;
+    const char *why = NULL;
+    peer_of(w->msg, w->peer, sizeof w->peer);
+    if (rl_wire_decode(nng_msg_body(w->msg), nng_msg_len(w->msg), &w->report,
+                       &why) != 0) {
+        refuse(w, why);
+        return;
+    }
+    if (w->report.type != RL_WIRE_REPORT) {
+        refuse(w, "not a report");
+        return;
+    }
+    const rl_wire_msg *m = &w->report;
+    const rl_rule **rules = calloc(m->n_entries + 1, sizeof *rules);
+    if (rules == NULL) {
+        refuse(w, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < m->n_entries; i++) {
+        rules[i] = rl_aggregator_rule(agg, m->entries[i].rule);
+        if (rules[i] == NULL) {
+            free(rules);
+            refuse(w, "a count for a rule that is not a synced rule here");
+            return;
+        }
+    }
+    /* The decoded report points into the message: keep it until acked. */
+    uint64_t now = rl_store_now_ms(agg->store);
+    agg->in_flight++;
+    if (now == 0) {
+        free(rules);
+        on_applied(w, false, NULL, "Redis's clock is not known yet");
+        return;
+    }
+    rl_windows_apply(agg->store, m, rules, now, on_applied, w);
+    free(rules);
+}
+
+static void handle(rl_ingest_worker *w)
+{
+    if (w->sending) {
+        /* The ack went out (or the peer left): free what is ours. */
+        if (w->result != 0)
+            nng_msg_free(nng_aio_get_msg(w->aio));
+        nng_msg_free(w->msg);
+        w->msg = NULL;
+        receive(w);
+        return;
+    }
+    if (w->result != 0) {
+        if (w->result != NNG_ECLOSED && w->result != NNG_ECANCELED)
+            receive(w);
+        return;
+    }
+    w->msg = nng_aio_get_msg(w->aio);
+    if (w->agg->stopping) {
+        nng_msg_free(w->msg);
+        w->msg = NULL;
+        return;
+    }
+    handle_report(w);
+}
+
+void rl_ingest_drain_ready(rl_aggregator *agg)
+{
+    pthread_mutex_lock(&agg->ready_lock);
+    rl_ingest_worker *w = agg->ready;
+    agg->ready = NULL;
+    pthread_mutex_unlock(&agg->ready_lock);
+    while (w != NULL) {
+        rl_ingest_worker *next = w->next;
+        handle(w);
+        w = next;
+    }
+}
+
+int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
+{
+    int rv = nng_rep0_open(&agg->reports);
+    if (rv == 0)
+        rv = nng_socket_set_size(agg->reports, NNG_OPT_RECVMAXSZ,
+                                 RL_WIRE_MESSAGE_MAX);
+    if (rv == 0)
+        rv = nng_listen(agg->reports, agg->config->aggregator.reports, NULL,
+                        0);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot listen for reports on %s: %s",
+                 agg->config->aggregator.reports, nng_strerror(rv));
+        return -1;
+    }
+    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
+        rl_ingest_worker *w = &agg->workers[i];
+        w->agg = agg;
+        if ((rv = nng_ctx_open(&w->ctx, agg->reports)) != 0
+            || (rv = nng_aio_alloc(&w->aio, on_aio, w)) != 0) {
+            snprintf(err, errlen, "cannot set up report workers: %s",
+                     nng_strerror(rv));
+            return -1;
+        }
+        receive(w);
+    }
+    return 0;
+}
+
+void rl_ingest_stop(rl_aggregator *agg)
+{
+    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
+        rl_ingest_worker *w = &agg->workers[i];
+        if (w->aio != NULL)
+            nng_aio_stop(w->aio);
+    }
+    nng_close(agg->reports);
+    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
+        rl_ingest_worker *w = &agg->workers[i];
+        nng_msg_free(w->msg);
+        rl_wire_msg_free(&w->report);
+        if (w->aio != NULL)
+            nng_aio_free(w->aio);
+        w->aio = NULL;
+    }
+    /* Callbacks stopped above may still have queued workers. */
+    pthread_mutex_lock(&agg->ready_lock);
+    agg->ready = NULL;
+    pthread_mutex_unlock(&agg->ready_lock);
+}

@@ -1,0 +1,253 @@
+/*
+ * main.c: rl-aggregator, the daemon of the synced path. It receives the
+ * agents' counts (nng REP), adds them into per-window keys in Redis, and
+ * publishes per-client totals (nng PUB) every interval. It keeps no state
+ * of its own beyond the current interval: several aggregators can share one
+ * Redis and the same agents.
+ *
+ * Signals: SIGTERM/SIGINT stop taking reports, let the ones in flight reach
+ * Redis and be acknowledged, publish once more and exit 0. SIGHUP reloads
+ * the config; an invalid one is logged and the old one kept (the listen
+ * URLs and the store are not changed by a reload).
+ */
+#include "aggregator.h"
+
+#include "windows.h"
+
+#include <nng/protocol/pubsub0/pub.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXIT_USAGE 1
+#define EXIT_CONFIG 3
+#define EXIT_RUNTIME 4
+
+static const char usage[] =
+    "usage: rl-aggregator --config FILE [--log-level LEVEL]\n"
+    "       rl-aggregator --check-config --config FILE\n"
+    "       rl-aggregator --version | --help\n"
+    "\n"
+    "Receives synced counts from rl agents on aggregator.reports, adds them\n"
+    "up in Redis (store), and publishes totals on aggregator.totals every\n"
+    "aggregator.sync_interval_ms.\n"
+    "\n"
+    "  --config FILE      the rules config (default /etc/rl/rl.yaml)\n"
+    "  --check-config     validate the config and exit\n"
+    "  --log-level LEVEL  debug, info, warn or error (default info)\n"
+    "\n"
+    "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (sockets)\n";
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+static void log_to_stderr(rl_log_level level, const char *line, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "level=%s %s\n", level_names[level], line);
+}
+
+const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
+                                  rl_wire_bytes name)
+{
+    for (size_t i = 0; i < agg->config->n_rules; i++) {
+        const rl_rule *r = &agg->config->rules[i];
+        if (r->mode == RL_MODE_SYNCED && strlen(r->name) == name.len
+            && memcmp(r->name, name.ptr, name.len) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+static void on_wakeup(uv_async_t *h)
+{
+    rl_ingest_drain_ready(h->data);
+}
+
+/* Publishes in the middle of each interval of Redis's clock: agents report
+ * at its start, so a totals message covers the reports just made. */
+static uint64_t until_next_publish(const rl_aggregator *agg)
+{
+    uint64_t interval = agg->config->aggregator.sync_interval_ms;
+    uint64_t now = rl_store_now_ms(agg->store);
+    if (now == 0)
+        return interval;
+    uint64_t phase = (now + interval / 2) % interval;
+    return interval - phase;
+}
+
+static void shutdown_now(rl_aggregator *agg)
+{
+    rl_broadcast_publish(agg);
+    rl_ingest_stop(agg);
+    nng_close(agg->totals);
+    uv_timer_stop(&agg->publish_timer);
+    uv_close((uv_handle_t *)&agg->publish_timer, NULL);
+    uv_close((uv_handle_t *)&agg->wakeup, NULL);
+    uv_close((uv_handle_t *)&agg->sigterm, NULL);
+    uv_close((uv_handle_t *)&agg->sigint, NULL);
+    uv_close((uv_handle_t *)&agg->sighup, NULL);
+    rl_store_close(agg->store);
+    agg->store = NULL;
+    rl_log(&agg->log, RL_LOG_INFO, "stopped", "applied=%llu duplicate=%llu "
+           "retry=%llu rejected=%llu",
+           (unsigned long long)agg->stats.reports_applied,
+           (unsigned long long)agg->stats.reports_duplicate,
+           (unsigned long long)agg->stats.reports_retry,
+           (unsigned long long)agg->stats.reports_rejected);
+}
+
+static void on_publish(uv_timer_t *t)
+{
+    rl_aggregator *agg = t->data;
+    if (agg->stopping && agg->in_flight == 0) {
+        shutdown_now(agg);
+        return;
+    }
+    if (!agg->stopping)
+        rl_broadcast_publish(agg);
+    uv_timer_start(t, on_publish,
+                   agg->stopping ? 10 : until_next_publish(agg), 0);
+}
+
+static void on_stop_signal(uv_signal_t *s, int signum)
+{
+    rl_aggregator *agg = s->data;
+    if (agg->stopping)
+        return;
+    agg->stopping = true;
+    rl_log(&agg->log, RL_LOG_INFO, "stopping", "signal=%d in_flight=%d",
+           signum, agg->in_flight);
+    uv_timer_start(&agg->publish_timer, on_publish, 0, 0);
+}
+
+static void on_reload(uv_signal_t *s, int signum)
+{
+    rl_aggregator *agg = s->data;
+    rl_config *fresh;
+    rl_error err;
+    (void)signum;
+    if (rl_config_load(agg->config_path, &fresh, &err) != RL_OK) {
+        rl_log(&agg->log, RL_LOG_ERROR, "reload_failed",
+               "reason=\"%s\" kept=old", err.message);
+        return;
+    }
+    /* The rules change; the store and the sockets keep the settings they
+     * started with, from the first config, which stays loaded for them. */
+    if (agg->config != agg->boot_config)
+        rl_config_free(agg->config);
+    agg->config = fresh;
+    rl_broadcast_free(agg->broadcast);
+    agg->broadcast = rl_broadcast_new();
+    rl_log(&agg->log, RL_LOG_INFO, "reloaded", "rules=%zu", fresh->n_rules);
+}
+
+static int start(rl_aggregator *agg)
+{
+    char err[512];
+    agg->store = rl_store_new(agg->loop, &agg->boot_config->store,
+                              &rl_window_scripts, &agg->log);
+    agg->broadcast = rl_broadcast_new();
+    if (agg->store == NULL || agg->broadcast == NULL) {
+        fprintf(stderr, "rl-aggregator: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    int rv = nng_pub0_open(&agg->totals);
+    if (rv == 0)
+        rv = nng_listen(agg->totals, agg->config->aggregator.totals, NULL, 0);
+    if (rv != 0) {
+        fprintf(stderr, "rl-aggregator: cannot listen for subscribers on "
+                "%s: %s\n", agg->config->aggregator.totals, nng_strerror(rv));
+        return EXIT_RUNTIME;
+    }
+    pthread_mutex_init(&agg->ready_lock, NULL);
+    uv_async_init(agg->loop, &agg->wakeup, on_wakeup);
+    agg->wakeup.data = agg;
+    if (rl_ingest_start(agg, err, sizeof err) != 0) {
+        fprintf(stderr, "rl-aggregator: %s\n", err);
+        return EXIT_RUNTIME;
+    }
+    uv_timer_init(agg->loop, &agg->publish_timer);
+    agg->publish_timer.data = agg;
+    uv_timer_start(&agg->publish_timer, on_publish, until_next_publish(agg),
+                   0);
+    uv_signal_t *sigs[] = {&agg->sigterm, &agg->sigint, &agg->sighup};
+    int nums[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        uv_signal_init(agg->loop, sigs[i]);
+        sigs[i]->data = agg;
+        uv_signal_start(sigs[i], i == 2 ? on_reload : on_stop_signal,
+                        nums[i]);
+    }
+    rl_log(&agg->log, RL_LOG_INFO, "listening", "reports=%s totals=%s "
+           "store=%s:%u interval_ms=%u", agg->config->aggregator.reports,
+           agg->config->aggregator.totals, agg->config->store.nodes[0].host,
+           agg->config->store.nodes[0].port,
+           agg->config->aggregator.sync_interval_ms);
+    return 0;
+}
+
+static int parse_level(const char *s, rl_log_level *out)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(s, level_names[i]) == 0) {
+            *out = (rl_log_level)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = "/etc/rl/rl.yaml";
+    bool check_only = false;
+    rl_log_level level = RL_LOG_INFO;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("rl-aggregator %s\n", rl_version());
+            return 0;
+        } else if (strcmp(argv[i], "--check-config") == 0) {
+            check_only = true;
+        } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+            path = argv[++i];
+        } else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc
+                   && parse_level(argv[i + 1], &level) == 0) {
+            i++;
+        } else {
+            fprintf(stderr, "rl-aggregator: unexpected argument '%s'\n\n%s",
+                    argv[i], usage);
+            return EXIT_USAGE;
+        }
+    }
+    rl_aggregator agg = {.config_path = (char *)path,
+                         .log = {log_to_stderr, NULL, level}};
+    rl_error err;
+    if (rl_config_load(path, &agg.boot_config, &err) != RL_OK) {
+        fprintf(stderr, "rl-aggregator: %s\n", err.message);
+        return EXIT_CONFIG;
+    }
+    agg.config = agg.boot_config;
+    if (check_only) {
+        printf("%s: valid\n", path);
+        rl_config_free(agg.boot_config);
+        return 0;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    agg.loop = &loop;
+    int rc = start(&agg);
+    if (rc == 0)
+        uv_run(&loop, UV_RUN_DEFAULT);
+    else if (agg.store != NULL)
+        rl_store_close(agg.store);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    uv_loop_close(&loop);
+    rl_broadcast_free(agg.broadcast);
+    if (agg.config != agg.boot_config)
+        rl_config_free(agg.config);
+    rl_config_free(agg.boot_config);
+    return rc;
+}
