@@ -54,16 +54,22 @@ void test_agent_open(test_agent *t, const char *addr, test_scripts mode,
     memset(t, 0, sizeof *t);
     snprintf(t->addr, sizeof t->addr, "%s",
              addr != NULL ? addr : test_env("RL_TEST_REDIS"));
+    /* Unless a test is about the deadline, give it one that a loaded
+     * machine (sanitizers, a parallel run) cannot miss: these tests are
+     * about decisions, not speed. */
+    bool timeout_given = store_extra != NULL
+                         && strstr(store_extra, "timeout_ms") != NULL;
     char yaml[8192];
     int n = snprintf(yaml, sizeof yaml,
                      "store:\n"
                      "  url: redis://%s\n"
                      "  scripts: %s\n"
-                     "%s"
+                     "%s%s"
                      "charge: %s\n"
                      "rules:\n%s",
                      t->addr, mode == TEST_FCALL ? "function" : "eval",
                      store_extra != NULL ? store_extra : "",
+                     timeout_given ? "" : "  timeout_ms: 1000\n",
                      charge != NULL ? charge : "all", rules_yaml);
     cr_assert_lt((size_t)n, sizeof yaml);
     rl_error err;

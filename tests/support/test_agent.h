@@ -19,7 +19,8 @@ typedef struct test_agent {
 typedef enum test_scripts { TEST_FCALL, TEST_EVALSHA } test_scripts;
 
 /* test_agent_open opens an agent on addr (NULL: RL_TEST_REDIS) with
- * `store.scripts` set by mode and extra store lines, and the given rules
+ * `store.scripts` set by mode and extra store lines (timeout_ms defaults to
+ * 1000 here unless they set it), and the given rules
  * YAML (a list under "rules:"). It makes one check so that the scripts are
  * loaded, then flushes them (SCRIPT FLUSH or FUNCTION FLUSH): the test's
  * own first calls meet NOSCRIPT or "function not found" and must recover. */
