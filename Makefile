@@ -14,7 +14,7 @@ CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Iagent -Icommon -Itests/support $(SAN) $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
-LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lpthread
+LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread
 # Criterion cannot run under ThreadSanitizer (its sandbox maps memory where
 # TSan forbids it), so `make tsan` builds the same test files against a
 # stand-in for its API: see tests/support/tsan/criterion/criterion.h.

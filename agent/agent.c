@@ -37,6 +37,9 @@ static void on_wakeup(uv_async_t *handle)
         rl_exact_finalize_all(a);
         rl_store_close(a->store);
         a->store = NULL;
+        if (a->sync != NULL)
+            rl_sync_stop(a->sync);
+        a->sync = NULL;
         uv_close((uv_handle_t *)&a->wakeup, NULL);
         uv_close((uv_handle_t *)&a->deadline_timer, NULL);
         return;
@@ -51,6 +54,8 @@ static void io_thread(void *arg)
                             &a->log);
     if (a->store == NULL)
         rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    if (a->sync != NULL)
+        rl_sync_start(a->sync, &a->loop);
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 
@@ -72,19 +77,6 @@ int rl_agent_submit(rl_agent *a, rl_request *req)
     return RL_OK;
 }
 
-/* This build serves exact rules; synced rules need the aggregator. */
-static int check_modes(const rl_config *cfg, rl_error *err)
-{
-    for (size_t i = 0; i < cfg->n_rules; i++) {
-        if (cfg->rules[i].mode != RL_MODE_EXACT)
-            return rl_error_set(err, RL_ENOTSUP, "rule \"%s\": mode %s is "
-                                "not available in this build of librl (only "
-                                "exact rules are)", cfg->rules[i].name,
-                                rl_mode_name(cfg->rules[i].mode));
-    }
-    return RL_OK;
-}
-
 static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
 {
     if (o->config != NULL) {
@@ -98,9 +90,6 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
         return rl_error_set(err, RL_EINVAL, "rl_agent_open: options need "
                             "config_path or config");
     }
-    int rc = check_modes(a->config, err);
-    if (rc != RL_OK)
-        return rc;
     a->store_config = a->config->store;
     if (o->timeout_ms != 0) {
         if (o->timeout_ms > 60000)
@@ -116,8 +105,23 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
     return RL_OK;
 }
 
+/* Synced rules need their counters and the link to the aggregators. */
+static int take_synced(rl_agent *a, rl_error *err)
+{
+    for (size_t i = 0; i < a->config->n_rules; i++)
+        a->has_synced |= a->config->rules[i].mode == RL_MODE_SYNCED;
+    if (!a->has_synced)
+        return RL_OK;
+    if (rl_synced_init(&a->synced, a->config) != RL_OK)
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
+    a->sync = rl_sync_new(&a->synced, a->config, &a->log, err);
+    return a->sync != NULL ? RL_OK : err->code;
+}
+
 static void free_agent(rl_agent *a)
 {
+    if (a->has_synced)
+        rl_synced_fini(&a->synced);
     free(a->args);
     rl_config_free(a->owned_config);
     free(a);
@@ -159,10 +163,16 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
     a->pid = getpid();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
+    rl_error local = {0};
+    if (err == NULL)
+        err = &local;
     int rc = take_config(a, o, err);
+    if (rc == RL_OK)
+        rc = take_synced(a, err);
     if (rc == RL_OK)
         rc = start_io(a, err);
     if (rc != RL_OK) {
+        rl_sync_free(a->sync);
         pthread_mutex_destroy(&a->queue_lock);
         free_agent(a);
         return rc;

@@ -14,6 +14,8 @@
 #include "log.h"
 #include "bucket.h"
 #include "store.h"
+#include "sync.h"
+#include "synced.h"
 
 #include <pthread.h>
 #include <semaphore.h>
@@ -87,6 +89,11 @@ struct rl_agent {
     uv_timer_t deadline_timer;
     rl_store *store;
     rl_request *live_head, *live_tail;
+
+    /* Synced rules: local counters, and the sync with the aggregators. */
+    bool has_synced;
+    rl_synced synced;
+    rl_sync *sync;
 };
 
 /* exact.c: the I/O thread's side of a check. */

@@ -70,6 +70,36 @@ static int check_value(const rl_attr *attr)
     return RL_OK;
 }
 
+/* Synced rules are decided here, on the caller's thread, from local
+ * counts: no round trip. With charge: first_reject, a synced rejection
+ * means no exact rule is charged. */
+static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
+                         size_t n)
+{
+    bool rejected = false;
+    for (int i = 0; i < req->n_rules; i++) {
+        rl_rule_state *rs = &req->rules[i];
+        if (rs->rule->mode != RL_MODE_SYNCED)
+            continue;
+        const rl_attr *attr = find_attr(attrs, n, rs->rule->match);
+        bool degraded;
+        int rc = rl_synced_check(&a->synced, rs->rule, attr->value,
+                                 attr->value_len, req->cost, &rs->reply,
+                                 &degraded);
+        if (rc != RL_OK)
+            return rc;
+        rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
+        rejected |= !degraded && !rs->reply.allowed;
+    }
+    if (rejected && a->config->charge == RL_CHARGE_FIRST_REJECT) {
+        for (int i = 0; i < req->n_rules; i++) {
+            if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+                req->rules[i].outcome = RL_OUTCOME_SKIPPED;
+        }
+    }
+    return RL_OK;
+}
+
 /* Builds the request: one allocation holding the rule states and keys.
  * *out is NULL when no rule applies. */
 static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
@@ -112,6 +142,11 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
             .req = req, .rule = &cfg->rules[i], .args = &a->args[i],
             .key_offset = (uint32_t)offset, .key_len = (uint32_t)len};
         offset += len + 1;
+    }
+    int rc = decide_synced(a, req, attrs, n);
+    if (rc != RL_OK) {
+        free(req);
+        return rc;
     }
     req->deadline_ns = uv_hrtime()
                        + (uint64_t)a->store_config.timeout_ms * 1000000ULL;
@@ -185,6 +220,16 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
         *out = req->decision;
 }
 
+/* Whether any rule still waits for Redis (synced ones are decided). */
+static bool needs_store(const rl_request *req)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+            return true;
+    }
+    return false;
+}
+
 int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
              rl_decision *out)
 {
@@ -195,6 +240,9 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;
+    } else if (!needs_store(req)) {
+        rl_decide(req->rules, req->n_rules, out);
+        free(req);
     } else {
         sem_init(&req->done, 0, 0);
         atomic_init(&req->owner, RL_OWNER_PENDING);

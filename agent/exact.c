@@ -64,7 +64,8 @@ static void refund(rl_agent *a, rl_request *req)
 {
     for (int i = 0; i < req->n_rules; i++) {
         const rl_rule_state *rs = &req->rules[i];
-        if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed)
+        if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed
+            && rs->rule->mode == RL_MODE_EXACT)
             rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset,
                           rs->key_len, -(int64_t)req->cost, on_refund_reply,
                           a);
@@ -115,6 +116,15 @@ static void send_rule(rl_agent *a, rl_rule_state *rs)
                   req->cost, on_rule_reply, rs);
 }
 
+/* The next rule, from index from on, that still waits for the store. */
+static int next_pending(const rl_request *req, int from)
+{
+    while (from < req->n_rules
+           && req->rules[from].outcome != RL_OUTCOME_PENDING)
+        from++;
+    return from;
+}
+
 /* charge: first_reject goes on to the next rule only while every rule so
  * far has let the request through. */
 static bool send_next_in_order(rl_agent *a, rl_request *req,
@@ -123,12 +133,16 @@ static bool send_next_in_order(rl_agent *a, rl_request *req,
     bool passed = last->outcome == RL_OUTCOME_ANSWERED
                       ? last->reply.allowed
                       : last->rule->on_error == RL_ON_ERROR_ALLOW;
-    if (!passed || req->next_rule >= req->n_rules) {
-        for (int i = req->next_rule; i < req->n_rules; i++)
-            req->rules[i].outcome = RL_OUTCOME_SKIPPED;
+    int next = next_pending(req, req->next_rule);
+    if (!passed || next >= req->n_rules) {
+        for (int i = next; i < req->n_rules; i++) {
+            if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+                req->rules[i].outcome = RL_OUTCOME_SKIPPED;
+        }
         return false;
     }
-    send_rule(a, &req->rules[req->next_rule++]);
+    req->next_rule = next + 1;
+    send_rule(a, &req->rules[next]);
     return true;
 }
 
@@ -161,20 +175,23 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
 void rl_exact_start(rl_agent *a, rl_request *req)
 {
     live_insert(a, req);
-    if (req->n_rules == 0) {
+    int first = next_pending(req, 0);
+    if (first >= req->n_rules) {
         finalize(a, req);
         return;
     }
     if (a->config->charge == RL_CHARGE_FIRST_REJECT) {
-        req->next_rule = 1;
-        send_rule(a, &req->rules[0]);
+        req->next_rule = first + 1;
+        send_rule(a, &req->rules[first]);
         return;
     }
     /* Mark every call as outstanding first: a call that fails at once
-     * answers inside rl_store_call and must not finalize early. */
+     * answers inside rl_bucket_call and must not finalize early. */
     req->outstanding++;
-    for (int i = 0; i < req->n_rules; i++)
-        send_rule(a, &req->rules[i]);
+    for (int i = first; i < req->n_rules; i++) {
+        if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+            send_rule(a, &req->rules[i]);
+    }
     if (--req->outstanding == 0 && !req->finalized)
         finalize(a, req);
 }

@@ -28,6 +28,7 @@
 #define DEFAULT_REPORTS_URL "tcp://127.0.0.1:7301"
 #define DEFAULT_TOTALS_URL "tcp://127.0.0.1:7302"
 #define DEFAULT_SYNC_INTERVAL_MS 1000
+#define DEFAULT_MAX_KEYS 100000
 
 static const char *const mode_names[] = {"exact", "synced", NULL};
 static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
@@ -390,6 +391,13 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
                             raw->sync_interval_ms, 10, 60000, &n)) != RL_OK)
             return rc;
         agg->sync_interval_ms = (uint32_t)n;
+    }
+    agg->max_keys = DEFAULT_MAX_KEYS;
+    if (raw->max_keys != NULL) {
+        if ((rc = parse_int(ld, "aggregator.max_keys", raw->max_keys, 1,
+                            1000000, &n)) != RL_OK)
+            return rc;
+        agg->max_keys = (uint32_t)n;
     }
     return RL_OK;
 }

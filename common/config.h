@@ -65,6 +65,7 @@ typedef struct rl_aggregator_config {
     char reports[RL_NNG_URL_MAX]; /* where agents push their counts */
     char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
     uint32_t sync_interval_ms;
+    uint32_t max_keys;            /* synced keys one agent tracks at most */
 } rl_aggregator_config;
 
 struct rl_config {

@@ -37,6 +37,7 @@ typedef struct rl_raw_aggregator {
     char *reports;
     char *totals;
     char *sync_interval_ms;
+    char *max_keys;
 } rl_raw_aggregator;
 
 typedef struct rl_raw_config {

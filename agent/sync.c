@@ -1,0 +1,443 @@
+/*
+ * sync.c: the agent's conversation with the aggregators, on its I/O
+ * thread. Every sync_interval_ms (at the start of each interval of Redis's
+ * clock, once the agent has heard it) the counts since the last report go
+ * out as one REPORT on an nng REQ socket; the aggregator answers once they
+ * are in Redis. Until then the report is kept, and sent again, the same
+ * bytes under the same sequence number, until acknowledged: the aggregator
+ * applies a sequence number once, so nothing is lost and nothing counted
+ * twice while an aggregator is away. Counts made meanwhile wait for the
+ * next report (one counter per key: memory stays bounded).
+ *
+ * Totals come on an nng SUB socket subscribed to the synced rules' topics;
+ * each TOTALS message gives every key of its rule a fresh share of what is
+ * left. nng's threads only queue what they received and wake the loop.
+ */
+#include "sync.h"
+
+#include "wire.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct reported {
+    rl_synced_entry *entry;
+    uint64_t count;
+} reported;
+
+typedef enum req_state { REQ_IDLE, REQ_SENDING, REQ_WAITING } req_state;
+
+struct rl_sync {
+    rl_synced *synced;
+    const rl_config *config;
+    const rl_logger *log;
+    uv_loop_t *loop;
+    nng_socket req, sub;
+    nng_aio *req_aio, *sub_aio;
+    uv_async_t wakeup;
+    uv_timer_t tick;
+    pthread_mutex_t lock;       /* nng threads -> loop */
+    bool req_done;              /* the REQ aio finished: result below */
+    int req_result;
+    nng_msg **totals;           /* received TOTALS, in order */
+    size_t n_totals, cap_totals;
+    bool closing;
+    /* Loop thread only. */
+    req_state state;
+    char agent_id[40];
+    uint64_t seq;
+    rl_wire_writer *pending;    /* the report waiting for its ack */
+    reported *in_report;
+    size_t n_in_report;
+    int open_handles;
+};
+
+static uint64_t now_ms(const rl_sync *s)
+{
+    return uv_now(s->loop);
+}
+
+/* nng threads: note and wake. */
+static void on_req(void *arg)
+{
+    rl_sync *s = arg;
+    pthread_mutex_lock(&s->lock);
+    s->req_done = true;
+    s->req_result = nng_aio_result(s->req_aio);
+    if (!s->closing)
+        uv_async_send(&s->wakeup);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void on_sub(void *arg)
+{
+    rl_sync *s = arg;
+    int rv = nng_aio_result(s->sub_aio);
+    pthread_mutex_lock(&s->lock);
+    if (rv == 0) {
+        nng_msg *m = nng_aio_get_msg(s->sub_aio);
+        if (s->n_totals == s->cap_totals) {
+            size_t cap = s->cap_totals ? 2 * s->cap_totals : 16;
+            nng_msg **grown = cap <= 4096
+                                  ? realloc(s->totals, cap * sizeof *grown)
+                                  : NULL;
+            if (grown != NULL) {
+                s->totals = grown;
+                s->cap_totals = cap;
+            }
+        }
+        if (s->n_totals < s->cap_totals)
+            s->totals[s->n_totals++] = m;
+        else
+            nng_msg_free(m); /* the loop is far behind: the next will do */
+    }
+    bool again = !s->closing && rv != NNG_ECLOSED && rv != NNG_ECANCELED;
+    if (!s->closing)
+        uv_async_send(&s->wakeup);
+    pthread_mutex_unlock(&s->lock);
+    if (again)
+        nng_recv_aio(s->sub, s->sub_aio);
+}
+
+/* Builds the next report from what was counted since the last. */
+static bool build_report(rl_sync *s)
+{
+    rl_synced_table *t = atomic_load(&s->synced->table);
+    size_t n = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        rl_synced_entry *e = atomic_load(&t->slots[i]);
+        if (e != NULL && rl_synced_counted(e) > e->reported)
+            n++;
+    }
+    if (n == 0)
+        return false;
+    if (n > RL_WIRE_ENTRIES_MAX)
+        n = RL_WIRE_ENTRIES_MAX; /* the rest go in the next report */
+    s->in_report = calloc(n, sizeof *s->in_report);
+    if (s->in_report == NULL)
+        return false;
+    rl_wire_writer_reset(s->pending);
+    rl_wire_begin_report(s->pending, s->agent_id, ++s->seq, n);
+    size_t k = 0;
+    for (size_t i = 0; i < t->cap && k < n; i++) {
+        rl_synced_entry *e = atomic_load(&t->slots[i]);
+        if (e == NULL)
+            continue;
+        uint64_t counted = rl_synced_counted(e);
+        if (counted <= e->reported)
+            continue;
+        uint64_t delta = counted - e->reported;
+        rl_wire_put_count(s->pending, e->rule->name, e->value, e->value_len,
+                          delta);
+        e->reported = counted;
+        e->in_report = delta;
+        s->in_report[k++] = (reported){e, delta};
+    }
+    s->n_in_report = k;
+    return true;
+}
+
+static void send_pending(rl_sync *s)
+{
+    size_t len;
+    const void *data = rl_wire_writer_data(s->pending, &len);
+    nng_msg *m;
+    if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, data, len) != 0)
+        return;
+    nng_aio_set_msg(s->req_aio, m);
+    nng_aio_set_timeout(s->req_aio, 2 * s->config->aggregator.sync_interval_ms);
+    s->state = REQ_SENDING;
+    nng_send_aio(s->req, s->req_aio);
+}
+
+static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
+{
+    for (size_t i = 0; i < s->n_in_report; i++) {
+        rl_synced_entry *e = s->in_report[i].entry;
+        e->acked += s->in_report[i].count;
+        e->in_report = 0;
+    }
+    free(s->in_report);
+    s->in_report = NULL;
+    s->n_in_report = 0;
+    uint64_t loop_ms = now_ms(s);
+    if (ack->now_ms != 0)
+        rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
+    for (size_t i = 0; i < ack->n_entries; i++) {
+        const rl_wire_entry *t = &ack->entries[i];
+        rl_wire_bytes name = t->rule;
+        for (size_t r = 0; r < s->config->n_rules; r++) {
+            const rl_rule *rule = &s->config->rules[r];
+            if (strlen(rule->name) != name.len
+                || memcmp(rule->name, name.ptr, name.len) != 0)
+                continue;
+            rl_synced_entry *e = rl_synced_find(s->synced, rule,
+                                                t->value.ptr, t->value.len);
+            if (e != NULL) {
+                rl_synced_note_totals(e, t->window, t->current, t->previous);
+                rl_synced_rebalance(s->synced, e, loop_ms, false);
+            }
+        }
+    }
+}
+
+static void on_ack(rl_sync *s, nng_msg *m)
+{
+    rl_wire_msg ack;
+    const char *why;
+    if (rl_wire_decode(nng_msg_body(m), nng_msg_len(m), &ack, &why) != 0
+        || ack.type != RL_WIRE_ACK || ack.seq != s->seq) {
+        rl_log(s->log, RL_LOG_WARN, "sync_bad_ack", "reason=\"%s\"",
+               why != NULL ? why : "not the ack of the pending report");
+        return;
+    }
+    if (ack.status == RL_ACK_RETRY) {
+        rl_log(s->log, RL_LOG_DEBUG, "sync_retry", "seq=%llu",
+               (unsigned long long)ack.seq);
+    } else {
+        acknowledged(s, &ack);
+        rl_wire_writer_reset(s->pending);
+    }
+    rl_wire_msg_free(&ack);
+}
+
+/* The REQ aio finished a send or a receive. */
+static void req_finished(rl_sync *s, int result)
+{
+    if (s->state == REQ_SENDING && result == 0) {
+        s->state = REQ_WAITING;
+        nng_recv_aio(s->req, s->req_aio);
+        return;
+    }
+    if (s->state == REQ_SENDING) {
+        nng_msg_free(nng_aio_get_msg(s->req_aio));
+    } else if (result == 0) {
+        nng_msg *m = nng_aio_get_msg(s->req_aio);
+        on_ack(s, m);
+        nng_msg_free(m);
+    } else {
+        rl_log(s->log, RL_LOG_DEBUG, "sync_no_ack", "seq=%llu reason=\"%s\"",
+               (unsigned long long)s->seq, nng_strerror(result));
+    }
+    s->state = REQ_IDLE;
+}
+
+static const rl_rule *rule_named(const rl_sync *s, rl_wire_bytes name)
+{
+    for (size_t r = 0; r < s->config->n_rules; r++) {
+        const rl_rule *rule = &s->config->rules[r];
+        if (rule->mode == RL_MODE_SYNCED && strlen(rule->name) == name.len
+            && memcmp(rule->name, name.ptr, name.len) == 0)
+            return rule;
+    }
+    return NULL;
+}
+
+static void on_totals(rl_sync *s, nng_msg *m)
+{
+    const char *body = nng_msg_body(m);
+    size_t len = nng_msg_len(m);
+    const char *nul = memchr(body, '\0', len < 80 ? len : 80);
+    rl_wire_msg t;
+    const char *why = "no topic";
+    if (nul == NULL
+        || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), &t, &why)
+               != 0
+        || t.type != RL_WIRE_TOTALS) {
+        rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
+        return;
+    }
+    const rl_rule *rule = rule_named(s, t.rule);
+    uint64_t loop_ms = now_ms(s);
+    if (rule != NULL) {
+        rl_synced_set_time(s->synced, t.now_ms, loop_ms);
+        size_t index = (size_t)(rule - s->config->rules);
+        atomic_store(&s->synced->rules[index].agents, t.agents);
+        for (size_t i = 0; i < t.n_entries; i++) {
+            rl_synced_entry *e = rl_synced_find(s->synced, rule,
+                                                t.entries[i].value.ptr,
+                                                t.entries[i].value.len);
+            if (e != NULL)
+                rl_synced_note_totals(e, t.entries[i].window,
+                                      t.entries[i].current,
+                                      t.entries[i].previous);
+        }
+        rl_synced_table *table = atomic_load(&s->synced->table);
+        for (size_t i = 0; i < table->cap; i++) {
+            rl_synced_entry *e = atomic_load(&table->slots[i]);
+            if (e != NULL && e->rule == rule)
+                rl_synced_rebalance(s->synced, e, loop_ms, true);
+        }
+    }
+    rl_wire_msg_free(&t);
+}
+
+static void on_wakeup(uv_async_t *h)
+{
+    rl_sync *s = h->data;
+    pthread_mutex_lock(&s->lock);
+    bool req_done = s->req_done;
+    int result = s->req_result;
+    s->req_done = false;
+    nng_msg **totals = s->totals;
+    size_t n = s->n_totals;
+    s->totals = NULL;
+    s->n_totals = s->cap_totals = 0;
+    pthread_mutex_unlock(&s->lock);
+    if (req_done)
+        req_finished(s, result);
+    for (size_t i = 0; i < n; i++) {
+        on_totals(s, totals[i]);
+        nng_msg_free(totals[i]);
+    }
+    free(totals);
+}
+
+/* Until the next interval of Redis's clock, or a whole interval when that
+ * clock is not known yet. */
+static uint64_t until_next_tick(const rl_sync *s)
+{
+    uint64_t interval = s->config->aggregator.sync_interval_ms;
+    uint64_t now = rl_synced_now(s->synced, now_ms(s));
+    return now == 0 ? interval : interval - now % interval;
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    rl_sync *s = t->data;
+    uint64_t loop_ms = now_ms(s);
+    rl_synced_table *table = atomic_load(&s->synced->table);
+    uint64_t now = rl_synced_now(s->synced, loop_ms);
+    for (size_t i = 0; i < table->cap; i++) {
+        rl_synced_entry *e = atomic_load(&table->slots[i]);
+        if (e == NULL)
+            continue;
+        uint64_t counted = rl_synced_counted(e);
+        e->idle_ticks = counted == e->last_counted ? e->idle_ticks + 1 : 0;
+        e->last_counted = counted;
+        /* A new window: a fresh share of a fresh window. */
+        bool rolled = now != 0 && now / e->rule->period_ms != e->window;
+        rl_synced_rebalance(s->synced, e, loop_ms, rolled);
+    }
+    if (s->state == REQ_IDLE) {
+        bool have = s->n_in_report > 0 || build_report(s);
+        if (have)
+            send_pending(s);
+    }
+    rl_synced_sweep(s->synced, loop_ms);
+    uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
+}
+
+static int open_sockets(rl_sync *s, rl_error *err)
+{
+    const rl_aggregator_config *agg = &s->config->aggregator;
+    int rv;
+    if ((rv = nng_req0_open(&s->req)) != 0
+        || (rv = nng_aio_alloc(&s->req_aio, on_req, s)) != 0
+        || (rv = nng_sub0_open(&s->sub)) != 0
+        || (rv = nng_aio_alloc(&s->sub_aio, on_sub, s)) != 0)
+        return rl_error_set(err, RL_ESYS, "cannot open nng sockets: %s",
+                            nng_strerror(rv));
+    /* Our own resends (the same report until acknowledged) replace REQ's. */
+    nng_socket_set_ms(s->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_size(s->sub, NNG_OPT_RECVMAXSZ, RL_WIRE_MESSAGE_MAX);
+    for (size_t i = 0; i < s->config->n_rules; i++) {
+        const rl_rule *r = &s->config->rules[i];
+        char topic[RL_NAME_MAX + 2];
+        size_t n = rl_wire_topic(r->name, topic, sizeof topic);
+        if (r->mode == RL_MODE_SYNCED)
+            nng_socket_set(s->sub, NNG_OPT_SUB_SUBSCRIBE, topic, n);
+    }
+    /* Non-blocking dials keep trying in the background: an aggregator that
+     * is not up yet is not an error. */
+    if ((rv = nng_dial(s->req, agg->reports, NULL, NNG_FLAG_NONBLOCK)) != 0
+        || (rv = nng_dial(s->sub, agg->totals, NULL, NNG_FLAG_NONBLOCK))
+               != 0)
+        return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator "
+                            "(%s, %s): %s", agg->reports, agg->totals,
+                            nng_strerror(rv));
+    nng_recv_aio(s->sub, s->sub_aio);
+    return RL_OK;
+}
+
+rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
+                     const rl_logger *log, rl_error *err)
+{
+    rl_sync *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        rl_error_set(err, RL_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->synced = synced;
+    s->config = config;
+    s->log = log;
+    pthread_mutex_init(&s->lock, NULL);
+    s->pending = rl_wire_writer_new();
+    /* Unique per agent instance: a restarted agent starts a new sequence. */
+    snprintf(s->agent_id, sizeof s->agent_id, "%lx-%lx-%p",
+             (unsigned long)getpid(), (unsigned long)uv_hrtime(), (void *)s);
+    if (s->pending == NULL) {
+        rl_error_set(err, RL_ENOMEM, "out of memory");
+        rl_sync_free(s);
+        return NULL;
+    }
+    if (open_sockets(s, err) != RL_OK) {
+        rl_sync_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void rl_sync_start(rl_sync *s, uv_loop_t *loop)
+{
+    s->loop = loop;
+    uv_async_init(loop, &s->wakeup, on_wakeup);
+    uv_timer_init(loop, &s->tick);
+    s->wakeup.data = s->tick.data = s;
+    s->open_handles = 2;
+    uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    rl_sync *s = h->data;
+    if (--s->open_handles == 0)
+        rl_sync_free(s);
+}
+
+void rl_sync_stop(rl_sync *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->closing = true;
+    pthread_mutex_unlock(&s->lock);
+    nng_aio_stop(s->req_aio);
+    nng_aio_stop(s->sub_aio);
+    uv_close((uv_handle_t *)&s->wakeup, handle_closed);
+    uv_close((uv_handle_t *)&s->tick, handle_closed);
+}
+
+void rl_sync_free(rl_sync *s)
+{
+    if (s == NULL)
+        return;
+    if (s->req_aio != NULL)
+        nng_aio_free(s->req_aio);
+    if (s->sub_aio != NULL)
+        nng_aio_free(s->sub_aio);
+    if (nng_socket_id(s->req) > 0)
+        nng_close(s->req);
+    if (nng_socket_id(s->sub) > 0)
+        nng_close(s->sub);
+    for (size_t i = 0; i < s->n_totals; i++)
+        nng_msg_free(s->totals[i]);
+    free(s->totals);
+    free(s->in_report);
+    rl_wire_writer_free(s->pending);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}

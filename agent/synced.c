@@ -1,0 +1,394 @@
+/*
+ * synced.c: local counting for synced rules. A check finds its (rule,
+ * value) entry in an open-addressing table without a lock, compares what
+ * this agent has counted with the entry's mark, and counts on its thread's
+ * stripe: no lock, no allocation, no system call, no network. Only the
+ * first sighting of a key takes a lock (to insert it).
+ *
+ * The mark is the I/O thread's answer to "how much may this agent still
+ * let through", worked out from the fleet's totals (sliding window: the
+ * previous window weighted by the part of it still inside the period, plus
+ * the current one, plus what this agent counted that the totals do not yet
+ * hold) and split between the agents reporting the rule: each gets
+ * ceil(room / agents) per totals interval. So the fleet as a whole lets
+ * through at most room + agents between two totals, and the overshoot
+ * shrinks as a client nears its limit.
+ *
+ * Check-then-count is not one atomic step: threads of one agent racing on
+ * one key can pass together, at most one request each beyond the mark.
+ *
+ * Keys idle for two periods are forgotten: the I/O thread rebuilds the
+ * table without them and swaps it in; the old table and entries are freed
+ * ten seconds later (a check holds them for microseconds), and any count a
+ * late check made on a retired entry is carried over to the live table.
+ */
+#include "synced.h"
+
+#include "rl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAVE_DELAY_MS 10000
+
+typedef struct rl_synced_grave {
+    struct rl_synced_grave *next;
+    uint64_t free_at;
+    rl_synced_table *table;     /* or */
+    rl_synced_entry *entry;
+} rl_synced_grave;
+
+static uint64_t hash_key(const rl_rule *rule, const char *value, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uintptr_t)rule;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)value[i]) * 1099511628211ULL;
+    return h;
+}
+
+static size_t table_cap(size_t max_keys)
+{
+    size_t cap = 16;
+    while (cap < 2 * max_keys)
+        cap *= 2;
+    return cap;
+}
+
+static rl_synced_table *table_new(size_t cap)
+{
+    rl_synced_table *t = calloc(1, sizeof *t + cap * sizeof t->slots[0]);
+    if (t != NULL)
+        t->cap = cap;
+    return t;
+}
+
+int rl_synced_init(rl_synced *s, const rl_config *config)
+{
+    memset(s, 0, sizeof *s);
+    s->config = config;
+    s->max_keys = config->aggregator.max_keys;
+    s->rules = calloc(config->n_rules, sizeof *s->rules);
+    rl_synced_table *t = table_new(table_cap(s->max_keys));
+    if (s->rules == NULL || t == NULL) {
+        free(s->rules);
+        free(t);
+        return RL_ENOMEM;
+    }
+    atomic_init(&s->table, t);
+    pthread_mutex_init(&s->insert_lock, NULL);
+    return RL_OK;
+}
+
+static void free_graves(rl_synced *s, bool all, uint64_t now);
+
+void rl_synced_fini(rl_synced *s)
+{
+    rl_synced_table *t = atomic_load(&s->table);
+    if (t == NULL)
+        return;
+    free_graves(s, true, 0);
+    for (size_t i = 0; i < t->cap; i++)
+        free(atomic_load(&t->slots[i]));
+    free(t);
+    free(s->rules);
+    pthread_mutex_destroy(&s->insert_lock);
+}
+
+uint64_t rl_synced_counted(const rl_synced_entry *e)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < RL_SYNCED_STRIPES; i++)
+        n += atomic_load_explicit(&e->stripes[i].n, memory_order_relaxed);
+    return n;
+}
+
+static bool same_key(const rl_synced_entry *e, uint64_t h, const rl_rule *r,
+                     const char *value, size_t len)
+{
+    return e->hash == h && e->rule == r && e->value_len == len
+           && memcmp(e->value, value, len) == 0;
+}
+
+static rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
+                              const rl_rule *rule, const char *value,
+                              size_t len, size_t *free_slot)
+{
+    size_t mask = t->cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        rl_synced_entry *e = atomic_load_explicit(&t->slots[i],
+                                                  memory_order_acquire);
+        if (e == NULL) {
+            *free_slot = i;
+            return NULL;
+        }
+        if (same_key(e, h, rule, value, len))
+            return e;
+    }
+}
+
+rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
+                                const char *value, size_t value_len)
+{
+    size_t unused;
+    return probe(atomic_load_explicit(&s->table, memory_order_acquire),
+                 hash_key(rule, value, value_len), rule, value, value_len,
+                 &unused);
+}
+
+/* Before any totals: this agent's share of the whole limit. */
+static void first_mark(rl_synced *s, rl_synced_entry *e)
+{
+    size_t index = (size_t)(e->rule - s->config->rules);
+    uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
+                                           memory_order_relaxed);
+    uint64_t a = agents > 0 ? agents : 1;
+    atomic_init(&e->mark, (e->rule->limit + a - 1) / a);
+    atomic_init(&e->room, e->rule->limit);
+    atomic_init(&e->reset_ms, e->rule->period_ms);
+    atomic_init(&e->retry_ms, e->rule->period_ms);
+}
+
+static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
+                               const char *value, size_t len, uint64_t h)
+{
+    pthread_mutex_lock(&s->insert_lock);
+    rl_synced_table *t = atomic_load(&s->table);
+    size_t slot;
+    rl_synced_entry *e = probe(t, h, rule, value, len, &slot);
+    if (e != NULL || atomic_load(&s->n_entries) >= s->max_keys) {
+        if (e == NULL)
+            atomic_fetch_add(&s->keys_refused, 1);
+        pthread_mutex_unlock(&s->insert_lock);
+        return e;
+    }
+    size_t bytes = (sizeof *e + len + RL_CACHE_LINE - 1)
+                   / RL_CACHE_LINE * RL_CACHE_LINE;
+    e = aligned_alloc(RL_CACHE_LINE, bytes);
+    if (e != NULL) {
+        memset(e, 0, bytes);
+        e->rule = rule;
+        e->hash = h;
+        e->value_len = (uint16_t)len;
+        memcpy(e->value, value, len);
+        first_mark(s, e);
+        atomic_store_explicit(&t->slots[slot], e, memory_order_release);
+        atomic_fetch_add(&s->n_entries, 1);
+    }
+    pthread_mutex_unlock(&s->insert_lock);
+    return e;
+}
+
+/* Each thread counts on its own stripe, picked once. */
+static unsigned my_stripe(void)
+{
+    static atomic_uint next;
+    static _Thread_local unsigned stripe = ~0u;
+    if (stripe == ~0u)
+        stripe = atomic_fetch_add(&next, 1) % RL_SYNCED_STRIPES;
+    return stripe;
+}
+
+int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
+                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
+                    bool *degraded)
+{
+    uint64_t h = hash_key(rule, value, value_len);
+    size_t unused;
+    rl_synced_entry *e = probe(atomic_load_explicit(&s->table,
+                                                    memory_order_acquire),
+                               h, rule, value, value_len, &unused);
+    if (e == NULL)
+        e = insert(s, rule, value, value_len, h);
+    memset(out, 0, sizeof *out);
+    if (e == NULL) {
+        /* The key cap is reached (or memory is out): on_error decides. */
+        *degraded = true;
+        return atomic_load(&s->n_entries) >= s->max_keys ? RL_OK : RL_ENOMEM;
+    }
+    *degraded = false;
+    uint64_t counted = rl_synced_counted(e);
+    uint64_t mark = atomic_load_explicit(&e->mark, memory_order_acquire);
+    out->reset_ms = atomic_load_explicit(&e->reset_ms, memory_order_relaxed);
+    if (counted + cost > mark) {
+        uint64_t retry = atomic_load_explicit(&e->retry_ms,
+                                              memory_order_relaxed);
+        out->retry_ms = (int64_t)(retry > 0 ? retry : 1);
+        return RL_OK;
+    }
+    atomic_fetch_add_explicit(&e->stripes[my_stripe()].n, cost,
+                              memory_order_relaxed);
+    uint64_t room = atomic_load_explicit(&e->room, memory_order_relaxed);
+    uint64_t since = counted + cost
+                     - atomic_load_explicit(&e->counted_at_mark,
+                                            memory_order_relaxed);
+    out->allowed = true;
+    out->remaining = room > since ? room - since : 0;
+    return RL_OK;
+}
+
+void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)
+{
+    s->server_ms = server_ms;
+    s->server_at_loop_ms = loop_ms;
+}
+
+uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms)
+{
+    if (s->server_ms == 0)
+        return 0;
+    return s->server_ms + (loop_ms - s->server_at_loop_ms);
+}
+
+void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
+                           uint64_t current, uint64_t previous)
+{
+    if (window > e->window) {
+        e->window = window;
+        e->current = current;
+        e->previous = previous;
+    } else if (window == e->window) {
+        e->current = current > e->current ? current : e->current;
+        e->previous = previous > e->previous ? previous : e->previous;
+    } else if (window + 1 == e->window && current > e->previous) {
+        e->previous = current;
+    }
+}
+
+/* Brings the entry's totals to window w: what was current becomes the
+ * previous window, or both are gone. */
+static void roll_to(rl_synced_entry *e, uint64_t w)
+{
+    if (e->window == w)
+        return;
+    e->previous = e->window + 1 == w ? e->current : 0;
+    e->current = 0;
+    e->window = w;
+}
+
+void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
+                         bool fresh_share)
+{
+    const rl_rule *r = e->rule;
+    uint64_t now = rl_synced_now(s, loop_ms);
+    uint64_t counted = rl_synced_counted(e);
+    if (now == 0) {
+        if (fresh_share)
+            first_mark(s, e);
+        return;
+    }
+    uint64_t period = r->period_ms;
+    roll_to(e, now / period);
+    uint64_t into = now % period;
+    double weight = (double)(period - into) / (double)period;
+    double used = (double)e->previous * weight + (double)e->current
+                  + (double)(counted - e->acked);
+    double room = (double)r->limit - used;
+    size_t index = (size_t)(r - s->config->rules);
+    uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
+                                           memory_order_relaxed);
+    double a = agents > 0 ? (double)agents : 1.0;
+    uint64_t share = room > 0 ? (uint64_t)ceil(room / a) : 0;
+    uint64_t mark = counted + share;
+    if (fresh_share || mark < atomic_load(&e->mark)) {
+        atomic_store_explicit(&e->counted_at_mark, counted,
+                              memory_order_relaxed);
+        atomic_store_explicit(&e->room, room > 0 ? (uint64_t)room : 0,
+                              memory_order_relaxed);
+        atomic_store_explicit(&e->mark, mark, memory_order_release);
+    }
+    /* A full key waits for the previous window to fade enough, or for the
+     * window to end, whichever comes first. */
+    uint64_t to_end = period - into;
+    uint64_t retry = to_end;
+    if (room < 1 && e->previous > 0) {
+        double fade = (1 - room) * (double)period / (double)e->previous;
+        if (fade < (double)to_end)
+            retry = (uint64_t)ceil(fade);
+    }
+    atomic_store_explicit(&e->retry_ms, room >= 1 ? 0 : retry,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->reset_ms, to_end, memory_order_relaxed);
+}
+
+static void bury(rl_synced *s, rl_synced_table *t, rl_synced_entry *e,
+                 uint64_t now)
+{
+    rl_synced_grave *g = malloc(sizeof *g);
+    if (g == NULL)
+        return; /* leaked rather than freed while a check may hold it */
+    *g = (rl_synced_grave){s->graves, now + GRAVE_DELAY_MS, t, e};
+    s->graves = g;
+}
+
+/* Counts a late check made on a retired entry go to the live one. */
+static void carry_over(rl_synced *s, rl_synced_entry *old)
+{
+    uint64_t late = rl_synced_counted(old) - old->reported;
+    if (late == 0)
+        return;
+    rl_synced_entry *e = insert(s, old->rule, old->value, old->value_len,
+                                old->hash);
+    if (e != NULL)
+        atomic_fetch_add(&e->stripes[0].n, late);
+}
+
+static void free_graves(rl_synced *s, bool all, uint64_t now)
+{
+    rl_synced_grave **link = &s->graves;
+    while (*link != NULL) {
+        rl_synced_grave *g = *link;
+        if (!all && g->free_at > now) {
+            link = &g->next;
+            continue;
+        }
+        *link = g->next;
+        if (g->entry != NULL && !all)
+            carry_over(s, g->entry);
+        free(g->entry);
+        free(g->table);
+        free(g);
+    }
+}
+
+static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms_per_tick)
+{
+    return e->in_report == 0 && rl_synced_counted(e) == e->acked
+           && e->idle_ticks * loop_ms_per_tick > 2 * e->rule->period_ms;
+}
+
+void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
+{
+    free_graves(s, false, loop_ms);
+    rl_synced_table *t = atomic_load(&s->table);
+    uint64_t tick = s->config->aggregator.sync_interval_ms;
+    size_t idle = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        rl_synced_entry *e = atomic_load(&t->slots[i]);
+        if (e != NULL && is_idle(e, tick))
+            idle++;
+    }
+    if (idle == 0)
+        return;
+    rl_synced_table *fresh = table_new(t->cap);
+    if (fresh == NULL)
+        return;
+    pthread_mutex_lock(&s->insert_lock);
+    for (size_t i = 0; i < t->cap; i++) {
+        rl_synced_entry *e = atomic_load(&t->slots[i]);
+        if (e == NULL)
+            continue;
+        if (is_idle(e, tick)) {
+            bury(s, NULL, e, loop_ms);
+            atomic_fetch_sub(&s->n_entries, 1);
+            continue;
+        }
+        size_t j = e->hash & (fresh->cap - 1);
+        while (atomic_load(&fresh->slots[j]) != NULL)
+            j = (j + 1) & (fresh->cap - 1);
+        atomic_init(&fresh->slots[j], e);
+    }
+    atomic_store_explicit(&s->table, fresh, memory_order_release);
+    pthread_mutex_unlock(&s->insert_lock);
+    bury(s, t, NULL, loop_ms);
+}

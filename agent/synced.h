@@ -1,0 +1,115 @@
+/*
+ * synced.h: the agent's local counters for synced rules, and the decision
+ * they make with no network call. Private to librl.
+ *
+ * Threads: rl_synced_check runs on gateway threads, lock-free once a key
+ * has been seen; everything else runs on the agent's I/O thread.
+ */
+#ifndef RL_AGENT_SYNCED_H
+#define RL_AGENT_SYNCED_H
+
+#include "bucket.h"
+#include "config.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define RL_SYNCED_STRIPES 4
+#define RL_CACHE_LINE 64
+
+/* A counter alone on its cache line, so threads counting on different
+ * stripes (or different keys) never write to the same line. */
+typedef struct rl_stripe {
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t n;
+} rl_stripe;
+
+/* One (rule, value): local counts, and the room the I/O thread last worked
+ * out for it. */
+typedef struct rl_synced_entry {
+    rl_stripe stripes[RL_SYNCED_STRIPES]; /* counted so far, ever */
+    /* Written by the I/O thread, read by checks. */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
+                                                   counted + cost <= mark */
+    atomic_uint_least64_t room;       /* fleet room at the mark, headers */
+    atomic_uint_least64_t counted_at_mark;
+    atomic_uint_least64_t retry_ms;   /* when full: wait hint */
+    atomic_uint_least64_t reset_ms;   /* until the window ends */
+    /* I/O thread only. */
+    const rl_rule *rule;
+    uint64_t hash;
+    uint64_t reported;   /* counted and put in a report */
+    uint64_t acked;      /* counted and known applied */
+    uint64_t in_report;  /* in the report waiting for its ack */
+    uint64_t window;     /* the window the totals below are for */
+    uint64_t current;    /* fleet total of that window */
+    uint64_t previous;   /* fleet total of the window before */
+    uint64_t last_counted; /* counted at the last tick, to see idleness */
+    uint64_t idle_ticks;
+    uint16_t value_len;
+    char value[];
+} rl_synced_entry;
+
+typedef struct rl_synced_table {
+    size_t cap;                         /* slots, a power of two */
+    _Atomic(rl_synced_entry *) slots[];
+} rl_synced_table;
+
+/* What a rule knows that is not per key. */
+typedef struct rl_synced_rule {
+    atomic_uint_least64_t agents; /* from the last totals; 0: not yet */
+} rl_synced_rule;
+
+typedef struct rl_synced {
+    const rl_config *config;
+    _Atomic(rl_synced_table *) table;
+    pthread_mutex_t insert_lock;        /* first sightings and rebuilds */
+    atomic_size_t n_entries;
+    size_t max_keys;
+    atomic_uint_least64_t keys_refused; /* the cap was hit */
+    rl_synced_rule *rules;              /* by rule index */
+    /* Server (Redis) time as of the last message, on the loop's clock. */
+    uint64_t server_ms, server_at_loop_ms;
+    /* Tables and entries retired by a rebuild, freed a while later. */
+    struct rl_synced_grave *graves;
+} rl_synced;
+
+int rl_synced_init(rl_synced *s, const rl_config *config);
+void rl_synced_fini(rl_synced *s);
+
+/* rl_synced_check decides one synced rule for a value, counting cost when
+ * it allows. Lock-free once the key exists; the first sighting of a key
+ * takes a lock and allocates. Returns RL_OK with *out filled in (a full
+ * table makes the rule decide as if the store were away: on_error), or
+ * RL_ENOMEM. */
+int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
+                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
+                    bool *degraded);
+
+/* I/O thread: Redis's clock as the aggregator last told it. */
+void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);
+uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms);
+
+/* I/O thread: find an entry (no insert). */
+rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
+                                const char *value, size_t value_len);
+
+/* I/O thread: new totals for an entry (the largest count of a window
+ * wins: totals only grow). */
+void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
+                           uint64_t current, uint64_t previous);
+
+/* I/O thread: work out a key's room again. With fresh_share the key gets
+ * a new share of what is left (once per totals interval); without, its mark
+ * can only come down. */
+void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
+                         bool fresh_share);
+
+/* The counts of an entry, summed over its stripes. */
+uint64_t rl_synced_counted(const rl_synced_entry *e);
+
+/* I/O thread: drop keys idle for more than two of their periods, and free
+ * what earlier rebuilds retired. */
+void rl_synced_sweep(rl_synced *s, uint64_t loop_ms);
+
+#endif
