@@ -20,10 +20,10 @@ LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread
 # stand-in for its API: see tests/support/tsan/criterion/criterion.h.
 TEST_HARNESS ?= criterion
 ifeq ($(TEST_HARNESS),criterion)
-TEST_DEPS    = -lcriterion -lhiredis
+TEST_DEPS    = -lcriterion -lhiredis -luv -lnng
 HARNESS_SRC  =
 else
-TEST_DEPS    = -lhiredis
+TEST_DEPS    = -lhiredis -luv -lnng
 HARNESS_SRC  = tests/support/tsan/runner.c
 CFLAGS_ALL  += -Itests/support/tsan
 endif
@@ -34,7 +34,7 @@ AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
-             tests/support/test_agent.c \
+             tests/support/test_agent.c tests/support/test_aggregator.c \
              $(HARNESS_SRC)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c

@@ -1,0 +1,278 @@
+/*
+ * The synced path end to end: real agents, a real rl-aggregator process,
+ * real nng sockets on loopback, a real redis-server.
+ */
+#include "config.h"
+#include "test_agent.h"
+#include "test_aggregator.h"
+#include "test_env.h"
+#include "wire.h"
+
+#include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+static uint64_t uv_hrtime_us(void)
+{
+    return uv_hrtime() / 1000;
+}
+
+/* The sum of a key's window counts in Redis, all windows. */
+static long long redis_total(const char *prefix_value)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+static uint64_t redis_time_ms(void)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *r = test_redis_command(c, "TIME");
+    uint64_t ms = strtoull(r->element[0]->str, NULL, 10) * 1000
+                  + strtoull(r->element[1]->str, NULL, 10) / 1000;
+    freeReplyObject(r);
+    redisFree(c);
+    return ms;
+}
+
+static bool check_tenant(rl_agent *agent, const char *tenant)
+{
+    rl_attr a = {"tenant", tenant, strlen(tenant)};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
+    return d.allowed;
+}
+
+/* Waits until Redis holds want for the key, or fails after timeout. */
+static void expect_redis_total(const char *key, long long want,
+                               unsigned timeout_ms)
+{
+    uint64_t start = test_now_ms();
+    long long got;
+    while ((got = redis_total(key)) != want) {
+        cr_assert_lt(test_now_ms() - start, timeout_ms,
+                     "Redis holds %lld for %s, agents counted %lld", got, key,
+                     want);
+        test_sleep_ms(50);
+    }
+}
+
+/* --- Counts reach Redis, exactly, with the aggregator away for 5 s. ------ */
+
+struct steady {
+    rl_agent *agent;
+    const char *tenant;
+    atomic_bool stop;
+    atomic_long allowed;
+    atomic_long slowest_us;
+};
+
+static void *check_steadily(void *arg)
+{
+    struct steady *s = arg;
+    while (!atomic_load(&s->stop)) {
+        uint64_t start = uv_hrtime_us();
+        bool ok = check_tenant(s->agent, s->tenant);
+        long took = (long)(uv_hrtime_us() - start);
+        if (took > atomic_load(&s->slowest_us))
+            atomic_store(&s->slowest_us, took);
+        if (ok)
+            atomic_fetch_add(&s->allowed, 1);
+        test_sleep_ms(2);
+    }
+    return NULL;
+}
+
+Test(synced, aggregator_away_for_five_seconds_loses_no_count)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg,
+                          "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000000000, period: 1m, mode: synced}\n",
+                          200, NULL);
+    rl_config *cfg[3];
+    struct steady s[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        s[i] = (struct steady){.agent = test_synced_agent(&agg, &cfg[i]),
+                               .tenant = "org_away"};
+        pthread_create(&t[i], NULL, check_steadily, &s[i]);
+    }
+    test_sleep_ms(1000);
+    test_aggregator_kill(&agg);
+    test_sleep_ms(5000);
+    test_aggregator_start(&agg, NULL, 200, &agg);
+    test_sleep_ms(1000);
+    long allowed = 0, slowest = 0;
+    for (int i = 0; i < 3; i++) {
+        atomic_store(&s[i].stop, true);
+        pthread_join(t[i], NULL);
+        allowed += atomic_load(&s[i].allowed);
+        if (atomic_load(&s[i].slowest_us) > slowest)
+            slowest = atomic_load(&s[i].slowest_us);
+    }
+    cr_assert_gt(allowed, 1000);
+    /* The hot path has no network call: the aggregator's absence does not
+     * show in how long a check takes. */
+    cr_assert_lt(slowest, 50000, "a synced check took %ld us", slowest);
+    expect_redis_total("rl:tenant:org_away", allowed, 5000);
+    for (int i = 0; i < 3; i++) {
+        rl_agent_close(s[i].agent);
+        rl_config_free(cfg[i]);
+    }
+    test_aggregator_stop(&agg);
+}
+
+/* --- Raw reports, as a buggy or hostile peer could send them. ----------- */
+
+static nng_socket dial_reports(const test_aggregator *agg)
+{
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    cr_assert_eq(nng_dial(s, agg->reports, NULL, 0), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    return s;
+}
+
+/* Sends bytes as a request; returns the decoded ack, or type 0 if none
+ * came within the timeout. */
+static rl_wire_msg request(nng_socket s, const void *data, size_t len,
+                           int timeout_ms)
+{
+    rl_wire_msg m = {0};
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
+    cr_assert_eq(nng_send(s, (void *)data, len, 0), 0);
+    char *buf;
+    size_t size;
+    if (nng_recv(s, &buf, &size, NNG_FLAG_ALLOC) != 0)
+        return m;
+    const char *why;
+    cr_assert_eq(rl_wire_decode(buf, size, &m, &why), 0, "bad ack: %s", why);
+    nng_free(buf, size);
+    return m;
+}
+
+static rl_wire_msg report(nng_socket s, const char *agent, uint64_t seq,
+                          const char *rule, const char *value, uint64_t n)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, agent, seq, 1);
+    rl_wire_put_count(w, rule, value, strlen(value), n);
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    rl_wire_msg ack = request(s, data, len, 3000);
+    rl_wire_writer_free(w);
+    return ack;
+}
+
+static const char tenant_rule[] =
+    "  - {name: per-tenant, match: tenant, limit: 1000, period: 10s, "
+    "mode: synced}\n";
+
+Test(synced, a_resent_report_is_counted_once)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    nng_socket s = dial_reports(&agg);
+    rl_wire_msg ack = report(s, "resender", 1, "per-tenant", "org_resent", 7);
+    cr_assert_eq(ack.type, RL_WIRE_ACK, "no ack");
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.entries[0].current, 7);
+    rl_wire_msg_free(&ack);
+    /* The ack was "lost": the agent sends the same report again. */
+    ack = report(s, "resender", 1, "per-tenant", "org_resent", 7);
+    cr_assert_eq(ack.status, RL_ACK_DUPLICATE);
+    cr_assert_eq(ack.entries[0].current, 7, "counted twice");
+    rl_wire_msg_free(&ack);
+    ack = report(s, "resender", 2, "per-tenant", "org_resent", 3);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.entries[0].current, 10);
+    rl_wire_msg_free(&ack);
+    cr_assert_eq(redis_total("rl:tenant:org_resent"), 10);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+}
+
+Test(synced, windows_are_numbered_by_redis_clock)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    nng_socket s = dial_reports(&agg);
+    uint64_t before = redis_time_ms() / 10000;
+    rl_wire_msg ack = report(s, "clock", 1, "per-tenant", "org_clock", 1);
+    uint64_t after = redis_time_ms() / 10000;
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert(ack.entries[0].window >= before && ack.entries[0].window <= after,
+              "window %llu, Redis says %llu..%llu",
+              (unsigned long long)ack.entries[0].window,
+              (unsigned long long)before, (unsigned long long)after);
+    rl_wire_msg_free(&ack);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+}
+
+Test(synced, bad_input_does_not_stop_the_aggregator)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    nng_socket s = dial_reports(&agg);
+    static const unsigned char garbage[] = {0xde, 0xad, 0xbe, 0xef};
+    static const unsigned char version[] = {0x95, 0x07, 0x01, 0xa1, 'a',
+                                            0x01, 0x90};
+    static const unsigned char bomb[] = {0x95, 0x01, 0x01, 0xa1, 'a', 0x01,
+                                         0xdd, 0xff, 0xff, 0xff, 0xff};
+    const struct { const void *p; size_t n; } bad[] = {
+        {garbage, sizeof garbage}, {version, sizeof version},
+        {bomb, sizeof bomb}};
+    for (size_t i = 0; i < 3; i++) {
+        rl_wire_msg m = request(s, bad[i].p, bad[i].n, 300);
+        cr_assert_eq(m.type, 0, "bad message %zu was answered", i);
+    }
+    /* A count over 2^53, a value over 256 bytes, an unknown rule. */
+    rl_wire_msg m = report(s, "bad", 1, "no-such-rule", "x", 1);
+    cr_assert_eq(m.type, 0);
+    char long_value[300];
+    memset(long_value, 'v', sizeof long_value - 1);
+    long_value[sizeof long_value - 1] = '\0';
+    m = report(s, "bad", 2, "per-tenant", long_value, 1);
+    cr_assert_eq(m.type, 0);
+    m = report(s, "bad", 3, "per-tenant", "x", 1ULL << 60);
+    cr_assert_eq(m.type, 0);
+    /* A message over the 4 MiB cap is cut off by the socket. */
+    size_t huge = RL_WIRE_MESSAGE_MAX + 16;
+    char *big = calloc(1, huge);
+    m = request(s, big, huge, 300);
+    free(big);
+    cr_assert_eq(m.type, 0);
+    nng_close(s);
+
+    /* Still serving the good agents. */
+    s = dial_reports(&agg);
+    rl_wire_msg ack = report(s, "good", 1, "per-tenant", "org_good", 5);
+    cr_assert_eq(ack.type, RL_WIRE_ACK, "the aggregator stopped serving");
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    rl_wire_msg_free(&ack);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+    char cmd[700], out[8192];
+    snprintf(cmd, sizeof cmd, "grep -c report_rejected %s", agg.log);
+    test_run(cmd, out, sizeof out);
+    cr_assert_geq(atoi(out), 4, "rejections were not logged");
+}

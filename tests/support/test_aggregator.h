@@ -1,0 +1,38 @@
+/*
+ * test_aggregator.h: a real rl-aggregator process for tests, on free
+ * loopback ports, with a config written for it, and agents that talk to it.
+ */
+#ifndef RL_TEST_AGGREGATOR_H
+#define RL_TEST_AGGREGATOR_H
+
+#include "rl.h"
+
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct test_aggregator {
+    pid_t pid;
+    char config[512];    /* path of its config */
+    char reports[64];    /* tcp://127.0.0.1:PORT */
+    char totals[64];
+    char log[600];       /* its stderr */
+} test_aggregator;
+
+/* test_aggregator_start writes a config (store: RL_TEST_REDIS, the given
+ * rules, sync_interval_ms) and starts rl-aggregator on it. With reuse_from,
+ * it listens on the same ports as that one did (a restart). */
+void test_aggregator_start(test_aggregator *agg, const char *rules_yaml,
+                           unsigned sync_interval_ms,
+                           const test_aggregator *reuse_from);
+
+/* SIGTERM and wait: the aggregator's clean exit (status 0 asserted). */
+void test_aggregator_stop(test_aggregator *agg);
+
+/* SIGKILL, as a crash. */
+void test_aggregator_kill(test_aggregator *agg);
+
+/* An agent on the same config as agg (the rules and its URLs). The caller
+ * closes it with rl_agent_close and frees *config. */
+rl_agent *test_synced_agent(const test_aggregator *agg, rl_config **config);
+
+#endif
