@@ -280,7 +280,12 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     uint64_t period = r->period_ms;
     roll_to(e, now / period);
     uint64_t into = now % period;
-    double weight = (double)(period - into) / (double)period;
+    /* A share is spent over the interval until the next totals: weigh the
+     * previous window as it will stand at the end of that interval, or the
+     * room it frees meanwhile would come one interval late, every time. */
+    uint64_t ahead = into + s->config->aggregator.sync_interval_ms;
+    double weight = ahead >= period ? 0.0
+                                    : (double)(period - ahead) / (double)period;
     double used = (double)e->previous * weight + (double)e->current
                   + (double)(counted - e->acked);
     double room = (double)r->limit - used;

@@ -276,3 +276,109 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
     test_run(cmd, out, sizeof out);
     cr_assert_geq(atoi(out), 4, "rejections were not logged");
 }
+
+/* --- Ten agents, one tenant, twice the limit, three windows. ------------- */
+
+#define FLEET 10
+#define LIMIT 1000
+#define PERIOD_MS 10000
+#define WINDOWS 3
+
+/* Requests spread evenly over the agents, at twice the limit: 2,000 per
+ * 10 s, one every 5 ms. Each admission is counted in the window Redis's
+ * clock puts it in. */
+static void run_fleet(rl_agent **agents, uint64_t first_window,
+                      long admitted[WINDOWS], long offered[WINDOWS])
+{
+    uint64_t redis_at_start = redis_time_ms();
+    uint64_t mono_at_start = test_now_ms();
+    for (long i = 0;; i++) {
+        uint64_t now = redis_at_start + (test_now_ms() - mono_at_start);
+        uint64_t w = now / PERIOD_MS;
+        if (w >= first_window + WINDOWS)
+            break;
+        bool ok = check_tenant(agents[i % FLEET], "org_fleet");
+        if (w >= first_window) {
+            offered[w - first_window]++;
+            admitted[w - first_window] += ok;
+        }
+        /* Keep to one request per 5 ms on average. */
+        uint64_t due = mono_at_start + (uint64_t)(i + 1) * 5;
+        uint64_t at = test_now_ms();
+        if (due > at)
+            test_sleep_ms((unsigned)(due - at));
+    }
+}
+
+Test(synced, ten_agents_stay_within_the_bound, .timeout = 120)
+{
+    test_aggregator agg;
+    char rule[160];
+    snprintf(rule, sizeof rule, "  - {name: per-tenant, match: tenant, "
+             "limit: %d, period: %dms, mode: synced}\n", LIMIT, PERIOD_MS);
+    test_aggregator_start(&agg, rule, 1000, NULL);
+    rl_agent *agents[FLEET];
+    rl_config *cfgs[FLEET];
+    for (int i = 0; i < FLEET; i++)
+        agents[i] = test_synced_agent(&agg, &cfgs[i]);
+    /* Warm up for a window, so that the windows measured have a previous
+     * one (the steady state), then measure three whole windows. */
+    uint64_t first = redis_time_ms() / PERIOD_MS + 2;
+    long admitted[WINDOWS] = {0}, offered[WINDOWS] = {0};
+    run_fleet(agents, first, admitted, offered);
+    /* The stated worst case (README): 2 x (limit + agents). The seed's
+     * baseline, every gateway counting alone: 10 x limit. */
+    long bound = 2 * (LIMIT + FLEET);
+    for (int w = 0; w < WINDOWS; w++) {
+        fprintf(stderr, "synced fleet: window %d: offered %ld, admitted %ld "
+                "(limit %d, 90%% floor %d, stated bound %ld, seed baseline "
+                "%d)\n", w, offered[w], admitted[w], LIMIT, LIMIT * 9 / 10,
+                bound, FLEET * LIMIT);
+        cr_expect_geq(admitted[w], LIMIT * 9 / 10);
+        cr_expect_leq(admitted[w], bound);
+    }
+    for (int i = 0; i < FLEET; i++) {
+        rl_agent_close(agents[i]);
+        rl_config_free(cfgs[i]);
+    }
+    test_aggregator_stop(&agg);
+}
+
+/* --- Two aggregators on one Redis: the same totals as one. --------------- */
+
+Test(synced, two_aggregators_share_one_redis)
+{
+    static const char rule[] =
+        "  - {name: per-tenant, match: tenant, limit: 1000000000, "
+        "period: 1m, mode: synced}\n";
+    test_aggregator one, two;
+    test_aggregator_start(&one, rule, 200, NULL);
+    test_aggregator_start(&two, rule, 200, NULL);
+    rl_config *cfg[2];
+    rl_agent *a = test_synced_agent(&one, &cfg[0]);
+    rl_agent *b = test_synced_agent(&two, &cfg[1]);
+    long counted = 0;
+    for (int i = 0; i < 300; i++) {
+        counted += check_tenant(a, "org_two");
+        counted += check_tenant(b, "org_two");
+    }
+    cr_assert_eq(counted, 600);
+    expect_redis_total("rl:tenant:org_two", 600, 5000);
+    /* Either aggregator answers with the fleet's total. */
+    for (int k = 0; k < 2; k++) {
+        nng_socket s = dial_reports(k == 0 ? &one : &two);
+        rl_wire_msg ack = report(s, k == 0 ? "probe-1" : "probe-2", 1,
+                                 "per-tenant", "org_two", 1);
+        cr_assert_eq(ack.status, RL_ACK_APPLIED);
+        cr_assert_eq(ack.entries[0].current + ack.entries[0].previous,
+                     600 + (uint64_t)k + 1);
+        rl_wire_msg_free(&ack);
+        nng_close(s);
+    }
+    rl_agent_close(a);
+    rl_agent_close(b);
+    rl_config_free(cfg[0]);
+    rl_config_free(cfg[1]);
+    test_aggregator_stop(&one);
+    test_aggregator_stop(&two);
+}
