@@ -51,6 +51,7 @@ EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
+BENCH_SYNCED = $(BUILD)/bench/bench-synced
 
 .PHONY: all deps test asan tsan bench fuzz clean
 .DEFAULT_GOAL := all
@@ -110,8 +111,13 @@ $(BENCH): $(call obj,tests/bench/bench_exact.c) $(LIB_A)
 
 # Benchmarks are not tests: they report figures (ratios against a ceiling
 # measured in the same run), they do not pass or fail on speed.
-bench: all $(BENCH) $(RUNNER)
+$(BENCH_SYNCED): $(call obj,tests/bench/bench_synced.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+bench: all $(BENCH) $(BENCH_SYNCED) $(RUNNER)
 	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
+	$(RUNNER) -- $(BENCH_SYNCED) $(AGG) | tee -a $(BUILD)/bench.md
 
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the

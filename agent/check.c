@@ -220,6 +220,42 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
         *out = req->decision;
 }
 
+/* Requests only synced rules apply to are decided right here, with the
+ * rule states on the stack: no allocation, no lock, no system call. */
+#define LOCAL_RULES_MAX 16
+
+static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
+                           uint32_t cost, rl_decision *out, int *rc)
+{
+    const rl_config *cfg = a->config;
+    rl_rule_state states[LOCAL_RULES_MAX];
+    const rl_attr *values[LOCAL_RULES_MAX];
+    int k = 0;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
+        if (attr == NULL)
+            continue;
+        if (cfg->rules[i].mode != RL_MODE_SYNCED || k == LOCAL_RULES_MAX)
+            return false;
+        if ((*rc = check_value(attr)) != RL_OK)
+            return true;
+        states[k] = (rl_rule_state){.rule = &cfg->rules[i]};
+        values[k++] = attr;
+    }
+    for (int i = 0; i < k; i++) {
+        bool degraded;
+        *rc = rl_synced_check(&a->synced, states[i].rule, values[i]->value,
+                              values[i]->value_len, cost, &states[i].reply,
+                              &degraded);
+        if (*rc != RL_OK)
+            return true;
+        states[i].outcome = degraded ? RL_OUTCOME_FAILED
+                                     : RL_OUTCOME_ANSWERED;
+    }
+    rl_decide(states, k, out);
+    return true;
+}
+
 /* Whether any rule still waits for Redis (synced ones are decided). */
 static bool needs_store(const rl_request *req)
 {
@@ -233,10 +269,21 @@ static bool needs_store(const rl_request *req)
 int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
              rl_decision *out)
 {
-    rl_request *req;
-    int rc = out != NULL ? begin(a, attrs, n, cost, &req) : RL_EINVAL;
+    if (out == NULL)
+        return RL_EINVAL;
+    int rc = enter(a, attrs, n, cost);
     if (rc != RL_OK)
         return rc;
+    if (decide_locally(a, attrs, n, cost, out, &rc)) {
+        leave(a);
+        return rc;
+    }
+    rl_request *req;
+    rc = build(a, attrs, n, cost, &req);
+    if (rc != RL_OK) {
+        leave(a);
+        return rc;
+    }
     if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;

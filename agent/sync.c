@@ -54,6 +54,7 @@ struct rl_sync {
     rl_wire_writer *pending;    /* the report waiting for its ack */
     reported *in_report;
     size_t n_in_report;
+    uint64_t refused_logged;    /* keys refused at the cap, as last logged */
     int open_handles;
 };
 
@@ -330,6 +331,13 @@ static void on_tick(uv_timer_t *t)
             send_pending(s);
     }
     rl_synced_sweep(s->synced, loop_ms);
+    uint64_t refused = atomic_load(&s->synced->keys_refused);
+    if (refused != s->refused_logged) {
+        rl_log(s->log, RL_LOG_WARN, "synced_keys_capped", "refused=%llu "
+               "max_keys=%zu", (unsigned long long)refused,
+               s->synced->max_keys);
+        s->refused_logged = refused;
+    }
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
 }
 
