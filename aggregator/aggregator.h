@@ -49,6 +49,15 @@ typedef struct rl_aggregator_stats {
 
 typedef struct rl_broadcast rl_broadcast;
 
+/* Peers whose bad reports were logged this interval: one line per peer per
+ * interval, however many they send. */
+#define RL_COMPLAINT_PEERS 64
+typedef struct rl_complaint {
+    char peer[160];
+    uint64_t interval;    /* when last logged */
+    uint64_t suppressed;  /* not logged since */
+} rl_complaint;
+
 struct rl_aggregator {
     rl_config *boot_config;        /* store and sockets settings */
     rl_config *config;             /* the rules, replaced on SIGHUP */
@@ -70,6 +79,8 @@ struct rl_aggregator {
     rl_aggregator_stats stats;
     bool stopping;
     int in_flight;                 /* reports waiting for Redis */
+    uint64_t interval;             /* publish count: the log limiter's clock */
+    rl_complaint complaints[RL_COMPLAINT_PEERS];
 };
 
 /* ingest.c */

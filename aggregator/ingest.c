@@ -59,14 +59,44 @@ static void peer_of(nng_msg *msg, char *buf, size_t cap)
     }
 }
 
-/* A refused report: counted, logged, dropped, and the worker listens
- * again. Logging once per peer per interval is the peer table's job. */
+/* Whether to log a complaint about peer now: once per peer per interval.
+ * The table is small; a new peer takes the slot logged longest ago. */
+static bool complain(rl_aggregator *agg, const char *peer, uint64_t *before)
+{
+    rl_complaint *slot = &agg->complaints[0];
+    for (int i = 0; i < RL_COMPLAINT_PEERS; i++) {
+        rl_complaint *c = &agg->complaints[i];
+        if (strcmp(c->peer, peer) == 0) {
+            slot = c;
+            break;
+        }
+        if (c->interval < slot->interval)
+            slot = c;
+    }
+    if (strcmp(slot->peer, peer) != 0) {
+        snprintf(slot->peer, sizeof slot->peer, "%s", peer);
+        slot->suppressed = 0;
+    } else if (slot->interval == agg->interval) {
+        slot->suppressed++;
+        return false;
+    }
+    *before = slot->suppressed;
+    slot->interval = agg->interval;
+    slot->suppressed = 0;
+    return true;
+}
+
+/* A refused report: counted, logged (at most once per peer per interval,
+ * with how many were not logged), dropped, and the worker listens again. */
 static void refuse(rl_ingest_worker *w, const char *why)
 {
     rl_aggregator *agg = w->agg;
+    uint64_t unlogged;
     agg->stats.reports_rejected++;
-    rl_log(&agg->log, RL_LOG_WARN, "report_rejected", "peer=%s reason=\"%s\"",
-           w->peer, why);
+    if (complain(agg, w->peer, &unlogged))
+        rl_log(&agg->log, RL_LOG_WARN, "report_rejected",
+               "peer=%s reason=\"%s\" unlogged_before=%llu", w->peer, why,
+               (unsigned long long)unlogged);
     rl_wire_msg_free(&w->report);
     nng_msg_free(w->msg);
     w->msg = NULL;

@@ -103,8 +103,10 @@ static void on_publish(uv_timer_t *t)
         shutdown_now(agg);
         return;
     }
-    if (!agg->stopping)
+    if (!agg->stopping) {
         rl_broadcast_publish(agg);
+        agg->interval++;
+    }
     uv_timer_start(t, on_publish,
                    agg->stopping ? 10 : until_next_publish(agg), 0);
 }
@@ -223,7 +225,8 @@ int main(int argc, char **argv)
         }
     }
     rl_aggregator agg = {.config_path = (char *)path,
-                         .log = {log_to_stderr, NULL, level}};
+                         .log = {log_to_stderr, NULL, level},
+                         .interval = 1};
     rl_error err;
     if (rl_config_load(path, &agg.boot_config, &err) != RL_OK) {
         fprintf(stderr, "rl-aggregator: %s\n", err.message);

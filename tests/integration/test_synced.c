@@ -169,17 +169,25 @@ static rl_wire_msg request(nng_socket s, const void *data, size_t len,
     return m;
 }
 
-static rl_wire_msg report(nng_socket s, const char *agent, uint64_t seq,
-                          const char *rule, const char *value, uint64_t n)
+static rl_wire_msg report_within(nng_socket s, const char *agent,
+                                 uint64_t seq, const char *rule,
+                                 const char *value, uint64_t n,
+                                 int timeout_ms)
 {
     rl_wire_writer *w = rl_wire_writer_new();
     rl_wire_begin_report(w, agent, seq, 1);
     rl_wire_put_count(w, rule, value, strlen(value), n);
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
-    rl_wire_msg ack = request(s, data, len, 3000);
+    rl_wire_msg ack = request(s, data, len, timeout_ms);
     rl_wire_writer_free(w);
     return ack;
+}
+
+static rl_wire_msg report(nng_socket s, const char *agent, uint64_t seq,
+                          const char *rule, const char *value, uint64_t n)
+{
+    return report_within(s, agent, seq, rule, value, n, 3000);
 }
 
 static const char tenant_rule[] =
@@ -246,14 +254,14 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
         cr_assert_eq(m.type, 0, "bad message %zu was answered", i);
     }
     /* A count over 2^53, a value over 256 bytes, an unknown rule. */
-    rl_wire_msg m = report(s, "bad", 1, "no-such-rule", "x", 1);
+    rl_wire_msg m = report_within(s, "bad", 1, "no-such-rule", "x", 1, 300);
     cr_assert_eq(m.type, 0);
     char long_value[300];
     memset(long_value, 'v', sizeof long_value - 1);
     long_value[sizeof long_value - 1] = '\0';
-    m = report(s, "bad", 2, "per-tenant", long_value, 1);
+    m = report_within(s, "bad", 2, "per-tenant", long_value, 1, 300);
     cr_assert_eq(m.type, 0);
-    m = report(s, "bad", 3, "per-tenant", "x", 1ULL << 60);
+    m = report_within(s, "bad", 3, "per-tenant", "x", 1ULL << 60, 300);
     cr_assert_eq(m.type, 0);
     /* A message over the 4 MiB cap is cut off by the socket. */
     size_t huge = RL_WIRE_MESSAGE_MAX + 16;
@@ -271,10 +279,17 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
     rl_wire_msg_free(&ack);
     nng_close(s);
     test_aggregator_stop(&agg);
+    /* Each was counted; one peer's flood is logged once per interval. */
     char cmd[700], out[8192];
-    snprintf(cmd, sizeof cmd, "grep -c report_rejected %s", agg.log);
+    snprintf(cmd, sizeof cmd, "grep -c 'report_rejected peer=127.0.0.1' %s",
+             agg.log);
     test_run(cmd, out, sizeof out);
-    cr_assert_geq(atoi(out), 4, "rejections were not logged");
+    cr_assert_geq(atoi(out), 1, "rejections were not logged");
+    cr_assert_leq(atoi(out), 3, "a flood was logged line by line");
+    snprintf(cmd, sizeof cmd, "grep -c 'event=stopped.* rejected=6$' %s",
+             agg.log);
+    test_run(cmd, out, sizeof out);
+    cr_assert_eq(atoi(out), 1, "six bad reports were not all counted");
 }
 
 /* --- Ten agents, one tenant, twice the limit, three windows. ------------- */
