@@ -325,7 +325,7 @@ static void run_fleet(rl_agent **agents, uint64_t first_window,
     }
 }
 
-Test(synced, ten_agents_stay_within_the_bound, .timeout = 120)
+Test(synced, ten_agents_stay_within_the_bound)
 {
     test_aggregator agg;
     char rule[160];
