@@ -10,8 +10,10 @@
 
 #include <hiredis/hiredis.h>
 #include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -198,6 +200,75 @@ static double incrby_rate(const char *addr)
     return rate;
 }
 
+#define LAG_SAMPLES 20
+
+/* Whether a TOTALS message holds value with a count. */
+static bool totals_hold(const char *buf, size_t len, const char *value)
+{
+    const char *nul = memchr(buf, '\0', len);
+    rl_wire_msg m;
+    const char *why;
+    if (nul == NULL || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - buf),
+                                      &m, &why) != 0)
+        return false;
+    bool found = false;
+    for (size_t i = 0; i < m.n_entries && !found; i++)
+        found = m.entries[i].value.len == strlen(value)
+                && memcmp(m.entries[i].value.ptr, value,
+                          m.entries[i].value.len) == 0
+                && m.entries[i].current > 0;
+    rl_wire_msg_free(&m);
+    return found;
+}
+
+/* From a count in one agent to the totals another agent hears (this
+ * program's SUB socket stands for the other agent). */
+static void sync_lag(const char *config, const char *totals_url)
+{
+    rl_config *cfg;
+    rl_error err;
+    rl_options o = {0};
+    if (rl_config_load(config, &cfg, &err) != RL_OK
+        || (o.config = cfg, rl_agent_open(&agent, &o, &err)) != RL_OK)
+        exit(1);
+    nng_socket sub;
+    nng_sub0_open(&sub);
+    nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, "per-tenant", 11);
+    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, 5000);
+    nng_dial(sub, totals_url, NULL, 0);
+    double lag[LAG_SAMPLES];
+    int n = 0;
+    for (int i = 0; i < LAG_SAMPLES; i++) {
+        char value[32];
+        snprintf(value, sizeof value, "lag_%d_%d", i, (int)getpid());
+        rl_attr a = {"tenant", value, strlen(value)};
+        rl_decision d;
+        double start = now_s();
+        rl_check(agent, &a, 1, 1, &d);
+        for (;;) {
+            char *buf;
+            size_t size;
+            if (nng_recv(sub, &buf, &size, NNG_FLAG_ALLOC) != 0)
+                break;
+            bool seen = totals_hold(buf, size, value);
+            nng_free(buf, size);
+            if (seen) {
+                lag[n++] = (now_s() - start) * 1000;
+                break;
+            }
+        }
+    }
+    nng_close(sub);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    qsort(lag, (size_t)n, sizeof lag[0], cmp);
+    printf("\n## Sync lag (%d samples, sync_interval_ms 1000)\n\n"
+           "| figure | p50 | p99 | unit |\n|---|---|---|---|\n"
+           "| a count in one agent to the totals another hears | %.0f | %.0f "
+           "| ms |\n", n, n ? lag[n / 2] : 0.0,
+           n ? lag[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] : 0.0);
+}
+
 int main(int argc, char **argv)
 {
     const char *addr = getenv("RL_TEST_REDIS");
@@ -230,6 +301,10 @@ int main(int argc, char **argv)
         ref[r] = incrby_rate(addr);
         ratio[r] = in[r] / ref[r];
     }
+    char totals_url[64];
+    snprintf(totals_url, sizeof totals_url, "tcp://127.0.0.1:%d",
+             40000 + getpid() % 20000);
+    sync_lag(config, totals_url);
     kill(agg, SIGTERM);
     waitpid(agg, NULL, 0);
     printf("\n## Aggregator ingest (%d reports of %d pairs, %d runs)\n\n"
