@@ -171,18 +171,15 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
         rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
     for (size_t i = 0; i < ack->n_entries; i++) {
         const rl_wire_entry *t = &ack->entries[i];
-        rl_wire_bytes name = t->rule;
-        for (size_t r = 0; r < s->config->n_rules; r++) {
-            const rl_rule *rule = &s->config->rules[r];
-            if (strlen(rule->name) != name.len
-                || memcmp(rule->name, name.ptr, name.len) != 0)
-                continue;
-            rl_synced_entry *e = rl_synced_find(s->synced, rule,
-                                                t->value.ptr, t->value.len);
-            if (e != NULL) {
-                rl_synced_note_totals(e, t->window, t->current, t->previous);
-                rl_synced_rebalance(s->synced, e, loop_ms, false);
-            }
+        const rl_rule *rule = rl_config_synced_rule(s->config, t->rule.ptr,
+                                                    t->rule.len);
+        rl_synced_entry *e = rule != NULL
+                                 ? rl_synced_find(s->synced, rule,
+                                                  t->value.ptr, t->value.len)
+                                 : NULL;
+        if (e != NULL) {
+            rl_synced_note_totals(e, t->window, t->current, t->previous);
+            rl_synced_rebalance(s->synced, e, loop_ms, false);
         }
     }
 }
@@ -228,17 +225,6 @@ static void req_finished(rl_sync *s, int result)
     s->state = REQ_IDLE;
 }
 
-static const rl_rule *rule_named(const rl_sync *s, rl_wire_bytes name)
-{
-    for (size_t r = 0; r < s->config->n_rules; r++) {
-        const rl_rule *rule = &s->config->rules[r];
-        if (rule->mode == RL_MODE_SYNCED && strlen(rule->name) == name.len
-            && memcmp(rule->name, name.ptr, name.len) == 0)
-            return rule;
-    }
-    return NULL;
-}
-
 static void on_totals(rl_sync *s, nng_msg *m)
 {
     const char *body = nng_msg_body(m);
@@ -253,7 +239,8 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
         return;
     }
-    const rl_rule *rule = rule_named(s, t.rule);
+    const rl_rule *rule = rl_config_synced_rule(s->config, t.rule.ptr,
+                                                t.rule.len);
     uint64_t loop_ms = now_ms(s);
     if (rule != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);

@@ -49,13 +49,7 @@ static void log_to_stderr(rl_log_level level, const char *line, void *arg)
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
                                   rl_wire_bytes name)
 {
-    for (size_t i = 0; i < agg->config->n_rules; i++) {
-        const rl_rule *r = &agg->config->rules[i];
-        if (r->mode == RL_MODE_SYNCED && strlen(r->name) == name.len
-            && memcmp(r->name, name.ptr, name.len) == 0)
-            return r;
-    }
-    return NULL;
+    return rl_config_synced_rule(agg->config, name.ptr, name.len);
 }
 
 static void on_wakeup(uv_async_t *h)

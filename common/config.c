@@ -73,6 +73,18 @@ static int bad(struct loader *ld, const char *path, const char *fmt, ...)
                         shown, rule, what);
 }
 
+const rl_rule *rl_config_synced_rule(const rl_config *cfg, const char *name,
+                                     size_t len)
+{
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_rule *r = &cfg->rules[i];
+        if (r->mode == RL_MODE_SYNCED && strlen(r->name) == len
+            && memcmp(r->name, name, len) == 0)
+            return r;
+    }
+    return NULL;
+}
+
 static int out_of_memory(struct loader *ld)
 {
     return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);

@@ -76,6 +76,11 @@ struct rl_config {
     size_t n_rules;
 };
 
+/* rl_config_synced_rule finds the synced rule named by len bytes (a name
+ * off the wire, not NUL-terminated), or NULL. */
+const rl_rule *rl_config_synced_rule(const rl_config *cfg, const char *name,
+                                     size_t len);
+
 /* The config's words for its enums, for messages and listings. */
 const char *rl_mode_name(rl_mode mode);
 const char *rl_algorithm_name(rl_algorithm algorithm);
