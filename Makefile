@@ -141,7 +141,7 @@ asan:
 	    test
 
 tsan:
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" \
 	$(MAKE) BUILD=build/tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    TEST_HARNESS=tsan-runner test
 

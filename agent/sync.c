@@ -15,6 +15,7 @@
  */
 #include "sync.h"
 
+#include "nng_handoff.h"
 #include "wire.h"
 
 #include <nng/nng.h>
@@ -67,19 +68,22 @@ static uint64_t now_ms(const rl_sync *s)
 static void on_req(void *arg)
 {
     rl_sync *s = arg;
+    rl_nng_handoff();
     pthread_mutex_lock(&s->lock);
     s->req_done = true;
     s->req_result = nng_aio_result(s->req_aio);
     if (!s->closing)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
+    rl_nng_handoff();
 }
 
 static void on_sub(void *arg)
 {
     rl_sync *s = arg;
-    int rv = nng_aio_result(s->sub_aio);
+    rl_nng_handoff();
     pthread_mutex_lock(&s->lock);
+    int rv = nng_aio_result(s->sub_aio);
     if (rv == 0) {
         nng_msg *m = nng_aio_get_msg(s->sub_aio);
         if (s->n_totals == s->cap_totals) {
@@ -101,8 +105,11 @@ static void on_sub(void *arg)
     if (!s->closing)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
-    if (again)
+    if (again) {
+        rl_nng_handoff();
         nng_recv_aio(s->sub, s->sub_aio);
+    }
+    rl_nng_handoff();
 }
 
 /* Builds the next report from what was counted since the last. */
@@ -153,6 +160,7 @@ static void send_pending(rl_sync *s)
     nng_aio_set_msg(s->req_aio, m);
     nng_aio_set_timeout(s->req_aio, 2 * s->config->aggregator.sync_interval_ms);
     s->state = REQ_SENDING;
+    rl_nng_handoff();
     nng_send_aio(s->req, s->req_aio);
 }
 
@@ -209,6 +217,7 @@ static void req_finished(rl_sync *s, int result)
 {
     if (s->state == REQ_SENDING && result == 0) {
         s->state = REQ_WAITING;
+        rl_nng_handoff();
         nng_recv_aio(s->req, s->req_aio);
         return;
     }
@@ -356,7 +365,6 @@ static int open_sockets(rl_sync *s, rl_error *err)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator "
                             "(%s, %s): %s", agg->reports, agg->totals,
                             nng_strerror(rv));
-    nng_recv_aio(s->sub, s->sub_aio);
     return RL_OK;
 }
 
@@ -396,6 +404,10 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     s->wakeup.data = s->tick.data = s;
     s->open_handles = 2;
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
+    /* Only now: a receive that completes wakes the loop through s->wakeup,
+     * which exists from here on. */
+    rl_nng_handoff();
+    nng_recv_aio(s->sub, s->sub_aio);
 }
 
 static void handle_closed(uv_handle_t *h)
@@ -412,6 +424,7 @@ void rl_sync_stop(rl_sync *s)
     pthread_mutex_unlock(&s->lock);
     nng_aio_stop(s->req_aio);
     nng_aio_stop(s->sub_aio);
+    rl_nng_handoff();
     uv_close((uv_handle_t *)&s->wakeup, handle_closed);
     uv_close((uv_handle_t *)&s->tick, handle_closed);
 }
