@@ -59,6 +59,24 @@ static void io_thread(void *arg)
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 
+static atomic_uint forks;
+static pthread_once_t forks_once = PTHREAD_ONCE_INIT;
+
+static void forked(void)
+{
+    atomic_fetch_add(&forks, 1);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, forked);
+}
+
+unsigned rl_forks(void)
+{
+    return atomic_load_explicit(&forks, memory_order_relaxed);
+}
+
 int rl_agent_submit(rl_agent *a, rl_request *req)
 {
     req->next = NULL;
@@ -160,7 +178,8 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     a->log = (rl_logger){.fn = o->log, .arg = o->log_arg,
                          .level = o->log_level};
-    a->pid = getpid();
+    pthread_once(&forks_once, watch_forks);
+    a->forks = rl_forks();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
     rl_error local = {0};
@@ -187,7 +206,7 @@ void rl_agent_shutdown(rl_agent *a)
     if (a == NULL || atomic_exchange(&a->closing, true))
         return;
     pthread_mutex_lock(&a->queue_lock);
-    if (!a->queue_closed && a->pid == getpid())
+    if (!a->queue_closed && a->forks == rl_forks())
         uv_async_send(&a->wakeup);
     pthread_mutex_unlock(&a->queue_lock);
 }
@@ -196,7 +215,7 @@ void rl_agent_close(rl_agent *a)
 {
     if (a == NULL)
         return;
-    if (a->pid != getpid()) {
+    if (a->forks != rl_forks()) {
         /* A forked child: the I/O thread and its loop live in the parent.
          * Free what is ours; the loop's copies of descriptors are left to
          * the child's exit. */

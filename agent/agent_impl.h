@@ -73,7 +73,7 @@ struct rl_agent {
     rl_store_config store_config; /* the config's, with overrides */
     rl_bucket_args *args;         /* one per rule, by rule index */
     rl_logger log;
-    pid_t pid;                    /* the process that opened it */
+    unsigned forks;               /* rl_forks() when it was opened */
 
     /* Submission queue: gateway threads -> I/O thread. */
     pthread_mutex_t queue_lock;
@@ -95,6 +95,11 @@ struct rl_agent {
     rl_synced synced;
     rl_sync *sync;
 };
+
+/* agent.c: how many times this process is a fork()ed child of the one
+ * before; an agent opened at another count belongs to another process.
+ * A plain load: no system call on the hot path (getpid() is one). */
+unsigned rl_forks(void);
 
 /* exact.c: the I/O thread's side of a check. */
 void rl_exact_start(rl_agent *agent, rl_request *req);

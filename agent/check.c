@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 /* How long past the deadline a caller waits for the I/O thread before it
  * decides alone. The I/O thread's own timer normally fires first. */
@@ -159,7 +158,7 @@ static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
 {
     if (a == NULL)
         return RL_EINVAL;
-    if (a->pid != getpid())
+    if (a->forks != rl_forks())
         return RL_EFORKED;
     int rc = validate(attrs, n, cost);
     if (rc != RL_OK)
