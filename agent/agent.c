@@ -211,6 +211,14 @@ void rl_agent_shutdown(rl_agent *a)
     pthread_mutex_unlock(&a->queue_lock);
 }
 
+static uint64_t active_calls(rl_agent *a)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < RL_SYNCED_STRIPES; i++)
+        n += atomic_load(&a->active_calls[i].n);
+    return n;
+}
+
 void rl_agent_close(rl_agent *a)
 {
     if (a == NULL)
@@ -224,7 +232,7 @@ void rl_agent_close(rl_agent *a)
     }
     rl_agent_shutdown(a);
     /* Callers still inside rl_check* return promptly once shut down. */
-    while (atomic_load(&a->active_calls) > 0)
+    while (active_calls(a) > 0)
         usleep(1000);
     uv_thread_join(&a->thread);
     uv_loop_close(&a->loop);

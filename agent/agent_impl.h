@@ -80,7 +80,9 @@ struct rl_agent {
     rl_request *queue_head, **queue_tail;
     bool queue_closed;            /* under queue_lock */
     atomic_bool closing;
-    atomic_int active_calls;      /* callers inside rl_check* */
+    /* Callers inside rl_check*, counted on the caller's stripe so that
+     * threads do not share one cache line for it. */
+    rl_stripe active_calls[RL_SYNCED_STRIPES];
 
     /* I/O thread. */
     uv_thread_t thread;

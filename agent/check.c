@@ -163,9 +163,9 @@ static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
     int rc = validate(attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    atomic_fetch_add(&a->active_calls, 1);
+    atomic_fetch_add(&a->active_calls[rl_my_stripe()].n, 1);
     if (atomic_load(&a->closing)) {
-        atomic_fetch_sub(&a->active_calls, 1);
+        atomic_fetch_sub(&a->active_calls[rl_my_stripe()].n, 1);
         return RL_ECLOSED;
     }
     return RL_OK;
@@ -173,7 +173,7 @@ static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
 
 static void leave(rl_agent *a)
 {
-    atomic_fetch_sub(&a->active_calls, 1);
+    atomic_fetch_sub(&a->active_calls[rl_my_stripe()].n, 1);
 }
 
 /* Validates the call and builds its request (NULL when no rule applies).

@@ -179,8 +179,7 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     return e;
 }
 
-/* Each thread counts on its own stripe, picked once. */
-static unsigned my_stripe(void)
+unsigned rl_my_stripe(void)
 {
     static atomic_uint next;
     static _Thread_local unsigned stripe = ~0u;
@@ -216,7 +215,7 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
         out->retry_ms = (int64_t)(retry > 0 ? retry : 1);
         return RL_OK;
     }
-    atomic_fetch_add_explicit(&e->stripes[my_stripe()].n, cost,
+    atomic_fetch_add_explicit(&e->stripes[rl_my_stripe()].n, cost,
                               memory_order_relaxed);
     uint64_t room = atomic_load_explicit(&e->room, memory_order_relaxed);
     uint64_t since = counted + cost

@@ -24,6 +24,9 @@ typedef struct rl_stripe {
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t n;
 } rl_stripe;
 
+/* The stripe the calling thread counts on, picked once per thread. */
+unsigned rl_my_stripe(void);
+
 /* One (rule, value): local counts, and the room the I/O thread last worked
  * out for it. */
 typedef struct rl_synced_entry {
