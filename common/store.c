@@ -63,6 +63,7 @@ struct rl_store {
     call *waiting, **waiting_tail;
     size_t in_flight;        /* calls sent, not yet answered */
     uint64_t last_progress;  /* ms of the last reply, or of going busy */
+    uint64_t loading_since;  /* ms the handshake or a reload began */
     uint32_t backoff_ms;
     uv_timer_t retry_timer;  /* reconnect after backoff; connect timeout */
     uv_timer_t watchdog;     /* a connection that stopped answering */
@@ -187,6 +188,7 @@ static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
 static void load_scripts(rl_store *s)
 {
     s->state = LOADING;
+    s->loading_since = now_ms(s);
     if (s->use_functions) {
         s->loads_pending = 1;
         redisAsyncCommand(s->ac, on_load_reply, (void *)0,
@@ -279,6 +281,7 @@ static void on_connect(const redisAsyncContext *cac, int status)
         return;
     }
     s->state = LOADING;
+    s->loading_since = now_ms(s);
     const rl_store_config *cfg = s->cfg;
     if (cfg->password != NULL && cfg->username != NULL)
         redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s %s",
@@ -466,6 +469,12 @@ static void watchdog_fired(uv_timer_t *t)
         && now_ms(s) - s->last_progress > stall_limit_ms(s))
         drop_connection(s, "store_stalled", "no reply within the stall "
                         "limit");
+    /* A server that accepts the connection but does not answer (stopped,
+     * swapping) must not hold the calls waiting for it forever. */
+    if (s->state == LOADING
+        && now_ms(s) - s->loading_since > stall_limit_ms(s))
+        drop_connection(s, "store_stalled", "no answer to the handshake "
+                        "within the stall limit");
 }
 
 rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,

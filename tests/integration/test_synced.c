@@ -3,6 +3,7 @@
  * real nng sockets on loopback, a real redis-server.
  */
 #include "config.h"
+#include "redis_server.h"
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
@@ -15,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <uv.h>
 
@@ -102,7 +104,7 @@ static void *check_steadily(void *arg)
 Test(synced, aggregator_away_for_five_seconds_loses_no_count)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg,
+    test_aggregator_start(&agg, NULL,
                           "  - {name: per-tenant, match: tenant, "
                           "limit: 1000000000, period: 1m, mode: synced}\n",
                           200, NULL);
@@ -117,7 +119,7 @@ Test(synced, aggregator_away_for_five_seconds_loses_no_count)
     test_sleep_ms(1000);
     test_aggregator_kill(&agg);
     test_sleep_ms(5000);
-    test_aggregator_start(&agg, NULL, 200, &agg);
+    test_aggregator_start(&agg, NULL, NULL, 200, &agg);
     test_sleep_ms(1000);
     long allowed = 0, slowest = 0;
     for (int i = 0; i < 3; i++) {
@@ -197,7 +199,7 @@ static const char tenant_rule[] =
 Test(synced, a_resent_report_is_counted_once)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
     nng_socket s = dial_reports(&agg);
     rl_wire_msg ack = report(s, "resender", 1, "per-tenant", "org_resent", 7);
     cr_assert_eq(ack.type, RL_WIRE_ACK, "no ack");
@@ -221,7 +223,7 @@ Test(synced, a_resent_report_is_counted_once)
 Test(synced, windows_are_numbered_by_redis_clock)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
     nng_socket s = dial_reports(&agg);
     uint64_t before = redis_time_ms() / 10000;
     rl_wire_msg ack = report(s, "clock", 1, "per-tenant", "org_clock", 1);
@@ -239,7 +241,7 @@ Test(synced, windows_are_numbered_by_redis_clock)
 Test(synced, bad_input_does_not_stop_the_aggregator)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, tenant_rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
     nng_socket s = dial_reports(&agg);
     static const unsigned char garbage[] = {0xde, 0xad, 0xbe, 0xef};
     static const unsigned char version[] = {0x95, 0x07, 0x01, 0xa1, 'a',
@@ -331,7 +333,7 @@ Test(synced, ten_agents_stay_within_the_bound)
     char rule[160];
     snprintf(rule, sizeof rule, "  - {name: per-tenant, match: tenant, "
              "limit: %d, period: %dms, mode: synced}\n", LIMIT, PERIOD_MS);
-    test_aggregator_start(&agg, rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, rule, 1000, NULL);
     rl_agent *agents[FLEET];
     rl_config *cfgs[FLEET];
     for (int i = 0; i < FLEET; i++)
@@ -367,8 +369,8 @@ Test(synced, two_aggregators_share_one_redis)
         "  - {name: per-tenant, match: tenant, limit: 1000000000, "
         "period: 1m, mode: synced}\n";
     test_aggregator one, two;
-    test_aggregator_start(&one, rule, 200, NULL);
-    test_aggregator_start(&two, rule, 200, NULL);
+    test_aggregator_start(&one, NULL, rule, 200, NULL);
+    test_aggregator_start(&two, NULL, rule, 200, NULL);
     rl_config *cfg[2];
     rl_agent *a = test_synced_agent(&one, &cfg[0]);
     rl_agent *b = test_synced_agent(&two, &cfg[1]);
@@ -396,4 +398,110 @@ Test(synced, two_aggregators_share_one_redis)
     rl_config_free(cfg[1]);
     test_aggregator_stop(&one);
     test_aggregator_stop(&two);
+}
+
+/* --- Redis stops answering behind the aggregator: nothing is lost. ------- */
+
+static long long total_at(const char *addr, const char *prefix_value)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+Test(synced, redis_stopped_behind_the_aggregator_loses_no_count)
+{
+    test_redis srv;
+    char err[512], addr[64];
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), NULL, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    test_aggregator agg;
+    test_aggregator_start(&agg, addr,
+                          "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000000000, period: 1m, mode: synced}\n",
+                          200, NULL);
+    rl_config *cfg;
+    struct steady s = {.agent = test_synced_agent(&agg, &cfg),
+                       .tenant = "org_stall"};
+    pthread_t t;
+    pthread_create(&t, NULL, check_steadily, &s);
+    test_sleep_ms(800);
+    /* A stopped server keeps its connections open and answers nothing. */
+    kill(srv.pid, SIGSTOP);
+    test_sleep_ms(3000);
+    kill(srv.pid, SIGCONT);
+    test_sleep_ms(800);
+    atomic_store(&s.stop, true);
+    pthread_join(t, NULL);
+    long allowed = atomic_load(&s.allowed);
+    cr_assert_lt(atomic_load(&s.slowest_us), 50000, "a check waited");
+    uint64_t start = test_now_ms();
+    while (total_at(addr, "rl:tenant:org_stall") != allowed) {
+        cr_assert_lt(test_now_ms() - start, 10000, "Redis holds %lld, the "
+                     "agent counted %ld", total_at(addr, "rl:tenant:org_stall"),
+                     allowed);
+        test_sleep_ms(100);
+    }
+    rl_agent_close(s.agent);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+    test_redis_stop(&srv);
+}
+
+/* --- SIGHUP: a good config is taken, a bad one is not. ------------------- */
+
+static void rewrite(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(synced, sighup_reloads_rules_and_keeps_them_when_the_file_is_bad)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    nng_socket s = dial_reports(&agg);
+    rl_wire_msg m = report_within(s, "hup", 1, "per-region", "eu", 1, 300);
+    cr_assert_eq(m.type, 0, "a rule the config does not have was taken");
+
+    char text[1024];
+    snprintf(text, sizeof text,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator: {reports: \"%s\", totals: \"%s\"}\n"
+             "rules:\n%s"
+             "  - {name: per-region, match: region, limit: 5, period: 1m, "
+             "mode: synced}\n",
+             test_env("RL_TEST_REDIS"), agg.reports, agg.totals, tenant_rule);
+    rewrite(agg.config, text);
+    kill(agg.pid, SIGHUP);
+    test_sleep_ms(300);
+    m = report(s, "hup", 2, "per-region", "eu", 1);
+    cr_assert_eq(m.type, RL_WIRE_ACK, "the new rule was not taken");
+    cr_assert_eq(m.status, RL_ACK_APPLIED);
+    rl_wire_msg_free(&m);
+
+    rewrite(agg.config, "rules: [\n");
+    kill(agg.pid, SIGHUP);
+    test_sleep_ms(300);
+    m = report(s, "hup", 3, "per-region", "eu", 1);
+    cr_assert_eq(m.type, RL_WIRE_ACK, "a bad file replaced the rules");
+    rl_wire_msg_free(&m);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+    char cmd[700], out[4096];
+    snprintf(cmd, sizeof cmd, "grep -c 'event=reload_failed' %s", agg.log);
+    test_run(cmd, out, sizeof out);
+    cr_assert_eq(atoi(out), 1, "the bad reload was not logged");
 }

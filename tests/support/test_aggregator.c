@@ -38,8 +38,8 @@ static void spawn(test_aggregator *agg)
     agg->pid = pid;
 }
 
-void test_aggregator_start(test_aggregator *agg, const char *rules_yaml,
-                           unsigned sync_interval_ms,
+void test_aggregator_start(test_aggregator *agg, const char *redis,
+                           const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from)
 {
     if (reuse_from != NULL) {
@@ -63,7 +63,8 @@ void test_aggregator_start(test_aggregator *agg, const char *rules_yaml,
                 "  totals: \"%s\"\n"
                 "  sync_interval_ms: %u\n"
                 "rules:\n%s",
-                test_env("RL_TEST_REDIS"), agg->reports, agg->totals,
+                redis != NULL ? redis : test_env("RL_TEST_REDIS"),
+                agg->reports, agg->totals,
                 sync_interval_ms, rules_yaml);
         fclose(f);
     }

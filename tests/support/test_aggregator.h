@@ -18,11 +18,12 @@ typedef struct test_aggregator {
     char log[600];       /* its stderr */
 } test_aggregator;
 
-/* test_aggregator_start writes a config (store: RL_TEST_REDIS, the given
- * rules, sync_interval_ms) and starts rl-aggregator on it. With reuse_from,
- * it listens on the same ports as that one did (a restart). */
-void test_aggregator_start(test_aggregator *agg, const char *rules_yaml,
-                           unsigned sync_interval_ms,
+/* test_aggregator_start writes a config (store: redis, host:port, or
+ * RL_TEST_REDIS when NULL; the given rules; sync_interval_ms) and starts
+ * rl-aggregator on it. With reuse_from, it listens on the same ports and
+ * reads the same config as that one did (a restart). */
+void test_aggregator_start(test_aggregator *agg, const char *redis,
+                           const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from);
 
 /* SIGTERM and wait: the aggregator's clean exit (status 0 asserted). */
