@@ -25,10 +25,11 @@ static uint64_t uv_hrtime_us(void)
     return uv_hrtime() / 1000;
 }
 
-/* The sum of a key's window counts in Redis, all windows. */
-static long long redis_total(const char *prefix_value)
+/* The sum of a key's window counts, all windows, in the Redis at addr
+ * (NULL: the shared test Redis). */
+static long long total_at(const char *addr, const char *prefix_value)
 {
-    redisContext *c = test_redis_connect(NULL);
+    redisContext *c = test_redis_connect(addr);
     redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
     long long sum = 0;
     for (size_t i = 0; i < keys->elements; i++) {
@@ -40,6 +41,11 @@ static long long redis_total(const char *prefix_value)
     freeReplyObject(keys);
     redisFree(c);
     return sum;
+}
+
+static long long redis_total(const char *prefix_value)
+{
+    return total_at(NULL, prefix_value);
 }
 
 static uint64_t redis_time_ms(void)
@@ -401,22 +407,6 @@ Test(synced, two_aggregators_share_one_redis)
 }
 
 /* --- Redis stops answering behind the aggregator: nothing is lost. ------- */
-
-static long long total_at(const char *addr, const char *prefix_value)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
 
 Test(synced, redis_stopped_behind_the_aggregator_loses_no_count)
 {
