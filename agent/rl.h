@@ -167,8 +167,12 @@ typedef struct rl_decision {
     char rule[RL_RULE_NAME_MAX + 1];
     uint64_t limit;     /* the rule's tokens per period */
     uint64_t period_ms; /* the rule's period */
-    uint64_t remaining; /* whole tokens left in its bucket */
-    uint64_t reset_ms;  /* until its bucket is full again */
+    /* Whole tokens left in its bucket (exact rules), or the fleet's room
+     * as this agent estimates it (synced rules). */
+    uint64_t remaining;
+    /* Until its bucket is full again (exact), or its window ends
+     * (synced). */
+    uint64_t reset_ms;
     /* 0 when allowed; when rejected, ms until the request could pass, or
      * -1 when it never can (its cost is larger than the bucket). */
     int64_t retry_after_ms;
@@ -180,7 +184,10 @@ typedef struct rl_decision {
  * past the store's deadline (timeout_ms): if the store has not answered by
  * then, each unanswered rule's on_error decides and out->degraded is set.
  * A request that no rule applies to is allowed at once, without a round
- * trip. Thread-safe: any number of threads may check at once.
+ * trip. Synced rules are decided from local counts with no network call;
+ * a request only synced rules apply to never waits (no lock, no
+ * allocation, no system call once its keys have been seen). Thread-safe:
+ * any number of threads may check at once.
  *
  * Returns RL_OK with *out filled in (allowed or rejected alike), or without
  * touching the store: RL_EINVAL for a NULL argument, cost 0, more than
