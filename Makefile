@@ -11,7 +11,7 @@ PREFIX  ?= /usr/local
 CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
              $(OPT) -g -fPIC -fvisibility=hidden -MMD -MP \
-             -Iagent -Icommon -Itests/support $(SAN) $(CFLAGS)
+             -Iagent -Icommon -Itests/support -Itests/bench $(SAN) $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
 LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread

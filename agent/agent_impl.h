@@ -118,8 +118,9 @@ void rl_request_release(rl_request *req);
 
 /* decision.c: combine the rules' outcomes into one decision. */
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);
-/* The same as if the store had not answered for any rule; reads only the
- * rules' fixed fields (rule), never their outcomes. */
+/* The same as if the store had not answered for any of its rules; reads
+ * the outcomes of synced rules only (the caller's, fixed before submit),
+ * never those of exact rules, which the I/O thread may be writing. */
 void rl_decide_unanswered(const rl_rule_state *rules, int n,
                           rl_decision *out);
 

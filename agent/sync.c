@@ -425,6 +425,16 @@ void rl_sync_stop(rl_sync *s)
     nng_aio_stop(s->req_aio);
     nng_aio_stop(s->sub_aio);
     rl_nng_handoff();
+    /* A request that finished after the loop's last look still holds its
+     * message: an ack received, or a report nng did not take. */
+    pthread_mutex_lock(&s->lock);
+    bool done = s->req_done;
+    int result = s->req_result;
+    s->req_done = false;
+    pthread_mutex_unlock(&s->lock);
+    if (done && ((s->state == REQ_WAITING && result == 0)
+                 || (s->state == REQ_SENDING && result != 0)))
+        nng_msg_free(nng_aio_get_msg(s->req_aio));
     uv_close((uv_handle_t *)&s->wakeup, handle_closed);
     uv_close((uv_handle_t *)&s->tick, handle_closed);
 }

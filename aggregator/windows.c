@@ -156,16 +156,37 @@ void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
     size_t n = m->n_entries;
     pending *p = calloc(1, sizeof *p);
     const rl_rule **distinct = calloc(n + 1, sizeof *distinct);
-    /* 1 + 2 per rule + 2 per entry keys; 3 + 1 per rule + 2 per entry args;
-     * each at most prefix + value + ":w" + 20 digits. */
-    size_t slots = 8 + 8 * n;
-    args a = {.cap = slots * (RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 32)};
+    /* Keys: 1 + 2 per rule + 2 per entry; arguments: 3 + 1 per rule + 2 per
+     * entry. At most one rule per entry. */
+    size_t slots = 5 + 7 * n;
+    args a = {0};
     a.argv = calloc(slots, sizeof *a.argv);
     a.lens = calloc(slots, sizeof *a.lens);
-    a.text = malloc(a.cap);
     if (p != NULL) {
         p->windows = calloc(n + 1, sizeof *p->windows);
         p->rule_of = calloc(n + 1, sizeof *p->rule_of);
+    }
+    if (p != NULL && distinct != NULL && p->windows != NULL
+        && p->rule_of != NULL) {
+        *p = (pending){fn, arg, n, 0, p->windows, p->rule_of};
+        for (size_t i = 0; i < n; i++) {
+            size_t r = 0;
+            while (r < p->n_rules && distinct[r] != rules[i])
+                r++;
+            if (r == p->n_rules)
+                distinct[p->n_rules++] = rules[i];
+            p->rule_of[i] = r;
+            p->windows[i] = now_ms / rules[i]->period_ms;
+        }
+        /* The text, sized from what this report holds (never a worst case
+         * per entry: a report of 65,536 entries must not cost 200 MB).
+         * Numbers take at most 20 digits. */
+        a.cap = 1 + 3 * 24 + 2 * (RL_WIRE_ID_MAX + 16)
+                + p->n_rules * (24 + 2 * (RL_NAME_MAX + 40));
+        for (size_t i = 0; i < n; i++)
+            a.cap += 2 * (strlen(rules[i]->key_prefix)
+                          + m->entries[i].value.len + 24) + 2 * 24;
+        a.text = malloc(a.cap);
     }
     if (p == NULL || distinct == NULL || a.argv == NULL || a.lens == NULL
         || a.text == NULL || p->windows == NULL || p->rule_of == NULL) {
@@ -180,16 +201,6 @@ void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
         free(a.text);
         fn(arg, false, NULL, "out of memory");
         return;
-    }
-    *p = (pending){fn, arg, n, 0, p->windows, p->rule_of};
-    for (size_t i = 0; i < n; i++) {
-        size_t r = 0;
-        while (r < p->n_rules && distinct[r] != rules[i])
-            r++;
-        if (r == p->n_rules)
-            distinct[p->n_rules++] = rules[i];
-        p->rule_of[i] = r;
-        p->windows[i] = now_ms / rules[i]->period_ms;
     }
     size_t numkeys = 1 + 2 * p->n_rules + 2 * n;
     addf(&a, "%zu", numkeys);

@@ -9,6 +9,7 @@
  *   - server time per call (INFO commandstats) and MEMORY USAGE of one
  *     bucket key, for each algorithm.
  */
+#include "bench_stats.h"
 #include "rl.h"
 #include "scripts.h"
 
@@ -23,13 +24,6 @@
 #define KEYS 10000
 #define RUN_SECONDS 2.0
 #define RUNS 3
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static redisContext *connect_to(const char *addr)
 {
@@ -88,13 +82,13 @@ static double agent_rate(rl_agent *agent, int threads)
     pthread_t t[64];
     for (int i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, checker, &l);
-    double start = now_s();
+    double start = bench_now_s();
     struct timespec run = {(time_t)RUN_SECONDS, 0};
     nanosleep(&run, NULL);
     atomic_store(&l.stop, true);
     for (int i = 0; i < threads; i++)
         pthread_join(t[i], NULL);
-    double elapsed = now_s() - start;
+    double elapsed = bench_now_s() - start;
     if (atomic_load(&l.failed) > 0)
         fprintf(stderr, "bench: %ld checks failed or degraded\n",
                 atomic_load(&l.failed));
@@ -108,8 +102,8 @@ static double ceiling_rate(const char *addr)
     redisContext *c = connect_to(addr);
     unsigned seed = 1;
     long n = 0;
-    double start = now_s();
-    while (now_s() - start < RUN_SECONDS) {
+    double start = bench_now_s();
+    while (bench_now_s() - start < RUN_SECONDS) {
         for (int i = 0; i < 64; i++)
             redisAppendCommand(c, "FCALL %s 1 rl:key:k%d 1000000 1000000 "
                                "60000 1", RL_FUNCTION_TOKEN_BUCKET,
@@ -122,20 +116,14 @@ static double ceiling_rate(const char *addr)
         }
         n += 64;
     }
-    double rate = (double)n / (now_s() - start);
+    double rate = (double)n / (bench_now_s() - start);
     redisFree(c);
     return rate;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void report(const char *what, double *runs)
 {
-    qsort(runs, RUNS, sizeof runs[0], cmp_double);
+    qsort(runs, RUNS, sizeof runs[0], bench_cmp_double);
     printf("| %s | %.0f | %.0f | %.0f |\n", what, runs[0], runs[RUNS / 2],
            runs[RUNS - 1]);
 }

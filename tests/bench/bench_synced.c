@@ -5,6 +5,7 @@
  * (key, count) pairs per second against pipelined INCRBY on the same Redis.
  * Run by `make bench` under with-redis; rl-aggregator is started here.
  */
+#include "bench_stats.h"
 #include "rl.h"
 #include "wire.h"
 
@@ -26,13 +27,6 @@
 #define KEYS 1000
 #define CHECKS 2000000
 #define RUNS 5
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static char values[KEYS][16];
 static size_t value_lens[KEYS];
@@ -75,23 +69,17 @@ static void *synced(void *arg)
 static double ns_per_call(void *(*fn)(void *), int threads)
 {
     pthread_t t[2];
-    double start = now_s();
+    double start = bench_now_s();
     for (int i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, fn, NULL);
     for (int i = 0; i < threads; i++)
         pthread_join(t[i], NULL);
-    return (now_s() - start) * 1e9 / CHECKS;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    return (bench_now_s() - start) * 1e9 / CHECKS;
 }
 
 static void row(const char *what, double *v, const char *unit)
 {
-    qsort(v, RUNS, sizeof *v, cmp);
+    qsort(v, RUNS, sizeof *v, bench_cmp_double);
     printf("| %s | %.1f | %.1f | %.1f | %s |\n", what, v[0], v[RUNS / 2],
            v[RUNS - 1], unit);
 }
@@ -156,7 +144,7 @@ static double ingest_rate(const char *url)
     static unsigned run;
     char id[32];
     snprintf(id, sizeof id, "bench-%u-%d", ++run, (int)getpid());
-    double start = now_s();
+    double start = bench_now_s();
     for (int r = 0; r < REPORTS; r++) {
         rl_wire_writer_reset(w);
         rl_wire_begin_report(w, id, (uint64_t)r + 1, PAIRS);
@@ -171,7 +159,7 @@ static double ingest_rate(const char *url)
             exit(1);
         nng_free(buf, size);
     }
-    double rate = (double)PAIRS * REPORTS / (now_s() - start);
+    double rate = (double)PAIRS * REPORTS / (bench_now_s() - start);
     rl_wire_writer_free(w);
     nng_close(s);
     return rate;
@@ -184,7 +172,7 @@ static double incrby_rate(const char *addr)
     int port;
     sscanf(addr, "%63[^:]:%d", host, &port);
     redisContext *c = redisConnect(host, port);
-    double start = now_s();
+    double start = bench_now_s();
     for (int r = 0; r < REPORTS; r++) {
         for (int i = 0; i < PAIRS; i++)
             redisAppendCommand(c, "INCRBY bench:%s 1", values[i]);
@@ -195,7 +183,7 @@ static double incrby_rate(const char *addr)
             freeReplyObject(reply);
         }
     }
-    double rate = (double)PAIRS * REPORTS / (now_s() - start);
+    double rate = (double)PAIRS * REPORTS / (bench_now_s() - start);
     redisFree(c);
     return rate;
 }
@@ -243,7 +231,7 @@ static void sync_lag(const char *config, const char *totals_url)
         snprintf(value, sizeof value, "lag_%d_%d", i, (int)getpid());
         rl_attr a = {"tenant", value, strlen(value)};
         rl_decision d;
-        double start = now_s();
+        double start = bench_now_s();
         rl_check(agent, &a, 1, 1, &d);
         for (;;) {
             char *buf;
@@ -253,7 +241,7 @@ static void sync_lag(const char *config, const char *totals_url)
             bool seen = totals_hold(buf, size, value);
             nng_free(buf, size);
             if (seen) {
-                lag[n++] = (now_s() - start) * 1000;
+                lag[n++] = (bench_now_s() - start) * 1000;
                 break;
             }
         }
@@ -261,7 +249,7 @@ static void sync_lag(const char *config, const char *totals_url)
     nng_close(sub);
     rl_agent_close(agent);
     rl_config_free(cfg);
-    qsort(lag, (size_t)n, sizeof lag[0], cmp);
+    qsort(lag, (size_t)n, sizeof lag[0], bench_cmp_double);
     printf("\n## Sync lag (%d samples, sync_interval_ms 1000)\n\n"
            "| figure | p50 | p99 | unit |\n|---|---|---|---|\n"
            "| a count in one agent to the totals another hears | %.0f | %.0f "

@@ -142,3 +142,18 @@ Test(decision, headers_need_room_and_say_nothing_without_a_rule)
     cr_assert(strstr(h, ";w=1\r\n") != NULL, "half a second rounds up: %s", h);
     cr_assert_eq(rl_format_headers(NULL, h, sizeof h), RL_EINVAL);
 }
+
+Test(decision, a_synced_verdict_stands_when_the_store_is_given_up_on)
+{
+    rl_rule local = rule("per-tenant", 10, 1000, RL_ON_ERROR_ALLOW);
+    local.mode = RL_MODE_SYNCED;
+    rl_rule remote = rule("per-key", 10, 1000, RL_ON_ERROR_ALLOW);
+    rl_rule_state s[] = {answered(&local, false, 0, 700),
+                         {.rule = &remote, .outcome = RL_OUTCOME_PENDING}};
+    rl_decision d;
+    rl_decide_unanswered(s, 2, &d);
+    cr_assert(!d.allowed, "the synced rejection was lost");
+    cr_assert(d.degraded);
+    cr_assert_str_eq(d.rule, "per-tenant");
+    cr_assert_eq(d.retry_after_ms, 700);
+}
