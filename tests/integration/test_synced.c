@@ -155,6 +155,7 @@ static nng_socket dial_reports(const test_aggregator *agg)
     cr_assert_eq(nng_req0_open(&s), 0);
     cr_assert_eq(nng_dial(s, agg->reports, NULL, 0), 0);
     nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     return s;
 }
@@ -166,7 +167,8 @@ static rl_wire_msg request(nng_socket s, const void *data, size_t len,
 {
     rl_wire_msg m = {0};
     nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
-    cr_assert_eq(nng_send(s, (void *)data, len, 0), 0);
+    int rv = nng_send(s, (void *)data, len, 0);
+    cr_assert_eq(rv, 0, "send: %s", nng_strerror(rv));
     char *buf;
     size_t size;
     if (nng_recv(s, &buf, &size, NNG_FLAG_ALLOC) != 0)

@@ -11,10 +11,45 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#define STOP_WAIT_MS 60000
+
+/* The aggregator's log on the test's stderr: CI keeps only what a run
+ * printed. */
+static void show_log(const test_aggregator *agg)
+{
+    char cmd[700], out[8192];
+    snprintf(cmd, sizeof cmd, "tail -n 40 %s", agg->log);
+    test_run(cmd, out, sizeof out);
+    fprintf(stderr, "--- last lines of %s ---\n%s---\n", agg->log, out);
+}
+
+static void wait_for_log(test_aggregator *agg, const char *event,
+                         int timeout_ms)
+{
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", event, agg->log);
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        int status;
+        if (waitpid(agg->pid, &status, WNOHANG) != 0) {
+            agg->pid = 0;
+            show_log(agg);
+            cr_assert_fail("rl-aggregator exited at start; see %s", agg->log);
+        }
+        test_run(cmd, out, sizeof out);
+        if (atoi(out) > 0)
+            return;
+        usleep(20 * 1000);
+    }
+    show_log(agg);
+    cr_assert_fail("rl-aggregator logged no %s within %d ms", event,
+                   timeout_ms);
+}
 
 static void spawn(test_aggregator *agg)
 {
@@ -69,12 +104,7 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
         fclose(f);
     }
     spawn(agg);
-    /* Up when it answers... a report socket accepts connections at once;
-     * give it a moment to bind and reach Redis. */
-    usleep(300 * 1000);
-    int status;
-    cr_assert_eq(waitpid(agg->pid, &status, WNOHANG), 0,
-                 "rl-aggregator exited at start; see %s", agg->log);
+    wait_for_log(agg, "event=listening", 30000);
 }
 
 void test_aggregator_stop(test_aggregator *agg)
@@ -82,9 +112,24 @@ void test_aggregator_stop(test_aggregator *agg)
     if (agg->pid <= 0)
         return;
     kill(agg->pid, SIGTERM);
-    int status;
-    waitpid(agg->pid, &status, 0);
+    int status = 0;
+    pid_t done = 0;
+    /* A drain that never ends must fail the test with the aggregator's own
+     * account, not leave the runner waiting. */
+    for (int waited = 0; waited < STOP_WAIT_MS && done == 0; waited += 20) {
+        done = waitpid(agg->pid, &status, WNOHANG);
+        if (done == 0)
+            usleep(20 * 1000);
+    }
+    if (done == 0) {
+        show_log(agg);
+        test_aggregator_kill(agg);
+        cr_assert_fail("rl-aggregator did not stop within %d ms of SIGTERM",
+                       STOP_WAIT_MS);
+    }
     agg->pid = 0;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        show_log(agg);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "rl-aggregator did not exit cleanly on SIGTERM; see %s",
               agg->log);

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,7 +70,10 @@ static bool run_one(const struct test *t)
     int status;
     waitpid(pid, &status, 0);
     bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (WIFSIGNALED(status))
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+        fprintf(stderr, "[----] %s::%s: still running after %d s\n",
+                t->suite, t->name, TEST_TIMEOUT_S);
+    else if (WIFSIGNALED(status))
         fprintf(stderr, "[----] %s::%s: crashed with signal %d\n", t->suite,
                 t->name, WTERMSIG(status));
     printf("[%s] %s::%s\n", passed ? "PASS" : "FAIL", t->suite, t->name);
@@ -81,7 +85,9 @@ int main(int argc, char **argv)
     const char *filter = argc > 1 ? argv[1] : NULL;
     size_t passed = 0, failed = 0;
     for (size_t i = 0; i < n_tests; i++) {
-        if (filter != NULL && strstr(tests[i].suite, filter) == NULL)
+        char full[512];
+        snprintf(full, sizeof full, "%s::%s", tests[i].suite, tests[i].name);
+        if (filter != NULL && strstr(full, filter) == NULL)
             continue;
         if (run_one(&tests[i]))
             passed++;
