@@ -48,8 +48,10 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
     fprintf(stderr, "[----] %s:%d: %s%s%s\n", file, line, what,
             message[0] ? ": " : "", message);
     fflush(NULL);
+    /* _exit: a test that stops half-way leaves libraries' threads running
+     * (nng's among them), and exit()'s handlers could wait on them. */
     if (fatal)
-        exit(1);
+        _exit(1);
     expect_failed = true;
 }
 
@@ -65,7 +67,7 @@ static bool run_one(const struct test *t)
         alarm(TEST_TIMEOUT_S);
         t->fn();
         fflush(NULL);
-        exit(expect_failed ? 1 : 0);
+        _exit(expect_failed ? 1 : 0);
     }
     int status;
     waitpid(pid, &status, 0);
