@@ -33,7 +33,7 @@ static void on_wakeup(uv_async_t *handle)
         rl_exact_start(a, req);
         req = next;
     }
-    if (closing && a->store != NULL) {
+    if (closing) {
         rl_exact_finalize_all(a);
         rl_store_close(a->store);
         a->store = NULL;
@@ -50,10 +50,12 @@ static void on_wakeup(uv_async_t *handle)
 static void io_thread(void *arg)
 {
     rl_agent *a = arg;
-    a->store = rl_store_new(&a->loop, &a->store_config, &rl_bucket_scripts,
-                            &a->log);
-    if (a->store == NULL)
-        rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    if (a->has_exact) {
+        a->store = rl_store_new(&a->loop, &a->store_config,
+                                &rl_bucket_scripts, &a->log);
+        if (a->store == NULL)
+            rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    }
     if (a->sync != NULL)
         rl_sync_start(a->sync, &a->loop);
     uv_run(&a->loop, UV_RUN_DEFAULT);
@@ -123,11 +125,18 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
     return RL_OK;
 }
 
-/* Synced rules need their counters and the link to the aggregators. */
-static int take_synced(rl_agent *a, rl_error *err)
+/* Synced rules need their counters and the link to the aggregators; local
+ * rules their buckets; only exact rules need the store. */
+static int take_modes(rl_agent *a, rl_error *err)
 {
-    for (size_t i = 0; i < a->config->n_rules; i++)
-        a->has_synced |= a->config->rules[i].mode == RL_MODE_SYNCED;
+    for (size_t i = 0; i < a->config->n_rules; i++) {
+        rl_mode m = a->config->rules[i].mode;
+        a->has_synced |= m == RL_MODE_SYNCED;
+        a->has_local |= m == RL_MODE_LOCAL;
+        a->has_exact |= m == RL_MODE_EXACT;
+    }
+    if (a->has_local)
+        rl_local_init(&a->local, a->config->local_max_keys);
     if (!a->has_synced)
         return RL_OK;
     if (rl_synced_init(&a->synced, a->config) != RL_OK)
@@ -140,6 +149,8 @@ static void free_agent(rl_agent *a)
 {
     if (a->has_synced)
         rl_synced_fini(&a->synced);
+    if (a->has_local)
+        rl_local_fini(&a->local);
     free(a->args);
     rl_config_free(a->owned_config);
     free(a);
@@ -187,7 +198,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
         err = &local;
     int rc = take_config(a, o, err);
     if (rc == RL_OK)
-        rc = take_synced(a, err);
+        rc = take_modes(a, err);
     if (rc == RL_OK)
         rc = start_io(a, err);
     if (rc != RL_OK) {

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "log.h"
 #include "bucket.h"
+#include "local.h"
 #include "store.h"
 #include "sync.h"
 #include "synced.h"
@@ -96,6 +97,11 @@ struct rl_agent {
     bool has_synced;
     rl_synced synced;
     rl_sync *sync;
+
+    /* Local rules: a bucket per key in this process. */
+    bool has_local;
+    rl_local local;
+    bool has_exact;               /* only then is there a store */
 };
 
 /* agent.c: how many times this process is a fork()ed child of the one

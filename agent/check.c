@@ -7,7 +7,8 @@
  * decides, which it does by the deadline at the latest. If the I/O thread
  * itself is held up past the deadline (it resolves a host name while
  * reconnecting, say), the caller stops waiting and decides on its own by
- * on_error: rl_check never blocks much past its deadline.
+ * on_error: rl_check never blocks much past its deadline. Synced and local
+ * rules never reach the I/O thread: they are decided here.
  */
 #define _GNU_SOURCE /* sem_clockwait: a deadline on the monotonic clock */
 #include "agent_impl.h"
@@ -69,26 +70,41 @@ static int check_value(const rl_attr *attr)
     return RL_OK;
 }
 
-/* Synced rules are decided here, on the caller's thread, from local
- * counts: no round trip. With charge: first_reject, a synced rejection
- * means no exact rule is charged. */
+/* Synced and local rules are decided on the caller's thread, with no
+ * round trip. */
+static int decide_here(rl_agent *a, const rl_attr *attr, uint32_t cost,
+                       rl_rule_state *rs)
+{
+    bool degraded;
+    if (rs->rule->mode == RL_MODE_LOCAL) {
+        rl_local_check(&a->local, rs->rule, attr->value, attr->value_len,
+                       cost, &rs->reply, &degraded);
+    } else {
+        int rc = rl_synced_check(&a->synced, rs->rule, attr->value,
+                                 attr->value_len, cost, &rs->reply,
+                                 &degraded);
+        if (rc != RL_OK)
+            return rc;
+    }
+    rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
+    return RL_OK;
+}
+
+/* With charge: first_reject, a rejection here means no exact rule is
+ * charged. */
 static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
                          size_t n)
 {
     bool rejected = false;
     for (int i = 0; i < req->n_rules; i++) {
         rl_rule_state *rs = &req->rules[i];
-        if (rs->rule->mode != RL_MODE_SYNCED)
+        if (rs->rule->mode == RL_MODE_EXACT)
             continue;
-        const rl_attr *attr = find_attr(attrs, n, rs->rule->match);
-        bool degraded;
-        int rc = rl_synced_check(&a->synced, rs->rule, attr->value,
-                                 attr->value_len, req->cost, &rs->reply,
-                                 &degraded);
+        int rc = decide_here(a, find_attr(attrs, n, rs->rule->match),
+                             req->cost, rs);
         if (rc != RL_OK)
             return rc;
-        rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
-        rejected |= !degraded && !rs->reply.allowed;
+        rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed;
     }
     if (rejected && a->config->charge == RL_CHARGE_FIRST_REJECT) {
         for (int i = 0; i < req->n_rules; i++) {
@@ -219,8 +235,9 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
         *out = req->decision;
 }
 
-/* Requests only synced rules apply to are decided right here, with the
- * rule states on the stack: no allocation, no lock, no system call. */
+/* Requests only synced and local rules apply to are decided right here,
+ * with the rule states on the stack: no allocation, no system call, and no
+ * lock but a local bucket's. */
 #define LOCAL_RULES_MAX 16
 
 static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
@@ -234,7 +251,7 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
-        if (cfg->rules[i].mode != RL_MODE_SYNCED || k == LOCAL_RULES_MAX)
+        if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
             return false;
         if ((*rc = check_value(attr)) != RL_OK)
             return true;
@@ -242,14 +259,8 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
         values[k++] = attr;
     }
     for (int i = 0; i < k; i++) {
-        bool degraded;
-        *rc = rl_synced_check(&a->synced, states[i].rule, values[i]->value,
-                              values[i]->value_len, cost, &states[i].reply,
-                              &degraded);
-        if (*rc != RL_OK)
+        if ((*rc = decide_here(a, values[i], cost, &states[i])) != RL_OK)
             return true;
-        states[i].outcome = degraded ? RL_OUTCOME_FAILED
-                                     : RL_OUTCOME_ANSWERED;
     }
     rl_decide(states, k, out);
     return true;

@@ -24,6 +24,7 @@
  */
 #include "synced.h"
 
+#include "keys.h"
 #include "rl.h"
 
 #include <math.h>
@@ -38,14 +39,6 @@ typedef struct rl_synced_grave {
     rl_synced_table *table;     /* or */
     rl_synced_entry *entry;
 } rl_synced_grave;
-
-static uint64_t hash_key(const rl_rule *rule, const char *value, size_t len)
-{
-    uint64_t h = 1469598103934665603ULL ^ (uintptr_t)rule;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)value[i]) * 1099511628211ULL;
-    return h;
-}
 
 static size_t table_cap(size_t max_keys)
 {
@@ -132,7 +125,7 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
 {
     size_t unused;
     return probe(atomic_load_explicit(&s->table, memory_order_acquire),
-                 hash_key(rule, value, value_len), rule, value, value_len,
+                 rl_key_hash((uintptr_t)rule, value, value_len), rule, value, value_len,
                  &unused);
 }
 
@@ -192,7 +185,7 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
                     bool *degraded)
 {
-    uint64_t h = hash_key(rule, value, value_len);
+    uint64_t h = rl_key_hash((uintptr_t)rule, value, value_len);
     size_t unused;
     rl_synced_entry *e = probe(atomic_load_explicit(&s->table,
                                                     memory_order_acquire),

@@ -30,7 +30,7 @@
 #define DEFAULT_SYNC_INTERVAL_MS 1000
 #define DEFAULT_MAX_KEYS 100000
 
-static const char *const mode_names[] = {"exact", "synced", NULL};
+static const char *const mode_names[] = {"exact", "synced", "local", NULL};
 static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
 static const char *const on_error_names[] = {"allow", "deny", NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
@@ -414,6 +414,31 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
     return RL_OK;
 }
 
+static int load_local(struct loader *ld, const rl_raw_local *raw,
+                      rl_config *cfg)
+{
+    cfg->local_max_keys = DEFAULT_MAX_KEYS;
+    if (raw == NULL || raw->max_keys == NULL)
+        return RL_OK;
+    uint64_t n;
+    int rc = parse_int(ld, "local.max_keys", raw->max_keys, 1, 10000000, &n);
+    if (rc == RL_OK)
+        cfg->local_max_keys = (uint32_t)n;
+    return rc;
+}
+
+static int load_gateway(struct loader *ld, const rl_raw_gateway *raw,
+                        rl_gateway_config *gw)
+{
+    if (raw == NULL || raw->tenant_map == NULL)
+        return RL_OK;
+    if (raw->tenant_map[0] == '\0')
+        return bad(ld, "gateway.tenant_map", "the path is empty; leave the "
+                   "field out for no map");
+    snprintf(gw->tenant_map, sizeof gw->tenant_map, "%s", raw->tenant_map);
+    return RL_OK;
+}
+
 static int load_config(struct loader *ld, const rl_raw_config *raw,
                        rl_config *cfg)
 {
@@ -421,6 +446,8 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
     if ((rc = load_store(ld, raw->store, &cfg->store)) != RL_OK
         || (rc = load_aggregator(ld, raw->aggregator, &cfg->aggregator))
                != RL_OK
+        || (rc = load_local(ld, raw->local, cfg)) != RL_OK
+        || (rc = load_gateway(ld, raw->gateway, &cfg->gateway)) != RL_OK
         || (rc = choose(ld, "charge", raw->charge, charge_names, &choice))
                != RL_OK)
         return rc;

@@ -19,10 +19,15 @@
 #define RL_SECRET_MAX 512    /* store username and password */
 #define RL_RULES_MAX 4096
 #define RL_SEEDS_MAX 1024
+#define RL_PATH_MAX 4096
 /* Redis evaluates scripts with double-precision numbers, exact up to 2^53. */
 #define RL_LIMIT_MAX ((1ULL << 53) - 1)
 
-typedef enum rl_mode { RL_MODE_EXACT, RL_MODE_SYNCED } rl_mode;
+typedef enum rl_mode {
+    RL_MODE_EXACT,  /* one shared bucket in Redis */
+    RL_MODE_SYNCED, /* local counts, fleet totals through the aggregator */
+    RL_MODE_LOCAL,  /* an in-process bucket per agent, nothing shared */
+} rl_mode;
 typedef enum rl_algorithm { RL_ALGO_TOKEN_BUCKET, RL_ALGO_GCRA } rl_algorithm;
 typedef enum rl_on_error { RL_ON_ERROR_ALLOW, RL_ON_ERROR_DENY } rl_on_error;
 typedef enum rl_scripts {
@@ -68,9 +73,16 @@ typedef struct rl_aggregator_config {
     uint32_t max_keys;            /* synced keys one agent tracks at most */
 } rl_aggregator_config;
 
+/* What rl-gateway reads from the config besides the rules. */
+typedef struct rl_gateway_config {
+    char tenant_map[RL_PATH_MAX + 1]; /* api_key -> tenant file; "" if none */
+} rl_gateway_config;
+
 struct rl_config {
     rl_store_config store;
     rl_aggregator_config aggregator;
+    uint32_t local_max_keys;      /* local buckets one agent keeps at most */
+    rl_gateway_config gateway;
     rl_charge charge;
     rl_rule *rules;
     size_t n_rules;

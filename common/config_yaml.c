@@ -65,12 +65,28 @@ static const cyaml_schema_field_t aggregator_fields[] = {
     CYAML_FIELD_END,
 };
 
+static const cyaml_schema_field_t local_fields[] = {
+    STR_FIELD("max_keys", CYAML_FLAG_OPTIONAL, rl_raw_local, max_keys, 32),
+    CYAML_FIELD_END,
+};
+
+static const cyaml_schema_field_t gateway_fields[] = {
+    STR_FIELD("tenant_map", CYAML_FLAG_OPTIONAL, rl_raw_gateway, tenant_map,
+              RL_PATH_MAX),
+    CYAML_FIELD_END,
+};
+
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("store", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_config, store, store_fields),
     CYAML_FIELD_MAPPING_PTR("aggregator",
                             CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_config, aggregator, aggregator_fields),
+    CYAML_FIELD_MAPPING_PTR("local", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                            rl_raw_config, local, local_fields),
+    CYAML_FIELD_MAPPING_PTR("gateway",
+                            CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                            rl_raw_config, gateway, gateway_fields),
     STR_FIELD("charge", CYAML_FLAG_OPTIONAL, rl_raw_config, charge, 32),
     CYAML_FIELD_SEQUENCE("rules", CYAML_FLAG_POINTER, rl_raw_config, rules,
                          &rule_schema, 0, RL_RULES_MAX),

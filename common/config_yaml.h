@@ -40,9 +40,19 @@ typedef struct rl_raw_aggregator {
     char *max_keys;
 } rl_raw_aggregator;
 
+typedef struct rl_raw_local {
+    char *max_keys;
+} rl_raw_local;
+
+typedef struct rl_raw_gateway {
+    char *tenant_map;
+} rl_raw_gateway;
+
 typedef struct rl_raw_config {
     rl_raw_store *store;
     rl_raw_aggregator *aggregator;
+    rl_raw_local *local;
+    rl_raw_gateway *gateway;
     char *charge;
     rl_raw_rule *rules;
     unsigned rules_count;

@@ -69,3 +69,11 @@ uint16_t rl_key_slot(const char *key, size_t len)
     }
     return crc16_xmodem((const unsigned char *)key, len) % RL_CLUSTER_SLOTS;
 }
+
+uint64_t rl_key_hash(uintptr_t salt, const char *value, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL ^ salt;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)value[i]) * 1099511628211ULL;
+    return h;
+}

@@ -71,6 +71,21 @@ Test(config, example_holds_the_seeds_three_rules)
     cr_assert_eq(cfg->store.timeout_ms, 50);
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
     cr_assert_eq(cfg->charge, RL_CHARGE_ALL);
+    cr_assert_eq(cfg->local_max_keys, 100000);
+    cr_assert_str_eq(cfg->gateway.tenant_map, "");
+    rl_config_free(cfg);
+}
+
+Test(config, local_rules_and_the_gateway_section)
+{
+    rl_config *cfg = load_ok("local: {max_keys: 5000}\n"
+                             "gateway: {tenant_map: tenants.txt}\n"
+                             "rules:\n"
+                             "  - {name: r, match: ip, limit: 7, "
+                             "period: 1s, mode: local}\n");
+    cr_assert_eq(cfg->rules[0].mode, RL_MODE_LOCAL);
+    cr_assert_eq(cfg->local_max_keys, 5000);
+    cr_assert_str_eq(cfg->gateway.tenant_map, "tenants.txt");
     rl_config_free(cfg);
 }
 
@@ -241,7 +256,9 @@ static const struct bad_file bad_files[] = {
     {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
-    {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced)"},
+    {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local)"},
+    {"local-max-keys-zero.yaml", ":2:19: local.max_keys: must be a whole number from 1 to 10000000, got '0'"},
+    {"tenant-map-empty.yaml", ":2:23: gateway.tenant_map: the path is empty; leave the field out for no map"},
     {"unknown-on-error.yaml", ":7:15: rules[0].on_error (rule \"per-key\"): unknown value 'retry' (choose one of: allow, deny)"},
     {"unknown-section.yaml", ":2:1: stores: unknown field 'stores'"},
     {"url-and-cluster.yaml", ":4:12: store.cluster: give either store.url or store.cluster, not both"},

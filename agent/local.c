@@ -1,0 +1,229 @@
+/*
+ * local.c: the in-process token bucket of `mode: local` rules. The same
+ * arithmetic as the Redis script, in whole numbers: a bucket holds
+ * level / period_ms tokens, refills limit units per elapsed millisecond and
+ * holds at most burst * period_ms units (below 2^53, checked by the
+ * config), so "100 a minute" is exact and nothing is lost to rounding.
+ *
+ * Memory: a bucket that has refilled to full says nothing a new one would
+ * not; such buckets are dropped when their shard grows, and when the key
+ * cap is reached, before a new key is refused.
+ */
+#include "local.h"
+
+#include "keys.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct rl_local_entry {
+    rl_local_entry *next;
+    const rl_rule *rule;
+    uint64_t hash;
+    uint64_t level;   /* tokens x period_ms */
+    uint64_t at_ms;   /* when level was right */
+    uint16_t value_len;
+    char value[];
+};
+
+#define INITIAL_HEADS 16
+
+void rl_local_init(rl_local *l, size_t max_keys)
+{
+    memset(l, 0, sizeof *l);
+    l->max_keys = max_keys;
+    for (int i = 0; i < RL_LOCAL_SHARDS; i++)
+        pthread_mutex_init(&l->shards[i].lock, NULL);
+}
+
+void rl_local_fini(rl_local *l)
+{
+    for (int i = 0; i < RL_LOCAL_SHARDS; i++) {
+        rl_local_shard *sh = &l->shards[i];
+        for (size_t h = 0; h < sh->n_heads; h++) {
+            rl_local_entry *e = sh->heads[h];
+            while (e != NULL) {
+                rl_local_entry *next = e->next;
+                free(e);
+                e = next;
+            }
+        }
+        free(sh->heads);
+        pthread_mutex_destroy(&sh->lock);
+    }
+}
+
+static uint64_t capacity(const rl_rule *r)
+{
+    return r->burst * r->period_ms;
+}
+
+/* The level now: what it was plus what flowed in since, up to capacity. */
+static uint64_t refilled(const rl_local_entry *e, uint64_t now_ms)
+{
+    uint64_t cap = capacity(e->rule);
+    uint64_t elapsed = now_ms > e->at_ms ? now_ms - e->at_ms : 0;
+    uint64_t room = cap - e->level;
+    if (elapsed >= (room + e->rule->limit - 1) / e->rule->limit)
+        return cap;
+    return e->level + elapsed * e->rule->limit;
+}
+
+static bool is_full(const rl_local_entry *e, uint64_t now_ms)
+{
+    return refilled(e, now_ms) == capacity(e->rule);
+}
+
+/* Drops the shard's full buckets; returns how many. */
+static size_t sweep(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
+{
+    size_t dropped = 0;
+    for (size_t h = 0; h < sh->n_heads; h++) {
+        rl_local_entry **p = &sh->heads[h];
+        while (*p != NULL) {
+            rl_local_entry *e = *p;
+            if (is_full(e, now_ms)) {
+                *p = e->next;
+                free(e);
+                dropped++;
+            } else {
+                p = &e->next;
+            }
+        }
+    }
+    sh->n_entries -= dropped;
+    atomic_fetch_sub(&l->n_entries, dropped);
+    return dropped;
+}
+
+/* Doubles the heads when the chains grow past two entries on average;
+ * full buckets are dropped first, and growing stops if that was enough. */
+static void grow(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
+{
+    if (sh->n_entries < 2 * sh->n_heads)
+        return;
+    sweep(l, sh, now_ms);
+    if (sh->n_entries < sh->n_heads)
+        return;
+    size_t n = sh->n_heads * 2;
+    rl_local_entry **heads = calloc(n, sizeof *heads);
+    if (heads == NULL)
+        return; /* longer chains, still correct */
+    for (size_t h = 0; h < sh->n_heads; h++) {
+        rl_local_entry *e = sh->heads[h];
+        while (e != NULL) {
+            rl_local_entry *next = e->next;
+            size_t at = (e->hash / RL_LOCAL_SHARDS) & (n - 1);
+            e->next = heads[at];
+            heads[at] = e;
+            e = next;
+        }
+    }
+    free(sh->heads);
+    sh->heads = heads;
+    sh->n_heads = n;
+}
+
+static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
+                            uint64_t hash, const char *value, size_t len)
+{
+    if (sh->n_heads == 0)
+        return NULL;
+    rl_local_entry *e = sh->heads[(hash / RL_LOCAL_SHARDS)
+                                  & (sh->n_heads - 1)];
+    for (; e != NULL; e = e->next) {
+        if (e->hash == hash && e->rule == rule && e->value_len == len
+            && memcmp(e->value, value, len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* A new, full bucket; NULL when the cap holds or memory is out. */
+static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
+                              const rl_rule *rule, uint64_t hash,
+                              const char *value, size_t len, uint64_t now_ms)
+{
+    if (atomic_load(&l->n_entries) >= l->max_keys
+        && sweep(l, sh, now_ms) == 0)
+        return NULL;
+    if (sh->n_heads == 0) {
+        sh->heads = calloc(INITIAL_HEADS, sizeof *sh->heads);
+        if (sh->heads == NULL)
+            return NULL;
+        sh->n_heads = INITIAL_HEADS;
+    }
+    grow(l, sh, now_ms);
+    rl_local_entry *e = malloc(sizeof *e + len);
+    if (e == NULL)
+        return NULL;
+    *e = (rl_local_entry){.rule = rule, .hash = hash,
+                          .level = capacity(rule), .at_ms = now_ms,
+                          .value_len = (uint16_t)len};
+    memcpy(e->value, value, len);
+    size_t at = (hash / RL_LOCAL_SHARDS) & (sh->n_heads - 1);
+    e->next = sh->heads[at];
+    sh->heads[at] = e;
+    sh->n_entries++;
+    atomic_fetch_add(&l->n_entries, 1);
+    return e;
+}
+
+static uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+/* Spends from one bucket, as the Redis script does. */
+static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
+                  rl_bucket_reply *out)
+{
+    const rl_rule *r = e->rule;
+    e->level = refilled(e, now_ms);
+    e->at_ms = now_ms > e->at_ms ? now_ms : e->at_ms;
+    *out = (rl_bucket_reply){0};
+    if (cost > r->burst) {
+        out->retry_ms = -1;
+    } else {
+        uint64_t need = (uint64_t)cost * r->period_ms;
+        if (e->level >= need) {
+            e->level -= need;
+            out->allowed = true;
+        } else {
+            out->retry_ms = (int64_t)ceil_div(need - e->level, r->limit);
+        }
+    }
+    out->remaining = e->level / r->period_ms;
+    out->reset_ms = ceil_div(capacity(r) - e->level, r->limit);
+}
+
+void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
+                       size_t value_len, uint32_t cost, uint64_t now_ms,
+                       rl_bucket_reply *out, bool *degraded)
+{
+    uint64_t hash = rl_key_hash((uintptr_t)rule, value, value_len);
+    rl_local_shard *sh = &l->shards[hash % RL_LOCAL_SHARDS];
+    pthread_mutex_lock(&sh->lock);
+    rl_local_entry *e = find(sh, rule, hash, value, value_len);
+    if (e == NULL)
+        e = insert(l, sh, rule, hash, value, value_len, now_ms);
+    *degraded = e == NULL;
+    if (e != NULL)
+        spend(e, cost, now_ms, out);
+    pthread_mutex_unlock(&sh->lock);
+    if (e == NULL) {
+        atomic_fetch_add(&l->keys_refused, 1);
+        *out = (rl_bucket_reply){0};
+    }
+}
+
+void rl_local_check(rl_local *l, const rl_rule *rule, const char *value,
+                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
+                    bool *degraded)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    rl_local_check_at(l, rule, value, value_len, cost, now_ms, out, degraded);
+}

@@ -1,0 +1,55 @@
+/*
+ * local.h: rules in `mode: local`, an in-process token bucket per (rule,
+ * value) in each agent. No store, no aggregator: each gateway counts alone,
+ * which is what a single gateway wants and what a fleet must not use for
+ * per-client limits (ten gateways admit ten limits). Private to librl.
+ *
+ * Threads: rl_local_check runs on gateway threads; keys are spread over
+ * shards, each with its own lock, held for a few arithmetic steps.
+ */
+#ifndef RL_AGENT_LOCAL_H
+#define RL_AGENT_LOCAL_H
+
+#include "bucket.h"
+#include "config.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define RL_LOCAL_SHARDS 64
+
+typedef struct rl_local_entry rl_local_entry;
+
+typedef struct rl_local_shard {
+    _Alignas(64) pthread_mutex_t lock;
+    rl_local_entry **heads; /* chained hash, n_heads a power of two */
+    size_t n_heads;
+    size_t n_entries;
+} rl_local_shard;
+
+typedef struct rl_local {
+    rl_local_shard shards[RL_LOCAL_SHARDS];
+    size_t max_keys;
+    atomic_size_t n_entries;
+    atomic_uint_least64_t keys_refused; /* the cap was hit */
+} rl_local;
+
+void rl_local_init(rl_local *l, size_t max_keys);
+void rl_local_fini(rl_local *l);
+
+/* rl_local_check spends cost tokens from the bucket of (rule, value) if it
+ * holds them, on the monotonic clock. A key first seen when max_keys full
+ * buckets are already tracked, or when memory runs out, is not counted:
+ * *degraded is set and the rule's on_error decides. */
+void rl_local_check(rl_local *l, const rl_rule *rule, const char *value,
+                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
+                    bool *degraded);
+
+/* The same at a given time, in ms on any clock that does not go back. */
+void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
+                       size_t value_len, uint32_t cost, uint64_t now_ms,
+                       rl_bucket_reply *out, bool *degraded);
+
+#endif
