@@ -36,6 +36,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \
              $(HARNESS_SRC)
+GW_SRC     = $(wildcard gateway/*.c)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
@@ -47,6 +48,7 @@ SONAME  = librl.so.0
 HEADER  = $(BUILD)/include/rl.h
 RLCTL   = $(BUILD)/bin/rlctl
 AGG     = $(BUILD)/bin/rl-aggregator
+GATEWAY = $(BUILD)/bin/rl-gateway
 EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
@@ -56,7 +58,7 @@ BENCH_SYNCED = $(BUILD)/bench/bench-synced
 .PHONY: all deps test asan tsan bench fuzz clean
 .DEFAULT_GOAL := all
 
-all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(EXAMPLE) | deps
+all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
 
 deps:
 	@sh scripts/deps.sh
@@ -89,6 +91,10 @@ $(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
 $(AGG): $(call obj,$(AGG_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+$(GATEWAY): $(call obj,$(GW_SRC)) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) -lhttp_parser
 
 # The example is built against the installed header and the shared
 # library, as a gateway would be.

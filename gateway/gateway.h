@@ -1,0 +1,161 @@
+/*
+ * gateway.h: rl-gateway, the reference HTTP gateway that links librl. One
+ * libuv loop serves every connection; checks go to the agent with
+ * rl_check_async and their decisions come back to the loop through an
+ * async handle, so a slow check never holds up another connection.
+ *
+ * It reads the rules config through rl's private config.h (for the rules'
+ * attribute names and gateway.tenant_map), as rl's own programs do; a
+ * gateway of your own needs only rl.h (see the README).
+ */
+#ifndef RL_GATEWAY_H
+#define RL_GATEWAY_H
+
+#include "config.h"
+#include "log.h"
+#include "rl.h"
+
+#include <http_parser.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+/* Bounds on what a client may send (anything larger is refused, never cut
+ * short): the request line's target, headers and body. */
+#define GW_URL_MAX 8192
+#define GW_HEADERS_MAX 100
+#define GW_HEADER_BYTES_MAX 65536
+#define GW_BODY_MAX (1024 * 1024)
+/* An upstream response is buffered whole before it is sent on. */
+#define GW_UPSTREAM_BODY_MAX (8 * 1024 * 1024)
+#define GW_UPSTREAM_TIMEOUT_MS 30000
+#define GW_IDLE_TIMEOUT_MS 60000
+#define GW_DRAIN_TIMEOUT_MS 10000
+
+typedef struct gw_buf {
+    char *data;
+    size_t len, cap;
+} gw_buf;
+
+/* Appends; -1 if the buffer would grow past max bytes or memory is out. */
+int gw_buf_append(gw_buf *b, const char *p, size_t n, size_t max);
+int gw_buf_printf(gw_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void gw_buf_free(gw_buf *b);
+
+typedef struct gw_header {
+    gw_buf name, value;
+} gw_header;
+
+/* One HTTP message as parsed: a request from a client, or an upstream's
+ * response. */
+typedef struct gw_message {
+    gw_buf url;
+    gw_header headers[GW_HEADERS_MAX];
+    int n_headers;
+    size_t header_bytes;
+    bool in_value;          /* the parser is inside a header's value */
+    gw_buf body;
+    size_t body_max;
+    bool skip_body;         /* a response to HEAD: no body follows */
+    int error_status;       /* an HTTP status to refuse it with, or 0 */
+    const char *error;      /* and why */
+    bool complete;
+} gw_message;
+
+void gw_message_reset(gw_message *m);
+/* Header callbacks for http_parser: parser->data is the gw_message. */
+void gw_message_settings(http_parser_settings *s);
+/* A header's value (case-insensitive name), NUL-terminated, or NULL. */
+const char *gw_message_header(const gw_message *m, const char *name);
+
+typedef struct gw_tenant_map gw_tenant_map;
+
+typedef struct gw_server gw_server;
+typedef struct gw_conn gw_conn;
+
+struct gw_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    rl_agent *agent;
+    rl_config *config;
+    rl_logger log;
+    gw_tenant_map *tenants;
+    bool trust_forwarded_for;
+    bool has_upstream;
+    struct sockaddr_storage upstream;
+    char upstream_host[300];    /* Host: header for the upstream */
+    const char *attr_names[RL_ATTRS_MAX]; /* what the rules match on */
+    size_t n_attr_names;
+
+    /* Decisions from the agent's thread, handed to the loop. */
+    uv_async_t decided;
+    pthread_mutex_t decided_lock;
+    gw_conn *decided_head;
+
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    bool draining;
+    gw_conn *conns;             /* every open connection */
+    size_t n_conns;
+};
+
+/* conn.c: a client connection. */
+void gw_conn_accept(gw_server *srv);
+/* Runs on the loop: the decisions the agent has delivered. */
+void gw_conn_take_decisions(gw_server *srv);
+/* Drain: closes the connections that hold no request. */
+void gw_conn_close_idle(gw_server *srv);
+void gw_conn_close_all(gw_server *srv);
+/* main.c: a connection is gone (the drain ends with the last one). */
+void gw_server_conn_gone(gw_server *srv);
+
+/* attrs.c: the request's attributes for the rules. Values point into the
+ * message, the tenant map, peer_ip or out itself: they live as long as
+ * those. A header that is present but empty counts as absent. */
+typedef struct gw_attrs {
+    rl_attr attrs[RL_ATTRS_MAX];
+    size_t n;
+    char ip[INET6_ADDRSTRLEN + 1];  /* the first X-Forwarded-For hop */
+    char api_key[RL_VALUE_MAX + 1]; /* for the tenant map */
+} gw_attrs;
+
+void gw_attrs_of(const gw_server *srv, const gw_message *req,
+                 const char *peer_ip, gw_attrs *out);
+
+/* tenant_map.c: api_key -> tenant, from a file of "api_key tenant" lines. */
+int gw_tenant_map_load(const char *path, gw_tenant_map **out, char *err,
+                       size_t errlen);
+const char *gw_tenant_map_find(const gw_tenant_map *map, const char *api_key);
+void gw_tenant_map_free(gw_tenant_map *map);
+
+/* respond.c: the gateway's own responses. */
+void gw_respond_decision(gw_buf *out, const rl_decision *d, bool keep_alive,
+                         bool head);
+void gw_respond_error(gw_buf *out, int status, const char *error,
+                      const char *reason, bool keep_alive);
+/* Headers that belong to one hop (and framing), not passed on. */
+bool gw_is_hop_by_hop(const char *name);
+/* An upstream's response, sent on with the decision's headers. */
+void gw_respond_proxied(gw_buf *out, const gw_message *resp, int status,
+                        const rl_decision *d, bool keep_alive);
+
+/* upstream.c: forwards the connection's request; calls
+ * gw_conn_upstream_done once, with the response or a status to refuse with
+ * (502, 504). */
+void gw_upstream_forward(gw_conn *c);
+
+/* conn.c, for upstream.c. */
+typedef struct gw_conn_view {
+    gw_server *srv;
+    const gw_message *req;
+    http_parser *parser;
+    const char *peer_ip;
+} gw_conn_view;
+gw_conn_view gw_conn_view_of(gw_conn *c);
+void gw_conn_upstream_done(gw_conn *c, const gw_message *resp, int status,
+                           const char *error);
+
+#endif
