@@ -20,10 +20,10 @@ LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread
 # stand-in for its API: see tests/support/tsan/criterion/criterion.h.
 TEST_HARNESS ?= criterion
 ifeq ($(TEST_HARNESS),criterion)
-TEST_DEPS    = -lcriterion -lhiredis -luv -lnng
+TEST_DEPS    = -lcriterion -lhiredis -luv -lnng -lhttp_parser
 HARNESS_SRC  =
 else
-TEST_DEPS    = -lhiredis -luv -lnng
+TEST_DEPS    = -lhiredis -luv -lnng -lhttp_parser
 HARNESS_SRC  = tests/support/tsan/runner.c
 CFLAGS_ALL  += -Itests/support/tsan
 endif
@@ -35,7 +35,7 @@ AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \
-             $(HARNESS_SRC)
+             tests/support/test_gateway.c $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
@@ -129,7 +129,7 @@ bench: all $(BENCH) $(BENCH_SYNCED) $(RUNNER)
 # free loopback ports, runs the Criterion binary with their addresses in the
 # environment, and stops them whatever happens to the tests.
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
-           RL_TEST_AGGREGATOR=$(AGG) \
+           RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
            RL_TEST_EXAMPLE=$(EXAMPLE) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=

@@ -1,0 +1,250 @@
+/*
+ * test_gateway.c: see test_gateway.h.
+ */
+#include "test_gateway.h"
+
+#include "redis_server.h"
+#include "test_env.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <http_parser.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ARGS 16
+
+static void spawn(test_gateway *gw, char **argv)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(gw->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    gw->pid = pid;
+}
+
+static bool logged(const test_gateway *gw, const char *what)
+{
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", what, gw->log);
+    test_run(cmd, out, sizeof out);
+    return atoi(out) > 0;
+}
+
+static void show_log(const test_gateway *gw)
+{
+    char cmd[700], out[8192];
+    snprintf(cmd, sizeof cmd, "tail -n 30 %s", gw->log);
+    test_run(cmd, out, sizeof out);
+    fprintf(stderr, "--- last lines of %s ---\n%s---\n", gw->log, out);
+}
+
+void test_gateway_start(test_gateway *gw, const char *config, ...)
+{
+    static int serial;
+    memset(gw, 0, sizeof *gw);
+    gw->port = test_free_port();
+    cr_assert_neq(gw->port, 0);
+    snprintf(gw->log, sizeof gw->log, "%s/gateway-%d-%d.log",
+             test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
+    char listen[32];
+    snprintf(listen, sizeof listen, "127.0.0.1:%u", gw->port);
+    char *argv[MAX_ARGS] = {(char *)test_env("RL_TEST_GATEWAY"), "--listen",
+                            listen, "--config", (char *)config};
+    int n = 5;
+    va_list ap;
+    va_start(ap, config);
+    for (char *a; (a = va_arg(ap, char *)) != NULL && n < MAX_ARGS - 1;)
+        argv[n++] = a;
+    va_end(ap);
+    spawn(gw, argv);
+    for (int waited = 0; waited < 30000; waited += 20) {
+        int status;
+        if (waitpid(gw->pid, &status, WNOHANG) != 0) {
+            gw->pid = 0;
+            show_log(gw);
+            cr_assert_fail("rl-gateway exited at start; see %s", gw->log);
+        }
+        if (logged(gw, "event=listening"))
+            return;
+        usleep(20 * 1000);
+    }
+    show_log(gw);
+    cr_assert_fail("rl-gateway did not listen within 30 s; see %s", gw->log);
+}
+
+void test_gateway_stop(test_gateway *gw)
+{
+    if (gw->pid <= 0)
+        return;
+    kill(gw->pid, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    for (int waited = 0; waited < 15000 && done == 0; waited += 20) {
+        done = waitpid(gw->pid, &status, WNOHANG);
+        if (done == 0)
+            usleep(20 * 1000);
+    }
+    if (done == 0) {
+        kill(gw->pid, SIGKILL);
+        waitpid(gw->pid, NULL, 0);
+    }
+    gw->pid = 0;
+    if (!(done != 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        show_log(gw);
+        cr_assert_fail("rl-gateway did not stop cleanly on SIGTERM; see %s",
+                       gw->log);
+    }
+}
+
+int test_http_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0,
+                 "cannot connect to 127.0.0.1:%u", port);
+    return fd;
+}
+
+/* Parsing state for several responses in a row. */
+struct reading {
+    test_http_response *out;
+    int n, done;
+    bool in_value;
+};
+
+static test_http_response *current(http_parser *p)
+{
+    struct reading *r = p->data;
+    return &r->out[r->done];
+}
+
+static int on_field(http_parser *p, const char *at, size_t len)
+{
+    test_http_response *resp = current(p);
+    struct reading *r = p->data;
+    if (resp->n_headers == 0 || r->in_value) {
+        cr_assert_lt(resp->n_headers, TEST_HTTP_HEADERS_MAX);
+        resp->n_headers++;
+        r->in_value = false;
+    }
+    char *name = resp->names[resp->n_headers - 1];
+    strncat(name, at, len < 63 - strlen(name) ? len : 63 - strlen(name));
+    return 0;
+}
+
+static int on_value(http_parser *p, const char *at, size_t len)
+{
+    test_http_response *resp = current(p);
+    ((struct reading *)p->data)->in_value = true;
+    char *v = resp->values[resp->n_headers - 1];
+    strncat(v, at, len < 255 - strlen(v) ? len : 255 - strlen(v));
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len)
+{
+    test_http_response *resp = current(p);
+    cr_assert_lt(resp->body_len + len, sizeof resp->body);
+    memcpy(resp->body + resp->body_len, at, len);
+    resp->body_len += len;
+    return 0;
+}
+
+static int on_complete(http_parser *p)
+{
+    struct reading *r = p->data;
+    current(p)->status = (int)p->status_code;
+    r->in_value = false;
+    r->done++;
+    if (r->done == r->n)
+        http_parser_pause(p, 1);
+    return 0;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void test_http_exchange(int fd, const char *raw, test_http_response *out,
+                        int n)
+{
+    size_t len = strlen(raw);
+    cr_assert_eq(send(fd, raw, len, MSG_NOSIGNAL), (ssize_t)len);
+    memset(out, 0, n * sizeof *out);
+    http_parser_settings s;
+    http_parser_settings_init(&s);
+    s.on_header_field = on_field;
+    s.on_header_value = on_value;
+    s.on_body = on_body;
+    s.on_message_complete = on_complete;
+    struct reading r = {out, n, 0, false};
+    http_parser p;
+    http_parser_init(&p, HTTP_RESPONSE);
+    p.data = &r;
+    uint64_t until = now_ms() + 5000;
+    while (r.done < n) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        uint64_t now = now_ms();
+        cr_assert(now < until && poll(&pfd, 1, (int)(until - now)) == 1,
+                  "no whole response within 5 s (%d of %d)", r.done, n);
+        char buf[8192];
+        ssize_t got = recv(fd, buf, sizeof buf, 0);
+        cr_assert_geq(got, 0);
+        http_parser_execute(&p, &s, buf, (size_t)got);
+        if (r.done == n)
+            break;
+        cr_assert_eq(HTTP_PARSER_ERRNO(&p), HPE_OK, "bad response: %s",
+                     http_errno_description(HTTP_PARSER_ERRNO(&p)));
+        cr_assert_gt(got, 0, "the connection closed after %d of %d "
+                     "responses", r.done, n);
+    }
+}
+
+void test_http_get(uint16_t port, const char *path, const char *headers,
+                   test_http_response *out)
+{
+    char raw[4096];
+    snprintf(raw, sizeof raw, "GET %s HTTP/1.1\r\nHost: test\r\n%s\r\n", path,
+             headers);
+    int fd = test_http_connect(port);
+    test_http_exchange(fd, raw, out, 1);
+    close(fd);
+}
+
+const char *test_http_header(const test_http_response *r, const char *name)
+{
+    for (int i = 0; i < r->n_headers; i++) {
+        if (strcasecmp(r->names[i], name) == 0)
+            return r->values[i];
+    }
+    return NULL;
+}

@@ -1,0 +1,50 @@
+/*
+ * test_gateway.h: rl-gateway as its own process, and a small HTTP client
+ * that sends exact bytes (malformed ones too) and reads responses with
+ * http_parser.
+ */
+#ifndef RL_TEST_GATEWAY_H
+#define RL_TEST_GATEWAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct test_gateway {
+    pid_t pid;
+    uint16_t port;
+    char log[600];
+} test_gateway;
+
+/* Starts build/bin/rl-gateway on a free loopback port with the config file
+ * and extra arguments (NULL-terminated), and waits until it listens. */
+void test_gateway_start(test_gateway *gw, const char *config, ...);
+/* SIGTERM, and asserts a clean exit within 15 s. */
+void test_gateway_stop(test_gateway *gw);
+
+#define TEST_HTTP_HEADERS_MAX 40
+
+typedef struct test_http_response {
+    int status;
+    char names[TEST_HTTP_HEADERS_MAX][64];
+    char values[TEST_HTTP_HEADERS_MAX][256];
+    int n_headers;
+    char body[4096];
+    size_t body_len;
+} test_http_response;
+
+/* A connection to a gateway (or any loopback port). */
+int test_http_connect(uint16_t port);
+/* Sends raw bytes; reads n responses in order into out[0..n-1] (keep-alive
+ * and pipelining). Asserts each arrives whole within 5 s. */
+void test_http_exchange(int fd, const char *raw, test_http_response *out,
+                        int n);
+/* One request on its own connection: "GET path" with extra header lines
+ * ("Name: value\r\n" each, or ""). */
+void test_http_get(uint16_t port, const char *path, const char *headers,
+                   test_http_response *out);
+/* A header's value (case-insensitive), or NULL. */
+const char *test_http_header(const test_http_response *r, const char *name);
+
+#endif
