@@ -55,7 +55,7 @@ RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 
-.PHONY: all deps test asan tsan bench fuzz clean
+.PHONY: all deps test asan tsan bench fuzz run clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -124,6 +124,11 @@ $(BENCH_SYNCED): $(call obj,tests/bench/bench_synced.c) $(LIB_A)
 bench: all $(BENCH) $(BENCH_SYNCED) $(RUNNER)
 	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
 	$(RUNNER) -- $(BENCH_SYNCED) $(AGG) | tee -a $(BUILD)/bench.md
+
+# The seed's ten-gateway scenario over real HTTP: see scripts/demo.sh.
+run: all
+	@sh scripts/deps.sh gnuplot-nox curl
+	@bash scripts/demo.sh $(BUILD)
 
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the
