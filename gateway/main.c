@@ -12,6 +12,7 @@
 #include "address.h"
 
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,9 @@ static void close_handle(uv_handle_t *h)
 static void stop_loop(gw_server *srv)
 {
     close_handle((uv_handle_t *)&srv->sigterm);
+    /* Closing the handle restores the default action; a second SIGTERM
+     * while the agent closes must not cut its last report short. */
+    signal(SIGTERM, SIG_IGN);
     close_handle((uv_handle_t *)&srv->sigint);
     close_handle((uv_handle_t *)&srv->drain_timer);
     close_handle((uv_handle_t *)&srv->decided);

@@ -10,6 +10,8 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +209,7 @@ struct upstream {
     uint16_t port;
     pthread_t thread;
     int served;
+    unsigned delay_ms;  /* before answering */
     char last[4096];
 };
 
@@ -219,6 +222,7 @@ static void *serve(void *arg)
             return NULL;
         ssize_t n = recv(fd, u->last, sizeof u->last - 1, 0);
         u->last[n > 0 ? n : 0] = '\0';
+        usleep(u->delay_ms * 1000);
         static const char resp[] = "HTTP/1.1 201 Created\r\n"
                                    "Content-Length: 5\r\nX-Upstream: yes\r\n"
                                    "Connection: close\r\n\r\nhello";
@@ -228,9 +232,10 @@ static void *serve(void *arg)
     }
 }
 
-static void upstream_start(struct upstream *u)
+static void upstream_start(struct upstream *u, unsigned delay_ms)
 {
     memset(u, 0, sizeof *u);
+    u->delay_ms = delay_ms;
     u->listener = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -252,7 +257,7 @@ static void upstream_stop(struct upstream *u)
 Test(gateway, allowed_requests_reach_the_upstream_rejected_ones_do_not)
 {
     struct upstream up;
-    upstream_start(&up);
+    upstream_start(&up, 0);
     const char *cfg = write_config(
         "proxy", "rules:\n  - {name: per-key, match: api_key, limit: 1, "
                  "period: 1h, mode: local}\n");
@@ -348,4 +353,85 @@ Test(gateway, store_errors_are_marked_and_never_5xx_unless_deny)
     cr_assert_not_null(test_http_header(&r, "Retry-After"));
     test_gateway_stop(&allow);
     test_gateway_stop(&deny);
+}
+
+Test(gateway, sigterm_answers_the_requests_in_flight_then_exits)
+{
+    struct upstream up;
+    upstream_start(&up, 1500);
+    const char *cfg = write_config("drain", per_ip_local);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, cfg, "--upstream", url, NULL);
+    int idle = test_http_connect(gw.port);
+    int busy = test_http_connect(gw.port);
+    static const char get[] = "GET /slow HTTP/1.1\r\nHost: t\r\n\r\n";
+    cr_assert_eq(send(busy, get, sizeof get - 1, 0), (ssize_t)sizeof get - 1);
+    /* The request is with the upstream when the signal comes. */
+    for (int i = 0; i < 200 && up.last[0] == '\0'; i++)
+        usleep(10 * 1000);
+    cr_assert_neq(up.last[0], '\0', "the request never reached upstream");
+    kill(gw.pid, SIGTERM);
+    test_http_response r;
+    test_http_exchange(busy, "", &r, 1);
+    cr_assert_eq(r.status, 201, "the request in flight was dropped");
+    cr_assert_str_eq(test_http_header(&r, "Connection"), "close");
+    /* The idle connection was closed, not left open. */
+    char byte;
+    cr_assert_eq(recv(idle, &byte, 1, 0), 0);
+    close(idle);
+    close(busy);
+    test_gateway_stop(&gw);
+    upstream_stop(&up);
+}
+
+/* A "Redis" that accepts connections and never answers: checks against it
+ * wait until their deadline. */
+static int silent_store(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(fd, 16), 0);
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+Test(gateway, a_slow_check_does_not_hold_up_other_connections)
+{
+    uint16_t port;
+    int store = silent_store(&port);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://127.0.0.1:%u\", timeout_ms: 5000}\n"
+             "rules:\n"
+             "  - {name: per-key, match: api_key, limit: 5, period: 1m}\n"
+             "  - {name: per-ip, match: ip, limit: 5, period: 1m, "
+             "mode: local}\n", port);
+    test_gateway gw;
+    test_gateway_start(&gw, write_config("slow", yaml), NULL);
+    int slow = test_http_connect(gw.port);
+    static const char keyed[] = "GET / HTTP/1.1\r\nHost: t\r\n"
+                                "X-Api-Key: ak_waits\r\n\r\n";
+    cr_assert_eq(send(slow, keyed, sizeof keyed - 1, 0),
+                 (ssize_t)sizeof keyed - 1);
+    /* No API key: only the local rule applies, no store to wait for. */
+    test_http_response r;
+    test_http_get(gw.port, "/", "", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_null(test_http_header(&r, "RateLimit-Degraded"));
+    struct pollfd pfd = {slow, POLLIN, 0};
+    cr_assert_eq(poll(&pfd, 1, 0), 0,
+                 "the keyed request was answered before its store did");
+    /* It is answered at its deadline, degraded, allowed by on_error. */
+    test_http_exchange(slow, "", &r, 1);
+    cr_assert_eq(r.status, 200);
+    cr_assert_not_null(test_http_header(&r, "RateLimit-Degraded"));
+    close(slow);
+    test_gateway_stop(&gw);
+    close(store);
 }

@@ -36,7 +36,7 @@ typedef struct test_http_response {
 
 /* A connection to a gateway (or any loopback port). */
 int test_http_connect(uint16_t port);
-/* Sends raw bytes; reads n responses in order into out[0..n-1] (keep-alive
+/* Sends raw bytes (none if raw is ""); reads n responses in order into out[0..n-1] (keep-alive
  * and pipelining). Asserts each arrives whole within 5 s. */
 void test_http_exchange(int fd, const char *raw, test_http_response *out,
                         int n);
