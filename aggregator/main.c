@@ -38,13 +38,6 @@ static const char usage[] =
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (sockets)\n";
 
-static const char *const level_names[] = {"debug", "info", "warn", "error"};
-
-static void log_to_stderr(rl_log_level level, const char *line, void *arg)
-{
-    (void)arg;
-    fprintf(stderr, "level=%s %s\n", level_names[level], line);
-}
 
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
                                   rl_wire_bytes name)
@@ -182,16 +175,6 @@ static int start(rl_aggregator *agg)
     return 0;
 }
 
-static int parse_level(const char *s, rl_log_level *out)
-{
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(s, level_names[i]) == 0) {
-            *out = (rl_log_level)i;
-            return 0;
-        }
-    }
-    return -1;
-}
 
 int main(int argc, char **argv)
 {
@@ -210,7 +193,7 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             path = argv[++i];
         } else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc
-                   && parse_level(argv[i + 1], &level) == 0) {
+                   && rl_log_level_parse(argv[i + 1], &level) == 0) {
             i++;
         } else {
             fprintf(stderr, "rl-aggregator: unexpected argument '%s'\n\n%s",
@@ -219,7 +202,7 @@ int main(int argc, char **argv)
         }
     }
     rl_aggregator agg = {.config_path = (char *)path,
-                         .log = {log_to_stderr, NULL, level},
+                         .log = {rl_log_to_stderr, NULL, level},
                          .interval = 1};
     rl_error err;
     if (rl_config_load(path, &agg.boot_config, &err) != RL_OK) {

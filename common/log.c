@@ -10,6 +10,8 @@
 
 #define LINE_MAX_BYTES 512
 
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
 void rl_log(const rl_logger *log, rl_log_level level, const char *event,
             const char *fmt, ...)
 {
@@ -27,4 +29,21 @@ void rl_log(const rl_logger *log, rl_log_level level, const char *event,
             memcpy(line + sizeof line - 4, "...", 4);
     }
     log->fn(level, line, log->arg);
+}
+
+void rl_log_to_stderr(rl_log_level level, const char *line, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "level=%s %s\n", level_names[level], line);
+}
+
+int rl_log_level_parse(const char *name, rl_log_level *out)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(name, level_names[i]) == 0) {
+            *out = (rl_log_level)i;
+            return 0;
+        }
+    }
+    return -1;
 }

@@ -20,4 +20,11 @@ typedef struct rl_logger {
 void rl_log(const rl_logger *log, rl_log_level level, const char *event,
             const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* For rl's daemons: writes "level=LEVEL " and the line to stderr (the
+ * journal, under systemd). */
+void rl_log_to_stderr(rl_log_level level, const char *line, void *arg);
+
+/* Reads a level's name (debug, info, warn, error); -1 for anything else. */
+int rl_log_level_parse(const char *name, rl_log_level *out);
+
 #endif

@@ -40,13 +40,6 @@ static const char usage[] =
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (listen,\n"
     "upstream address, tenant map)\n";
 
-static const char *const level_names[] = {"debug", "info", "warn", "error"};
-
-static void log_to_stderr(rl_log_level level, const char *line, void *arg)
-{
-    (void)arg;
-    fprintf(stderr, "level=%s %s\n", level_names[level], line);
-}
 
 typedef struct args {
     const char *listen, *config, *upstream;
@@ -54,16 +47,6 @@ typedef struct args {
     rl_log_level level;
 } args;
 
-static int parse_level(const char *s, rl_log_level *out)
-{
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(s, level_names[i]) == 0) {
-            *out = (rl_log_level)i;
-            return 0;
-        }
-    }
-    return -1;
-}
 
 /* 0 to run, or the exit code (help and version exit 0 through *done). */
 static int parse_args(int argc, char **argv, args *a, bool *done)
@@ -89,7 +72,7 @@ static int parse_args(int argc, char **argv, args *a, bool *done)
         } else if (strcmp(arg, "--upstream") == 0 && has_value) {
             a->upstream = argv[++i];
         } else if (strcmp(arg, "--log-level") == 0 && has_value
-                   && parse_level(argv[i + 1], &a->level) == 0) {
+                   && rl_log_level_parse(argv[i + 1], &a->level) == 0) {
             i++;
         } else {
             fprintf(stderr, "rl-gateway: unexpected argument '%s'\n\n%s", arg,
@@ -278,7 +261,7 @@ static void init_handles(gw_server *srv)
 
 static int open_agent(gw_server *srv)
 {
-    rl_options o = {.config = srv->config, .log = log_to_stderr,
+    rl_options o = {.config = srv->config, .log = rl_log_to_stderr,
                     .log_level = srv->log.level};
     rl_error err;
     if (rl_agent_open(&srv->agent, &o, &err) != RL_OK) {
@@ -322,7 +305,7 @@ int main(int argc, char **argv)
     if (rc != 0 || done)
         return rc;
     gw_server srv = {.loop = uv_default_loop(),
-                     .log = {log_to_stderr, NULL, a.level},
+                     .log = {rl_log_to_stderr, NULL, a.level},
                      .trust_forwarded_for = a.trust_forwarded_for};
     rl_error err;
     if (rl_config_load(a.config, &srv.config, &err) != RL_OK) {

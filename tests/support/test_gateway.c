@@ -5,6 +5,7 @@
 
 #include "redis_server.h"
 #include "test_env.h"
+#include "test_process.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -26,42 +27,6 @@
 
 #define MAX_ARGS 16
 
-static void spawn(test_gateway *gw, char **argv)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(gw->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, STDERR_FILENO);
-            close(fd);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    gw->pid = pid;
-}
-
-static bool logged(const test_gateway *gw, const char *what)
-{
-    char cmd[700], out[64];
-    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", what, gw->log);
-    test_run(cmd, out, sizeof out);
-    return atoi(out) > 0;
-}
-
-static void show_log(const test_gateway *gw)
-{
-    char cmd[700], out[8192];
-    snprintf(cmd, sizeof cmd, "tail -n 30 %s", gw->log);
-    test_run(cmd, out, sizeof out);
-    fprintf(stderr, "--- last lines of %s ---\n%s---\n", gw->log, out);
-}
-
 void test_gateway_start(test_gateway *gw, const char *config, ...)
 {
     static int serial;
@@ -80,44 +45,17 @@ void test_gateway_start(test_gateway *gw, const char *config, ...)
     for (char *a; (a = va_arg(ap, char *)) != NULL && n < MAX_ARGS - 1;)
         argv[n++] = a;
     va_end(ap);
-    spawn(gw, argv);
-    for (int waited = 0; waited < 30000; waited += 20) {
-        int status;
-        if (waitpid(gw->pid, &status, WNOHANG) != 0) {
-            gw->pid = 0;
-            show_log(gw);
-            cr_assert_fail("rl-gateway exited at start; see %s", gw->log);
-        }
-        if (logged(gw, "event=listening"))
-            return;
-        usleep(20 * 1000);
-    }
-    show_log(gw);
-    cr_assert_fail("rl-gateway did not listen within 30 s; see %s", gw->log);
+    gw->pid = test_spawn(argv, gw->log);
+    test_wait_for_log(&gw->pid, gw->log, "event=listening", 30000);
 }
 
 void test_gateway_stop(test_gateway *gw)
 {
     if (gw->pid <= 0)
         return;
-    kill(gw->pid, SIGTERM);
-    int status = 0;
-    pid_t done = 0;
-    for (int waited = 0; waited < 15000 && done == 0; waited += 20) {
-        done = waitpid(gw->pid, &status, WNOHANG);
-        if (done == 0)
-            usleep(20 * 1000);
-    }
-    if (done == 0) {
-        kill(gw->pid, SIGKILL);
-        waitpid(gw->pid, NULL, 0);
-    }
+    pid_t pid = gw->pid;
     gw->pid = 0;
-    if (!(done != 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        show_log(gw);
-        cr_assert_fail("rl-gateway did not stop cleanly on SIGTERM; see %s",
-                       gw->log);
-    }
+    test_stop(pid, gw->log, 15000);
 }
 
 int test_http_connect(uint16_t port)

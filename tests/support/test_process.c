@@ -1,0 +1,90 @@
+/*
+ * test_process.c: see test_process.h.
+ */
+#include "test_process.h"
+
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+pid_t test_spawn(char *const argv[], const char *log)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+void test_show_log(const char *log)
+{
+    char cmd[700], out[8192];
+    snprintf(cmd, sizeof cmd, "tail -n 40 %s", log);
+    test_run(cmd, out, sizeof out);
+    fprintf(stderr, "--- last lines of %s ---\n%s---\n", log, out);
+}
+
+void test_wait_for_log(pid_t *pid, const char *log, const char *what,
+                       int timeout_ms)
+{
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", what, log);
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        int status;
+        if (waitpid(*pid, &status, WNOHANG) != 0) {
+            *pid = 0;
+            test_show_log(log);
+            cr_assert_fail("the process exited at start; see %s", log);
+        }
+        test_run(cmd, out, sizeof out);
+        if (atoi(out) > 0)
+            return;
+        usleep(20 * 1000);
+    }
+    test_show_log(log);
+    cr_assert_fail("no '%s' in %s within %d ms", what, log, timeout_ms);
+}
+
+void test_stop(pid_t pid, const char *log, int timeout_ms)
+{
+    kill(pid, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    for (int waited = 0; waited < timeout_ms && done == 0; waited += 20) {
+        done = waitpid(pid, &status, WNOHANG);
+        if (done == 0)
+            usleep(20 * 1000);
+    }
+    if (done == 0) {
+        test_show_log(log);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cr_assert_fail("did not stop within %d ms of SIGTERM; see %s",
+                       timeout_ms, log);
+    }
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        test_show_log(log);
+        cr_assert_fail("did not exit cleanly on SIGTERM (%s %d); see %s",
+                       WIFEXITED(status) ? "exit status" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status)
+                                         : WTERMSIG(status), log);
+    }
+}

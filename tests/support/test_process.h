@@ -1,0 +1,30 @@
+/*
+ * test_process.h: rl's programs (rl-aggregator, rl-gateway) run by tests as
+ * their own processes, the way they run in production, with stderr in a
+ * log file that a failing test prints.
+ */
+#ifndef RL_TEST_PROCESS_H
+#define RL_TEST_PROCESS_H
+
+#include <sys/types.h>
+
+/* Starts argv[0] with argv, stderr appended to log; it dies with the test
+ * (PR_SET_PDEATHSIG). */
+pid_t test_spawn(char *const argv[], const char *log);
+
+/* Waits until the log holds what (a grep pattern), or fails the test with
+ * the log's last lines if the process exits or timeout_ms passes. *pid is
+ * set to 0 if the process exited. */
+void test_wait_for_log(pid_t *pid, const char *log, const char *what,
+                       int timeout_ms);
+
+/* SIGTERM, then waits up to timeout_ms for a clean exit (status 0); fails
+ * the test with the log's last lines otherwise (a process still running is
+ * killed). */
+void test_stop(pid_t pid, const char *log, int timeout_ms);
+
+/* Prints the last lines of a log on stderr: CI keeps only what a run
+ * printed. */
+void test_show_log(const char *log);
+
+#endif
