@@ -12,7 +12,6 @@
 #include "address.h"
 
 #include <netdb.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,11 +185,11 @@ static void close_handle(uv_handle_t *h)
 /* The last step of a drain: the loop runs out of handles and returns. */
 static void stop_loop(gw_server *srv)
 {
-    close_handle((uv_handle_t *)&srv->sigterm);
-    /* Closing the handle restores the default action; a second SIGTERM
-     * while the agent closes must not cut its last report short. */
-    signal(SIGTERM, SIG_IGN);
-    close_handle((uv_handle_t *)&srv->sigint);
+    /* The signal handlers stay installed (closing them would restore the
+     * default action) but no longer keep the loop running: a second
+     * SIGTERM while the agent closes must not cut its last report short. */
+    uv_unref((uv_handle_t *)&srv->sigterm);
+    uv_unref((uv_handle_t *)&srv->sigint);
     close_handle((uv_handle_t *)&srv->drain_timer);
     close_handle((uv_handle_t *)&srv->decided);
 }
@@ -288,11 +287,13 @@ static int run(gw_server *srv, const args *a)
         /* Decisions still owed arrive before the agent's thread ends. */
         rl_agent_close(srv->agent);
         rl_log(&srv->log, RL_LOG_INFO, "stopped", "%s", "");
-        return 0;
+    } else {
+        /* Start failed: close what was opened so the loop can end. */
+        close_handle((uv_handle_t *)&srv->listener);
+        stop_loop(srv);
     }
-    /* Start failed: close what was opened so the loop can end. */
-    close_handle((uv_handle_t *)&srv->listener);
-    stop_loop(srv);
+    close_handle((uv_handle_t *)&srv->sigterm);
+    close_handle((uv_handle_t *)&srv->sigint);
     uv_run(srv->loop, UV_RUN_DEFAULT);
     return rc;
 }

@@ -208,10 +208,21 @@ struct upstream {
     int listener;
     uint16_t port;
     pthread_t thread;
-    int served;
     unsigned delay_ms;  /* before answering */
-    char last[4096];
+    pthread_mutex_t lock; /* over what follows */
+    int served;
+    char last[4096];    /* the last request seen */
 };
+
+/* What the upstream last received (a copy), and how many it answered. */
+static int upstream_seen(struct upstream *u, char *last, size_t cap)
+{
+    pthread_mutex_lock(&u->lock);
+    snprintf(last, cap, "%s", u->last);
+    int served = u->served;
+    pthread_mutex_unlock(&u->lock);
+    return served;
+}
 
 static void *serve(void *arg)
 {
@@ -220,14 +231,20 @@ static void *serve(void *arg)
         int fd = accept(u->listener, NULL, NULL);
         if (fd < 0)
             return NULL;
-        ssize_t n = recv(fd, u->last, sizeof u->last - 1, 0);
-        u->last[n > 0 ? n : 0] = '\0';
+        char got[sizeof u->last];
+        ssize_t n = recv(fd, got, sizeof got - 1, 0);
+        got[n > 0 ? n : 0] = '\0';
+        pthread_mutex_lock(&u->lock);
+        memcpy(u->last, got, sizeof got);
+        pthread_mutex_unlock(&u->lock);
         usleep(u->delay_ms * 1000);
         static const char resp[] = "HTTP/1.1 201 Created\r\n"
                                    "Content-Length: 5\r\nX-Upstream: yes\r\n"
                                    "Connection: close\r\n\r\nhello";
         send(fd, resp, sizeof resp - 1, MSG_NOSIGNAL);
-        __atomic_add_fetch(&u->served, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&u->lock);
+        u->served++;
+        pthread_mutex_unlock(&u->lock);
         close(fd);
     }
 }
@@ -236,6 +253,7 @@ static void upstream_start(struct upstream *u, unsigned delay_ms)
 {
     memset(u, 0, sizeof *u);
     u->delay_ms = delay_ms;
+    pthread_mutex_init(&u->lock, NULL);
     u->listener = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -252,6 +270,7 @@ static void upstream_stop(struct upstream *u)
     shutdown(u->listener, SHUT_RDWR);
     close(u->listener);
     pthread_join(u->thread, NULL);
+    pthread_mutex_destroy(&u->lock);
 }
 
 Test(gateway, allowed_requests_reach_the_upstream_rejected_ones_do_not)
@@ -274,17 +293,19 @@ Test(gateway, allowed_requests_reach_the_upstream_rejected_ones_do_not)
     cr_assert_eq(memcmp(r.body, "hello", 5), 0);
     cr_assert_str_eq(test_http_header(&r, "X-Upstream"), "yes");
     cr_assert_str_eq(test_http_header(&r, "RateLimit-Remaining"), "0");
-    cr_assert(strncmp(up.last, "GET /orders?id=7 HTTP/1.1\r\n", 27) == 0,
-              "%s", up.last);
-    cr_assert(strstr(up.last, "X-Forwarded-For: 127.0.0.1\r\n") != NULL,
-              "%s", up.last);
-    cr_assert(strstr(up.last, "Authorization: Bearer tok_1\r\n") != NULL);
-    cr_assert(strstr(up.last, "keep-alive") == NULL,
-              "a hop-by-hop header went upstream: %s", up.last);
+    char last[4096];
+    upstream_seen(&up, last, sizeof last);
+    cr_assert(strncmp(last, "GET /orders?id=7 HTTP/1.1\r\n", 27) == 0,
+              "%s", last);
+    cr_assert(strstr(last, "X-Forwarded-For: 127.0.0.1\r\n") != NULL,
+              "%s", last);
+    cr_assert(strstr(last, "Authorization: Bearer tok_1\r\n") != NULL);
+    cr_assert(strstr(last, "keep-alive") == NULL,
+              "a hop-by-hop header went upstream: %s", last);
     /* The same bearer token again: rejected here, never sent upstream. */
     test_http_get(gw.port, "/orders", "Authorization: Bearer tok_1\r\n", &r);
     cr_assert_eq(r.status, 429);
-    cr_assert_eq(__atomic_load_n(&up.served, __ATOMIC_SEQ_CST), 1);
+    cr_assert_eq(upstream_seen(&up, last, sizeof last), 1);
     test_gateway_stop(&gw);
     upstream_stop(&up);
 
@@ -369,9 +390,12 @@ Test(gateway, sigterm_answers_the_requests_in_flight_then_exits)
     static const char get[] = "GET /slow HTTP/1.1\r\nHost: t\r\n\r\n";
     cr_assert_eq(send(busy, get, sizeof get - 1, 0), (ssize_t)sizeof get - 1);
     /* The request is with the upstream when the signal comes. */
-    for (int i = 0; i < 200 && up.last[0] == '\0'; i++)
+    char last[4096] = "";
+    for (int i = 0; i < 200 && last[0] == '\0'; i++) {
         usleep(10 * 1000);
-    cr_assert_neq(up.last[0], '\0', "the request never reached upstream");
+        upstream_seen(&up, last, sizeof last);
+    }
+    cr_assert_neq(last[0], '\0', "the request never reached upstream");
     kill(gw.pid, SIGTERM);
     test_http_response r;
     test_http_exchange(busy, "", &r, 1);
