@@ -225,7 +225,12 @@ static void advance(gw_conn *c)
         enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
         if (e == HPE_PAUSED && c->req.complete) {
             check(c);
-        } else if (e != HPE_OK) {
+        } else if (e != HPE_OK || n == 0) {
+            /* n == 0 with no error: an upgrade (WebSocket, CONNECT),
+             * which this gateway does not tunnel. */
+            if (e == HPE_OK)
+                c->req.error = "upgrades (WebSocket, CONNECT) are not "
+                               "supported";
             bad_request(c);
         }
     }

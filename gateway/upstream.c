@@ -145,7 +145,9 @@ static void build(gw_upstream *u, const gw_conn_view *v)
             continue;
         }
         host |= strcasecmp(h->name.data, "Host") == 0;
-        if (!gw_is_hop_by_hop(h->name.data))
+        /* The body is sent whole: no interim 100 Continue to relay. */
+        if (!gw_is_hop_by_hop(h->name.data)
+            && strcasecmp(h->name.data, "Expect") != 0)
             gw_buf_printf(out, "%s: %s\r\n", h->name.data, h->value.data);
     }
     if (!host)
