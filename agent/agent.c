@@ -52,7 +52,8 @@ static void io_thread(void *arg)
     rl_agent *a = arg;
     if (a->has_exact) {
         a->store = rl_store_new(&a->loop, &a->store_config,
-                                &rl_bucket_scripts, &a->log);
+                                &rl_bucket_scripts, &a->store_counters,
+                                &a->log);
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }

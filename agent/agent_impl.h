@@ -91,6 +91,7 @@ struct rl_agent {
     uv_async_t wakeup;
     uv_timer_t deadline_timer;
     rl_store *store;
+    rl_store_counters store_counters; /* read by tests from any thread */
     rl_request *live_head, *live_tail;
 
     /* Synced rules: local counters, and the sync with the aggregators. */

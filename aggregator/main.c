@@ -134,7 +134,7 @@ static int start(rl_aggregator *agg)
 {
     char err[512];
     agg->store = rl_store_new(agg->loop, &agg->boot_config->store,
-                              &rl_window_scripts, &agg->log);
+                              &rl_window_scripts, NULL, &agg->log);
     agg->broadcast = rl_broadcast_new();
     if (agg->store == NULL || agg->broadcast == NULL) {
         fprintf(stderr, "rl-aggregator: out of memory\n");

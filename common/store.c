@@ -1,501 +1,550 @@
 /*
- * store.c: one Redis connection, driven by hiredis's async API on a libuv
- * loop (the agent's I/O thread, the aggregator's main loop). hiredis queues every command written in one turn of
- * the loop and sends them in one write, so calls from many requests share
- * round trips (automatic pipelining).
+ * store.c: the store of a config. One server is one node. A cluster is one
+ * node per primary and a map of the 16,384 slots to them, read with
+ * CLUSTER SLOTS from any node that answers (a primary already connected,
+ * else the seeds in turn). Debian's hiredis knows nothing of clusters, so
+ * the routing is here:
  *
- * States: DOWN (waiting to reconnect: calls fail at once, so a gateway is
- * not held up while Redis is known to be away), CONNECTING and LOADING
- * (calls wait, to be sent once the scripts are loaded), READY, CLOSED.
- * The scripts are loaded on every connection: a restarted Redis or a
- * promoted replica has none. A NOSCRIPT or "function not found" reply (a
- * SCRIPT FLUSH or FUNCTION FLUSH behind our back) reloads them and resends
- * the calls that failed, so no check is lost to it.
+ * - MOVED: the slot has a new owner; it is recorded at once, the call sent
+ *   there, and the whole map read again (a resharding moves many slots).
+ * - ASK: this one call goes to the target, after ASKING, on the same
+ *   connection.
+ * - TRYAGAIN, CLUSTERDOWN: sent again after a short backoff while the call
+ *   is younger than the store's timeout, then failed (on_error decides).
+ * - A node that goes away fails its calls at once and makes the store read
+ *   the map again, every 500 ms until every slot's owner answers: that is
+ *   how a replica promoted by a failover is found. A new node loads the
+ *   scripts before its first call (node.c), so a promoted replica has them.
+ * - Nodes no slot points to any more are closed once they are idle.
+ *
+ * Every call of one turn of the loop that goes to one node leaves in one
+ * write (one batch per shard); calls for different shards go out in the
+ * same turn, before any reply is read.
  */
 #include "store.h"
 
-#include "store_uv.h"
+#include "keys.h"
 
-#include <hiredis/async.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CONNECT_TIMEOUT_MS 1000
-#define BACKOFF_FIRST_MS 25
-#define BACKOFF_MAX_MS 500
-#define WATCHDOG_EVERY_MS 100
-/* More calls than this in flight and new ones fail at once rather than
- * pile up in memory behind a store that is not keeping up. */
-#define MAX_IN_FLIGHT 100000
-/* A call is resent after a script reload at most this many times. */
-#define MAX_ATTEMPTS 3
-/* How often Redis's clock is read again while connected. */
-#define CLOCK_EVERY_MS 5000
+#define NODES_MAX 1024
+#define REDIRECTS_MAX 5
+#define REFRESH_MIN_MS 100
+#define REFRESH_WHILE_DOWN_MS 500
+#define RETRY_FIRST_MS 10
+#define RETRY_TICK_MS 5
+#define WAITING_MAX 100000
 
-typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
-
-typedef struct call {
-    struct call *next;
+typedef struct route {
+    struct route *next;     /* the waiting or the retrying list */
     rl_store *store;
-    int script;
-    int argc;
+    int script, argc;
     rl_store_fn fn;
     void *arg;
-    int attempts;
-    const char **argv;  /* point into data */
+    uint16_t slot;
+    int redirects, retries;
+    uint64_t started_ms, retry_at_ms;
+    rl_node *ask_node;      /* the next send goes there, after ASKING */
+    const char **argv;      /* point into data */
     size_t *lens;
     char data[];
-} call;
+} route;
 
 struct rl_store {
     uv_loop_t *loop;
     const rl_store_config *cfg;
     const rl_script_set *scripts;
     const rl_logger *log;
-    redisAsyncContext *ac;
-    state state;
-    bool use_functions;
-    char sha[RL_STORE_SCRIPTS_MAX][41]; /* EVALSHA digests by script */
-    uint64_t clock_offset_ms;  /* Redis's ms minus the loop's; 0: unknown */
-    uint64_t clock_read_at;    /* loop ms of the last TIME */
-    int loads_pending;       /* replies still due before READY */
-    call *waiting, **waiting_tail;
-    size_t in_flight;        /* calls sent, not yet answered */
-    uint64_t last_progress;  /* ms of the last reply, or of going busy */
-    uint64_t loading_since;  /* ms the handshake or a reload began */
-    uint32_t backoff_ms;
-    uv_timer_t retry_timer;  /* reconnect after backoff; connect timeout */
-    uv_timer_t watchdog;     /* a connection that stopped answering */
+    rl_store_counters *counters;
+    rl_store_counters own_counters;
+    uv_prepare_t turn;
+    uv_timer_t refresh_timer;
+    uv_timer_t retry_timer;
     int open_handles;
+    bool closed;
+
+    rl_node *single;                    /* one server */
+    rl_node *nodes[NODES_MAX];          /* a cluster's primaries */
+    size_t n_nodes;
+    rl_node *slots[RL_CLUSTER_SLOTS];
+    rl_node *next_map[RL_CLUSTER_SLOTS]; /* being read */
+    bool mapped;                        /* a map was read */
+    rl_node *control;                   /* a seed, for CLUSTER SLOTS */
+    size_t next_seed;
+    bool refreshing;
+    uint64_t last_refresh_ms;
+    route *waiting, **waiting_tail;     /* for a map */
+    size_t n_waiting;
+    route *retrying;                    /* TRYAGAIN, CLUSTERDOWN */
 };
 
-static void connect_now(rl_store *s);
-static void send_call(rl_store *s, call *c);
-static void went_down(rl_store *s, const char *why);
+static void dispatch(route *r);
+static void refresh(rl_store *s);
+static void retry_due(uv_timer_t *t);
+
+static void refresh_fired(uv_timer_t *t)
+{
+    refresh(t->data);
+}
 
 static uint64_t now_ms(const rl_store *s)
 {
     return uv_now(s->loop);
 }
 
-static void finish(call *c, const redisReply *reply, const char *error)
+static void count(atomic_uint_least64_t *c)
 {
-    c->fn(c->arg, reply, error);
-    free(c);
+    atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
 }
 
-static void wait_for_ready(rl_store *s, call *c)
+static void fail(route *r, const char *why)
 {
-    c->next = NULL;
-    *s->waiting_tail = c;
-    s->waiting_tail = &c->next;
+    r->fn(r->arg, NULL, why);
+    free(r);
 }
 
-/* Fails every call that waits to be sent. */
+/* --- Nodes ------------------------------------------------------------ */
+
+static bool same_endpoint(const rl_endpoint *a, const rl_endpoint *b)
+{
+    return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+static rl_node *node_at(rl_store *s, const rl_endpoint *ep)
+{
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        if (same_endpoint(rl_node_endpoint(s->nodes[i]), ep))
+            return s->nodes[i];
+    }
+    if (s->n_nodes == NODES_MAX)
+        return NULL;
+    rl_node *n = rl_node_new(s->loop, s->cfg, ep, s->scripts,
+                             &s->counters->batches, s->log);
+    if (n != NULL)
+        s->nodes[s->n_nodes++] = n;
+    return n;
+}
+
+/* "127.0.0.1:6381" (or an IPv6 address and a port after its last ':'). */
+static bool parse_host_port(const char *text, rl_endpoint *out)
+{
+    const char *colon = strrchr(text, ':');
+    if (colon == NULL || colon == text
+        || (size_t)(colon - text) >= sizeof out->host)
+        return false;
+    long port = strtol(colon + 1, NULL, 10);
+    if (port <= 0 || port > 65535)
+        return false;
+    memcpy(out->host, text, (size_t)(colon - text));
+    out->host[colon - text] = '\0';
+    out->port = (uint16_t)port;
+    return true;
+}
+
+/* Closes the nodes no slot points to, once they have nothing in flight. */
+static void close_unused(rl_store *s)
+{
+    for (size_t i = 0; i < s->n_nodes;) {
+        rl_node *n = s->nodes[i];
+        bool used = false;
+        for (size_t slot = 0; slot < RL_CLUSTER_SLOTS && !used; slot++)
+            used = s->slots[slot] == n;
+        if (used || rl_node_in_flight(n) > 0) {
+            i++;
+            continue;
+        }
+        rl_log(s->log, RL_LOG_INFO, "store_node_dropped", "addr=%s:%u",
+               rl_node_endpoint(n)->host, rl_node_endpoint(n)->port);
+        rl_node_close(n);
+        s->nodes[i] = s->nodes[--s->n_nodes];
+    }
+}
+
+static bool all_slots_up(const rl_store *s)
+{
+    if (!s->mapped)
+        return false;
+    for (size_t slot = 0; slot < RL_CLUSTER_SLOTS; slot++) {
+        if (s->slots[slot] == NULL || !rl_node_up(s->slots[slot]))
+            return false;
+    }
+    return true;
+}
+
+/* --- The slot map ----------------------------------------------------- */
+
+/* One CLUSTER SLOTS entry: [start, end, [host, port, id], replicas...]. */
+static bool apply_range(rl_store *s, const redisReply *e,
+                        const rl_endpoint *asked, rl_node **map)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3
+        || e->element[0]->type != REDIS_REPLY_INTEGER
+        || e->element[1]->type != REDIS_REPLY_INTEGER
+        || e->element[2]->type != REDIS_REPLY_ARRAY
+        || e->element[2]->elements < 2
+        || e->element[2]->element[0]->type != REDIS_REPLY_STRING
+        || e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+        return false;
+    long long start = e->element[0]->integer, end = e->element[1]->integer;
+    const redisReply *primary = e->element[2];
+    rl_endpoint ep = {.port = (uint16_t)primary->element[1]->integer};
+    /* An empty host means "the node you asked". */
+    snprintf(ep.host, sizeof ep.host, "%s",
+             primary->element[0]->len > 0 ? primary->element[0]->str
+                                          : asked->host);
+    if (start < 0 || end >= RL_CLUSTER_SLOTS || start > end)
+        return false;
+    rl_node *n = node_at(s, &ep);
+    if (n == NULL)
+        return false;
+    for (long long slot = start; slot <= end; slot++)
+        map[slot] = n;
+    return true;
+}
+
+static void dispatch_waiting(rl_store *s)
+{
+    route *r = s->waiting;
+    s->waiting = NULL;
+    s->waiting_tail = &s->waiting;
+    s->n_waiting = 0;
+    while (r != NULL) {
+        route *next = r->next;
+        dispatch(r);
+        r = next;
+    }
+}
+
 static void fail_waiting(rl_store *s, const char *why)
 {
-    call *c = s->waiting;
+    route *r = s->waiting;
     s->waiting = NULL;
     s->waiting_tail = &s->waiting;
-    while (c != NULL) {
-        call *next = c->next;
-        finish(c, NULL, why);
-        c = next;
+    s->n_waiting = 0;
+    while (r != NULL) {
+        route *next = r->next;
+        fail(r, why);
+        r = next;
     }
 }
 
-static void send_waiting(rl_store *s)
+static void on_slots(void *arg, const redisReply *reply, const char *error)
 {
-    call *c = s->waiting;
-    s->waiting = NULL;
-    s->waiting_tail = &s->waiting;
-    while (c != NULL) {
-        call *next = c->next;
-        send_call(s, c);
-        c = next;
+    rl_store *s = arg;
+    s->refreshing = false;
+    if (s->closed)
+        return;
+    rl_node **map = s->next_map;
+    memset(map, 0, sizeof s->next_map);
+    bool ok = reply != NULL && reply->type == REDIS_REPLY_ARRAY
+              && reply->elements > 0;
+    const rl_endpoint *asked = s->control != NULL
+                                   ? rl_node_endpoint(s->control)
+                                   : &s->cfg->nodes[0];
+    for (size_t i = 0; ok && i < reply->elements; i++)
+        ok = apply_range(s, reply->element[i], asked, map);
+    if (!ok) {
+        rl_log(s->log, RL_LOG_WARN, "store_map_failed", "reason=\"%s\"",
+               error != NULL ? error : "unexpected CLUSTER SLOTS reply");
+        /* The next read goes to another seed. */
+        rl_node_close(s->control);
+        s->control = NULL;
+        if (!s->mapped)
+            fail_waiting(s, "store unavailable: no cluster node answered");
+        uv_timer_start(&s->refresh_timer, refresh_fired,
+                       REFRESH_WHILE_DOWN_MS, 0);
+        return;
     }
+    count(&s->counters->refreshes);
+    memcpy(s->slots, map, sizeof s->slots);
+    /* The primaries answer the next reads. */
+    rl_node_close(s->control);
+    s->control = NULL;
+    if (!s->mapped)
+        rl_log(s->log, RL_LOG_INFO, "store_mapped", "primaries=%zu",
+               s->n_nodes);
+    s->mapped = true;
+    close_unused(s);
+    dispatch_waiting(s);
+    /* New owners connect, dead ones are replaced: look again until every
+     * slot's owner answers. */
+    if (!all_slots_up(s))
+        uv_timer_start(&s->refresh_timer, refresh_fired,
+                       REFRESH_WHILE_DOWN_MS, 0);
 }
 
-static void retry_fired(uv_timer_t *t)
+/* A node to ask for the map: a primary that is up, else the next seed. */
+static rl_node *map_source(rl_store *s)
+{
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        if (rl_node_up(s->nodes[i]))
+            return s->nodes[i];
+    }
+    if (s->control == NULL) {
+        const rl_endpoint *seed =
+            &s->cfg->nodes[s->next_seed++ % s->cfg->n_nodes];
+        s->control = rl_node_new(s->loop, s->cfg, seed, NULL, NULL, s->log);
+    }
+    return s->control;
+}
+
+static void refresh(rl_store *s)
+{
+    if (s->refreshing || s->closed || s->single != NULL)
+        return;
+    uint64_t since = now_ms(s) - s->last_refresh_ms;
+    if (s->last_refresh_ms != 0 && since < REFRESH_MIN_MS) {
+        if (!uv_is_active((uv_handle_t *)&s->refresh_timer))
+            uv_timer_start(&s->refresh_timer, refresh_fired,
+                           REFRESH_MIN_MS - since, 0);
+        return;
+    }
+    rl_node *n = map_source(s);
+    if (n == NULL) {
+        uv_timer_start(&s->refresh_timer, refresh_fired,
+                       REFRESH_WHILE_DOWN_MS, 0);
+        return;
+    }
+    s->refreshing = true;
+    s->last_refresh_ms = now_ms(s);
+    static const char *const argv[] = {"CLUSTER", "SLOTS"};
+    static const size_t lens[] = {7, 5};
+    rl_node_run(n, RL_NODE_RAW, false, 2, argv, lens, on_slots, s);
+}
+
+/* --- Calls ------------------------------------------------------------ */
+
+static void retry_later(route *r)
+{
+    rl_store *s = r->store;
+    r->retry_at_ms = now_ms(s) + ((uint64_t)RETRY_FIRST_MS << r->retries);
+    r->retries++;
+    r->next = s->retrying;
+    s->retrying = r;
+    count(&s->counters->retried);
+    if (!uv_is_active((uv_handle_t *)&s->retry_timer))
+        uv_timer_start(&s->retry_timer, retry_due, RETRY_TICK_MS, 0);
+}
+
+static void retry_due(uv_timer_t *t)
 {
     rl_store *s = t->data;
-    if (s->state == DOWN) {
-        connect_now(s);
-    } else if (s->state == CONNECTING && s->ac != NULL) {
-        /* Connect timeout. The context never connected, so hiredis will
-         * not call the disconnect callback: clean up here. */
-        rl_log(s->log, RL_LOG_WARN, "store_connect_timeout",
-               "addr=%s:%u after_ms=%d", s->cfg->nodes[0].host,
-               s->cfg->nodes[0].port, CONNECT_TIMEOUT_MS);
-        redisAsyncContext *ac = s->ac;
-        s->ac = NULL;
-        redisAsyncFree(ac);
-        went_down(s, "store connect timed out");
-    }
-}
-
-/* The connection is gone (or never came): fail what waits, retry later. */
-static void went_down(rl_store *s, const char *why)
-{
-    s->ac = NULL;
-    s->in_flight = 0;
-    if (s->state == CLOSED)
-        return;
-    s->state = DOWN;
-    fail_waiting(s, why);
-    uv_timer_start(&s->retry_timer, retry_fired, s->backoff_ms, 0);
-    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                       : s->backoff_ms * 2;
-}
-
-static void drop_connection(rl_store *s, const char *event, const char *why)
-{
-    rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
-           s->cfg->nodes[0].host, s->cfg->nodes[0].port, why);
-    if (s->ac != NULL)
-        redisAsyncDisconnect(s->ac); /* the disconnect callback follows */
-}
-
-static void became_ready(rl_store *s)
-{
-    s->state = READY;
-    s->backoff_ms = BACKOFF_FIRST_MS;
-    rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s",
-           s->cfg->nodes[0].host, s->cfg->nodes[0].port,
-           s->use_functions ? "function" : "eval");
-    send_waiting(s);
-}
-
-static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_store *s = ac->data;
-    intptr_t script = (intptr_t)privdata;
-    if (reply == NULL || s->state != LOADING)
-        return;
-    if (reply->type == REDIS_REPLY_ERROR) {
-        drop_connection(s, "store_load_failed", reply->str);
-        return;
-    }
-    if (!s->use_functions && reply->type == REDIS_REPLY_STRING
-        && reply->len == 40)
-        memcpy(s->sha[script], reply->str, 41);
-    if (--s->loads_pending == 0)
-        became_ready(s);
-}
-
-static void load_scripts(rl_store *s)
-{
-    s->state = LOADING;
-    s->loading_since = now_ms(s);
-    if (s->use_functions) {
-        s->loads_pending = 1;
-        redisAsyncCommand(s->ac, on_load_reply, (void *)0,
-                          "FUNCTION LOAD REPLACE %s", s->scripts->library);
-        return;
-    }
-    s->loads_pending = s->scripts->n;
-    for (intptr_t i = 0; i < s->scripts->n; i++)
-        redisAsyncCommand(s->ac, on_load_reply, (void *)i, "SCRIPT LOAD %s",
-                          s->scripts->sources[i]);
-}
-
-/* TIME answers [seconds, microseconds]. */
-static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_store *s = ac->data;
-    (void)privdata;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
-        || reply->elements != 2)
-        return;
-    uint64_t ms = strtoull(reply->element[0]->str, NULL, 10) * 1000
-                  + strtoull(reply->element[1]->str, NULL, 10) / 1000;
-    s->clock_read_at = now_ms(s);
-    s->clock_offset_ms = ms - s->clock_read_at;
-}
-
-static void read_clock(rl_store *s)
-{
-    s->clock_read_at = now_ms(s);
-    if (s->ac != NULL)
-        redisAsyncCommand(s->ac, on_time_reply, NULL, "TIME");
-}
-
-/* "redis_version:7.0.15" -> 7 */
-static int major_version(const char *info)
-{
-    const char *v = strstr(info, "redis_version:");
-    return v != NULL ? atoi(v + strlen("redis_version:")) : 0;
-}
-
-static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_store *s = ac->data;
-    (void)privdata;
-    if (reply == NULL || s->state != LOADING)
-        return;
-    if (reply->type != REDIS_REPLY_STRING) {
-        drop_connection(s, "store_handshake_failed",
-                        reply->type == REDIS_REPLY_ERROR ? reply->str
-                                                         : "INFO failed");
-        return;
-    }
-    int major = major_version(reply->str);
-    s->use_functions = s->cfg->scripts == RL_SCRIPTS_FUNCTION
-                       || (s->cfg->scripts == RL_SCRIPTS_AUTO && major >= 7);
-    if (s->use_functions && major < 7) {
-        drop_connection(s, "store_handshake_failed", "scripts: function "
-                        "needs Redis 7 or later");
-        return;
-    }
-    read_clock(s);
-    load_scripts(s);
-}
-
-/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
-static void on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_store *s = ac->data;
-    (void)privdata;
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR
-        && s->state == LOADING)
-        drop_connection(s, "store_handshake_failed", reply->str);
-}
-
-static void on_connect(const redisAsyncContext *cac, int status)
-{
-    redisAsyncContext *ac = (redisAsyncContext *)cac;
-    rl_store *s = ac->data;
-    if (s->state != CONNECTING || s->ac != ac)
-        return;
-    uv_timer_stop(&s->retry_timer);
-    if (status != REDIS_OK) {
-        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
-               "addr=%s:%u reason=\"%s\"", s->cfg->nodes[0].host,
-               s->cfg->nodes[0].port, ac->errstr);
-        went_down(s, "store unreachable"); /* hiredis frees ac */
-        return;
-    }
-    s->state = LOADING;
-    s->loading_since = now_ms(s);
-    const rl_store_config *cfg = s->cfg;
-    if (cfg->password != NULL && cfg->username != NULL)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s %s",
-                          cfg->username, cfg->password);
-    else if (cfg->password != NULL)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s",
-                          cfg->password);
-    if (cfg->db != 0)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "SELECT %u", cfg->db);
-    redisAsyncCommand(ac, on_info_reply, NULL, "INFO server");
-}
-
-static void on_disconnect(const redisAsyncContext *ac, int status)
-{
-    rl_store *s = ac->data;
-    (void)status;
-    if (s->ac != ac)
-        return;
-    rl_log(s->log, RL_LOG_WARN, "store_disconnected", "addr=%s:%u",
-           s->cfg->nodes[0].host, s->cfg->nodes[0].port);
-    went_down(s, "store connection lost");
-}
-
-static void connect_now(rl_store *s)
-{
-    const rl_endpoint *ep = &s->cfg->nodes[0];
-    redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
-    if (ac == NULL || ac->err) {
-        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
-               "addr=%s:%u reason=\"%s\"", ep->host, ep->port,
-               ac != NULL ? ac->errstr : "out of memory");
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        s->state = CONNECTING; /* so that went_down schedules a retry */
-        went_down(s, "store unreachable");
-        return;
-    }
-    ac->data = s;
-    if (rl_store_uv_attach(ac, s->loop) != REDIS_OK) {
-        redisAsyncFree(ac);
-        s->state = CONNECTING;
-        went_down(s, "cannot watch the store's socket");
-        return;
-    }
-    redisAsyncSetConnectCallback(ac, on_connect);
-    redisAsyncSetDisconnectCallback(ac, on_disconnect);
-    s->ac = ac;
-    s->state = CONNECTING;
-    uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
-}
-
-/* The scripts are gone from the server (flushed, or a restart the
- * connection did not notice): reload them, and resend c once they are. */
-static bool scripts_missing(const redisReply *r)
-{
-    return strncmp(r->str, "NOSCRIPT", 8) == 0
-           || strstr(r->str, "Function not found") != NULL;
-}
-
-static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    call *c = privdata;
-    rl_store *s = c->store;
-    (void)ac;
-    if (reply == NULL) {
-        finish(c, NULL, "store connection lost");
-        return;
-    }
-    s->in_flight--;
-    s->last_progress = now_ms(s);
-    if (reply->type == REDIS_REPLY_ERROR && scripts_missing(reply)
-        && c->attempts < MAX_ATTEMPTS && s->state != CLOSED) {
-        if (s->state == READY) {
-            rl_log(s->log, RL_LOG_WARN, "store_scripts_missing",
-                   "addr=%s:%u reason=\"%s\"", s->cfg->nodes[0].host,
-                   s->cfg->nodes[0].port, reply->str);
-            load_scripts(s);
+    route *r = s->retrying, *keep = NULL;
+    s->retrying = NULL;
+    uint64_t now = now_ms(s);
+    while (r != NULL) {
+        route *next = r->next;
+        if (r->retry_at_ms <= now) {
+            dispatch(r);
+        } else {
+            r->next = keep;
+            keep = r;
         }
-        wait_for_ready(s, c);
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-        finish(c, NULL, reply->str);
+        r = next;
+    }
+    /* Routes added by the dispatches above join the ones kept. */
+    while (keep != NULL) {
+        route *next = keep->next;
+        keep->next = s->retrying;
+        s->retrying = keep;
+        keep = next;
+    }
+    if (s->retrying != NULL)
+        uv_timer_start(t, retry_due, RETRY_TICK_MS, 0);
+}
+
+/* "MOVED 3999 127.0.0.1:6381" and "ASK 3999 127.0.0.1:6381". */
+static rl_node *redirect_target(rl_store *s, const char *error,
+                                const char *kind, uint16_t *slot)
+{
+    size_t klen = strlen(kind);
+    if (strncmp(error, kind, klen) != 0 || error[klen] != ' ')
+        return NULL;
+    char where[300];
+    unsigned n;
+    rl_endpoint ep;
+    if (sscanf(error + klen, " %u %299s", &n, where) != 2
+        || n >= RL_CLUSTER_SLOTS || !parse_host_port(where, &ep))
+        return NULL;
+    *slot = (uint16_t)n;
+    return node_at(s, &ep);
+}
+
+static bool starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static void on_reply(void *arg, const redisReply *reply, const char *error)
+{
+    route *r = arg;
+    rl_store *s = r->store;
+    if (reply != NULL) {
+        r->fn(r->arg, reply, NULL);
+        free(r);
+        return;
+    }
+    if (s->closed || s->single != NULL) {
+        fail(r, error);
+        return;
+    }
+    uint16_t slot;
+    rl_node *to;
+    if ((to = redirect_target(s, error, "MOVED", &slot)) != NULL
+        && r->redirects < REDIRECTS_MAX) {
+        count(&s->counters->moved);
+        s->slots[slot] = to;
+        r->redirects++;
+        refresh(s);
+        dispatch(r);
+    } else if ((to = redirect_target(s, error, "ASK", &slot)) != NULL
+               && r->redirects < REDIRECTS_MAX) {
+        count(&s->counters->asked);
+        r->redirects++;
+        r->ask_node = to;
+        dispatch(r);
+    } else if ((starts_with(error, "TRYAGAIN")
+                || starts_with(error, "CLUSTERDOWN"))
+               && now_ms(s) - r->started_ms < s->cfg->timeout_ms) {
+        retry_later(r);
     } else {
-        finish(c, reply, NULL);
+        /* A node gone (failover?), or a reply that ends the call. */
+        if (starts_with(error, "store ") || starts_with(error, "CLUSTERDOWN"))
+            refresh(s);
+        fail(r, error);
     }
 }
 
-static void send_call(rl_store *s, call *c)
+static void dispatch(route *r)
 {
-    if (s->state != READY) {
-        wait_for_ready(s, c);
+    rl_store *s = r->store;
+    rl_node *n = r->ask_node != NULL ? r->ask_node
+                 : s->single != NULL ? s->single
+                                     : s->slots[r->slot];
+    bool asking = r->ask_node != NULL;
+    r->ask_node = NULL;
+    if (n == NULL && !s->mapped && s->n_waiting < WAITING_MAX) {
+        /* The map is being read: go once it is. */
+        r->next = NULL;
+        *s->waiting_tail = r;
+        s->waiting_tail = &r->next;
+        s->n_waiting++;
+        refresh(s);
         return;
     }
-    /* Slots 0 and 1 were left free for the command and the script. */
-    c->argv[0] = s->use_functions ? "FCALL" : "EVALSHA";
-    c->argv[1] = s->use_functions ? s->scripts->functions[c->script]
-                                  : s->sha[c->script];
-    c->lens[0] = strlen(c->argv[0]);
-    c->lens[1] = strlen(c->argv[1]);
-    c->attempts++;
-    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, c->argc + 2, c->argv,
-                              c->lens) != REDIS_OK) {
-        finish(c, NULL, "store connection is closing");
+    if (n == NULL) {
+        refresh(s);
+        fail(r, "store unavailable: no node serves this slot");
         return;
     }
-    if (s->in_flight++ == 0)
-        s->last_progress = now_ms(s);
+    rl_node_run(n, r->script, asking, r->argc, r->argv, r->lens, on_reply,
+                r);
 }
 
-/* One allocation holds the call and copies of its arguments, after two
- * free slots for the command and the script's name or digest. */
-static call *new_call(int argc, const char *const *argv, const size_t *lens)
+/* One allocation holds the route and copies of its arguments, kept for
+ * sending again after a redirection. */
+static route *new_route(int argc, const char *const *argv,
+                        const size_t *lens)
 {
-    size_t slots = (size_t)argc + 2, bytes = 0;
+    size_t bytes = 0;
     for (int i = 0; i < argc; i++)
         bytes += lens[i] + 1;
-    call *c = malloc(sizeof *c + slots * (sizeof(char *) + sizeof(size_t))
-                     + bytes);
-    if (c == NULL)
+    route *r = malloc(sizeof *r + (size_t)argc * (sizeof(char *)
+                                                  + sizeof(size_t))
+                      + bytes);
+    if (r == NULL)
         return NULL;
-    c->argv = (const char **)c->data;
-    c->lens = (size_t *)(c->data + slots * sizeof(char *));
-    char *p = (char *)(c->lens + slots);
+    r->argv = (const char **)r->data;
+    r->lens = (size_t *)(r->data + (size_t)argc * sizeof(char *));
+    char *p = (char *)(r->lens + argc);
     for (int i = 0; i < argc; i++) {
         memcpy(p, argv[i], lens[i]);
         p[lens[i]] = '\0';
-        c->argv[i + 2] = p;
-        c->lens[i + 2] = lens[i];
+        r->argv[i] = p;
+        r->lens[i] = lens[i];
         p += lens[i] + 1;
     }
-    c->argc = argc;
-    return c;
+    r->argc = argc;
+    return r;
 }
 
 void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
                   const size_t *lens, rl_store_fn fn, void *arg)
 {
-    if (s->state == DOWN || s->state == CLOSED) {
-        fn(arg, NULL, s->state == DOWN ? "store unavailable"
-                                       : "shutting down");
+    if (s->closed) {
+        fn(arg, NULL, "shutting down");
         return;
     }
-    if (s->in_flight >= MAX_IN_FLIGHT) {
-        fn(arg, NULL, "too many calls in flight to the store");
-        return;
-    }
-    call *c = new_call(argc, argv, lens);
-    if (c == NULL) {
+    route *r = new_route(argc, argv, lens);
+    if (r == NULL) {
         fn(arg, NULL, "out of memory");
         return;
     }
-    c->next = NULL;
-    c->store = s;
-    c->script = script;
-    c->fn = fn;
-    c->arg = arg;
-    c->attempts = 0;
-    send_call(s, c);
+    *r = (route){.store = s, .script = script, .argc = argc, .fn = fn,
+                 .arg = arg, .started_ms = now_ms(s), .argv = r->argv,
+                 .lens = r->lens};
+    /* argv[0] is numkeys; the first key decides the slot. */
+    if (argc > 1 && strtol(argv[0], NULL, 10) > 0)
+        r->slot = rl_key_slot(argv[1], lens[1]);
+    dispatch(r);
 }
+
+/* --- The store -------------------------------------------------------- */
 
 bool rl_store_up(const rl_store *s)
 {
-    return s->state == READY;
+    return s->single != NULL ? rl_node_up(s->single) : all_slots_up(s);
 }
 
 uint64_t rl_store_now_ms(const rl_store *s)
 {
-    return s->clock_offset_ms == 0 ? 0 : s->clock_offset_ms + now_ms(s);
+    if (s->single != NULL)
+        return rl_node_now_ms(s->single);
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        uint64_t ms = rl_node_now_ms(s->nodes[i]);
+        if (ms != 0)
+            return ms;
+    }
+    return s->control != NULL ? rl_node_now_ms(s->control) : 0;
 }
 
-/* A connection with calls in flight that has answered nothing for this
- * long is taken as dead (a peer gone without a FIN) and replaced. */
-static uint64_t stall_limit_ms(const rl_store *s)
+static void next_turn(uv_prepare_t *p)
 {
-    uint64_t ten_deadlines = 10ULL * s->cfg->timeout_ms;
-    return ten_deadlines > 1000 ? ten_deadlines : 1000;
-}
-
-static void watchdog_fired(uv_timer_t *t)
-{
-    rl_store *s = t->data;
-    if (s->state == READY && now_ms(s) - s->clock_read_at > CLOCK_EVERY_MS)
-        read_clock(s);
-    if (s->state == READY && s->in_flight > 0
-        && now_ms(s) - s->last_progress > stall_limit_ms(s))
-        drop_connection(s, "store_stalled", "no reply within the stall "
-                        "limit");
-    /* A server that accepts the connection but does not answer (stopped,
-     * swapping) must not hold the calls waiting for it forever. */
-    if (s->state == LOADING
-        && now_ms(s) - s->loading_since > stall_limit_ms(s))
-        drop_connection(s, "store_stalled", "no answer to the handshake "
-                        "within the stall limit");
+    rl_store *s = p->data;
+    s->counters->batches.turn++;
 }
 
 rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
-                       const rl_script_set *scripts, const rl_logger *log)
+                       const rl_script_set *scripts,
+                       rl_store_counters *counters, const rl_logger *log)
 {
     rl_store *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NULL;
-    s->loop = loop;
-    s->cfg = cfg;
-    s->scripts = scripts;
-    s->log = log;
+    *s = (rl_store){.loop = loop, .cfg = cfg, .scripts = scripts,
+                    .log = log, .counters = counters};
+    if (s->counters == NULL)
+        s->counters = &s->own_counters;
     s->waiting_tail = &s->waiting;
-    s->backoff_ms = BACKOFF_FIRST_MS;
+    uv_prepare_init(loop, &s->turn);
+    uv_timer_init(loop, &s->refresh_timer);
     uv_timer_init(loop, &s->retry_timer);
-    uv_timer_init(loop, &s->watchdog);
-    s->retry_timer.data = s->watchdog.data = s;
-    s->open_handles = 2;
-    uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
-                   WATCHDOG_EVERY_MS);
-    connect_now(s);
+    s->turn.data = s->refresh_timer.data = s->retry_timer.data = s;
+    s->open_handles = 3;
+    uv_prepare_start(&s->turn, next_turn);
+    uv_unref((uv_handle_t *)&s->turn);
+    if (!cfg->cluster) {
+        s->single = rl_node_new(loop, cfg, &cfg->nodes[0], scripts,
+                                &s->counters->batches, log);
+        if (s->single == NULL) {
+            rl_store_close(s);
+            return NULL;
+        }
+        return s;
+    }
+    refresh(s);
     return s;
 }
 
@@ -508,14 +557,22 @@ static void handle_closed(uv_handle_t *h)
 
 void rl_store_close(rl_store *s)
 {
-    if (s == NULL)
+    if (s == NULL || s->closed)
         return;
-    s->state = CLOSED;
-    redisAsyncContext *ac = s->ac;
-    s->ac = NULL;
-    if (ac != NULL)
-        redisAsyncFree(ac); /* answers every call in flight with NULL */
+    s->closed = true;
+    rl_node_close(s->single);
+    rl_node_close(s->control);
+    for (size_t i = 0; i < s->n_nodes; i++)
+        rl_node_close(s->nodes[i]);
     fail_waiting(s, "shutting down");
+    route *r = s->retrying;
+    s->retrying = NULL;
+    while (r != NULL) {
+        route *next = r->next;
+        fail(r, "shutting down");
+        r = next;
+    }
+    uv_close((uv_handle_t *)&s->turn, handle_closed);
+    uv_close((uv_handle_t *)&s->refresh_timer, handle_closed);
     uv_close((uv_handle_t *)&s->retry_timer, handle_closed);
-    uv_close((uv_handle_t *)&s->watchdog, handle_closed);
 }

@@ -292,8 +292,9 @@ static int run(gw_server *srv, const args *a)
         close_handle((uv_handle_t *)&srv->listener);
         stop_loop(srv);
     }
-    close_handle((uv_handle_t *)&srv->sigterm);
-    close_handle((uv_handle_t *)&srv->sigint);
+    /* The signal handles stay open (unref'd) until the process exits:
+     * closing one restores the default action, and a second SIGTERM in
+     * that moment would end the process with a signal, not exit 0. */
     uv_run(srv->loop, UV_RUN_DEFAULT);
     return rc;
 }
@@ -316,7 +317,6 @@ int main(int argc, char **argv)
     collect_attr_names(&srv);
     pthread_mutex_init(&srv.decided_lock, NULL);
     rc = run(&srv, &a);
-    uv_loop_close(srv.loop);
     gw_tenant_map_free(srv.tenants);
     rl_config_free(srv.config);
     pthread_mutex_destroy(&srv.decided_lock);

@@ -9,7 +9,7 @@
  * handed to hiredis as an event, and hiredis finds the socket's error
  * itself (a refused connect, a reset connection).
  */
-#include "store_uv.h"
+#include "node_uv.h"
 
 #include <stdlib.h>
 
@@ -84,7 +84,7 @@ static void cleanup(void *p)
     uv_close((uv_handle_t *)&w->handle, on_closed);
 }
 
-int rl_store_uv_attach(redisAsyncContext *ac, uv_loop_t *loop)
+int rl_node_uv_attach(redisAsyncContext *ac, uv_loop_t *loop)
 {
     if (ac->ev.data != NULL)
         return REDIS_ERR;

@@ -1,0 +1,584 @@
+/*
+ * node.c: one connection to one Redis server, driven by hiredis's async API
+ * on a libuv loop (the agent's I/O thread, the aggregator's main loop).
+ * hiredis queues every command written in one turn of the loop and sends
+ * them in one write, so calls from many requests share round trips
+ * (automatic pipelining); each such write is counted as a batch.
+ *
+ * States: DOWN (waiting to reconnect: calls fail at once, so a gateway is
+ * not held up while Redis is known to be away), CONNECTING and LOADING
+ * (calls wait, to be sent once the scripts are loaded), READY, CLOSED.
+ * The scripts are loaded on every connection: a restarted Redis or a
+ * promoted replica has none. A NOSCRIPT or "function not found" reply (a
+ * SCRIPT FLUSH or FUNCTION FLUSH behind our back) reloads them and resends
+ * the calls that failed, so no check is lost to it.
+ */
+#include "node.h"
+
+#include "node_uv.h"
+
+#include <hiredis/async.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONNECT_TIMEOUT_MS 1000
+#define BACKOFF_FIRST_MS 25
+#define BACKOFF_MAX_MS 500
+#define WATCHDOG_EVERY_MS 100
+/* More calls than this in flight and new ones fail at once rather than
+ * pile up in memory behind a store that is not keeping up. */
+#define MAX_IN_FLIGHT 100000
+/* A call is resent after a script reload at most this many times. */
+#define MAX_ATTEMPTS 3
+/* How often Redis's clock is read again while connected. */
+#define CLOCK_EVERY_MS 5000
+
+typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
+
+typedef struct call {
+    struct call *next;
+    rl_node *store;
+    int script;         /* or RL_NODE_RAW */
+    bool asking;        /* ASKING first (a cluster ASK redirection) */
+    int argc;
+    rl_node_fn fn;
+    void *arg;
+    int attempts;
+    const char **argv;  /* point into data */
+    size_t *lens;
+    char data[];
+} call;
+
+struct rl_node {
+    uv_loop_t *loop;
+    const rl_store_config *cfg;
+    rl_endpoint ep;
+    rl_node_batches *batches;  /* shared with the other nodes, or NULL */
+    uint64_t batch_turn;       /* the turn of this node's last batch */
+    rl_node_stats stats;
+    const rl_script_set *scripts;
+    const rl_logger *log;
+    redisAsyncContext *ac;
+    state state;
+    bool use_functions;
+    char sha[RL_STORE_SCRIPTS_MAX][41]; /* EVALSHA digests by script */
+    uint64_t clock_offset_ms;  /* Redis's ms minus the loop's; 0: unknown */
+    uint64_t clock_read_at;    /* loop ms of the last TIME */
+    int loads_pending;       /* replies still due before READY */
+    call *waiting, **waiting_tail;
+    size_t in_flight;        /* calls sent, not yet answered */
+    uint64_t last_progress;  /* ms of the last reply, or of going busy */
+    uint64_t loading_since;  /* ms the handshake or a reload began */
+    uint32_t backoff_ms;
+    uv_timer_t retry_timer;  /* reconnect after backoff; connect timeout */
+    uv_timer_t watchdog;     /* a connection that stopped answering */
+    int open_handles;
+};
+
+static void connect_now(rl_node *s);
+static void send_call(rl_node *s, call *c);
+static void went_down(rl_node *s, const char *why);
+
+static uint64_t now_ms(const rl_node *s)
+{
+    return uv_now(s->loop);
+}
+
+static void finish(call *c, const redisReply *reply, const char *error)
+{
+    c->fn(c->arg, reply, error);
+    free(c);
+}
+
+static void wait_for_ready(rl_node *s, call *c)
+{
+    c->next = NULL;
+    *s->waiting_tail = c;
+    s->waiting_tail = &c->next;
+}
+
+/* Fails every call that waits to be sent. */
+static void fail_waiting(rl_node *s, const char *why)
+{
+    call *c = s->waiting;
+    s->waiting = NULL;
+    s->waiting_tail = &s->waiting;
+    while (c != NULL) {
+        call *next = c->next;
+        finish(c, NULL, why);
+        c = next;
+    }
+}
+
+static void send_waiting(rl_node *s)
+{
+    call *c = s->waiting;
+    s->waiting = NULL;
+    s->waiting_tail = &s->waiting;
+    while (c != NULL) {
+        call *next = c->next;
+        send_call(s, c);
+        c = next;
+    }
+}
+
+static void retry_fired(uv_timer_t *t)
+{
+    rl_node *s = t->data;
+    if (s->state == DOWN) {
+        connect_now(s);
+    } else if (s->state == CONNECTING && s->ac != NULL) {
+        /* Connect timeout. The context never connected, so hiredis will
+         * not call the disconnect callback: clean up here. */
+        rl_log(s->log, RL_LOG_WARN, "store_connect_timeout",
+               "addr=%s:%u after_ms=%d", s->ep.host,
+               s->ep.port, CONNECT_TIMEOUT_MS);
+        redisAsyncContext *ac = s->ac;
+        s->ac = NULL;
+        redisAsyncFree(ac);
+        went_down(s, "store connect timed out");
+    }
+}
+
+/* The connection is gone (or never came): fail what waits, retry later. */
+static void went_down(rl_node *s, const char *why)
+{
+    s->ac = NULL;
+    s->in_flight = 0;
+    if (s->state == CLOSED)
+        return;
+    s->state = DOWN;
+    fail_waiting(s, why);
+    uv_timer_start(&s->retry_timer, retry_fired, s->backoff_ms, 0);
+    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                       : s->backoff_ms * 2;
+}
+
+static void drop_connection(rl_node *s, const char *event, const char *why)
+{
+    rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
+           s->ep.host, s->ep.port, why);
+    if (s->ac != NULL)
+        redisAsyncDisconnect(s->ac); /* the disconnect callback follows */
+}
+
+static void became_ready(rl_node *s)
+{
+    s->state = READY;
+    s->backoff_ms = BACKOFF_FIRST_MS;
+    rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s",
+           s->ep.host, s->ep.port,
+           s->use_functions ? "function" : "eval");
+    send_waiting(s);
+}
+
+static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    intptr_t script = (intptr_t)privdata;
+    if (reply == NULL || s->state != LOADING)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        drop_connection(s, "store_load_failed", reply->str);
+        return;
+    }
+    if (!s->use_functions && reply->type == REDIS_REPLY_STRING
+        && reply->len == 40)
+        memcpy(s->sha[script], reply->str, 41);
+    if (--s->loads_pending == 0)
+        became_ready(s);
+}
+
+static void load_scripts(rl_node *s)
+{
+    s->state = LOADING;
+    s->loading_since = now_ms(s);
+    if (s->use_functions) {
+        s->loads_pending = 1;
+        redisAsyncCommand(s->ac, on_load_reply, (void *)0,
+                          "FUNCTION LOAD REPLACE %s", s->scripts->library);
+        return;
+    }
+    s->loads_pending = s->scripts->n;
+    for (intptr_t i = 0; i < s->scripts->n; i++)
+        redisAsyncCommand(s->ac, on_load_reply, (void *)i, "SCRIPT LOAD %s",
+                          s->scripts->sources[i]);
+}
+
+/* TIME answers [seconds, microseconds]. */
+static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
+        || reply->elements != 2)
+        return;
+    uint64_t ms = strtoull(reply->element[0]->str, NULL, 10) * 1000
+                  + strtoull(reply->element[1]->str, NULL, 10) / 1000;
+    s->clock_read_at = now_ms(s);
+    s->clock_offset_ms = ms - s->clock_read_at;
+}
+
+static void read_clock(rl_node *s)
+{
+    s->clock_read_at = now_ms(s);
+    if (s->ac != NULL)
+        redisAsyncCommand(s->ac, on_time_reply, NULL, "TIME");
+}
+
+/* "redis_version:7.0.15" -> 7 */
+static int major_version(const char *info)
+{
+    const char *v = strstr(info, "redis_version:");
+    return v != NULL ? atoi(v + strlen("redis_version:")) : 0;
+}
+
+static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply == NULL || s->state != LOADING)
+        return;
+    if (reply->type != REDIS_REPLY_STRING) {
+        drop_connection(s, "store_handshake_failed",
+                        reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                         : "INFO failed");
+        return;
+    }
+    int major = major_version(reply->str);
+    s->use_functions = s->cfg->scripts == RL_SCRIPTS_FUNCTION
+                       || (s->cfg->scripts == RL_SCRIPTS_AUTO && major >= 7);
+    if (s->use_functions && major < 7) {
+        drop_connection(s, "store_handshake_failed", "scripts: function "
+                        "needs Redis 7 or later");
+        return;
+    }
+    read_clock(s);
+    if (s->scripts == NULL)
+        became_ready(s);
+    else
+        load_scripts(s);
+}
+
+/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
+static void on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR
+        && s->state == LOADING)
+        drop_connection(s, "store_handshake_failed", reply->str);
+}
+
+static void on_connect(const redisAsyncContext *cac, int status)
+{
+    redisAsyncContext *ac = (redisAsyncContext *)cac;
+    rl_node *s = ac->data;
+    if (s->state != CONNECTING || s->ac != ac)
+        return;
+    uv_timer_stop(&s->retry_timer);
+    if (status != REDIS_OK) {
+        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
+               "addr=%s:%u reason=\"%s\"", s->ep.host,
+               s->ep.port, ac->errstr);
+        went_down(s, "store unreachable"); /* hiredis frees ac */
+        return;
+    }
+    s->state = LOADING;
+    s->loading_since = now_ms(s);
+    const rl_store_config *cfg = s->cfg;
+    if (cfg->password != NULL && cfg->username != NULL)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s %s",
+                          cfg->username, cfg->password);
+    else if (cfg->password != NULL)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s",
+                          cfg->password);
+    if (cfg->db != 0)
+        redisAsyncCommand(ac, on_handshake_reply, NULL, "SELECT %u", cfg->db);
+    redisAsyncCommand(ac, on_info_reply, NULL, "INFO server");
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    rl_node *s = ac->data;
+    (void)status;
+    if (s->ac != ac)
+        return;
+    rl_log(s->log, RL_LOG_WARN, "store_disconnected", "addr=%s:%u",
+           s->ep.host, s->ep.port);
+    went_down(s, "store connection lost");
+}
+
+static void connect_now(rl_node *s)
+{
+    const rl_endpoint *ep = &s->ep;
+    redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
+    if (ac == NULL || ac->err) {
+        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
+               "addr=%s:%u reason=\"%s\"", ep->host, ep->port,
+               ac != NULL ? ac->errstr : "out of memory");
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        s->state = CONNECTING; /* so that went_down schedules a retry */
+        went_down(s, "store unreachable");
+        return;
+    }
+    ac->data = s;
+    if (rl_node_uv_attach(ac, s->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        s->state = CONNECTING;
+        went_down(s, "cannot watch the store's socket");
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    s->ac = ac;
+    s->state = CONNECTING;
+    uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
+}
+
+/* The scripts are gone from the server (flushed, or a restart the
+ * connection did not notice): reload them, and resend c once they are. */
+static bool scripts_missing(const redisReply *r)
+{
+    return strncmp(r->str, "NOSCRIPT", 8) == 0
+           || strstr(r->str, "Function not found") != NULL;
+}
+
+static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    call *c = privdata;
+    rl_node *s = c->store;
+    (void)ac;
+    if (reply == NULL) {
+        finish(c, NULL, "store connection lost");
+        return;
+    }
+    s->in_flight--;
+    s->last_progress = now_ms(s);
+    if (reply->type == REDIS_REPLY_ERROR && c->script != RL_NODE_RAW
+        && scripts_missing(reply) && c->attempts < MAX_ATTEMPTS
+        && s->state != CLOSED) {
+        if (s->state == READY) {
+            rl_log(s->log, RL_LOG_WARN, "store_scripts_missing",
+                   "addr=%s:%u reason=\"%s\"", s->ep.host,
+                   s->ep.port, reply->str);
+            load_scripts(s);
+        }
+        wait_for_ready(s, c);
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        finish(c, NULL, reply->str);
+    } else {
+        finish(c, reply, NULL);
+    }
+}
+
+static void ignore_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    (void)ac;
+    (void)r;
+    (void)privdata;
+}
+
+/* Counts a batch the first time this node is written to in a turn of the
+ * loop: hiredis sends everything queued in one turn in one write. */
+static void count_batch(rl_node *s)
+{
+    s->stats.commands++;
+    rl_node_batches *b = s->batches;
+    if (b == NULL || (s->stats.batches > 0 && s->batch_turn == b->turn))
+        return;
+    s->batch_turn = b->turn;
+    s->stats.batches++;
+    atomic_fetch_add_explicit(&b->batches, 1, memory_order_relaxed);
+    if (b->counted_turn != b->turn) {
+        b->counted_turn = b->turn;
+        atomic_fetch_add_explicit(&b->turns, 1, memory_order_relaxed);
+    }
+}
+
+static void send_call(rl_node *s, call *c)
+{
+    if (s->state != READY) {
+        wait_for_ready(s, c);
+        return;
+    }
+    int first = 0, argc = c->argc;
+    if (c->script == RL_NODE_RAW) {
+        first = 2; /* the command is the caller's first argument */
+    } else {
+        /* Slots 0 and 1 were left free for the command and the script. */
+        c->argv[0] = s->use_functions ? "FCALL" : "EVALSHA";
+        c->argv[1] = s->use_functions ? s->scripts->functions[c->script]
+                                      : s->sha[c->script];
+        c->lens[0] = strlen(c->argv[0]);
+        c->lens[1] = strlen(c->argv[1]);
+        argc += 2;
+    }
+    c->attempts++;
+    if (c->asking)
+        redisAsyncCommand(s->ac, ignore_reply, NULL, "ASKING");
+    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, argc, c->argv + first,
+                              c->lens + first) != REDIS_OK) {
+        finish(c, NULL, "store connection is closing");
+        return;
+    }
+    count_batch(s);
+    if (s->in_flight++ == 0)
+        s->last_progress = now_ms(s);
+}
+
+/* One allocation holds the call and copies of its arguments, after two
+ * free slots for the command and the script's name or digest. */
+static call *new_call(int argc, const char *const *argv, const size_t *lens)
+{
+    size_t slots = (size_t)argc + 2, bytes = 0;
+    for (int i = 0; i < argc; i++)
+        bytes += lens[i] + 1;
+    call *c = malloc(sizeof *c + slots * (sizeof(char *) + sizeof(size_t))
+                     + bytes);
+    if (c == NULL)
+        return NULL;
+    c->argv = (const char **)c->data;
+    c->lens = (size_t *)(c->data + slots * sizeof(char *));
+    char *p = (char *)(c->lens + slots);
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], lens[i]);
+        p[lens[i]] = '\0';
+        c->argv[i + 2] = p;
+        c->lens[i + 2] = lens[i];
+        p += lens[i] + 1;
+    }
+    c->argc = argc;
+    return c;
+}
+
+void rl_node_run(rl_node *s, int script, bool asking, int argc,
+                 const char *const *argv, const size_t *lens, rl_node_fn fn,
+                 void *arg)
+{
+    if (s->state == DOWN || s->state == CLOSED) {
+        fn(arg, NULL, s->state == DOWN ? "store unavailable"
+                                       : "shutting down");
+        return;
+    }
+    if (s->in_flight >= MAX_IN_FLIGHT) {
+        fn(arg, NULL, "too many calls in flight to the store");
+        return;
+    }
+    call *c = new_call(argc, argv, lens);
+    if (c == NULL) {
+        fn(arg, NULL, "out of memory");
+        return;
+    }
+    c->next = NULL;
+    c->store = s;
+    c->script = script;
+    c->asking = asking;
+    c->fn = fn;
+    c->arg = arg;
+    c->attempts = 0;
+    send_call(s, c);
+}
+
+bool rl_node_up(const rl_node *s)
+{
+    return s->state == READY;
+}
+
+uint64_t rl_node_now_ms(const rl_node *s)
+{
+    return s->clock_offset_ms == 0 ? 0 : s->clock_offset_ms + now_ms(s);
+}
+
+/* A connection with calls in flight that has answered nothing for this
+ * long is taken as dead (a peer gone without a FIN) and replaced. */
+static uint64_t stall_limit_ms(const rl_node *s)
+{
+    uint64_t ten_deadlines = 10ULL * s->cfg->timeout_ms;
+    return ten_deadlines > 1000 ? ten_deadlines : 1000;
+}
+
+static void watchdog_fired(uv_timer_t *t)
+{
+    rl_node *s = t->data;
+    if (s->state == READY && now_ms(s) - s->clock_read_at > CLOCK_EVERY_MS)
+        read_clock(s);
+    if (s->state == READY && s->in_flight > 0
+        && now_ms(s) - s->last_progress > stall_limit_ms(s))
+        drop_connection(s, "store_stalled", "no reply within the stall "
+                        "limit");
+    /* A server that accepts the connection but does not answer (stopped,
+     * swapping) must not hold the calls waiting for it forever. */
+    if (s->state == LOADING
+        && now_ms(s) - s->loading_since > stall_limit_ms(s))
+        drop_connection(s, "store_stalled", "no answer to the handshake "
+                        "within the stall limit");
+}
+
+rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
+                     const rl_endpoint *ep, const rl_script_set *scripts,
+                     rl_node_batches *batches, const rl_logger *log)
+{
+    rl_node *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->loop = loop;
+    s->cfg = cfg;
+    s->ep = *ep;
+    s->batches = batches;
+    s->scripts = scripts;
+    s->log = log;
+    s->waiting_tail = &s->waiting;
+    s->backoff_ms = BACKOFF_FIRST_MS;
+    uv_timer_init(loop, &s->retry_timer);
+    uv_timer_init(loop, &s->watchdog);
+    s->retry_timer.data = s->watchdog.data = s;
+    s->open_handles = 2;
+    uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
+                   WATCHDOG_EVERY_MS);
+    connect_now(s);
+    return s;
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    rl_node *s = h->data;
+    if (--s->open_handles == 0)
+        free(s);
+}
+
+void rl_node_close(rl_node *s)
+{
+    if (s == NULL)
+        return;
+    s->state = CLOSED;
+    redisAsyncContext *ac = s->ac;
+    s->ac = NULL;
+    if (ac != NULL)
+        redisAsyncFree(ac); /* answers every call in flight with NULL */
+    fail_waiting(s, "shutting down");
+    uv_close((uv_handle_t *)&s->retry_timer, handle_closed);
+    uv_close((uv_handle_t *)&s->watchdog, handle_closed);
+}
+
+const rl_endpoint *rl_node_endpoint(const rl_node *s)
+{
+    return &s->ep;
+}
+
+size_t rl_node_in_flight(const rl_node *s)
+{
+    return s->in_flight;
+}
+
+rl_node_stats rl_node_stats_of(const rl_node *s)
+{
+    return s->stats;
+}
