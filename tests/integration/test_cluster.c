@@ -12,11 +12,13 @@
 
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* --- The cluster's layout, as CLUSTER SLOTS tells it. ------------------ */
@@ -225,4 +227,264 @@ Test(cluster, three_rules_on_three_shards_go_out_together)
     cr_assert_eq(db, 60, "20 requests on three shards made %llu batches",
                  (unsigned long long)db);
     close_agent(a, cfg);
+}
+
+/* --- A private cluster, for the tests that change its shape. ----------- */
+
+static void private_cluster(test_cluster *cl, const char *name, char *seeds,
+                            size_t cap)
+{
+    char root[600], err[512];
+    snprintf(root, sizeof root, "%s/%s-%d", test_env("RL_TEST_TMPDIR"),
+             name, (int)getpid());
+    cr_assert_eq(mkdir(root, 0755), 0, "mkdir %s", root);
+    cr_assert_eq(test_cluster_start(cl, root, err, sizeof err), 0, "%s", err);
+    seeds[0] = '\0';
+    for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
+        char one[32];
+        snprintf(one, sizeof one, "%s127.0.0.1:%u", i ? "," : "",
+                 cl->nodes[i].port);
+        strncat(seeds, one, cap - strlen(seeds) - 1);
+    }
+}
+
+static redisReply *on_node(const char *addr, const char *fmt, ...)
+{
+    redisContext *c = test_redis_connect(addr);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    cr_assert_not_null(r, "%s: %s", addr, c->errstr);
+    cr_assert_neq(r->type, REDIS_REPLY_ERROR, "%s: %s", addr, r->str);
+    redisFree(c);
+    return r;
+}
+
+static void node_id(const char *addr, char *out, size_t cap)
+{
+    redisReply *r = on_node(addr, "CLUSTER MYID");
+    snprintf(out, cap, "%s", r->str);
+    freeReplyObject(r);
+}
+
+/* Moves one slot from one primary to another, key by key, the way
+ * redis-cli --cluster reshard does, with pauses so that checks meet the
+ * slot half-moved (ASK) and moved (MOVED). */
+static void move_slot(unsigned slot, const char *from, const char *to,
+                      const char *others[], int n_others)
+{
+    char from_id[48], to_id[48], host[64];
+    unsigned port;
+    node_id(from, from_id, sizeof from_id);
+    node_id(to, to_id, sizeof to_id);
+    sscanf(to, "%63[^:]:%u", host, &port);
+    freeReplyObject(on_node(to, "CLUSTER SETSLOT %u IMPORTING %s", slot,
+                            from_id));
+    freeReplyObject(on_node(from, "CLUSTER SETSLOT %u MIGRATING %s", slot,
+                            to_id));
+    usleep(100 * 1000);
+    for (;;) {
+        redisReply *keys = on_node(from, "CLUSTER GETKEYSINSLOT %u 10", slot);
+        size_t n = keys->elements;
+        for (size_t i = 0; i < n; i++) {
+            freeReplyObject(on_node(from, "MIGRATE %s %u %b 0 5000", host,
+                                    port, keys->element[i]->str,
+                                    (size_t)keys->element[i]->len));
+            usleep(50 * 1000);
+        }
+        freeReplyObject(keys);
+        if (n == 0)
+            break;
+    }
+    freeReplyObject(on_node(to, "CLUSTER SETSLOT %u NODE %s", slot, to_id));
+    freeReplyObject(on_node(from, "CLUSTER SETSLOT %u NODE %s", slot, to_id));
+    for (int i = 0; i < n_others; i++)
+        freeReplyObject(on_node(others[i], "CLUSTER SETSLOT %u NODE %s",
+                                slot, to_id));
+}
+
+#define VALUES 4
+
+struct hammer {
+    rl_agent *agent;
+    char values[VALUES][64];
+    atomic_bool stop;
+    atomic_int allowed[VALUES];
+    atomic_int checks, errors;
+};
+
+static void *hammer(void *arg)
+{
+    struct hammer *h = arg;
+    for (int i = 0; !atomic_load(&h->stop); i++) {
+        int v = i % VALUES;
+        rl_attr attr = {"api_key", h->values[v], strlen(h->values[v])};
+        rl_decision d;
+        if (rl_check(h->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(&h->errors, 1);
+        else if (d.allowed)
+            atomic_fetch_add(&h->allowed[v], 1);
+        atomic_fetch_add(&h->checks, 1);
+    }
+    return NULL;
+}
+
+Test(cluster, resharding_under_load_loses_no_check_and_no_token)
+{
+    test_cluster cl;
+    char seeds[512], first[64];
+    private_cluster(&cl, "reshard", seeds, sizeof seeds);
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    const char *prim[16];
+    cr_assert_eq(primaries(&l, prim), 3);
+    rl_config *cfg;
+    struct hammer h = {0};
+    /* 200 an hour: one token back every 18 s, at most one in the test. */
+    h.agent = cluster_agent(seeds, "  - {name: per-key, match: api_key, "
+                            "limit: 200, period: 1h}\n", 1000, &cfg);
+    unsigned slots[VALUES];
+    for (int v = 0; v < VALUES; v++) {
+        char stem[16];
+        snprintf(stem, sizeof stem, "move%d", v);
+        value_on(&l, prim[0], "rl:key:", stem, h.values[v],
+                 sizeof h.values[v]);
+        char key[RL_KEY_MAX];
+        snprintf(key, sizeof key, "rl:key:%s", h.values[v]);
+        slots[v] = rl_key_slot(key, strlen(key));
+    }
+    pthread_t threads[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&threads[i], NULL, hammer, &h);
+    usleep(300 * 1000);
+    for (int v = 0; v < VALUES; v++)
+        move_slot(slots[v], prim[0], prim[1], &prim[2], 1);
+    usleep(500 * 1000);
+    atomic_store(&h.stop, true);
+    for (int i = 0; i < 8; i++)
+        pthread_join(threads[i], NULL);
+    rl_store_counters *sc = &h.agent->store_counters;
+    uint64_t moved = load(&sc->moved), asked = load(&sc->asked);
+    close_agent(h.agent, cfg);
+    test_cluster_stop(&cl);
+    fprintf(stderr, "cluster reshard: %d checks, %d slots moved, MOVED "
+            "followed %llu, ASK followed %llu, failed or degraded %d, "
+            "admitted %d/%d/%d/%d of 200 each\n", atomic_load(&h.checks),
+            VALUES, (unsigned long long)moved, (unsigned long long)asked,
+            atomic_load(&h.errors), atomic_load(&h.allowed[0]),
+            atomic_load(&h.allowed[1]), atomic_load(&h.allowed[2]),
+            atomic_load(&h.allowed[3]));
+    cr_assert_eq(atomic_load(&h.errors), 0, "%d of %d checks failed or were "
+                 "degraded", atomic_load(&h.errors), atomic_load(&h.checks));
+    for (int v = 0; v < VALUES; v++)
+        cr_assert_leq(atomic_load(&h.allowed[v]), 201, "bucket %d admitted "
+                      "%d of 200", v, atomic_load(&h.allowed[v]));
+    cr_assert_gt(moved, 0, "no MOVED was followed");
+    cr_assert_gt(asked, 0, "no ASK was followed");
+}
+
+/* --- 4. Failover under load. ------------------------------------------- */
+
+struct steady {
+    rl_agent *agent;
+    const char *value;
+    atomic_bool stop;
+    atomic_int checks, degraded;
+};
+
+static void *steady(void *arg)
+{
+    struct steady *s = arg;
+    rl_attr attr = {"api_key", s->value, strlen(s->value)};
+    while (!atomic_load(&s->stop)) {
+        rl_decision d;
+        if (rl_check(s->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(&s->degraded, 1);
+        atomic_fetch_add(&s->checks, 1);
+        usleep(2000);
+    }
+    return NULL;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+Test(cluster, failover_is_survived_without_a_restart)
+{
+    test_cluster cl;
+    char seeds[512], first[64];
+    private_cluster(&cl, "failover", seeds, sizeof seeds);
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    const char *prim[16];
+    cr_assert_eq(primaries(&l, prim), 3);
+    char victim_value[64], other_value[64];
+    value_on(&l, prim[0], "rl:key:", "victim", victim_value,
+             sizeof victim_value);
+    value_on(&l, prim[1], "rl:key:", "bystander", other_value,
+             sizeof other_value);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent(seeds, "  - {name: per-key, match: api_key, "
+                                "limit: 100, period: 1h, on_error: allow}\n",
+                                200, &cfg);
+    rl_attr victim = {"api_key", victim_value, strlen(victim_value)};
+    rl_decision d;
+    for (int i = 0; i < 60; i++) {
+        cr_assert_eq(rl_check(a, &victim, 1, 1, &d), RL_OK);
+        cr_assert(d.allowed && !d.degraded);
+    }
+    uint64_t before = d.remaining; /* 40 */
+    usleep(200 * 1000);            /* the replica has the writes */
+
+    struct steady other = {.agent = a, .value = other_value};
+    pthread_t thread;
+    pthread_create(&thread, NULL, steady, &other);
+    int victim_node = -1;
+    for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
+        char addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%u", cl.nodes[i].port);
+        if (strcmp(addr, prim[0]) == 0)
+            victim_node = i;
+    }
+    cr_assert_geq(victim_node, 0);
+    test_redis_kill(&cl.nodes[victim_node]);
+    uint64_t killed_at = mono_ms(), slowest = 0;
+    int degraded = 0;
+    for (;;) {
+        uint64_t t0 = mono_ms();
+        cr_assert_eq(rl_check(a, &victim, 1, 1, &d), RL_OK);
+        uint64_t took = mono_ms() - t0;
+        slowest = took > slowest ? took : slowest;
+        if (!d.degraded)
+            break;
+        cr_assert(d.allowed, "on_error: allow was not honoured");
+        degraded++;
+        cr_assert_lt(mono_ms() - killed_at, 60000,
+                     "the replica was never used");
+        usleep(20 * 1000);
+    }
+    uint64_t recovered_ms = mono_ms() - killed_at;
+    atomic_store(&other.stop, true);
+    pthread_join(thread, NULL);
+    close_agent(a, cfg);
+    test_cluster_stop(&cl);
+    fprintf(stderr, "cluster failover: primary killed, %d checks on its "
+            "shard degraded (slowest %llu ms, deadline 200), answered again "
+            "after %llu ms, remaining %llu (was %llu); other shard: %d "
+            "checks, %d degraded\n", degraded,
+            (unsigned long long)slowest, (unsigned long long)recovered_ms,
+            (unsigned long long)d.remaining, (unsigned long long)before,
+            atomic_load(&other.checks), atomic_load(&other.degraded));
+    cr_assert_gt(degraded, 0, "the kill went unnoticed");
+    cr_assert_leq(slowest, 200 + 300, "a check waited %llu ms past a 200 ms "
+                  "deadline", (unsigned long long)slowest);
+    cr_assert(d.allowed);
+    cr_assert_geq(d.remaining + 1, before, "the bucket came back emptier");
+    cr_assert_eq(atomic_load(&other.degraded), 0, "another shard's checks "
+                 "were degraded");
 }

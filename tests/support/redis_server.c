@@ -71,7 +71,10 @@ static int write_config(const test_redis *srv, const test_redis_options *o)
                 "cluster-enabled yes\n"
                 "cluster-config-file nodes.conf\n"
                 "cluster-port %u\n"
-                "cluster-node-timeout 2000\n",
+                "cluster-node-timeout 2000\n"
+                /* One shard's failover must not stop the others (the
+                 * README recommends the same). */
+                "cluster-require-full-coverage no\n",
                 srv->bus_port);
     return fclose(f) == 0 ? 0 : -1;
 }
