@@ -1,23 +1,33 @@
 /*
  * windows.c: counts per window in Redis. A synced rule's count for a client
- * lives in one key per window, "<key_prefix><value>:w<window>", where
- * window = Redis's ms / period: windows are numbered by Redis's clock, the
- * same for every aggregator and never an agent's. Keys expire by themselves
- * two periods after they were last written, so the previous window is
- * still there while the current one runs.
+ * lives in one key per window, "<key_prefix><value>:w<window>" (on a
+ * cluster "{<key_prefix><value>}:w<window>", so that a client's two windows
+ * share a slot), where window = Redis's ms / period: windows are numbered
+ * by Redis's clock, the same for every aggregator and never an agent's.
+ * Keys expire by themselves two periods after they were last written, so
+ * the previous window is still there while the current one runs.
  *
- * A report is applied by one function call, atomically: it checks the
- * agent's sequence number (rl:agg:seq:<agent>), and only if the report is
- * new adds its counts (INCRBY) and records the agent in the rule's set of
- * reporting agents for the window (rl:agg:agents:<rule>:w<window>). Either
- * way it answers the current totals, so an agent that resends a report
- * whose acknowledgement was lost gets the same answer and nothing is
- * counted twice. The rule: a report is applied when its sequence number is
- * greater than the last one applied for its agent id; agents number their
- * reports 1, 2, 3... and send the same number again until it is
- * acknowledged.
+ * A report is applied by function calls that each check a sequence number
+ * and, only if the report is new to them, add its counts (INCRBY) or
+ * record the agent in the rule's set of reporting agents for the window
+ * (rl:agg:agents:<rule>:w<window>). Either way they answer the current
+ * totals, so an agent that resends a report whose acknowledgement was lost
+ * gets the same answer and nothing is counted twice. A report is applied
+ * when its sequence number is greater than the last one applied for its
+ * agent id; agents number their reports 1, 2, 3... and send the same
+ * report again until it is acknowledged.
+ *
+ * On one server that is one call (rl:agg:seq:<agent>). On a cluster a
+ * call may only touch one slot, so a report becomes one call per slot its
+ * counts fall in, plus one per rule for the agent sets, each with its own
+ * sequence key in that slot (rl:agg:seq:<agent>:counts:{...} and
+ * rl:agg:seq:<agent>:agents:{<rule>}), all sent at once. If any of them
+ * fails the report is not acknowledged; its resend is then applied by the
+ * calls that failed and skipped by the ones that did not.
  */
 #include "windows.h"
+
+#include "keys.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,8 +38,8 @@
 
 /* KEYS: seq, then per rule (agents now, agents before), then per entry
  * (count now, count before). ARGV: seq, agent, n_rules, per rule its ttl
- * in ms, then per entry its rule's index (1-based) and count. Answers
- * {duplicate, agents per rule..., (now, before) per entry...}. */
+ * in ms, then per entry its ttl in ms and count. Answers {duplicate,
+ * agents per rule..., (now, before) per entry...}. */
 #define LUA_APPLY_BODY \
     "  local seq, agent, nr = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])\n" \
     "  local last = tonumber(redis.call('GET', KEYS[1]) or '0')\n" \
@@ -47,11 +57,11 @@
     "  end\n" \
     "  local k, a = 2 + 2 * nr, 4 + nr\n" \
     "  while k <= #KEYS do\n" \
-    "    local rule, count = tonumber(ARGV[a]), tonumber(ARGV[a + 1])\n" \
+    "    local count = tonumber(ARGV[a + 1])\n" \
     "    local total\n" \
     "    if fresh then\n" \
     "      total = redis.call('INCRBY', KEYS[k], count)\n" \
-    "      redis.call('PEXPIRE', KEYS[k], ARGV[3 + rule])\n" \
+    "      redis.call('PEXPIRE', KEYS[k], ARGV[a])\n" \
     "    else\n" \
     "      total = tonumber(redis.call('GET', KEYS[k]) or '0')\n" \
     "    end\n" \
@@ -62,13 +72,13 @@
     "  return out\n"
 
 static const char library[] =
-    "#!lua name=rl_agg_1\n"
+    "#!lua name=rl_agg_2\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
-    "redis.register_function('rl_agg_1_apply', apply)\n";
+    "redis.register_function('rl_agg_2_apply', apply)\n";
 
 static const char apply_script[] = LUA_APPLY_BODY;
 
-static const char *const functions[] = {"rl_agg_1_apply"};
+static const char *const functions[] = {"rl_agg_2_apply"};
 static const char *const sources[] = {apply_script};
 
 const rl_script_set rl_window_scripts = {
@@ -78,45 +88,75 @@ const rl_script_set rl_window_scripts = {
     .n = 1,
 };
 
-typedef struct pending {
+/* One report being applied: its parts answer into it. */
+typedef struct job {
     rl_windows_fn fn;
     void *arg;
     size_t n_entries;
-    size_t n_rules;
-    uint64_t *windows; /* per entry */
-    size_t *rule_of;   /* per entry: index among the report's rules */
-} pending;
+    uint64_t *windows;       /* per entry */
+    size_t *rule_of;         /* per entry: index among the report's rules */
+    uint64_t *agents;        /* per report rule */
+    rl_window_total *totals; /* per entry */
+    int parts_pending;
+    bool all_duplicate;
+    const char *error;       /* the first part's failure (static text) */
+    char error_text[256];
+} job;
 
-static void on_reply(void *arg, const redisReply *r, const char *error)
+/* One call: the report rules whose agent sets it writes and the entries
+ * whose counts it adds, by their indexes in the report. */
+typedef struct part {
+    job *job;
+    size_t n_rules, n_entries;
+    size_t *rules, *entries;
+} part;
+
+static void job_done(job *j)
 {
-    pending *p = arg;
-    size_t want = 1 + p->n_rules + 2 * p->n_entries;
-    rl_window_total *totals = NULL;
+    if (j->error == NULL) {
+        for (size_t i = 0; i < j->n_entries; i++) {
+            j->totals[i].window = j->windows[i];
+            j->totals[i].agents = j->agents[j->rule_of[i]];
+        }
+        j->fn(j->arg, j->all_duplicate, j->totals, NULL);
+    } else {
+        j->fn(j->arg, false, NULL, j->error);
+    }
+    free(j->windows);
+    free(j->rule_of);
+    free(j->agents);
+    free(j->totals);
+    free(j);
+}
+
+static void on_part_reply(void *arg, const redisReply *r, const char *error)
+{
+    part *pt = arg;
+    job *j = pt->job;
+    size_t want = 1 + pt->n_rules + 2 * pt->n_entries;
     if (r != NULL && (r->type != REDIS_REPLY_ARRAY || r->elements != want))
         error = "unexpected reply from the window script";
-    if (r != NULL && error == NULL)
-        totals = calloc(p->n_entries ? p->n_entries : 1, sizeof *totals);
-    if (r != NULL && error == NULL && totals == NULL)
-        error = "out of memory";
-    if (totals != NULL) {
-        for (size_t i = 0; i < p->n_entries; i++) {
-            const redisReply *now = r->element[1 + p->n_rules + 2 * i];
-            const redisReply *before = r->element[2 + p->n_rules + 2 * i];
-            totals[i] = (rl_window_total){
-                .window = p->windows[i],
-                .current = (uint64_t)now->integer,
-                .previous = (uint64_t)before->integer,
-                .agents = (uint64_t)r->element[1 + p->rule_of[i]]->integer,
-            };
+    if (r != NULL && error == NULL) {
+        j->all_duplicate &= r->element[0]->integer == 1;
+        for (size_t k = 0; k < pt->n_rules; k++)
+            j->agents[pt->rules[k]] = (uint64_t)r->element[1 + k]->integer;
+        for (size_t k = 0; k < pt->n_entries; k++) {
+            rl_window_total *t = &j->totals[pt->entries[k]];
+            t->current = (uint64_t)r->element[1 + pt->n_rules + 2 * k]
+                             ->integer;
+            t->previous = (uint64_t)r->element[2 + pt->n_rules + 2 * k]
+                              ->integer;
         }
-        p->fn(p->arg, r->element[0]->integer == 1, totals, NULL);
-    } else {
-        p->fn(p->arg, false, NULL, error);
+    } else if (j->error == NULL) {
+        snprintf(j->error_text, sizeof j->error_text, "%s",
+                 error != NULL ? error : "no reply");
+        j->error = j->error_text;
     }
-    free(totals);
-    free(p->windows);
-    free(p->rule_of);
-    free(p);
+    free(pt->rules);
+    free(pt->entries);
+    free(pt);
+    if (--j->parts_pending == 0)
+        job_done(j);
 }
 
 /* The argument list, built in one buffer of strings. */
@@ -149,93 +189,288 @@ static void addf(args *a, const char *fmt, ...)
     a->used += (size_t)n;
 }
 
+/* Joins the last `pieces` arguments into one. */
+static void join(args *a, size_t pieces, size_t start)
+{
+    a->n -= pieces;
+    a->argv[a->n] = a->text + start;
+    a->lens[a->n++] = a->used - start;
+}
+
+/* What the report is applied with, shared by its parts. */
+typedef struct report_view {
+    const rl_wire_msg *m;
+    const rl_rule *const *rules;  /* per entry */
+    const rl_rule **distinct;     /* the report's rules */
+    bool cluster;
+} report_view;
+
+/* An entry's window key: braces on a cluster keep both windows in one
+ * slot. */
+static void add_window_key(args *a, const report_view *v, size_t i,
+                           uint64_t window)
+{
+    size_t start = a->used;
+    const rl_rule *rule = v->rules[i];
+    const rl_wire_entry *e = &v->m->entries[i];
+    add(a, v->cluster ? "{" : "", v->cluster ? 1 : 0);
+    add(a, rule->key_prefix, strlen(rule->key_prefix));
+    add(a, e->value.ptr, e->value.len);
+    add(a, v->cluster ? "}" : "", v->cluster ? 1 : 0);
+    addf(a, ":w%llu", (unsigned long long)window);
+    join(a, 5, start);
+}
+
+static void add_agents_key(args *a, const report_view *v, size_t r,
+                           uint64_t window)
+{
+    const char *name = v->distinct[r]->name;
+    if (v->cluster)
+        addf(a, "rl:agg:agents:{%s}:w%llu", name,
+             (unsigned long long)window);
+    else
+        addf(a, "rl:agg:agents:%s:w%llu", name, (unsigned long long)window);
+}
+
+/* The part's sequence key, in the slot of its keys. */
+static void add_seq_key(args *a, const report_view *v, const part *pt)
+{
+    const rl_wire_msg *m = v->m;
+    size_t start = a->used;
+    addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len, m->agent_id.ptr);
+    if (!v->cluster)
+        return;
+    if (pt->n_rules > 0) {
+        addf(a, ":agents:{%s}", v->distinct[pt->rules[0]]->name);
+    } else {
+        const rl_wire_entry *e = &m->entries[pt->entries[0]];
+        const char *prefix = v->rules[pt->entries[0]]->key_prefix;
+        addf(a, ":counts:{%s", prefix);
+        add(a, e->value.ptr, e->value.len);
+        add(a, "}", 1);
+        join(a, 4, start);
+        return;
+    }
+    join(a, 2, start);
+}
+
+static size_t args_cap(const report_view *v, const part *pt)
+{
+    size_t cap = 4 * 24 + 2 * (RL_WIRE_ID_MAX + 40)
+                 + pt->n_rules * (24 + 2 * (RL_NAME_MAX + 48));
+    for (size_t k = 0; k < pt->n_entries; k++) {
+        size_t i = pt->entries[k];
+        cap += 2 * (strlen(v->rules[i]->key_prefix)
+                    + v->m->entries[i].value.len + 30) + 2 * 24;
+    }
+    /* The sequence key may repeat one entry's key. */
+    return cap + RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 16;
+}
+
+static bool run_part(rl_store *store, const report_view *v, part *pt,
+                     uint64_t now_ms)
+{
+    /* The final count, plus room for the pieces of a key being joined. */
+    size_t slots = 5 + 3 * pt->n_rules + 4 * pt->n_entries + 8;
+    args a = {.argv = calloc(slots, sizeof *a.argv),
+              .lens = calloc(slots, sizeof *a.lens),
+              .cap = args_cap(v, pt)};
+    a.text = malloc(a.cap);
+    if (a.argv == NULL || a.lens == NULL || a.text == NULL) {
+        free(a.argv);
+        free(a.lens);
+        free(a.text);
+        return false;
+    }
+    addf(&a, "%zu", 1 + 2 * pt->n_rules + 2 * pt->n_entries);
+    add_seq_key(&a, v, pt);
+    for (size_t k = 0; k < pt->n_rules; k++) {
+        uint64_t w = now_ms / v->distinct[pt->rules[k]]->period_ms;
+        add_agents_key(&a, v, pt->rules[k], w);
+        add_agents_key(&a, v, pt->rules[k], w - 1);
+    }
+    for (size_t k = 0; k < pt->n_entries; k++) {
+        size_t i = pt->entries[k];
+        uint64_t w = now_ms / v->rules[i]->period_ms;
+        add_window_key(&a, v, i, w);
+        add_window_key(&a, v, i, w - 1);
+    }
+    addf(&a, "%llu", (unsigned long long)v->m->seq);
+    add(&a, v->m->agent_id.ptr, v->m->agent_id.len);
+    addf(&a, "%zu", pt->n_rules);
+    for (size_t k = 0; k < pt->n_rules; k++)
+        addf(&a, "%llu", (unsigned long long)(2 * v->distinct[pt->rules[k]]
+                                                  ->period_ms));
+    for (size_t k = 0; k < pt->n_entries; k++) {
+        size_t i = pt->entries[k];
+        addf(&a, "%llu", (unsigned long long)(2 * v->rules[i]->period_ms));
+        addf(&a, "%llu", (unsigned long long)v->m->entries[i].count);
+    }
+    rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_part_reply, pt);
+    free(a.argv);
+    free(a.lens);
+    free(a.text);
+    return true;
+}
+
+static part *new_part(job *j, size_t max_rules, size_t max_entries)
+{
+    part *pt = calloc(1, sizeof *pt);
+    if (pt == NULL)
+        return NULL;
+    pt->job = j;
+    pt->rules = calloc(max_rules + 1, sizeof *pt->rules);
+    pt->entries = calloc(max_entries + 1, sizeof *pt->entries);
+    if (pt->rules == NULL || pt->entries == NULL) {
+        free(pt->rules);
+        free(pt->entries);
+        free(pt);
+        return NULL;
+    }
+    return pt;
+}
+
+/* The slot an entry's window keys fall in (cluster only). */
+static uint16_t entry_slot(const report_view *v, size_t i)
+{
+    char key[RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 4];
+    const rl_wire_entry *e = &v->m->entries[i];
+    size_t plen = strlen(v->rules[i]->key_prefix);
+    key[0] = '{';
+    memcpy(key + 1, v->rules[i]->key_prefix, plen);
+    memcpy(key + 1 + plen, e->value.ptr, e->value.len);
+    key[1 + plen + e->value.len] = '}';
+    return rl_key_slot(key, plen + e->value.len + 2);
+}
+
+/* Splits the report into parts: one for everything on one server; on a
+ * cluster one per rule (agent sets) and one per slot (counts). */
+static int plan(const report_view *v, job *j, size_t n_rules,
+                part **parts, size_t *n_parts)
+{
+    size_t n = v->m->n_entries;
+    *n_parts = 0;
+    if (!v->cluster) {
+        part *pt = new_part(j, n_rules, n);
+        if (pt == NULL)
+            return -1;
+        for (size_t r = 0; r < n_rules; r++)
+            pt->rules[pt->n_rules++] = r;
+        for (size_t i = 0; i < n; i++)
+            pt->entries[pt->n_entries++] = i;
+        parts[(*n_parts)++] = pt;
+        return 0;
+    }
+    for (size_t r = 0; r < n_rules; r++) {
+        part *pt = new_part(j, 1, 0);
+        if (pt == NULL)
+            return -1;
+        pt->rules[pt->n_rules++] = r;
+        parts[(*n_parts)++] = pt;
+    }
+    uint16_t *slot_of = calloc(n + 1, sizeof *slot_of);
+    if (slot_of == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        slot_of[i] = entry_slot(v, i);
+    size_t first_count_part = *n_parts;
+    for (size_t i = 0; i < n; i++) {
+        part *pt = NULL;
+        for (size_t k = first_count_part; k < *n_parts && pt == NULL; k++) {
+            if (slot_of[parts[k]->entries[0]] == slot_of[i])
+                pt = parts[k];
+        }
+        if (pt == NULL) {
+            if ((pt = new_part(j, 0, n)) == NULL) {
+                free(slot_of);
+                return -1;
+            }
+            parts[(*n_parts)++] = pt;
+        }
+        pt->entries[pt->n_entries++] = i;
+    }
+    free(slot_of);
+    return 0;
+}
+
+static job *new_job(const rl_wire_msg *m, const rl_rule *const *rules,
+                    const rl_rule **distinct, size_t *n_rules,
+                    uint64_t now_ms, rl_windows_fn fn, void *arg)
+{
+    size_t n = m->n_entries;
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return NULL;
+    *j = (job){.fn = fn, .arg = arg, .n_entries = n, .all_duplicate = true};
+    j->windows = calloc(n + 1, sizeof *j->windows);
+    j->rule_of = calloc(n + 1, sizeof *j->rule_of);
+    j->agents = calloc(n + 1, sizeof *j->agents);
+    j->totals = calloc(n + 1, sizeof *j->totals);
+    if (j->windows == NULL || j->rule_of == NULL || j->agents == NULL
+        || j->totals == NULL) {
+        free(j->windows);
+        free(j->rule_of);
+        free(j->agents);
+        free(j->totals);
+        free(j);
+        return NULL;
+    }
+    *n_rules = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t r = 0;
+        while (r < *n_rules && distinct[r] != rules[i])
+            r++;
+        if (r == *n_rules)
+            distinct[(*n_rules)++] = rules[i];
+        j->rule_of[i] = r;
+        j->windows[i] = now_ms / rules[i]->period_ms;
+    }
+    return j;
+}
+
 void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
                       const rl_rule *const *rules, uint64_t now_ms,
                       rl_windows_fn fn, void *arg)
 {
-    size_t n = m->n_entries;
-    pending *p = calloc(1, sizeof *p);
+    size_t n = m->n_entries, n_rules = 0, n_parts = 0;
     const rl_rule **distinct = calloc(n + 1, sizeof *distinct);
-    /* Keys: 1 + 2 per rule + 2 per entry; arguments: 3 + 1 per rule + 2 per
-     * entry. At most one rule per entry. */
-    size_t slots = 5 + 7 * n;
-    args a = {0};
-    a.argv = calloc(slots, sizeof *a.argv);
-    a.lens = calloc(slots, sizeof *a.lens);
-    if (p != NULL) {
-        p->windows = calloc(n + 1, sizeof *p->windows);
-        p->rule_of = calloc(n + 1, sizeof *p->rule_of);
-    }
-    if (p != NULL && distinct != NULL && p->windows != NULL
-        && p->rule_of != NULL) {
-        *p = (pending){fn, arg, n, 0, p->windows, p->rule_of};
-        for (size_t i = 0; i < n; i++) {
-            size_t r = 0;
-            while (r < p->n_rules && distinct[r] != rules[i])
-                r++;
-            if (r == p->n_rules)
-                distinct[p->n_rules++] = rules[i];
-            p->rule_of[i] = r;
-            p->windows[i] = now_ms / rules[i]->period_ms;
+    part **parts = calloc(2 * n + 1, sizeof *parts);
+    job *j = distinct != NULL && parts != NULL
+                 ? new_job(m, rules, distinct, &n_rules, now_ms, fn, arg)
+                 : NULL;
+    report_view v = {m, rules, distinct, rl_store_is_cluster(store)};
+    bool ok = j != NULL && plan(&v, j, n_rules, parts, &n_parts) == 0;
+    if (!ok) {
+        for (size_t k = 0; k < n_parts; k++) {
+            free(parts[k]->rules);
+            free(parts[k]->entries);
+            free(parts[k]);
         }
-        /* The text, sized from what this report holds (never a worst case
-         * per entry: a report of 65,536 entries must not cost 200 MB).
-         * Numbers take at most 20 digits. */
-        a.cap = 1 + 3 * 24 + 2 * (RL_WIRE_ID_MAX + 16)
-                + p->n_rules * (24 + 2 * (RL_NAME_MAX + 40));
-        for (size_t i = 0; i < n; i++)
-            a.cap += 2 * (strlen(rules[i]->key_prefix)
-                          + m->entries[i].value.len + 24) + 2 * 24;
-        a.text = malloc(a.cap);
-    }
-    if (p == NULL || distinct == NULL || a.argv == NULL || a.lens == NULL
-        || a.text == NULL || p->windows == NULL || p->rule_of == NULL) {
-        if (p != NULL) {
-            free(p->windows);
-            free(p->rule_of);
+        if (j != NULL) {
+            j->error = "out of memory";
+            job_done(j);
+        } else {
+            fn(arg, false, NULL, "out of memory");
         }
-        free(p);
         free(distinct);
-        free(a.argv);
-        free(a.lens);
-        free(a.text);
-        fn(arg, false, NULL, "out of memory");
+        free(parts);
         return;
     }
-    size_t numkeys = 1 + 2 * p->n_rules + 2 * n;
-    addf(&a, "%zu", numkeys);
-    addf(&a, "rl:agg:seq:%.*s", (int)m->agent_id.len, m->agent_id.ptr);
-    for (size_t r = 0; r < p->n_rules; r++) {
-        uint64_t w = now_ms / distinct[r]->period_ms;
-        addf(&a, "rl:agg:agents:%s:w%llu", distinct[r]->name,
-             (unsigned long long)w);
-        addf(&a, "rl:agg:agents:%s:w%llu", distinct[r]->name,
-             (unsigned long long)(w - 1));
-    }
-    for (size_t i = 0; i < n; i++) {
-        for (int back = 0; back < 2; back++) {
-            size_t start = a.used;
-            add(&a, rules[i]->key_prefix, strlen(rules[i]->key_prefix));
-            add(&a, m->entries[i].value.ptr, m->entries[i].value.len);
-            addf(&a, ":w%llu", (unsigned long long)(p->windows[i] - back));
-            /* The three pieces are one argument. */
-            a.n -= 3;
-            a.argv[a.n] = a.text + start;
-            a.lens[a.n++] = a.used - start;
+    /* Every part counts as pending before the first is sent: a part that
+     * fails at once must not finish the job early. */
+    j->parts_pending = (int)n_parts + 1;
+    for (size_t k = 0; k < n_parts; k++) {
+        if (!run_part(store, &v, parts[k], now_ms)) {
+            snprintf(j->error_text, sizeof j->error_text, "out of memory");
+            j->error = j->error_text;
+            free(parts[k]->rules);
+            free(parts[k]->entries);
+            free(parts[k]);
+            j->parts_pending--;
         }
     }
-    addf(&a, "%llu", (unsigned long long)m->seq);
-    add(&a, m->agent_id.ptr, m->agent_id.len);
-    addf(&a, "%zu", p->n_rules);
-    for (size_t r = 0; r < p->n_rules; r++)
-        addf(&a, "%llu", (unsigned long long)(2 * distinct[r]->period_ms));
-    for (size_t i = 0; i < n; i++) {
-        addf(&a, "%zu", p->rule_of[i] + 1);
-        addf(&a, "%llu", (unsigned long long)m->entries[i].count);
-    }
-    rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_reply, p);
     free(distinct);
-    free(a.argv);
-    free(a.lens);
-    free(a.text);
+    free(parts);
+    if (--j->parts_pending == 0)
+        job_done(j);
 }

@@ -493,6 +493,11 @@ void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
 
 /* --- The store -------------------------------------------------------- */
 
+bool rl_store_is_cluster(const rl_store *s)
+{
+    return s->single == NULL;
+}
+
 bool rl_store_up(const rl_store *s)
 {
     return s->single != NULL ? rl_node_up(s->single) : all_slots_up(s);

@@ -40,6 +40,9 @@ rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
 void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
                   const size_t *lens, rl_store_fn fn, void *arg);
 
+/* Whether the store is a cluster (calls must keep to one slot). */
+bool rl_store_is_cluster(const rl_store *s);
+
 /* Whether every slot has a primary that is connected with its scripts
  * loaded (for one server: whether it is). */
 bool rl_store_up(const rl_store *s);

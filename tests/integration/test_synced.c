@@ -335,13 +335,14 @@ static void run_fleet(rl_agent **agents, uint64_t first_window,
     }
 }
 
-Test(synced, ten_agents_stay_within_the_bound)
+/* store: NULL for the runner's Redis, or a cluster's seeds. */
+static void ten_agents(const char *store, const char *label)
 {
     test_aggregator agg;
     char rule[160];
     snprintf(rule, sizeof rule, "  - {name: per-tenant, match: tenant, "
              "limit: %d, period: %dms, mode: synced}\n", LIMIT, PERIOD_MS);
-    test_aggregator_start(&agg, NULL, rule, 1000, NULL);
+    test_aggregator_start(&agg, store, rule, 1000, NULL);
     rl_agent *agents[FLEET];
     rl_config *cfgs[FLEET];
     for (int i = 0; i < FLEET; i++)
@@ -355,10 +356,10 @@ Test(synced, ten_agents_stay_within_the_bound)
      * baseline, every gateway counting alone: 10 x limit. */
     long bound = 2 * (LIMIT + FLEET);
     for (int w = 0; w < WINDOWS; w++) {
-        fprintf(stderr, "synced fleet: window %d: offered %ld, admitted %ld "
-                "(limit %d, 90%% floor %d, stated bound %ld, seed baseline "
-                "%d)\n", w, offered[w], admitted[w], LIMIT, LIMIT * 9 / 10,
-                bound, FLEET * LIMIT);
+        fprintf(stderr, "synced fleet%s: window %d: offered %ld, admitted "
+                "%ld (limit %d, 90%% floor %d, stated bound %ld, seed "
+                "baseline %d)\n", label, w, offered[w], admitted[w], LIMIT,
+                LIMIT * 9 / 10, bound, FLEET * LIMIT);
         cr_expect_geq(admitted[w], LIMIT * 9 / 10);
         cr_expect_leq(admitted[w], bound);
     }
@@ -367,6 +368,22 @@ Test(synced, ten_agents_stay_within_the_bound)
         rl_config_free(cfgs[i]);
     }
     test_aggregator_stop(&agg);
+    /* Every report reached the store: none was sent back for a retry. */
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c 'event=report_not_applied' %s",
+             agg.log);
+    test_run(cmd, out, sizeof out);
+    cr_expect_eq(atoi(out), 0, "reports were not applied; see %s", agg.log);
+}
+
+Test(synced, ten_agents_stay_within_the_bound)
+{
+    ten_agents(NULL, "");
+}
+
+Test(synced, ten_agents_stay_within_the_bound_on_a_cluster)
+{
+    ten_agents(test_env("RL_TEST_CLUSTER"), " (cluster)");
 }
 
 /* --- Two aggregators on one Redis: the same totals as one. --------------- */

@@ -43,14 +43,22 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
         snprintf(agg->log, sizeof agg->log, "%s.log", agg->config);
         FILE *f = fopen(agg->config, "w");
         cr_assert_not_null(f);
+        const char *store = redis != NULL ? redis : test_env("RL_TEST_REDIS");
+        /* A comma-separated list is a cluster's seeds. */
+        if (strchr(store, ',') != NULL) {
+            fprintf(f, "store: {cluster: [");
+            for (const char *p = store; *p; p++)
+                fputs(*p == ',' ? ", " : (char[]){*p, 0}, f);
+            fprintf(f, "]}\n");
+        } else {
+            fprintf(f, "store: {url: \"redis://%s\"}\n", store);
+        }
         fprintf(f,
-                "store: {url: \"redis://%s\"}\n"
                 "aggregator:\n"
                 "  reports: \"%s\"\n"
                 "  totals: \"%s\"\n"
                 "  sync_interval_ms: %u\n"
                 "rules:\n%s",
-                redis != NULL ? redis : test_env("RL_TEST_REDIS"),
                 agg->reports, agg->totals,
                 sync_interval_ms, rules_yaml);
         fclose(f);
