@@ -345,6 +345,12 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
             return rc;
         store->timeout_ms = (uint32_t)n;
     }
+    if (raw->wait_replicas != NULL) {
+        if ((rc = parse_int(ld, "store.wait_replicas", raw->wait_replicas, 0,
+                            16, &n)) != RL_OK)
+            return rc;
+        store->wait_replicas = (uint32_t)n;
+    }
     int choice = RL_SCRIPTS_AUTO;
     if ((rc = choose(ld, "store.scripts", raw->scripts, scripts_names,
                      &choice)) != RL_OK)

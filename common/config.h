@@ -63,6 +63,7 @@ typedef struct rl_store_config {
     char *username;         /* NULL when not set */
     char *password;         /* NULL when not set */
     uint32_t timeout_ms;    /* deadline of one check against the store */
+    uint32_t wait_replicas; /* WAIT for this many replicas after a write */
     rl_scripts scripts;
 } rl_store_config;
 

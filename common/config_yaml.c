@@ -50,6 +50,8 @@ static const cyaml_schema_field_t store_fields[] = {
               RL_SECRET_MAX),
     STR_FIELD("timeout_ms", CYAML_FLAG_OPTIONAL, rl_raw_store, timeout_ms, 32),
     STR_FIELD("scripts", CYAML_FLAG_OPTIONAL, rl_raw_store, scripts, 32),
+    STR_FIELD("wait_replicas", CYAML_FLAG_OPTIONAL, rl_raw_store,
+              wait_replicas, 32),
     CYAML_FIELD_END,
 };
 

@@ -31,6 +31,7 @@ typedef struct rl_raw_store {
     char *password;
     char *timeout_ms;
     char *scripts;
+    char *wait_replicas;
 } rl_raw_store;
 
 typedef struct rl_raw_aggregator {

@@ -38,6 +38,7 @@ typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
 
 typedef struct call {
     struct call *next;
+    redisReply *stash;  /* the script's answer, held until WAIT answers */
     rl_node *store;
     int script;         /* or RL_NODE_RAW */
     bool asking;        /* ASKING first (a cluster ASK redirection) */
@@ -350,6 +351,65 @@ static bool scripts_missing(const redisReply *r)
            || strstr(r->str, "Function not found") != NULL;
 }
 
+/* hiredis frees a reply when its callback returns; a reply held for WAIT
+ * is copied. */
+static redisReply *copy_reply(const redisReply *r)
+{
+    redisReply *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    *c = (redisReply){.type = r->type, .integer = r->integer,
+                      .len = r->len, .elements = r->elements};
+    if (r->str != NULL && (c->str = malloc(r->len + 1)) != NULL)
+        memcpy(c->str, r->str, r->len + 1);
+    if (r->elements > 0
+        && (c->element = calloc(r->elements, sizeof *c->element)) != NULL) {
+        for (size_t i = 0; i < r->elements; i++)
+            c->element[i] = copy_reply(r->element[i]);
+    }
+    return c;
+}
+
+/* WAIT's answer (how many replicas have the write) does not change the
+ * call's: the write is done either way; WAIT only narrows the window in
+ * which a failover can lose it. */
+static void on_wait_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    call *c = privdata;
+    rl_node *s = c->store;
+    (void)ac;
+    if (r != NULL) { /* NULL: the connection went, and in_flight with it */
+        s->in_flight--;
+        s->last_progress = now_ms(s);
+    }
+    redisReply *stash = c->stash;
+    finish(c, stash, NULL);
+    freeReplyObject(stash);
+}
+
+/* With store.wait_replicas, a script's answer waits for WAIT. */
+static bool held_for_wait(rl_node *s, call *c, const redisReply *reply)
+{
+    if (s->cfg->wait_replicas == 0 || c->script == RL_NODE_RAW
+        || s->state == CLOSED || s->ac == NULL)
+        return false;
+    c->stash = copy_reply(reply);
+    if (c->stash == NULL)
+        return false;
+    /* Half the deadline: the answer still arrives in time when the
+     * replicas are slow. */
+    unsigned wait_ms = s->cfg->timeout_ms / 2 > 0 ? s->cfg->timeout_ms / 2 : 1;
+    if (redisAsyncCommand(s->ac, on_wait_reply, c, "WAIT %u %u",
+                          s->cfg->wait_replicas, wait_ms)
+        != REDIS_OK) {
+        freeReplyObject(c->stash);
+        c->stash = NULL;
+        return false;
+    }
+    s->in_flight++;
+    return true;
+}
+
 static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
@@ -374,7 +434,7 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_for_ready(s, c);
     } else if (reply->type == REDIS_REPLY_ERROR) {
         finish(c, NULL, reply->str);
-    } else {
+    } else if (!held_for_wait(s, c, reply)) {
         finish(c, reply, NULL);
     }
 }
@@ -478,6 +538,7 @@ void rl_node_run(rl_node *s, int script, bool asking, int argc,
         return;
     }
     c->next = NULL;
+    c->stash = NULL;
     c->store = s;
     c->script = script;
     c->asking = asking;

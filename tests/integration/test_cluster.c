@@ -100,8 +100,9 @@ static void first_node(const char *all, char *out, size_t cap)
 }
 
 /* An agent on a cluster (seeds: a comma-separated list). */
-static rl_agent *cluster_agent(const char *seeds, const char *rules,
-                               unsigned timeout_ms, rl_config **cfg)
+static rl_agent *cluster_agent_with(const char *seeds, const char *extra,
+                                    const char *rules, unsigned timeout_ms,
+                                    rl_config **cfg)
 {
     char yaml[2048], list[512];
     snprintf(list, sizeof list, "%s", seeds);
@@ -113,8 +114,8 @@ static rl_agent *cluster_agent(const char *seeds, const char *rules,
         strcat(items, items[0] ? ", " : "");
         strcat(items, tok);
     }
-    snprintf(yaml, sizeof yaml, "store: {cluster: [%s], timeout_ms: %u}\n"
-             "rules:\n%s", items, timeout_ms, rules);
+    snprintf(yaml, sizeof yaml, "store: {cluster: [%s], timeout_ms: %u%s}\n"
+             "rules:\n%s", items, timeout_ms, extra, rules);
     rl_error err;
     cr_assert_eq(rl_config_parse(yaml, strlen(yaml), "cluster.yaml", cfg,
                                  &err), RL_OK, "%s", err.message);
@@ -122,6 +123,12 @@ static rl_agent *cluster_agent(const char *seeds, const char *rules,
     rl_agent *a;
     cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
     return a;
+}
+
+static rl_agent *cluster_agent(const char *seeds, const char *rules,
+                               unsigned timeout_ms, rl_config **cfg)
+{
+    return cluster_agent_with(seeds, "", rules, timeout_ms, cfg);
 }
 
 static void close_agent(rl_agent *a, rl_config *cfg)
@@ -487,4 +494,43 @@ Test(cluster, failover_is_survived_without_a_restart)
     cr_assert_geq(d.remaining + 1, before, "the bucket came back emptier");
     cr_assert_eq(atomic_load(&other.degraded), 0, "another shard's checks "
                  "were degraded");
+}
+
+/* --- store.wait_replicas: WAIT after each write. ------------------------- */
+
+static long long wait_calls(const char *addr)
+{
+    redisReply *r = on_node(addr, "INFO commandstats");
+    const char *at = strstr(r->str, "cmdstat_wait:calls=");
+    long long n = at != NULL ? atoll(at + strlen("cmdstat_wait:calls=")) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    char first[64], value[64];
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    const char *prim[16];
+    cr_assert_eq(primaries(&l, prim), 3);
+    value_on(&l, prim[0], "rl:key:", "waited", value, sizeof value);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent_with(seeds, ", wait_replicas: 1",
+                                     "  - {name: per-key, match: api_key, "
+                                     "limit: 10, period: 1h}\n", 1000, &cfg);
+    long long before = wait_calls(prim[0]);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    int allowed = 0;
+    for (int i = 0; i < 15; i++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+        cr_assert(!d.degraded, "a check waited past its deadline");
+        allowed += d.allowed;
+    }
+    long long waited = wait_calls(prim[0]) - before;
+    close_agent(a, cfg);
+    cr_assert_eq(allowed, 10);
+    cr_assert_eq(waited, 15, "WAIT ran %lld times for 15 writes", waited);
 }

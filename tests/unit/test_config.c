@@ -126,6 +126,7 @@ Test(config, every_field_can_be_set)
         "  password: s3cret\n"
         "  timeout_ms: 20\n"
         "  scripts: eval\n"
+        "  wait_replicas: 1\n"
         "aggregator:\n"
         "  reports: ipc:///run/rl/reports\n"
         "  totals: tcp://[::1]:9000\n"
@@ -154,6 +155,7 @@ Test(config, every_field_can_be_set)
     cr_assert_str_eq(cfg->store.password, "s3cret");
     cr_assert_eq(cfg->store.timeout_ms, 20);
     cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_EVAL);
+    cr_assert_eq(cfg->store.wait_replicas, 1);
     cr_assert_str_eq(cfg->aggregator.reports, "ipc:///run/rl/reports");
     cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
