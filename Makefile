@@ -55,6 +55,7 @@ TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
+BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 
 .PHONY: all deps test asan tsan bench fuzz run clean
 .DEFAULT_GOAL := all
@@ -122,9 +123,14 @@ $(BENCH_SYNCED): $(call obj,tests/bench/bench_synced.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
-bench: all $(BENCH) $(BENCH_SYNCED) $(RUNNER)
+$(BENCH_CLUSTER): $(call obj,tests/bench/bench_cluster.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER)
 	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
 	$(RUNNER) -- $(BENCH_SYNCED) $(AGG) | tee -a $(BUILD)/bench.md
+	$(RUNNER) --cluster -- $(BENCH_CLUSTER) | tee -a $(BUILD)/bench.md
 
 # The seed's ten-gateway scenario over real HTTP: see scripts/demo.sh.
 run: all
