@@ -58,6 +58,7 @@ struct rl_node {
     rl_node_batches *batches;  /* shared with the other nodes, or NULL */
     uint64_t batch_turn;       /* the turn of this node's last batch */
     rl_node_stats stats;
+    struct wait_group *open_wait; /* the WAIT this turn's answers join */
     const rl_script_set *scripts;
     const rl_logger *log;
     redisAsyncContext *ac;
@@ -370,21 +371,36 @@ static redisReply *copy_reply(const redisReply *r)
     return c;
 }
 
+/* The calls whose answers arrived in one turn of the loop share one WAIT:
+ * one per shard per batch of replies. */
+typedef struct wait_group {
+    call *calls;       /* linked by next: answered calls are in no list */
+    uint64_t turn;
+} wait_group;
+
 /* WAIT's answer (how many replicas have the write) does not change the
- * call's: the write is done either way; WAIT only narrows the window in
- * which a failover can lose it. */
+ * calls': the writes are done either way; WAIT only narrows the window in
+ * which a failover can lose them. */
 static void on_wait_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
-    call *c = privdata;
-    rl_node *s = c->store;
+    wait_group *g = privdata;
     (void)ac;
+    call *c = g->calls;
+    rl_node *s = c->store;
     if (r != NULL) { /* NULL: the connection went, and in_flight with it */
         s->in_flight--;
         s->last_progress = now_ms(s);
     }
-    redisReply *stash = c->stash;
-    finish(c, stash, NULL);
-    freeReplyObject(stash);
+    if (s->open_wait == g)
+        s->open_wait = NULL;
+    free(g);
+    while (c != NULL) {
+        call *next = c->next;
+        redisReply *stash = c->stash;
+        finish(c, stash, NULL);
+        freeReplyObject(stash);
+        c = next;
+    }
 }
 
 /* With store.wait_replicas, a script's answer waits for WAIT. */
@@ -396,17 +412,29 @@ static bool held_for_wait(rl_node *s, call *c, const redisReply *reply)
     c->stash = copy_reply(reply);
     if (c->stash == NULL)
         return false;
-    /* Half the deadline: the answer still arrives in time when the
-     * replicas are slow. */
-    unsigned wait_ms = s->cfg->timeout_ms / 2 > 0 ? s->cfg->timeout_ms / 2 : 1;
-    if (redisAsyncCommand(s->ac, on_wait_reply, c, "WAIT %u %u",
-                          s->cfg->wait_replicas, wait_ms)
-        != REDIS_OK) {
-        freeReplyObject(c->stash);
-        c->stash = NULL;
-        return false;
+    uint64_t turn = s->batches != NULL ? s->batches->turn : 0;
+    wait_group *g = s->open_wait;
+    if (g == NULL || s->batches == NULL || g->turn != turn) {
+        /* Half the deadline: the answer still arrives in time when the
+         * replicas are slow. */
+        unsigned wait_ms = s->cfg->timeout_ms / 2 > 0 ? s->cfg->timeout_ms / 2
+                                                      : 1;
+        g = calloc(1, sizeof *g);
+        if (g == NULL
+            || redisAsyncCommand(s->ac, on_wait_reply, g, "WAIT %u %u",
+                                 s->cfg->wait_replicas, wait_ms)
+                   != REDIS_OK) {
+            free(g);
+            freeReplyObject(c->stash);
+            c->stash = NULL;
+            return false;
+        }
+        g->turn = turn;
+        s->open_wait = g;
+        s->in_flight++;
     }
-    s->in_flight++;
+    c->next = g->calls;
+    g->calls = c;
     return true;
 }
 
