@@ -204,7 +204,8 @@ static bool apply_range(rl_store *s, const redisReply *e,
     return true;
 }
 
-static void dispatch_waiting(rl_store *s)
+/* Sends the calls that waited for a map, or fails them with why. */
+static void release_waiting(rl_store *s, const char *why)
 {
     route *r = s->waiting;
     s->waiting = NULL;
@@ -212,20 +213,10 @@ static void dispatch_waiting(rl_store *s)
     s->n_waiting = 0;
     while (r != NULL) {
         route *next = r->next;
-        dispatch(r);
-        r = next;
-    }
-}
-
-static void fail_waiting(rl_store *s, const char *why)
-{
-    route *r = s->waiting;
-    s->waiting = NULL;
-    s->waiting_tail = &s->waiting;
-    s->n_waiting = 0;
-    while (r != NULL) {
-        route *next = r->next;
-        fail(r, why);
+        if (why == NULL)
+            dispatch(r);
+        else
+            fail(r, why);
         r = next;
     }
 }
@@ -252,7 +243,7 @@ static void on_slots(void *arg, const redisReply *reply, const char *error)
         rl_node_close(s->control);
         s->control = NULL;
         if (!s->mapped)
-            fail_waiting(s, "store unavailable: no cluster node answered");
+            release_waiting(s, "store unavailable: no cluster node answered");
         uv_timer_start(&s->refresh_timer, refresh_fired,
                        REFRESH_WHILE_DOWN_MS, 0);
         return;
@@ -267,7 +258,7 @@ static void on_slots(void *arg, const redisReply *reply, const char *error)
                s->n_nodes);
     s->mapped = true;
     close_unused(s);
-    dispatch_waiting(s);
+    release_waiting(s, NULL);
     /* New owners connect, dead ones are replaced: look again until every
      * slot's owner answers. */
     if (!all_slots_up(s))
@@ -569,7 +560,7 @@ void rl_store_close(rl_store *s)
     rl_node_close(s->control);
     for (size_t i = 0; i < s->n_nodes; i++)
         rl_node_close(s->nodes[i]);
-    fail_waiting(s, "shutting down");
+    release_waiting(s, "shutting down");
     route *r = s->retrying;
     s->retrying = NULL;
     while (r != NULL) {
