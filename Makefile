@@ -31,7 +31,7 @@ endif
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
-             aggregator/windows.c
+             aggregator/windows.c aggregator/service.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \
@@ -92,7 +92,7 @@ $(RLCTL): $(call obj,$(RLCTL_SRC)) $(LIB_A)
 
 $(AGG): $(call obj,$(AGG_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) -lsystemd
 
 $(GATEWAY): $(call obj,$(GW_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -8,6 +8,7 @@
 #define RL_AGGREGATOR_H
 
 #include "config.h"
+#include "service.h"
 #include "log.h"
 #include "store.h"
 #include "wire.h"
@@ -75,6 +76,7 @@ struct rl_aggregator {
 
     uv_timer_t publish_timer;
     uv_signal_t sigterm, sigint, sighup;
+    rl_service service;            /* systemd notifications */
     rl_broadcast *broadcast;
     rl_aggregator_stats stats;
     bool stopping;

@@ -73,6 +73,7 @@ static void shutdown_now(rl_aggregator *agg)
     uv_close((uv_handle_t *)&agg->sigterm, NULL);
     uv_close((uv_handle_t *)&agg->sigint, NULL);
     uv_close((uv_handle_t *)&agg->sighup, NULL);
+    rl_service_close(&agg->service);
     rl_store_close(agg->store);
     agg->store = NULL;
     rl_log(&agg->log, RL_LOG_INFO, "stopped", "applied=%llu duplicate=%llu "
@@ -106,6 +107,7 @@ static void on_stop_signal(uv_signal_t *s, int signum)
     agg->stopping = true;
     rl_log(&agg->log, RL_LOG_INFO, "stopping", "signal=%d in_flight=%d",
            signum, agg->in_flight);
+    rl_service_stopping(&agg->service);
     uv_timer_start(&agg->publish_timer, on_publish, 0, 0);
 }
 
@@ -115,9 +117,11 @@ static void on_reload(uv_signal_t *s, int signum)
     rl_config *fresh;
     rl_error err;
     (void)signum;
+    rl_service_reloading(&agg->service);
     if (rl_config_load(agg->config_path, &fresh, &err) != RL_OK) {
         rl_log(&agg->log, RL_LOG_ERROR, "reload_failed",
                "reason=\"%s\" kept=old", err.message);
+        rl_service_reloaded(&agg->service);
         return;
     }
     /* The rules change; the store and the sockets keep the settings they
@@ -128,6 +132,7 @@ static void on_reload(uv_signal_t *s, int signum)
     rl_broadcast_free(agg->broadcast);
     agg->broadcast = rl_broadcast_new();
     rl_log(&agg->log, RL_LOG_INFO, "reloaded", "rules=%zu", fresh->n_rules);
+    rl_service_reloaded(&agg->service);
 }
 
 static int start(rl_aggregator *agg)
@@ -172,6 +177,7 @@ static int start(rl_aggregator *agg)
            agg->config->aggregator.totals, agg->config->store.nodes[0].host,
            agg->config->store.nodes[0].port,
            agg->config->aggregator.sync_interval_ms);
+    rl_service_start(&agg->service, agg->loop, agg->store, &agg->log);
     return 0;
 }
 

@@ -6,7 +6,7 @@
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
-libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev \
+libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools"
 [ $# -gt 0 ] && packages="$*"
 
