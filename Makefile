@@ -7,6 +7,11 @@ CC      ?= cc
 SAN     ?=
 OPT     ?= -O2
 PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+DESTDIR ?=
+VERSION = 0.1.0
 
 CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
@@ -57,7 +62,7 @@ BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 
-.PHONY: all deps test asan tsan bench fuzz run clean
+.PHONY: all deps test asan tsan bench fuzz run install install-built clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -131,6 +136,31 @@ bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER)
 	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
 	$(RUNNER) -- $(BENCH_SYNCED) $(AGG) | tee -a $(BUILD)/bench.md
 	$(RUNNER) --cluster -- $(BENCH_CLUSTER) | tee -a $(BUILD)/bench.md
+
+# Installs under $(DESTDIR)$(PREFIX); the example config only if there is
+# none yet (an operator's rules are never overwritten). install-built
+# installs what $(BUILD) holds without building (the tests use it).
+install: all
+	$(MAKE) install-built
+
+install-built:
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(UNITDIR) \
+	    $(DESTDIR)$(SYSCONFDIR)/rl
+	install -m 755 $(RLCTL) $(AGG) $(GATEWAY) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librl.so.$(VERSION)
+	ln -sf librl.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/librl.so
+	install -m 644 agent/rl.h $(DESTDIR)$(PREFIX)/include/rl.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|' configs/rl.pc.in \
+	    > $(DESTDIR)$(LIBDIR)/pkgconfig/rl.pc
+	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|' \
+	    -e 's|/etc/rl/|$(SYSCONFDIR)/rl/|' configs/rl-aggregator.service \
+	    > $(DESTDIR)$(UNITDIR)/rl-aggregator.service
+	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml ] || install -m 640 \
+	    configs/rules.example.yaml $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml
 
 # The seed's ten-gateway scenario over real HTTP: see scripts/demo.sh.
 run: all
