@@ -34,7 +34,8 @@ CFLAGS_ALL  += -Itests/support/tsan
 endif
 
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
-RLCTL_SRC  = aggregator/rlctl.c
+RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
+             aggregator/rlctl_view.c aggregator/rlctl_totals.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \

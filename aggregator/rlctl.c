@@ -1,33 +1,104 @@
 /*
  * rlctl.c: the admin CLI. Each subcommand is one function; exit codes are
  * part of the interface (scripts test them), so they are listed in the
- * usage text and the README and never reused for something else.
+ * usage text and the README and never reused for something else. Every
+ * read goes to the store directly, blocking (rlctl_store.c); only `check`
+ * without --dry-run goes through librl, as a gateway would.
  */
 #include "config.h"
 #include "duration.h"
 #include "rl.h"
+#include "rlctl_store.h"
+#include "rlctl_totals.h"
+#include "rlctl_view.h"
 
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXIT_OK 0
 #define EXIT_USAGE 1
+#define EXIT_UNREACHABLE 2
 #define EXIT_BAD_CONFIG 3
+#define EXIT_REJECTED 4
 
 #define DEFAULT_CONFIG "/etc/rl/rl.yaml"
+#define ARGS_MAX 64
 
 static const char usage[] =
-    "usage: rlctl [--config FILE] COMMAND\n"
+    "usage: rlctl [--config FILE] [--json] COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
-    "  config     validate the config and show the rules as rl reads them\n"
+    "  config                  validate the config and show the rules\n"
+    "  bucket RULE VALUE       a bucket's tokens (or a synced rule's window\n"
+    "                          counts), time to full and TTL; spends nothing\n"
+    "  reset RULE VALUE [--yes]\n"
+    "                          forget a bucket or a client's window counts\n"
+    "  check --attr NAME=VALUE... [--cost N] [--dry-run]\n"
+    "                          what the rules decide for that request, rule\n"
+    "                          by rule; --dry-run reads without spending\n"
+    "  totals [--rule R] [--top N]\n"
+    "                          clients of synced rules by their count in the\n"
+    "                          current window (default top 20)\n"
     "\n"
     "options:\n"
     "  --config FILE  the rules config (default " DEFAULT_CONFIG ")\n"
-    "  --help         show this text\n"
+    "  --json         one JSON document on stdout instead of a table\n"
+    "  --help         show this text (COMMAND --help: the same)\n"
     "  --version      show rl's version\n"
     "\n"
-    "exit codes: 0 ok, 1 usage error, 3 invalid or unreadable config\n";
+    "exit codes: 0 ok, 1 usage error (bad arguments, unknown rule, reset not\n"
+    "confirmed), 2 store unreachable or refused, 3 invalid or unreadable\n"
+    "config, 4 check: the request is (or would be) rejected\n";
+
+typedef struct cli {
+    const char *config_path;
+    bool json, yes, dry_run;
+    const char *command;
+    const char *args[ARGS_MAX]; /* positionals after the command */
+    int n_args;
+    const char *attrs[RL_ATTRS_MAX];
+    int n_attrs;
+    const char *rule;
+    unsigned long top, cost;
+    rl_config *cfg;
+} cli;
+
+static int fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("rlctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+/* --- JSON ------------------------------------------------------------- */
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; *s != '\0'; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* --- config ------------------------------------------------------------ */
 
 static void print_store(const rl_store_config *s)
 {
@@ -46,8 +117,39 @@ static void print_store(const rl_store_config *s)
            s->password != NULL ? ", with password" : "");
 }
 
-static void print_rules(const rl_config *cfg)
+static int cmd_config(cli *c)
 {
+    const rl_config *cfg = c->cfg;
+    if (c->json) {
+        printf("{\"config\":");
+        json_string(c->config_path);
+        printf(",\"valid\":true,\"rules\":[");
+        for (size_t i = 0; i < cfg->n_rules; i++) {
+            const rl_rule *r = &cfg->rules[i];
+            printf("%s{\"name\":", i ? "," : "");
+            json_string(r->name);
+            printf(",\"match\":");
+            json_string(r->match);
+            printf(",\"limit\":%llu,\"period_ms\":%llu,\"burst\":%llu,"
+                   "\"mode\":\"%s\",\"algorithm\":\"%s\",\"on_error\":\"%s\","
+                   "\"key_prefix\":", (unsigned long long)r->limit,
+                   (unsigned long long)r->period_ms,
+                   (unsigned long long)r->burst, rl_mode_name(r->mode),
+                   rl_algorithm_name(r->algorithm),
+                   rl_on_error_name(r->on_error));
+            json_string(r->key_prefix);
+            printf("}");
+        }
+        printf("]}\n");
+        return EXIT_OK;
+    }
+    printf("config:      %s (%zu rule%s, valid)\n", c->config_path,
+           cfg->n_rules, cfg->n_rules == 1 ? "" : "s");
+    print_store(&cfg->store);
+    printf("aggregator:  reports %s, totals %s, sync every %ums\n",
+           cfg->aggregator.reports, cfg->aggregator.totals,
+           cfg->aggregator.sync_interval_ms);
+    printf("charge:      %s\n", rl_charge_name(cfg->charge));
     printf("\n%-20s %-12s %10s %8s %10s %-7s %-13s %-8s %s\n", "RULE",
            "MATCH", "LIMIT", "PERIOD", "BURST", "MODE", "ALGORITHM",
            "ON_ERROR", "KEY_PREFIX");
@@ -61,57 +163,518 @@ static void print_rules(const rl_config *cfg)
                rl_algorithm_name(r->algorithm), rl_on_error_name(r->on_error),
                r->key_prefix);
     }
+    return EXIT_OK;
 }
 
-static int cmd_config(const char *path)
+/* --- the store ---------------------------------------------------------- */
+
+static const rl_rule *find_rule(const rl_config *cfg, const char *name)
 {
-    rl_config *cfg;
-    rl_error err;
-    if (rl_config_load(path, &cfg, &err) != RL_OK) {
-        fprintf(stderr, "rlctl: %s\n", err.message);
-        return EXIT_BAD_CONFIG;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        if (strcmp(cfg->rules[i].name, name) == 0)
+            return &cfg->rules[i];
     }
-    printf("config:      %s (%zu rule%s, valid)\n", path, cfg->n_rules,
-           cfg->n_rules == 1 ? "" : "s");
-    print_store(&cfg->store);
-    printf("aggregator:  reports %s, totals %s, sync every %ums\n",
-           cfg->aggregator.reports, cfg->aggregator.totals,
-           cfg->aggregator.sync_interval_ms);
-    printf("charge:      %s\n", rl_charge_name(cfg->charge));
-    print_rules(cfg);
-    rl_config_free(cfg);
+    return NULL;
+}
+
+static int open_store(cli *c, rlctl_store *s, unsigned long long *now)
+{
+    char err[512];
+    if (rlctl_store_open(s, &c->cfg->store, err, sizeof err) != 0)
+        return fail(EXIT_UNREACHABLE, "%s", err);
+    *now = rlctl_store_now_ms(s);
+    if (*now == 0) {
+        rlctl_store_close(s);
+        return fail(EXIT_UNREACHABLE, "Redis did not answer TIME");
+    }
+    return EXIT_OK;
+}
+
+static int rule_and_value(cli *c, const rl_rule **rule, const char **value)
+{
+    if (c->n_args != 2)
+        return fail(EXIT_USAGE, "%s needs RULE VALUE (see rlctl --help)",
+                    c->command);
+    *rule = find_rule(c->cfg, c->args[0]);
+    *value = c->args[1];
+    if (*rule == NULL)
+        return fail(EXIT_USAGE, "no rule named \"%s\" in %s (rlctl config "
+                    "lists them)", c->args[0], c->config_path);
+    if (strlen(*value) == 0 || strlen(*value) > RL_VALUE_MAX)
+        return fail(EXIT_USAGE, "a value is 1 to %d bytes", RL_VALUE_MAX);
+    return EXIT_OK;
+}
+
+/* --- bucket -------------------------------------------------------------- */
+
+static void print_view_json(const rlctl_view *v)
+{
+    const rl_rule *r = v->rule;
+    printf("{\"rule\":");
+    json_string(r->name);
+    printf(",\"mode\":\"%s\",\"key\":", rl_mode_name(r->mode));
+    json_string(v->key);
+    printf(",\"exists\":%s,\"ttl_ms\":%lld,\"limit\":%llu,\"period_ms\":%llu",
+           v->exists ? "true" : "false", v->ttl_ms,
+           (unsigned long long)r->limit, (unsigned long long)r->period_ms);
+    if (r->mode == RL_MODE_SYNCED)
+        printf(",\"window\":%llu,\"current\":%llu,\"previous\":%llu,"
+               "\"estimate\":%llu,\"window_ends_in_ms\":%llu}",
+               (unsigned long long)v->window,
+               (unsigned long long)v->current,
+               (unsigned long long)v->previous,
+               (unsigned long long)v->estimate,
+               (unsigned long long)v->full_in_ms);
+    else
+        printf(",\"algorithm\":\"%s\",\"burst\":%llu,\"tokens\":%llu,"
+               "\"full_in_ms\":%llu,\"state\":",
+               rl_algorithm_name(r->algorithm),
+               (unsigned long long)r->burst, (unsigned long long)v->tokens,
+               (unsigned long long)v->full_in_ms);
+    if (r->mode != RL_MODE_SYNCED) {
+        json_string(v->state);
+        printf("}");
+    }
+}
+
+static void print_view(const rlctl_view *v)
+{
+    const rl_rule *r = v->rule;
+    printf("rule:        %s (%s, %llu per %llu ms)\n", r->name,
+           rl_mode_name(r->mode), (unsigned long long)r->limit,
+           (unsigned long long)r->period_ms);
+    printf("key:         %s%s\n", v->key, v->exists ? "" : " (none)");
+    if (r->mode == RL_MODE_SYNCED) {
+        printf("window:      %llu, ends in %llu ms\n",
+               (unsigned long long)v->window,
+               (unsigned long long)v->full_in_ms);
+        printf("counts:      current %llu, previous %llu, sliding estimate "
+               "%llu of %llu\n", (unsigned long long)v->current,
+               (unsigned long long)v->previous,
+               (unsigned long long)v->estimate, (unsigned long long)r->limit);
+    } else {
+        printf("tokens:      %llu of %llu (%s)\n",
+               (unsigned long long)v->tokens, (unsigned long long)r->burst,
+               rl_algorithm_name(r->algorithm));
+        printf("full in:     %llu ms\n", (unsigned long long)v->full_in_ms);
+        printf("state:       %s\n", v->exists ? v->state : "-");
+    }
+    if (v->ttl_ms >= 0)
+        printf("ttl:         %lld ms\n", v->ttl_ms);
+    else
+        printf("ttl:         %s\n", v->ttl_ms == -1 ? "none" : "-");
+}
+
+static int cmd_bucket(cli *c)
+{
+    const rl_rule *rule;
+    const char *value;
+    int rc = rule_and_value(c, &rule, &value);
+    if (rc != EXIT_OK)
+        return rc;
+    if (rule->mode == RL_MODE_LOCAL)
+        return fail(EXIT_USAGE, "rule \"%s\" is local: its buckets live in "
+                    "each gateway's memory, not in the store", rule->name);
+    rlctl_store s;
+    unsigned long long now;
+    if ((rc = open_store(c, &s, &now)) != EXIT_OK)
+        return rc;
+    rlctl_view v;
+    char err[512];
+    rc = rlctl_view_read(&s, rule, value, now, &v, err, sizeof err);
+    rlctl_store_close(&s);
+    if (rc != 0)
+        return fail(EXIT_UNREACHABLE, "%s", err);
+    if (c->json) {
+        print_view_json(&v);
+        putchar('\n');
+    } else {
+        print_view(&v);
+    }
+    return EXIT_OK;
+}
+
+/* --- reset --------------------------------------------------------------- */
+
+static bool confirmed(const rlctl_view *v)
+{
+    if (!isatty(STDIN_FILENO))
+        return false;
+    fprintf(stderr, "delete %s%s%s? [y/N] ", v->key,
+            v->previous_key[0] ? " and " : "", v->previous_key);
+    char answer[16];
+    return fgets(answer, sizeof answer, stdin) != NULL
+           && (answer[0] == 'y' || answer[0] == 'Y');
+}
+
+static int cmd_reset(cli *c)
+{
+    const rl_rule *rule;
+    const char *value;
+    int rc = rule_and_value(c, &rule, &value);
+    if (rc != EXIT_OK)
+        return rc;
+    if (rule->mode == RL_MODE_LOCAL)
+        return fail(EXIT_USAGE, "rule \"%s\" is local: restart or wait for "
+                    "the gateways, rlctl cannot reach its buckets",
+                    rule->name);
+    rlctl_store s;
+    unsigned long long now;
+    if ((rc = open_store(c, &s, &now)) != EXIT_OK)
+        return rc;
+    rlctl_view v;
+    char err[512];
+    if (rlctl_view_read(&s, rule, value, now, &v, err, sizeof err) != 0) {
+        rlctl_store_close(&s);
+        return fail(EXIT_UNREACHABLE, "%s", err);
+    }
+    if (!c->yes && !confirmed(&v)) {
+        rlctl_store_close(&s);
+        return fail(EXIT_USAGE, "not deleted: confirm at the prompt, or "
+                    "pass --yes");
+    }
+    long long removed = rlctl_view_forget(&s, &v, err, sizeof err);
+    rlctl_store_close(&s);
+    if (removed < 0)
+        return fail(EXIT_UNREACHABLE, "%s", err);
+    if (c->json) {
+        printf("{\"rule\":");
+        json_string(rule->name);
+        printf(",\"key\":");
+        json_string(v.key);
+        printf(",\"deleted\":%lld}\n", removed);
+    } else {
+        printf("deleted %lld key%s for %s %s\n", removed,
+               removed == 1 ? "" : "s", rule->name, value);
+    }
+    return EXIT_OK;
+}
+
+/* --- check --------------------------------------------------------------- */
+
+typedef struct attr_arg {
+    char name[RL_RULE_NAME_MAX + 1];
+    const char *value;
+} attr_arg;
+
+static int parse_attrs(cli *c, attr_arg *out, rl_attr *attrs)
+{
+    if (c->n_attrs == 0)
+        return fail(EXIT_USAGE, "check needs at least one --attr "
+                    "NAME=VALUE");
+    for (int i = 0; i < c->n_attrs; i++) {
+        const char *eq = strchr(c->attrs[i], '=');
+        size_t len = eq != NULL ? (size_t)(eq - c->attrs[i]) : 0;
+        if (eq == NULL || len == 0 || len > RL_RULE_NAME_MAX)
+            return fail(EXIT_USAGE, "--attr '%s' is not NAME=VALUE",
+                        c->attrs[i]);
+        memcpy(out[i].name, c->attrs[i], len);
+        out[i].name[len] = '\0';
+        out[i].value = eq + 1;
+        attrs[i] = (rl_attr){out[i].name, out[i].value, strlen(eq + 1)};
+    }
+    return EXIT_OK;
+}
+
+static const char *value_for(const attr_arg *a, int n, const char *name)
+{
+    for (int i = 0; i < n; i++) {
+        if (strcmp(a[i].name, name) == 0)
+            return a[i].value;
+    }
+    return NULL;
+}
+
+/* What each rule holds and would decide, before anything is spent. */
+typedef struct verdict {
+    rlctl_view view;
+    bool applies, readable, allowed;
+    long long retry_ms;
+} verdict;
+
+static int read_verdicts(cli *c, const attr_arg *a, verdict *v)
+{
+    rlctl_store s;
+    unsigned long long now;
+    int rc = open_store(c, &s, &now);
+    if (rc != EXIT_OK)
+        return rc;
+    for (size_t i = 0; i < c->cfg->n_rules; i++) {
+        const rl_rule *r = &c->cfg->rules[i];
+        const char *value = value_for(a, c->n_attrs, r->match);
+        v[i] = (verdict){.applies = value != NULL};
+        v[i].view.rule = r;
+        if (!v[i].applies || r->mode == RL_MODE_LOCAL)
+            continue;
+        char err[512];
+        if (rlctl_view_read(&s, r, value, now, &v[i].view, err, sizeof err)
+            != 0) {
+            rlctl_store_close(&s);
+            return fail(EXIT_UNREACHABLE, "%s", err);
+        }
+        v[i].readable = true;
+        v[i].allowed = rlctl_view_allows(&v[i].view, (uint32_t)c->cost,
+                                         &v[i].retry_ms);
+    }
+    rlctl_store_close(&s);
+    return EXIT_OK;
+}
+
+static void print_verdicts(const cli *c, const verdict *v)
+{
+    if (!c->json)
+        printf("%-20s %-7s %-40s %12s  %s\n", "RULE", "MODE", "KEY",
+               "LEFT", "VERDICT");
+    bool first = true;
+    for (size_t i = 0; i < c->cfg->n_rules; i++) {
+        const rl_rule *r = v[i].view.rule;
+        if (!v[i].applies)
+            continue;
+        uint64_t left = r->mode == RL_MODE_SYNCED
+                            ? (v[i].view.estimate < r->limit
+                                   ? r->limit - v[i].view.estimate : 0)
+                            : v[i].view.tokens;
+        const char *word = !v[i].readable ? "in each gateway"
+                              : v[i].allowed ? "allow" : "reject";
+        if (c->json) {
+            printf("%s{\"rule\":", first ? "" : ",");
+            json_string(r->name);
+            printf(",\"mode\":\"%s\",\"key\":", rl_mode_name(r->mode));
+            json_string(v[i].view.key);
+            printf(",\"left\":%llu,\"verdict\":\"%s\",\"retry_after_ms\":"
+                   "%lld}", (unsigned long long)left, word,
+                   v[i].retry_ms);
+        } else {
+            char retry[48] = "";
+            if (v[i].readable && !v[i].allowed)
+                snprintf(retry, sizeof retry, v[i].retry_ms < 0
+                         ? " (never: cost over the burst)"
+                         : " (retry in %lld ms)", v[i].retry_ms);
+            printf("%-20s %-7s %-40s %12llu  %s%s\n", r->name,
+                   rl_mode_name(r->mode),
+                   v[i].readable ? v[i].view.key : "-",
+                   (unsigned long long)left, word, retry);
+        }
+        first = false;
+    }
+}
+
+/* The decision a dry run predicts: the seed's rule (reject if any rule
+ * rejects; the longest retry decides). */
+static bool predicted(const cli *c, const verdict *v, const rl_rule **rule,
+                      long long *retry)
+{
+    bool allowed = true;
+    *rule = NULL;
+    *retry = 0;
+    for (size_t i = 0; i < c->cfg->n_rules; i++) {
+        if (!v[i].readable || v[i].allowed)
+            continue;
+        bool longer = allowed || v[i].retry_ms < 0
+                      || (*retry >= 0 && v[i].retry_ms > *retry);
+        allowed = false;
+        if (longer) {
+            *rule = v[i].view.rule;
+            *retry = v[i].retry_ms;
+        }
+    }
+    return allowed;
+}
+
+static int report_decision(const cli *c, bool allowed, const char *rule,
+                           long long retry, bool degraded, bool dry)
+{
+    if (c->json) {
+        printf("],\"dry_run\":%s,\"allowed\":%s,\"rule\":",
+               dry ? "true" : "false", allowed ? "true" : "false");
+        json_string(rule);
+        printf(",\"retry_after_ms\":%lld,\"degraded\":%s}\n", retry,
+               degraded ? "true" : "false");
+    } else {
+        printf("\ndecision:    %s%s%s%s%s\n",
+               dry ? "would be " : "", allowed ? "allowed" : "rejected",
+               rule[0] ? " (rule " : "", rule, rule[0] ? ")" : "");
+        if (!allowed && retry >= 0)
+            printf("retry after: %lld ms\n", retry);
+        if (degraded)
+            printf("degraded:    the store did not answer; on_error "
+                   "decided\n");
+    }
+    return allowed ? EXIT_OK : EXIT_REJECTED;
+}
+
+static int spend(cli *c, const rl_attr *attrs, rl_decision *d)
+{
+    rl_options o = {.config = c->cfg};
+    rl_agent *agent;
+    rl_error err;
+    if (rl_agent_open(&agent, &o, &err) != RL_OK)
+        return fail(EXIT_UNREACHABLE, "%s", err.message);
+    int rc = rl_check(agent, attrs, (size_t)c->n_attrs, (uint32_t)c->cost,
+                      d);
+    rl_agent_close(agent);
+    if (rc != RL_OK)
+        return fail(rc == RL_EINVAL || rc == RL_ETOOLONG ? EXIT_USAGE
+                                                          : EXIT_UNREACHABLE,
+                    "the check failed: %s", rl_strerror(rc));
+    return EXIT_OK;
+}
+
+static int cmd_check(cli *c)
+{
+    attr_arg a[RL_ATTRS_MAX];
+    rl_attr attrs[RL_ATTRS_MAX];
+    int rc = parse_attrs(c, a, attrs);
+    if (rc != EXIT_OK)
+        return rc;
+    verdict *v = calloc(c->cfg->n_rules + 1, sizeof *v);
+    if (v == NULL)
+        return fail(EXIT_UNREACHABLE, "out of memory");
+    if ((rc = read_verdicts(c, a, v)) != EXIT_OK) {
+        free(v);
+        return rc;
+    }
+    rl_decision d = {0};
+    if (!c->dry_run && (rc = spend(c, attrs, &d)) != EXIT_OK) {
+        free(v);
+        return rc;
+    }
+    if (c->json)
+        printf("{\"rules\":[");
+    print_verdicts(c, v);
+    if (c->dry_run) {
+        const rl_rule *rule;
+        long long retry;
+        bool allowed = predicted(c, v, &rule, &retry);
+        rc = report_decision(c, allowed, rule ? rule->name : "", retry,
+                             false, true);
+    } else {
+        rc = report_decision(c, d.allowed, d.rule, d.retry_after_ms,
+                             d.degraded, false);
+    }
+    free(v);
+    return rc;
+}
+
+/* --- totals -------------------------------------------------------------- */
+
+static int cmd_totals(cli *c)
+{
+    if (c->rule != NULL) {
+        const rl_rule *r = find_rule(c->cfg, c->rule);
+        if (r == NULL)
+            return fail(EXIT_USAGE, "no rule named \"%s\" in %s", c->rule,
+                        c->config_path);
+        if (r->mode != RL_MODE_SYNCED)
+            return fail(EXIT_USAGE, "rule \"%s\" is %s: totals are kept for "
+                        "synced rules (see rlctl bucket)", c->rule,
+                        rl_mode_name(r->mode));
+    }
+    rlctl_store s;
+    unsigned long long now;
+    int rc = open_store(c, &s, &now);
+    if (rc != EXIT_OK)
+        return rc;
+    rc = rlctl_totals_print(c->cfg, &s, now, c->rule, c->top, c->json);
+    rlctl_store_close(&s);
+    return rc;
+}
+
+/* --- arguments ----------------------------------------------------------- */
+
+static int number(const char *text, const char *what, unsigned long max,
+                  unsigned long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long n = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || text[0] == '-' || n == 0 || n > max)
+        return fail(EXIT_USAGE, "%s must be a whole number from 1 to %lu, "
+                    "got '%s'", what, max, text);
+    *out = n;
+    return EXIT_OK;
+}
+
+static int parse(int argc, char **argv, cli *c, bool *help)
+{
+    *c = (cli){.config_path = DEFAULT_CONFIG, .top = 20, .cost = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool more = i + 1 < argc;
+        int rc = EXIT_OK;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            *help = true;
+        else if (strcmp(a, "--json") == 0)
+            c->json = true;
+        else if (strcmp(a, "--yes") == 0)
+            c->yes = true;
+        else if (strcmp(a, "--dry-run") == 0)
+            c->dry_run = true;
+        else if (strcmp(a, "--config") == 0 && more)
+            c->config_path = argv[++i];
+        else if (strncmp(a, "--config=", 9) == 0)
+            c->config_path = a + 9;
+        else if (strcmp(a, "--rule") == 0 && more)
+            c->rule = argv[++i];
+        else if (strcmp(a, "--top") == 0 && more)
+            rc = number(argv[++i], "--top", 100000, &c->top);
+        else if (strcmp(a, "--cost") == 0 && more)
+            rc = number(argv[++i], "--cost", UINT32_MAX, &c->cost);
+        else if (strcmp(a, "--attr") == 0 && more
+                 && c->n_attrs < RL_ATTRS_MAX)
+            c->attrs[c->n_attrs++] = argv[++i];
+        else if (a[0] != '-' && c->command == NULL)
+            c->command = a;
+        else if (a[0] != '-' && c->n_args < ARGS_MAX)
+            c->args[c->n_args++] = a;
+        else
+            rc = fail(EXIT_USAGE, "unexpected argument '%s' (rlctl --help "
+                      "lists the options)", a);
+        if (rc != EXIT_OK)
+            return rc;
+    }
     return EXIT_OK;
 }
 
 int main(int argc, char **argv)
 {
-    const char *config = DEFAULT_CONFIG;
-    const char *command = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(usage, stdout);
-            return EXIT_OK;
-        } else if (strcmp(argv[i], "--version") == 0) {
-            printf("rlctl %s\n", rl_version());
-            return EXIT_OK;
-        } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-            config = argv[++i];
-        } else if (strncmp(argv[i], "--config=", 9) == 0) {
-            config = argv[i] + 9;
-        } else if (argv[i][0] != '-' && command == NULL) {
-            command = argv[i];
-        } else {
-            fprintf(stderr, "rlctl: unexpected argument '%s'\n\n%s", argv[i],
-                    usage);
-            return EXIT_USAGE;
-        }
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("rlctl %s\n", rl_version());
+        return EXIT_OK;
     }
-    if (command == NULL) {
+    cli c;
+    bool help = false;
+    int rc = parse(argc, argv, &c, &help);
+    if (help) {
+        fputs(usage, stdout);
+        return EXIT_OK;
+    }
+    if (rc != EXIT_OK)
+        return rc;
+    if (c.command == NULL) {
         fprintf(stderr, "rlctl: no command given\n\n%s", usage);
         return EXIT_USAGE;
     }
-    if (strcmp(command, "config") == 0)
-        return cmd_config(config);
-    fprintf(stderr, "rlctl: unknown command '%s'\n\n%s", command, usage);
+    static const struct {
+        const char *name;
+        int (*fn)(cli *);
+    } commands[] = {{"config", cmd_config}, {"bucket", cmd_bucket},
+                    {"reset", cmd_reset},   {"check", cmd_check},
+                    {"totals", cmd_totals}};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(c.command, commands[i].name) != 0)
+            continue;
+        if ((commands[i].fn == cmd_check || commands[i].fn == cmd_totals
+             || commands[i].fn == cmd_config) && c.n_args > 0)
+            return fail(EXIT_USAGE, "%s takes no '%s' (rlctl --help)",
+                        c.command, c.args[0]);
+        rl_error err;
+        if (rl_config_load(c.config_path, &c.cfg, &err) != RL_OK)
+            return fail(EXIT_BAD_CONFIG, "%s", err.message);
+        rc = commands[i].fn(&c);
+        rl_config_free(c.cfg);
+        return rc;
+    }
+    fprintf(stderr, "rlctl: unknown command '%s'\n\n%s", c.command, usage);
     return EXIT_USAGE;
 }

@@ -1,0 +1,145 @@
+/*
+ * rlctl_store.c: see rlctl_store.h. rlctl runs one command and exits, so
+ * plain blocking hiredis is enough; a cluster's map is read once.
+ */
+#include "rlctl_store.h"
+
+#include "keys.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static redisContext *connect_node(const rl_store_config *cfg,
+                                  const rl_endpoint *ep, char *err,
+                                  size_t errlen)
+{
+    struct timeval tv = {cfg->timeout_ms < 2000 ? 2 : cfg->timeout_ms / 1000,
+                         0};
+    redisContext *c = redisConnectWithTimeout(ep->host, ep->port, tv);
+    if (c == NULL || c->err) {
+        snprintf(err, errlen, "cannot reach Redis at %s:%u: %s (is it "
+                 "running, and is store in the config right?)", ep->host,
+                 ep->port, c != NULL ? c->errstr : "out of memory");
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = NULL;
+    if (cfg->password != NULL && cfg->username != NULL)
+        r = redisCommand(c, "AUTH %s %s", cfg->username, cfg->password);
+    else if (cfg->password != NULL)
+        r = redisCommand(c, "AUTH %s", cfg->password);
+    if ((r == NULL || r->type != REDIS_REPLY_ERROR) && cfg->db != 0) {
+        freeReplyObject(r);
+        r = redisCommand(c, "SELECT %u", cfg->db);
+    }
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        /* The reply names no secret: Redis says WRONGPASS or NOAUTH. */
+        snprintf(err, errlen, "Redis at %s:%u refused rlctl: %s (check "
+                 "store.username, store.password and store.url's db)",
+                 ep->host, ep->port, r->str);
+        freeReplyObject(r);
+        redisFree(c);
+        return NULL;
+    }
+    freeReplyObject(r);
+    return c;
+}
+
+static int add_primary(rlctl_store *s, const rl_endpoint *ep, char *err,
+                       size_t errlen)
+{
+    for (int i = 0; i < s->n; i++) {
+        if (s->endpoints[i].port == ep->port
+            && strcmp(s->endpoints[i].host, ep->host) == 0)
+            return i;
+    }
+    if (s->n == RLCTL_PRIMARIES_MAX) {
+        snprintf(err, errlen, "more than %d primaries", RLCTL_PRIMARIES_MAX);
+        return -1;
+    }
+    redisContext *c = connect_node(s->cfg, ep, err, errlen);
+    if (c == NULL)
+        return -1;
+    s->primaries[s->n] = c;
+    s->endpoints[s->n] = *ep;
+    return s->n++;
+}
+
+/* CLUSTER SLOTS: [start, end, [host, port, id], replicas...]... */
+static int read_map(rlctl_store *s, redisContext *seed,
+                    const rl_endpoint *asked, char *err, size_t errlen)
+{
+    redisReply *r = redisCommand(seed, "CLUSTER SLOTS");
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+        snprintf(err, errlen, "%s:%u did not answer CLUSTER SLOTS (is it a "
+                 "cluster node?)", asked->host, asked->port);
+        freeReplyObject(r);
+        return -1;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < r->elements && rc == 0; i++) {
+        redisReply *e = r->element[i], *p = e->element[2];
+        rl_endpoint ep = {.port = (uint16_t)p->element[1]->integer};
+        snprintf(ep.host, sizeof ep.host, "%s",
+                 p->element[0]->len > 0 ? p->element[0]->str : asked->host);
+        int at = add_primary(s, &ep, err, errlen);
+        if (at < 0) {
+            rc = -1;
+            break;
+        }
+        for (long long slot = e->element[0]->integer;
+             slot <= e->element[1]->integer && slot < 16384; slot++)
+            s->slot_owner[slot] = (unsigned char)at;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
+                     size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    if (!cfg->cluster)
+        return add_primary(s, &cfg->nodes[0], err, errlen) < 0 ? -1 : 0;
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        redisContext *seed = connect_node(cfg, &cfg->nodes[i], err, errlen);
+        if (seed == NULL)
+            continue;
+        int rc = read_map(s, seed, &cfg->nodes[i], err, errlen);
+        redisFree(seed);
+        if (rc == 0)
+            return 0;
+        rlctl_store_close(s);
+        s->cfg = cfg;
+    }
+    return -1;
+}
+
+void rlctl_store_close(rlctl_store *s)
+{
+    for (int i = 0; i < s->n; i++)
+        redisFree(s->primaries[i]);
+    s->n = 0;
+}
+
+redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
+                                  size_t len)
+{
+    if (!s->cfg->cluster)
+        return s->primaries[0];
+    return s->primaries[s->slot_owner[rl_key_slot(key, len)]];
+}
+
+unsigned long long rlctl_store_now_ms(rlctl_store *s)
+{
+    redisReply *r = redisCommand(s->primaries[0], "TIME");
+    unsigned long long ms = 0;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        ms = strtoull(r->element[0]->str, NULL, 10) * 1000
+             + strtoull(r->element[1]->str, NULL, 10) / 1000;
+    freeReplyObject(r);
+    return ms;
+}

@@ -1,0 +1,36 @@
+/*
+ * rlctl_store.h: rlctl's blocking access to the store of a config: one
+ * server, or a cluster (keys routed by slot from one CLUSTER SLOTS read),
+ * authenticated as the config says. Private to rlctl.
+ */
+#ifndef RL_RLCTL_STORE_H
+#define RL_RLCTL_STORE_H
+
+#include "config.h"
+
+#include <hiredis/hiredis.h>
+
+#define RLCTL_PRIMARIES_MAX 64
+
+typedef struct rlctl_store {
+    const rl_store_config *cfg;
+    redisContext *primaries[RLCTL_PRIMARIES_MAX]; /* one server: [0] */
+    rl_endpoint endpoints[RLCTL_PRIMARIES_MAX];
+    int n;
+    unsigned char slot_owner[16384];               /* cluster: index */
+} rlctl_store;
+
+/* Connects (and reads a cluster's slot map). On failure returns -1 with a
+ * message that names the server and says what to check. */
+int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
+                     size_t errlen);
+void rlctl_store_close(rlctl_store *s);
+
+/* The connection that serves key. */
+redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
+                                  size_t len);
+
+/* Redis's clock in ms (TIME on the first primary); 0 on failure. */
+unsigned long long rlctl_store_now_ms(rlctl_store *s);
+
+#endif

@@ -1,0 +1,216 @@
+/*
+ * rlctl_totals.c: see rlctl_totals.h. The window keys of the current and
+ * the previous window are found with SCAN (never KEYS) on every primary,
+ * their counts read, merged per client and sorted. At most ROWS_MAX
+ * clients are read per rule; more are reported as left out.
+ */
+#include "rlctl_totals.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS_MAX 100000
+
+typedef struct row {
+    char value[RL_VALUE_MAX + 1];
+    unsigned long long current, previous, estimate;
+} row;
+
+typedef struct table {
+    row *rows;
+    size_t n, cap;
+    size_t left_out;
+} table;
+
+/* The key pattern of a rule's window: glob characters in the prefix are
+ * escaped so that they match themselves. */
+static void pattern(const rlctl_store *s, const rl_rule *r,
+                    unsigned long long window, char *out, size_t cap)
+{
+    char prefix[2 * RL_PREFIX_MAX + 1];
+    size_t n = 0;
+    for (const char *p = r->key_prefix; *p; p++) {
+        if (strchr("*?[]\\", *p) != NULL)
+            prefix[n++] = '\\';
+        prefix[n++] = *p;
+    }
+    prefix[n] = '\0';
+    snprintf(out, cap, s->cfg->cluster ? "{%s*}:w%llu" : "%s*:w%llu", prefix,
+             window);
+}
+
+/* The client's value inside a window key. */
+static bool value_of(const rlctl_store *s, const rl_rule *r, const char *key,
+                     char *out)
+{
+    size_t plen = strlen(r->key_prefix), skip = s->cfg->cluster ? 1 : 0;
+    const char *end = strrchr(key, ':');
+    if (end == NULL || strlen(key) < skip + plen)
+        return false;
+    const char *v = key + skip + plen;
+    size_t len = (size_t)(end - v) - skip;
+    if (end < v || len == 0 || len > RL_VALUE_MAX)
+        return false;
+    memcpy(out, v, len);
+    out[len] = '\0';
+    return true;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    return strcmp(((const row *)a)->value, ((const row *)b)->value);
+}
+
+/* The row of value: found among the first `sorted` rows (sorted by value),
+ * else a new one. Keys are unique within one window, so each scan adds a
+ * value at most once. */
+static row *row_for(table *t, size_t sorted, const char *value)
+{
+    row probe;
+    snprintf(probe.value, sizeof probe.value, "%s", value);
+    row *found = bsearch(&probe, t->rows, sorted, sizeof *t->rows, by_value);
+    if (found != NULL)
+        return found;
+    if (t->n == ROWS_MAX) {
+        t->left_out++;
+        return NULL;
+    }
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        row *rows = realloc(t->rows, cap * sizeof *rows);
+        if (rows == NULL)
+            return NULL;
+        t->rows = rows;
+        t->cap = cap;
+    }
+    row *r = &t->rows[t->n++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->value, sizeof r->value, "%s", value);
+    return r;
+}
+
+/* One window of one rule on one primary. */
+static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
+                unsigned long long window, bool current, size_t sorted,
+                table *t)
+{
+    char match[2 * RL_PREFIX_MAX + 64], cursor[32] = "0";
+    pattern(s, rule, window, match, sizeof match);
+    do {
+        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
+                                     match);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            freeReplyObject(r);
+            return -1;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements; i++) {
+            char value[RL_VALUE_MAX + 1];
+            if (!value_of(s, rule, keys->element[i]->str, value))
+                continue;
+            redisReply *g = redisCommand(c, "GET %s", keys->element[i]->str);
+            row *client = g != NULL && g->type == REDIS_REPLY_STRING
+                              ? row_for(t, sorted, value) : NULL;
+            if (client != NULL) {
+                unsigned long long n = strtoull(g->str, NULL, 10);
+                *(current ? &client->current : &client->previous) = n;
+            }
+            freeReplyObject(g);
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+static int by_estimate(const void *a, const void *b)
+{
+    const row *x = a, *y = b;
+    return x->estimate < y->estimate ? 1 : x->estimate > y->estimate ? -1
+                                                                    : 0;
+}
+
+static void print_rule(const rl_rule *r, table *t, unsigned long top,
+                       bool json, bool first)
+{
+    size_t n = t->n < top ? t->n : top;
+    if (json) {
+        printf("%s{\"rule\":\"%s\",\"limit\":%llu,\"clients\":%zu,"
+               "\"left_out\":%zu,\"top\":[", first ? "" : ",", r->name,
+               (unsigned long long)r->limit, t->n, t->left_out);
+        for (size_t i = 0; i < n; i++) {
+            const row *w = &t->rows[i];
+            printf("%s{\"value\":\"", i ? "," : "");
+            for (const char *p = w->value; *p; p++) {
+                unsigned char ch = (unsigned char)*p;
+                if (ch == '"' || ch == '\\')
+                    printf("\\%c", ch);
+                else if (ch < 0x20)
+                    printf("\\u%04x", ch);
+                else
+                    putchar(ch);
+            }
+            printf("\",\"current\":%llu,\"previous\":%llu,\"estimate\":%llu}",
+                   w->current, w->previous, w->estimate);
+        }
+        printf("]}");
+        return;
+    }
+    printf("%s%s (limit %llu): %zu client%s%s\n", first ? "" : "\n", r->name,
+           (unsigned long long)r->limit, t->n, t->n == 1 ? "" : "s",
+           t->left_out ? ", more not read" : "");
+    if (n == 0)
+        return;
+    printf("  %-40s %12s %12s %12s\n", "VALUE", "CURRENT", "PREVIOUS",
+           "ESTIMATE");
+    for (size_t i = 0; i < n; i++)
+        printf("  %-40s %12llu %12llu %12llu\n", t->rows[i].value,
+               t->rows[i].current, t->rows[i].previous, t->rows[i].estimate);
+}
+
+int rlctl_totals_print(const rl_config *cfg, rlctl_store *s,
+                       unsigned long long now, const char *rule,
+                       unsigned long top, bool json)
+{
+    bool first = true;
+    if (json)
+        printf("{\"rules\":[");
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_rule *r = &cfg->rules[i];
+        if (r->mode != RL_MODE_SYNCED
+            || (rule != NULL && strcmp(rule, r->name) != 0))
+            continue;
+        unsigned long long w = now / r->period_ms, into = now % r->period_ms;
+        table t = {0};
+        int failed = -1;
+        for (int p = 0; p < s->n && failed < 0; p++)
+            failed = scan(s->primaries[p], s, r, w, true, 0, &t) ? p : -1;
+        qsort(t.rows, t.n, sizeof *t.rows, by_value);
+        size_t sorted = t.n;
+        for (int p = 0; p < s->n && failed < 0; p++)
+            failed = scan(s->primaries[p], s, r, w - 1, false, sorted, &t)
+                         ? p : -1;
+        if (failed >= 0) {
+            free(t.rows);
+            fprintf(stderr, "rlctl: SCAN failed on %s:%u\n",
+                    s->endpoints[failed].host, s->endpoints[failed].port);
+            return 2;
+        }
+        for (size_t k = 0; k < t.n; k++)
+            t.rows[k].estimate =
+                t.rows[k].current
+                + (unsigned long long)((double)t.rows[k].previous
+                                       * (double)(r->period_ms - into)
+                                       / (double)r->period_ms);
+        qsort(t.rows, t.n, sizeof *t.rows, by_estimate);
+        print_rule(r, &t, top, json, first);
+        first = false;
+        free(t.rows);
+    }
+    if (json)
+        printf("]}\n");
+    else if (first)
+        printf("no synced rules in the config\n");
+    return 0;
+}

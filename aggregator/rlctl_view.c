@@ -1,0 +1,179 @@
+/*
+ * rlctl_view.c: see rlctl_view.h. The arithmetic is the scripts' (see
+ * agent/scripts.c): a bucket holds level / period_ms tokens; the token
+ * bucket stores "LEVEL:TS", GCRA "TAT" or "TAT REM"; a missing or
+ * unreadable value is a full bucket. A synced rule's estimate is the
+ * agent's: the previous window weighted by the part of it still inside the
+ * sliding period, plus the current one.
+ */
+#include "rlctl_view.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+static int store_error(redisContext *c, redisReply *r, char *err,
+                       size_t errlen)
+{
+    snprintf(err, errlen, "Redis: %s",
+             r != NULL && r->type == REDIS_REPLY_ERROR ? r->str
+             : c->err ? c->errstr : "unexpected reply");
+    freeReplyObject(r);
+    return -1;
+}
+
+/* GET and PTTL of one key. */
+static int read_key(rlctl_store *s, const char *key, char *value,
+                    size_t cap, long long *ttl, bool *exists, char *err,
+                    size_t errlen)
+{
+    redisContext *c = rlctl_store_for_key(s, key, strlen(key));
+    redisReply *r = redisCommand(c, "GET %s", key);
+    if (r == NULL || (r->type != REDIS_REPLY_STRING
+                      && r->type != REDIS_REPLY_NIL))
+        return store_error(c, r, err, errlen);
+    *exists = r->type == REDIS_REPLY_STRING;
+    snprintf(value, cap, "%s", *exists ? r->str : "");
+    freeReplyObject(r);
+    r = redisCommand(c, "PTTL %s", key);
+    if (r == NULL || r->type != REDIS_REPLY_INTEGER)
+        return store_error(c, r, err, errlen);
+    *ttl = r->integer;
+    freeReplyObject(r);
+    return 0;
+}
+
+/* The level now, in 1/period_ms tokens, from either algorithm's state. */
+static uint64_t level_now(const rl_rule *r, const char *state, bool exists,
+                          unsigned long long now)
+{
+    uint64_t cap = r->burst * r->period_ms;
+    if (!exists)
+        return cap;
+    const char *colon = strchr(state, ':');
+    if (colon != NULL && r->algorithm == RL_ALGO_TOKEN_BUCKET) {
+        uint64_t level = strtoull(state, NULL, 10);
+        uint64_t ts = strtoull(colon + 1, NULL, 10);
+        level = level < cap ? level : cap;
+        uint64_t elapsed = now > ts ? now - ts : 0;
+        if (elapsed >= ceil_div(cap - level, r->limit))
+            return cap;
+        return level + elapsed * r->limit;
+    }
+    if (colon == NULL && r->algorithm == RL_ALGO_GCRA) {
+        char *end;
+        uint64_t tat = strtoull(state, &end, 10);
+        uint64_t rem = *end == ' ' ? strtoull(end + 1, NULL, 10) : 0;
+        uint64_t ahead = tat > now ? (tat - now) * r->limit + rem : 0;
+        uint64_t d = ahead < cap ? ahead : cap;
+        return cap - d;
+    }
+    return cap; /* the other algorithm's state: read as full */
+}
+
+static void window_key(const rlctl_store *s, const rl_rule *rule,
+                       const char *value, uint64_t window, char *out,
+                       size_t cap)
+{
+    if (s->cfg->cluster)
+        snprintf(out, cap, "{%s%s}:w%llu", rule->key_prefix, value,
+                 (unsigned long long)window);
+    else
+        snprintf(out, cap, "%s%s:w%llu", rule->key_prefix, value,
+                 (unsigned long long)window);
+}
+
+static int read_synced(rlctl_store *s, const char *value,
+                       unsigned long long now, rlctl_view *v, char *err,
+                       size_t errlen)
+{
+    const rl_rule *r = v->rule;
+    v->window = now / r->period_ms;
+    window_key(s, r, value, v->window, v->key, sizeof v->key);
+    window_key(s, r, value, v->window - 1, v->previous_key,
+               sizeof v->previous_key);
+    char text[64];
+    bool exists;
+    long long ttl;
+    if (read_key(s, v->previous_key, text, sizeof text, &ttl, &exists, err,
+                 errlen) != 0)
+        return -1;
+    v->previous = strtoull(text, NULL, 10);
+    if (read_key(s, v->key, v->state, sizeof v->state, &v->ttl_ms,
+                 &v->exists, err, errlen) != 0)
+        return -1;
+    v->current = strtoull(v->state, NULL, 10);
+    uint64_t into = now % r->period_ms;
+    v->full_in_ms = r->period_ms - into; /* until this window ends */
+    v->estimate = v->current + (uint64_t)((double)v->previous
+                                          * (double)(r->period_ms - into)
+                                          / (double)r->period_ms);
+    return 0;
+}
+
+int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
+                    unsigned long long now_ms, rlctl_view *out, char *err,
+                    size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    out->rule = rule;
+    if (rule->mode == RL_MODE_LOCAL) {
+        snprintf(err, errlen, "rule \"%s\" is local: its buckets live in "
+                 "each gateway's memory, not in the store", rule->name);
+        return -1;
+    }
+    if (rule->mode == RL_MODE_SYNCED)
+        return read_synced(s, value, now_ms, out, err, errlen);
+    snprintf(out->key, sizeof out->key, "%s%s", rule->key_prefix, value);
+    if (read_key(s, out->key, out->state, sizeof out->state, &out->ttl_ms,
+                 &out->exists, err, errlen) != 0)
+        return -1;
+    uint64_t cap = rule->burst * rule->period_ms;
+    out->level = level_now(rule, out->state, out->exists, now_ms);
+    out->tokens = out->level / rule->period_ms;
+    out->full_in_ms = ceil_div(cap - out->level, rule->limit);
+    return 0;
+}
+
+bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
+{
+    const rl_rule *r = v->rule;
+    *retry = 0;
+    if (r->mode == RL_MODE_SYNCED) {
+        if (v->estimate + cost <= r->limit)
+            return true;
+        /* Room comes back as the window slides on. */
+        *retry = cost > r->limit ? -1 : (long long)v->full_in_ms;
+        return false;
+    }
+    uint64_t need = (uint64_t)cost * r->period_ms;
+    if (cost > r->burst) {
+        *retry = -1;
+        return false;
+    }
+    if (v->level >= need)
+        return true;
+    *retry = (long long)ceil_div(need - v->level, r->limit);
+    return false;
+}
+
+long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
+                            size_t errlen)
+{
+    long long removed = 0;
+    const char *keys[2] = {v->key, v->previous_key};
+    for (int i = 0; i < 2 && keys[i][0] != '\0'; i++) {
+        redisContext *c = rlctl_store_for_key(s, keys[i], strlen(keys[i]));
+        redisReply *r = redisCommand(c, "DEL %s", keys[i]);
+        if (r == NULL || r->type != REDIS_REPLY_INTEGER)
+            return store_error(c, r, err, errlen);
+        removed += r->integer;
+        freeReplyObject(r);
+    }
+    return removed;
+}

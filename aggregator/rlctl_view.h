@@ -1,0 +1,46 @@
+/*
+ * rlctl_view.h: what a rule holds for one value, read from the store
+ * without changing it: an exact rule's bucket (tokens now, time to full,
+ * TTL), a synced rule's window counts. Private to rlctl.
+ */
+#ifndef RL_RLCTL_VIEW_H
+#define RL_RLCTL_VIEW_H
+
+#include "config.h"
+#include "rlctl_store.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct rlctl_view {
+    const rl_rule *rule;
+    char key[RL_KEY_MAX + 32];   /* the bucket, or the current window */
+    char previous_key[RL_KEY_MAX + 32];
+    bool exists;
+    char state[96];              /* the raw value, "" if none */
+    long long ttl_ms;            /* -2: no key, -1: no expiry */
+    /* exact */
+    uint64_t level;              /* tokens x period_ms, now */
+    uint64_t tokens;             /* whole tokens now */
+    uint64_t full_in_ms;         /* synced: until the window ends */
+    /* synced */
+    uint64_t window, current, previous, estimate;
+} rlctl_view;
+
+/* Reads the view of (rule, value) at Redis time now_ms. Local rules have
+ * nothing in the store: returns -1 with a message, as on a store error. */
+int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
+                    unsigned long long now_ms, rlctl_view *out, char *err,
+                    size_t errlen);
+
+/* Whether a request of cost would pass, and if not in how many ms (-1:
+ * never), as the scripts and the agent would decide. */
+bool rlctl_view_allows(const rlctl_view *v, uint32_t cost,
+                       long long *retry_ms);
+
+/* Deletes what the view read (the bucket, or both windows); returns the
+ * number of keys removed, or -1 with a message. */
+long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
+                            size_t errlen);
+
+#endif
