@@ -34,8 +34,8 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
     build_dir(build, sizeof build);
     snprintf(dest, sizeof dest, "%s/destdir-%d", test_env("RL_TEST_TMPDIR"),
              (int)getpid());
-    snprintf(cmd, sizeof cmd, "make -s install-built BUILD=%s DESTDIR=%s "
-             "PREFIX=/usr", build, dest);
+    snprintf(cmd, sizeof cmd, "make -s --no-print-directory install-built "
+             "BUILD=%s DESTDIR=%s PREFIX=/usr", build, dest);
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
     static const char *const files[] = {
         "/usr/bin/rlctl", "/usr/bin/rl-aggregator", "/usr/bin/rl-gateway",
@@ -64,8 +64,10 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
     cr_assert(strstr(out, "[librl.so.0]") != NULL, "NEEDED: %s", out);
     /* A second install keeps an operator's config. */
     snprintf(cmd, sizeof cmd, "echo '# mine' > %s/etc/rl/rl.yaml && make -s "
-             "install-built BUILD=%s DESTDIR=%s PREFIX=/usr && cat "
-             "%s/etc/rl/rl.yaml", dest, build, dest, dest);
+             "--no-print-directory install-built BUILD=%s DESTDIR=%s "
+             "PREFIX=/usr", dest, build, dest);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cat %s/etc/rl/rl.yaml", dest);
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(out, "# mine\n", "the config was overwritten");
 }
