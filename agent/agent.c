@@ -119,7 +119,8 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
         a->store_config.timeout_ms = o->timeout_ms;
     }
     a->args = calloc(a->config->n_rules, sizeof *a->args);
-    if (a->args == NULL)
+    if (a->args == NULL
+        || rl_stats_init(&a->stats, a->config->n_rules) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     for (size_t i = 0; i < a->config->n_rules; i++)
         rl_bucket_args_init(&a->args[i], &a->config->rules[i]);
@@ -152,6 +153,7 @@ static void free_agent(rl_agent *a)
         rl_synced_fini(&a->synced);
     if (a->has_local)
         rl_local_fini(&a->local);
+    rl_stats_fini(&a->stats);
     free(a->args);
     rl_config_free(a->owned_config);
     free(a);
@@ -250,4 +252,28 @@ void rl_agent_close(rl_agent *a)
     uv_loop_close(&a->loop);
     pthread_mutex_destroy(&a->queue_lock);
     free_agent(a);
+}
+
+int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
+                   size_t cap)
+{
+    if (a == NULL || out == NULL || (rules == NULL && cap > 0))
+        return RL_EINVAL;
+    memset(out, 0, sizeof *out);
+    rl_stats_read(&a->stats, out, rules, cap);
+    for (size_t i = 0; i < a->config->n_rules && i < cap; i++)
+        rules[i].rule = a->config->rules[i].name;
+    const rl_node_batches *b = &a->store_counters.batches;
+    out->store_batches = atomic_load_explicit(&b->batches,
+                                              memory_order_relaxed);
+    out->store_turns = atomic_load_explicit(&b->turns, memory_order_relaxed);
+    if (a->has_synced) {
+        out->synced_keys = atomic_load(&a->synced.n_entries);
+        out->synced_keys_refused = atomic_load(&a->synced.keys_refused);
+    }
+    if (a->has_local) {
+        out->local_keys = atomic_load(&a->local.n_entries);
+        out->local_keys_refused = atomic_load(&a->local.keys_refused);
+    }
+    return RL_OK;
 }

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "bucket.h"
 #include "local.h"
+#include "stats.h"
 #include "store.h"
 #include "sync.h"
 #include "synced.h"
@@ -103,6 +104,8 @@ struct rl_agent {
     bool has_local;
     rl_local local;
     bool has_exact;               /* only then is there a store */
+
+    rl_stats stats;
 };
 
 /* agent.c: how many times this process is a fork()ed child of the one

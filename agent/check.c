@@ -263,6 +263,7 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
             return true;
     }
     rl_decide(states, k, out);
+    rl_stats_count(&a->stats, states, k, out, cfg->rules);
     return true;
 }
 
@@ -297,8 +298,11 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;
+        rl_stats_count(&a->stats, NULL, 0, out, a->config->rules);
     } else if (!needs_store(req)) {
         rl_decide(req->rules, req->n_rules, out);
+        rl_stats_count(&a->stats, req->rules, req->n_rules, out,
+                       a->config->rules);
         free(req);
     } else {
         sem_init(&req->done, 0, 0);

@@ -85,6 +85,24 @@ static void deliver(rl_request *req)
 
 /* Decides the request with what is known now; rules still pending count
  * as unanswered (on_error decides). */
+/* The decision in the stats, and how long it took if it went to the
+ * store (the deadline is timeout_ms after the request was built). */
+static void count(rl_agent *a, const rl_request *req)
+{
+    rl_stats_count(&a->stats, req->rules, req->n_rules, &req->decision,
+                   a->config->rules);
+    for (int i = 0; i < req->n_rules; i++) {
+        if (req->rules[i].rule->mode != RL_MODE_EXACT)
+            continue;
+        uint64_t started = req->deadline_ns
+                           - (uint64_t)a->store_config.timeout_ms * 1000000;
+        uint64_t now = uv_hrtime();
+        rl_stats_latency(&a->stats, now > started ? (now - started) / 1000
+                                                  : 0);
+        return;
+    }
+}
+
 static void finalize(rl_agent *a, rl_request *req)
 {
     for (int i = 0; i < req->n_rules; i++) {
@@ -92,6 +110,7 @@ static void finalize(rl_agent *a, rl_request *req)
             req->rules[i].outcome = RL_OUTCOME_FAILED;
     }
     rl_decide(req->rules, req->n_rules, &req->decision);
+    count(a, req);
     if (!req->decision.allowed && a->config->charge == RL_CHARGE_REFUND
         && a->store != NULL)
         refund(a, req);
@@ -162,6 +181,8 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
         rs->reply = *reply;
     } else {
         rs->outcome = RL_OUTCOME_FAILED;
+        atomic_fetch_add_explicit(&a->stats.store_errors, 1,
+                                  memory_order_relaxed);
         rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered",
                "rule=%s reason=\"%s\"", rs->rule->name, error);
     }

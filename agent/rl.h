@@ -211,6 +211,45 @@ typedef void (*rl_check_fn)(const rl_decision *decision, void *arg);
 RL_API int rl_check_async(rl_agent *agent, const rl_attr *attrs, size_t n,
                           uint32_t cost, rl_check_fn callback, void *arg);
 
+/* One rule's counters since the agent was opened. */
+typedef struct rl_rule_counters {
+    const char *rule;   /* the rule's name; valid while the agent is open */
+    uint64_t checks;    /* requests the rule applied to */
+    uint64_t allowed;   /* ...that it let through (on_error included) */
+    uint64_t rejected;  /* ...that it rejected (on_error: deny included) */
+    uint64_t degraded;  /* ...that its on_error decided (no answer in time) */
+} rl_rule_counters;
+
+/* The agent's counters since it was opened, for a gateway to export. */
+typedef struct rl_agent_counters {
+    uint64_t requests;     /* decided requests (rl_check and async) */
+    uint64_t allowed, rejected;
+    uint64_t degraded;     /* decisions some rule's on_error took part in */
+    uint64_t store_errors; /* bucket calls the store did not answer */
+    /* Writes to store nodes: one batch per shard per turn of the I/O loop
+     * (all of a turn's calls to one node leave in one write), and the turns
+     * that wrote at all: batches / turns is the shards per turn. */
+    uint64_t store_batches, store_turns;
+    /* Requests that waited for the store, and how long: the upper bounds
+     * (in microseconds, about 12 % wide) of the buckets holding the 50th,
+     * 90th and 99th percentile and the largest. */
+    uint64_t exact_checks;
+    uint64_t exact_p50_us, exact_p90_us, exact_p99_us, exact_max_us;
+    /* Keys tracked for synced and local rules, and new keys refused for
+     * their caps (aggregator.max_keys, local.max_keys). */
+    uint64_t synced_keys, synced_keys_refused;
+    uint64_t local_keys, local_keys_refused;
+    size_t n_rules;        /* rules in the config */
+} rl_agent_counters;
+
+/* rl_agent_stats fills *out and the first cap elements of rules (one per
+ * rule, in config order; rules may be NULL when cap is 0). Reads counters
+ * without stopping any check: the figures are each exact but not taken at
+ * one instant. Thread-safe. Returns RL_OK, or RL_EINVAL for a NULL agent
+ * or out. */
+RL_API int rl_agent_stats(rl_agent *agent, rl_agent_counters *out,
+                          rl_rule_counters *rules, size_t cap);
+
 /* rl_format_headers writes the HTTP response headers for a decision into
  * buf, one "Name: value\r\n" line each: RateLimit-Limit, RateLimit-Remaining,
  * RateLimit-Reset (seconds, rounded up), Retry-After on rejection (whole

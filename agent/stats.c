@@ -1,0 +1,207 @@
+/*
+ * stats.c: see stats.h.
+ */
+#include "stats.h"
+
+#include "agent_impl.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t block_len(const rl_stats *s)
+{
+    return (1 + s->n_rules) * RL_COUNTS;
+}
+
+static atomic_uint_least64_t *new_block(const rl_stats *s)
+{
+    size_t bytes = (block_len(s) * sizeof(atomic_uint_least64_t)
+                    + RL_CACHE_LINE - 1) / RL_CACHE_LINE * RL_CACHE_LINE;
+    atomic_uint_least64_t *b = aligned_alloc(RL_CACHE_LINE, bytes);
+    if (b != NULL) {
+        for (size_t i = 0; i < block_len(s); i++)
+            atomic_init(&b[i], 0);
+    }
+    return b;
+}
+
+int rl_stats_init(rl_stats *s, size_t n_rules)
+{
+    memset(s, 0, sizeof *s);
+    s->n_rules = n_rules;
+    for (int i = 0; i < RL_STATS_SLOTS; i++)
+        atomic_init(&s->slots[i], NULL);
+    s->shared = new_block(s);
+    if (s->shared == NULL)
+        return RL_ENOMEM;
+    pthread_mutex_init(&s->lock, NULL);
+    return RL_OK;
+}
+
+void rl_stats_fini(rl_stats *s)
+{
+    for (int i = 0; i < RL_STATS_SLOTS; i++)
+        free(atomic_load(&s->slots[i]));
+    free(s->shared);
+    s->shared = NULL;
+    pthread_mutex_destroy(&s->lock);
+}
+
+/* A thread's slot, the same in every agent: numbered in order of first
+ * use in the process. */
+static unsigned my_slot(void)
+{
+    static atomic_uint next;
+    static _Thread_local unsigned slot = UINT_MAX;
+    if (slot == UINT_MAX)
+        slot = atomic_fetch_add(&next, 1);
+    return slot;
+}
+
+/* This thread's block, or NULL for the shared one. */
+static atomic_uint_least64_t *own_block(rl_stats *s)
+{
+    unsigned slot = my_slot();
+    if (slot >= RL_STATS_SLOTS)
+        return NULL;
+    atomic_uint_least64_t *b = atomic_load_explicit(&s->slots[slot],
+                                                    memory_order_acquire);
+    if (b != NULL)
+        return b;
+    pthread_mutex_lock(&s->lock);
+    b = new_block(s);
+    atomic_store_explicit(&s->slots[slot], b, memory_order_release);
+    pthread_mutex_unlock(&s->lock);
+    return b;
+}
+
+static void add(atomic_uint_least64_t *c)
+{
+    atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+}
+
+/* One counter of a block only this thread writes. */
+static void bump(atomic_uint_least64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed)
+                                 + 1, memory_order_relaxed);
+}
+
+/* Checks are allowed plus rejected, summed when read: one counter per row
+ * on the common path. */
+static void count_row(atomic_uint_least64_t *row, bool own, bool allowed,
+                      bool degraded)
+{
+    atomic_uint_least64_t *c = &row[allowed ? RL_COUNT_ALLOWED
+                                            : RL_COUNT_REJECTED];
+    if (own)
+        bump(c);
+    else
+        add(c);
+    if (degraded)
+        own ? bump(&row[RL_COUNT_DEGRADED]) : add(&row[RL_COUNT_DEGRADED]);
+}
+
+void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
+                    const rl_decision *d, const rl_rule *cfg_rules)
+{
+    atomic_uint_least64_t *mine = own_block(s);
+    bool own = mine != NULL;
+    if (!own)
+        mine = s->shared;
+    count_row(mine, own, d->allowed, d->degraded);
+    for (int i = 0; i < n; i++) {
+        const rl_rule_state *rs = &rules[i];
+        if (rs->outcome == RL_OUTCOME_SKIPPED)
+            continue;
+        bool failed = rs->outcome != RL_OUTCOME_ANSWERED;
+        bool allowed = failed ? rs->rule->on_error == RL_ON_ERROR_ALLOW
+                              : rs->reply.allowed;
+        size_t index = (size_t)(rs->rule - cfg_rules);
+        count_row(mine + (1 + index) * RL_COUNTS, own, allowed, failed);
+    }
+}
+
+/* Bucket b covers [lower(b), lower(b + 1)): 8 steps per power of two. */
+static size_t bucket_of(uint64_t us)
+{
+    if (us < 8)
+        return (size_t)us;
+    int log = 63 - __builtin_clzll(us);
+    size_t b = (size_t)(log - 2) * 8 + (size_t)((us >> (log - 3)) & 7);
+    return b < RL_LATENCY_BUCKETS ? b : RL_LATENCY_BUCKETS - 1;
+}
+
+static uint64_t upper_of(size_t b)
+{
+    if (b < 8)
+        return b + 1;
+    int log = (int)(b / 8) + 2;
+    uint64_t step = 1ULL << (log - 3);
+    return (1ULL << log) + (b % 8 + 1) * step;
+}
+
+void rl_stats_latency(rl_stats *s, uint64_t us)
+{
+    add(&s->latency[bucket_of(us)]);
+}
+
+static uint64_t sum(const rl_stats *s, size_t row, int what)
+{
+    size_t at = row * RL_COUNTS + (size_t)what;
+    uint64_t total = atomic_load_explicit(&s->shared[at],
+                                          memory_order_relaxed);
+    for (int i = 0; i < RL_STATS_SLOTS; i++) {
+        atomic_uint_least64_t *b = atomic_load_explicit(
+            &((rl_stats *)s)->slots[i], memory_order_acquire);
+        if (b != NULL)
+            total += atomic_load_explicit(&b[at], memory_order_relaxed);
+    }
+    return total;
+}
+
+/* The upper bound of the bucket holding the q-th quantile. */
+static void quantiles(const rl_stats *s, rl_agent_counters *out)
+{
+    uint64_t n = 0, counts[RL_LATENCY_BUCKETS];
+    for (size_t b = 0; b < RL_LATENCY_BUCKETS; b++)
+        n += counts[b] = atomic_load_explicit(&s->latency[b],
+                                              memory_order_relaxed);
+    out->exact_checks = n;
+    if (n == 0)
+        return;
+    uint64_t seen = 0, want50 = (n + 1) / 2, want90 = (n * 9 + 9) / 10,
+             want99 = (n * 99 + 99) / 100;
+    for (size_t b = 0; b < RL_LATENCY_BUCKETS; b++) {
+        if (counts[b] == 0)
+            continue;
+        seen += counts[b];
+        if (out->exact_p50_us == 0 && seen >= want50)
+            out->exact_p50_us = upper_of(b);
+        if (out->exact_p90_us == 0 && seen >= want90)
+            out->exact_p90_us = upper_of(b);
+        if (out->exact_p99_us == 0 && seen >= want99)
+            out->exact_p99_us = upper_of(b);
+        out->exact_max_us = upper_of(b);
+    }
+}
+
+void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
+                   rl_rule_counters *rules, size_t cap)
+{
+    out->allowed = sum(s, 0, RL_COUNT_ALLOWED);
+    out->rejected = sum(s, 0, RL_COUNT_REJECTED);
+    out->requests = out->allowed + out->rejected;
+    out->degraded = sum(s, 0, RL_COUNT_DEGRADED);
+    out->store_errors = atomic_load_explicit(&s->store_errors,
+                                             memory_order_relaxed);
+    quantiles(s, out);
+    out->n_rules = s->n_rules;
+    for (size_t i = 0; i < s->n_rules && i < cap; i++) {
+        rules[i].allowed = sum(s, 1 + i, RL_COUNT_ALLOWED);
+        rules[i].rejected = sum(s, 1 + i, RL_COUNT_REJECTED);
+        rules[i].checks = rules[i].allowed + rules[i].rejected;
+        rules[i].degraded = sum(s, 1 + i, RL_COUNT_DEGRADED);
+    }
+}

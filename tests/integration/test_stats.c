@@ -1,0 +1,104 @@
+/*
+ * rl_agent_stats: requests and per-rule verdicts, exact-check latency,
+ * store batches, keys of local rules, and degraded decisions when the
+ * store is away.
+ */
+#include "rl.h"
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static rl_agent *open_agent(const char *store, rl_config **cfg)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {%s, timeout_ms: 200}\n"
+             "rules:\n"
+             "  - {name: per-key, match: api_key, limit: 3, period: 1h}\n"
+             "  - {name: per-user, match: user, limit: 100, period: 1h, "
+             "on_error: deny}\n"
+             "  - {name: per-ip, match: ip, limit: 1, period: 1h, "
+             "mode: local}\n", store);
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, strlen(yaml), "stats.yaml", cfg,
+                                 &err), RL_OK, "%s", err.message);
+    rl_options o = {.config = *cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    return a;
+}
+
+Test(stats, requests_rules_latency_and_batches_are_counted)
+{
+    char store[128], key[64];
+    snprintf(store, sizeof store, "url: \"redis://%s\"",
+             test_env("RL_TEST_REDIS"));
+    snprintf(key, sizeof key, "stats-%d-%ld", (int)getpid(),
+             (long)time(NULL));
+    rl_config *cfg;
+    rl_agent *a = open_agent(store, &cfg);
+    rl_attr attrs[] = {{"api_key", key, strlen(key)},
+                       {"user", key, strlen(key)},
+                       {"ip", "10.1.1.1", 8}};
+    rl_decision d;
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
+    cr_assert_eq(rl_check(a, &attrs[2], 1, 1, &d), RL_OK);
+    cr_assert_eq(rl_check(a, &attrs[2], 1, 1, &d), RL_OK);
+    rl_agent_counters s;
+    rl_rule_counters rules[3];
+    cr_assert_eq(rl_agent_stats(a, &s, rules, 3), RL_OK);
+    cr_assert_eq(s.requests, 7);
+    cr_assert_eq(s.allowed, 4, "3 keyed + 1 ip allowed, got %llu",
+                 (unsigned long long)s.allowed);
+    cr_assert_eq(s.rejected, 3);
+    cr_assert_eq(s.degraded, 0);
+    cr_assert_eq(s.n_rules, 3);
+    cr_assert_str_eq(rules[0].rule, "per-key");
+    cr_assert_eq(rules[0].checks, 5);
+    cr_assert_eq(rules[0].allowed, 3);
+    cr_assert_eq(rules[0].rejected, 2);
+    cr_assert_eq(rules[1].checks, 5);
+    cr_assert_eq(rules[1].allowed, 5);
+    cr_assert_eq(rules[2].checks, 2);
+    cr_assert_eq(rules[2].rejected, 1);
+    cr_assert_eq(s.exact_checks, 5);
+    cr_assert_gt(s.exact_p50_us, 0);
+    cr_assert_geq(s.exact_p99_us, s.exact_p50_us);
+    cr_assert_geq(s.exact_max_us, s.exact_p99_us);
+    cr_assert_geq(s.store_batches, 5, "one batch per request at least");
+    cr_assert_eq(s.local_keys, 1);
+    cr_assert_eq(rl_agent_stats(NULL, &s, NULL, 0), RL_EINVAL);
+    cr_assert_eq(rl_agent_stats(a, &s, NULL, 0), RL_OK);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
+
+Test(stats, degraded_decisions_and_store_errors_are_counted)
+{
+    rl_config *cfg;
+    rl_agent *a = open_agent("url: \"redis://127.0.0.1:1\"", &cfg);
+    rl_attr attrs[] = {{"api_key", "k", 1}, {"user", "u", 1}};
+    rl_decision d;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
+        cr_assert(d.degraded);
+        cr_assert(!d.allowed, "per-user's on_error: deny");
+    }
+    rl_agent_counters s;
+    rl_rule_counters rules[3];
+    cr_assert_eq(rl_agent_stats(a, &s, rules, 3), RL_OK);
+    cr_assert_eq(s.degraded, 4);
+    cr_assert_eq(s.rejected, 4);
+    cr_assert_eq(s.store_errors, 8, "two calls per request");
+    cr_assert_eq(rules[0].degraded, 4);
+    cr_assert_eq(rules[0].allowed, 4, "per-key's on_error: allow");
+    cr_assert_eq(rules[1].degraded, 4);
+    cr_assert_eq(rules[1].rejected, 4);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
