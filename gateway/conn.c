@@ -32,6 +32,7 @@ struct gw_conn {
     conn_state state;
     bool keep_alive, head, eof;
     bool busy;               /* a check or an upstream exchange refers to it */
+    bool metrics;            /* a --metrics connection: no checks */
     bool closing;
     int open_handles;
     rl_decision decision;
@@ -144,8 +145,21 @@ static void on_written(uv_write_t *w, int status)
     advance(c);
 }
 
+/* Counts the status of the response about to be written. */
+static void count_status(gw_conn *c)
+{
+    int status = 0;
+    if (c->out.len > 12)
+        status = atoi(c->out.data + 9); /* "HTTP/1.1 429 ..." */
+    if (status >= 100 && status < 600)
+        c->srv->counts.by_status[status / 100]++;
+    if (status == 502 || status == 504)
+        c->srv->counts.upstream_errors++;
+}
+
 static void respond(gw_conn *c)
 {
+    count_status(c);
     c->state = RESPONDING;
     if (c->srv->draining)
         c->keep_alive = false;
@@ -185,6 +199,12 @@ static void check(gw_conn *c)
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->keep_alive = http_should_keep_alive(&c->parser) && !srv->draining;
     c->head = c->parser.method == HTTP_HEAD;
+    if (c->metrics) {
+        gw_buf_free(&c->out);
+        gw_respond_metrics(&c->out, srv, c->req.url.data, c->keep_alive);
+        respond(c);
+        return;
+    }
     gw_attrs attrs;
     gw_attrs_of(srv, &c->req, c->peer_ip, &attrs);
     c->busy = true;
@@ -311,7 +331,7 @@ static void peer_name(gw_conn *c)
                     sizeof c->peer_ip);
 }
 
-void gw_conn_accept(gw_server *srv)
+void gw_conn_accept(gw_server *srv, uv_stream_t *listener, bool metrics)
 {
     if (settings.on_message_complete == NULL)
         gw_message_settings(&settings);
@@ -319,6 +339,7 @@ void gw_conn_accept(gw_server *srv)
     if (c == NULL)
         return;
     c->srv = srv;
+    c->metrics = metrics;
     uv_tcp_init(srv->loop, &c->tcp);
     uv_timer_init(srv->loop, &c->idle);
     c->tcp.data = c->idle.data = c;
@@ -328,8 +349,7 @@ void gw_conn_accept(gw_server *srv)
         srv->conns->prev = c;
     srv->conns = c;
     srv->n_conns++;
-    if (uv_accept((uv_stream_t *)&srv->listener, (uv_stream_t *)&c->tcp)
-        != 0) {
+    if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0) {
         close_conn(c);
         return;
     }

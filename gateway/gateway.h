@@ -76,9 +76,18 @@ typedef struct gw_tenant_map gw_tenant_map;
 typedef struct gw_server gw_server;
 typedef struct gw_conn gw_conn;
 
+/* Responses the gateway wrote, by status class, for /metrics. */
+typedef struct gw_counts {
+    uint64_t by_status[6];     /* 1xx..5xx, by status / 100 */
+    uint64_t upstream_errors;  /* 502 and 504 */
+} gw_counts;
+
 struct gw_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_tcp_t metrics_listener; /* --metrics: GET /metrics only */
+    bool has_metrics;
+    gw_counts counts;
     rl_agent *agent;
     rl_config *config;
     rl_logger log;
@@ -102,8 +111,8 @@ struct gw_server {
     size_t n_conns;
 };
 
-/* conn.c: a client connection. */
-void gw_conn_accept(gw_server *srv);
+/* conn.c: a client connection (metrics: one of the --metrics socket). */
+void gw_conn_accept(gw_server *srv, uv_stream_t *listener, bool metrics);
 /* Runs on the loop: the decisions the agent has delivered. */
 void gw_conn_take_decisions(gw_server *srv);
 /* Drain: closes the connections that hold no request. */
@@ -136,6 +145,10 @@ void gw_respond_decision(gw_buf *out, const rl_decision *d, bool keep_alive,
                          bool head);
 void gw_respond_error(gw_buf *out, int status, const char *error,
                       const char *reason, bool keep_alive);
+/* metrics.c: the Prometheus text for GET /metrics. */
+void gw_respond_metrics(gw_buf *out, gw_server *srv, const char *path,
+                        bool keep_alive);
+
 /* Headers that belong to one hop (and framing), not passed on. */
 bool gw_is_hop_by_hop(const char *name);
 /* An upstream's response, sent on with the decision's headers. */

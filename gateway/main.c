@@ -23,7 +23,7 @@
 static const char usage[] =
     "usage: rl-gateway --listen HOST:PORT --config FILE\n"
     "                  [--upstream http://HOST:PORT] [--trust-forwarded-for]\n"
-    "                  [--log-level LEVEL]\n"
+    "                  [--metrics HOST:PORT] [--log-level LEVEL]\n"
     "       rl-gateway --version | --help\n"
     "\n"
     "An HTTP/1.1 gateway that rate-limits every request with rl's rules.\n"
@@ -34,6 +34,9 @@ static const char usage[] =
     "                         without it, allowed requests get a JSON 200\n"
     "  --trust-forwarded-for  take ip from the first X-Forwarded-For hop;\n"
     "                         only behind a proxy that sets that header\n"
+    "  --metrics HOST:PORT    serve Prometheus text on GET /metrics there\n"
+    "                         (give a loopback address unless scrapers\n"
+    "                         elsewhere need it)\n"
     "  --log-level LEVEL      debug, info, warn or error (default info)\n"
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (listen,\n"
@@ -41,7 +44,7 @@ static const char usage[] =
 
 
 typedef struct args {
-    const char *listen, *config, *upstream;
+    const char *listen, *config, *upstream, *metrics;
     bool trust_forwarded_for;
     rl_log_level level;
 } args;
@@ -70,6 +73,8 @@ static int parse_args(int argc, char **argv, args *a, bool *done)
             a->config = argv[++i];
         } else if (strcmp(arg, "--upstream") == 0 && has_value) {
             a->upstream = argv[++i];
+        } else if (strcmp(arg, "--metrics") == 0 && has_value) {
+            a->metrics = argv[++i];
         } else if (strcmp(arg, "--log-level") == 0 && has_value
                    && rl_log_level_parse(argv[i + 1], &a->level) == 0) {
             i++;
@@ -168,7 +173,8 @@ static void on_connection(uv_stream_t *listener, int status)
 {
     gw_server *srv = listener->data;
     if (status == 0 && !srv->draining)
-        gw_conn_accept(srv);
+        gw_conn_accept(srv, listener,
+                       listener == (uv_stream_t *)&srv->metrics_listener);
 }
 
 static void on_decided(uv_async_t *h)
@@ -217,25 +223,28 @@ static void on_stop_signal(uv_signal_t *s, int signum)
     rl_log(&srv->log, RL_LOG_INFO, "stopping", "signal=%d open=%zu", signum,
            srv->n_conns);
     close_handle((uv_handle_t *)&srv->listener);
+    close_handle((uv_handle_t *)&srv->metrics_listener);
     gw_conn_close_idle(srv);
     uv_timer_start(&srv->drain_timer, on_drain_timeout, GW_DRAIN_TIMEOUT_MS,
                    0);
     gw_server_conn_gone(srv);
 }
 
-static int listen_on(gw_server *srv, const char *text)
+static int listen_on(uv_tcp_t *listener, const char *option,
+                     const char *text)
 {
     rl_endpoint ep;
     struct sockaddr_storage sa;
     if (rl_endpoint_parse(text, &ep) != RL_OK) {
-        fprintf(stderr, "rl-gateway: --listen '%s' is not host:port\n", text);
+        fprintf(stderr, "rl-gateway: %s '%s' is not host:port\n", option,
+                text);
         return EXIT_USAGE;
     }
     int rc = resolve(&ep, &sa) != 0 ? UV_EINVAL : 0;
     if (rc == 0)
-        rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&sa, 0);
+        rc = uv_tcp_bind(listener, (struct sockaddr *)&sa, 0);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&srv->listener, 511, on_connection);
+        rc = uv_listen((uv_stream_t *)listener, 511, on_connection);
     if (rc != 0) {
         fprintf(stderr, "rl-gateway: cannot listen on %s: %s\n", text,
                 uv_strerror(rc));
@@ -247,7 +256,8 @@ static int listen_on(gw_server *srv, const char *text)
 static void init_handles(gw_server *srv)
 {
     uv_tcp_init(srv->loop, &srv->listener);
-    srv->listener.data = srv;
+    uv_tcp_init(srv->loop, &srv->metrics_listener);
+    srv->listener.data = srv->metrics_listener.data = srv;
     uv_async_init(srv->loop, &srv->decided, on_decided);
     uv_timer_init(srv->loop, &srv->drain_timer);
     uv_signal_init(srv->loop, &srv->sigterm);
@@ -278,7 +288,9 @@ static int run(gw_server *srv, const args *a)
         rc = set_upstream(srv, a->upstream);
     if (rc == 0)
         rc = load_tenants(srv, a->config);
-    if (rc == 0 && (rc = listen_on(srv, a->listen)) == 0
+    if (rc == 0 && a->metrics != NULL)
+        rc = listen_on(&srv->metrics_listener, "--metrics", a->metrics);
+    if (rc == 0 && (rc = listen_on(&srv->listener, "--listen", a->listen)) == 0
         && (rc = open_agent(srv)) == 0) {
         rl_log(&srv->log, RL_LOG_INFO, "listening", "addr=%s upstream=%s "
                "rules=%zu", a->listen, a->upstream ? a->upstream : "none",
@@ -290,6 +302,7 @@ static int run(gw_server *srv, const args *a)
     } else {
         /* Start failed: close what was opened so the loop can end. */
         close_handle((uv_handle_t *)&srv->listener);
+        close_handle((uv_handle_t *)&srv->metrics_listener);
         stop_loop(srv);
     }
     /* The signal handles stay open (unref'd) until the process exits:

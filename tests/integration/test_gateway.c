@@ -4,6 +4,7 @@
  * when trusted, malformed requests, keep-alive and pipelining, proxying,
  * the tenant map, and degraded decisions when Redis is away.
  */
+#include "redis_server.h"
 #include "test_env.h"
 #include "test_gateway.h"
 
@@ -460,4 +461,58 @@ Test(gateway, a_slow_check_does_not_hold_up_other_connections)
     close(slow);
     test_gateway_stop(&gw);
     close(store);
+}
+
+/* A Prometheus sample line's value, or -1 if the line is not there. */
+static long long sample(const char *text, const char *series)
+{
+    char want[256];
+    snprintf(want, sizeof want, "\n%s ", series);
+    const char *at = strstr(text, want);
+    return at != NULL ? atoll(at + strlen(want)) : -1;
+}
+
+Test(gateway, metrics_are_served_on_their_own_socket)
+{
+    const char *cfg = write_config("metrics", per_ip_local);
+    char metrics[32];
+    uint16_t port = test_free_port();
+    snprintf(metrics, sizeof metrics, "127.0.0.1:%u", port);
+    test_gateway gw;
+    test_gateway_start(&gw, cfg, "--metrics", metrics, NULL);
+    test_http_response r;
+    for (int i = 0; i < 3; i++)
+        test_http_get(gw.port, "/", "", &r); /* 200, 200, 429 */
+    test_http_get(port, "/metrics", "", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert(strncmp(test_http_header(&r, "Content-Type"), "text/plain", 10)
+              == 0);
+    r.body[r.body_len] = '\0';
+    char text[sizeof r.body + 2] = "\n";
+    strcat(text, r.body);
+    cr_assert_eq(sample(text, "rl_requests_total{decision=\"allowed\"}"), 2,
+                 "%s", text);
+    cr_assert_eq(sample(text, "rl_requests_total{decision=\"rejected\"}"), 1);
+    cr_assert_eq(sample(text, "rl_rule_checks_total{rule=\"per-ip\","
+                        "verdict=\"rejected\"}"), 1);
+    cr_assert_eq(sample(text, "rl_gateway_responses_total{code=\"4xx\"}"), 1);
+    cr_assert_eq(sample(text, "rl_keys{mode=\"local\"}"), 1);
+    /* Every line is a comment or "name[{labels}] value". */
+    for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        char *space = strrchr(line, ' ');
+        cr_assert_not_null(space, "bad line: %s", line);
+        char *end;
+        strtod(space + 1, &end);
+        cr_assert(*end == '\0' && end != space + 1, "bad value: %s", line);
+        cr_assert(strchr("abcdefghijklmnopqrstuvwxyz_", line[0]) != NULL,
+                  "bad name: %s", line);
+    }
+    test_http_get(port, "/other", "", &r);
+    cr_assert_eq(r.status, 404);
+    /* The metrics socket does not rate-limit or count as a client. */
+    test_http_get(port, "/metrics", "", &r);
+    cr_assert_eq(r.status, 200);
+    test_gateway_stop(&gw);
 }

@@ -1,0 +1,114 @@
+/*
+ * metrics.c: GET /metrics on the --metrics socket, in Prometheus's text
+ * format (version 0.0.4): the agent's counters (rl_agent_stats) and the
+ * responses this gateway wrote. Anything else there is a 404.
+ */
+#include "gateway.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void family(gw_buf *b, const char *name, const char *type,
+                   const char *help)
+{
+    gw_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
+                          const rl_rule_counters *rules, size_t n)
+{
+    family(b, "rl_requests_total", "counter",
+           "Requests decided by the agent, by decision.");
+    gw_buf_printf(b, "rl_requests_total{decision=\"allowed\"} %llu\n"
+                  "rl_requests_total{decision=\"rejected\"} %llu\n",
+                  (unsigned long long)s->allowed,
+                  (unsigned long long)s->rejected);
+    family(b, "rl_requests_degraded_total", "counter",
+           "Decisions in which a rule's on_error decided.");
+    gw_buf_printf(b, "rl_requests_degraded_total %llu\n",
+                  (unsigned long long)s->degraded);
+    family(b, "rl_rule_checks_total", "counter",
+           "Requests a rule applied to, by rule and verdict.");
+    for (size_t i = 0; i < n; i++)
+        gw_buf_printf(b, "rl_rule_checks_total{rule=\"%s\",verdict="
+                      "\"allowed\"} %llu\nrl_rule_checks_total{rule=\"%s\","
+                      "verdict=\"rejected\"} %llu\n", rules[i].rule,
+                      (unsigned long long)rules[i].allowed, rules[i].rule,
+                      (unsigned long long)rules[i].rejected);
+    family(b, "rl_rule_degraded_total", "counter",
+           "Requests a rule's on_error decided, by rule.");
+    for (size_t i = 0; i < n; i++)
+        gw_buf_printf(b, "rl_rule_degraded_total{rule=\"%s\"} %llu\n",
+                      rules[i].rule, (unsigned long long)rules[i].degraded);
+    family(b, "rl_store_errors_total", "counter",
+           "Bucket calls the store did not answer.");
+    gw_buf_printf(b, "rl_store_errors_total %llu\n",
+                  (unsigned long long)s->store_errors);
+    family(b, "rl_store_batches_total", "counter",
+           "Writes to store nodes (one per shard per I/O loop turn).");
+    gw_buf_printf(b, "rl_store_batches_total %llu\n",
+                  (unsigned long long)s->store_batches);
+    family(b, "rl_exact_check_microseconds", "summary",
+           "Time a request waited for the store (bucket upper bounds).");
+    gw_buf_printf(b, "rl_exact_check_microseconds{quantile=\"0.5\"} %llu\n"
+                  "rl_exact_check_microseconds{quantile=\"0.9\"} %llu\n"
+                  "rl_exact_check_microseconds{quantile=\"0.99\"} %llu\n"
+                  "rl_exact_check_microseconds_count %llu\n",
+                  (unsigned long long)s->exact_p50_us,
+                  (unsigned long long)s->exact_p90_us,
+                  (unsigned long long)s->exact_p99_us,
+                  (unsigned long long)s->exact_checks);
+    family(b, "rl_keys", "gauge", "Keys tracked in the agent, by mode.");
+    gw_buf_printf(b, "rl_keys{mode=\"synced\"} %llu\nrl_keys{mode=\"local\"} "
+                  "%llu\n", (unsigned long long)s->synced_keys,
+                  (unsigned long long)s->local_keys);
+    family(b, "rl_keys_refused_total", "counter",
+           "New keys refused for a key cap, by mode.");
+    gw_buf_printf(b, "rl_keys_refused_total{mode=\"synced\"} %llu\n"
+                  "rl_keys_refused_total{mode=\"local\"} %llu\n",
+                  (unsigned long long)s->synced_keys_refused,
+                  (unsigned long long)s->local_keys_refused);
+}
+
+static void gateway_metrics(gw_buf *b, const gw_server *srv)
+{
+    family(b, "rl_gateway_responses_total", "counter",
+           "Responses written, by status class.");
+    for (int k = 1; k <= 5; k++)
+        gw_buf_printf(b, "rl_gateway_responses_total{code=\"%dxx\"} %llu\n",
+                      k, (unsigned long long)srv->counts.by_status[k]);
+    family(b, "rl_gateway_upstream_errors_total", "counter",
+           "Allowed requests the upstream failed (502, 504).");
+    gw_buf_printf(b, "rl_gateway_upstream_errors_total %llu\n",
+                  (unsigned long long)srv->counts.upstream_errors);
+    family(b, "rl_gateway_connections", "gauge", "Open connections.");
+    gw_buf_printf(b, "rl_gateway_connections %zu\n", srv->n_conns);
+}
+
+void gw_respond_metrics(gw_buf *out, gw_server *srv, const char *path,
+                        bool keep_alive)
+{
+    if (path == NULL || strcmp(path, "/metrics") != 0) {
+        gw_respond_error(out, 404, "not_found", "only /metrics is served "
+                         "here", keep_alive);
+        return;
+    }
+    rl_agent_counters s;
+    rl_rule_counters *rules = calloc(srv->config->n_rules + 1,
+                                     sizeof *rules);
+    gw_buf body = {0};
+    if (rules != NULL
+        && rl_agent_stats(srv->agent, &s, rules, srv->config->n_rules)
+               == RL_OK) {
+        agent_metrics(&body, &s, rules, srv->config->n_rules);
+        gateway_metrics(&body, srv);
+    }
+    free(rules);
+    gw_buf_printf(out, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n"
+                  "Content-Type: text/plain; version=0.0.4\r\n"
+                  "Connection: %s\r\n\r\n", body.len,
+                  keep_alive ? "keep-alive" : "close");
+    if (body.len > 0)
+        gw_buf_append(out, body.data, body.len, SIZE_MAX / 2);
+    gw_buf_free(&body);
+}
