@@ -35,14 +35,23 @@ typedef struct rl_ingest_worker {
     nng_msg *msg;
     rl_wire_msg report;
     char peer[160];
+    uint64_t sent_at_us;           /* to Redis, for the latency metric */
 } rl_ingest_worker;
 
-/* Counters, for logs now and metrics later. */
+/* Why a report was refused. */
+typedef enum rl_reject {
+    RL_REJECT_MALFORMED,     /* not a report rl can read */
+    RL_REJECT_UNKNOWN_RULE,  /* a count for a rule not synced here */
+    RL_REJECT_OUT_OF_MEMORY,
+} rl_reject;
+
+/* Counters, for logs and metrics. */
 typedef struct rl_aggregator_stats {
     uint64_t reports_applied;
     uint64_t reports_duplicate;
     uint64_t reports_retry;        /* Redis away: the agent resends */
     uint64_t reports_rejected;     /* malformed, unknown rules, ... */
+    uint64_t rejected_by[3];       /* by rl_reject reason */
     uint64_t entries_applied;
     uint64_t totals_published;
     uint64_t broadcast_dropped;    /* changed keys over the per-interval cap */
@@ -77,6 +86,7 @@ struct rl_aggregator {
     uv_timer_t publish_timer;
     uv_signal_t sigterm, sigint, sighup;
     rl_service service;            /* systemd notifications */
+    struct rl_metrics *metrics;    /* NULL unless aggregator.metrics */
     rl_broadcast *broadcast;
     rl_aggregator_stats stats;
     bool stopping;
@@ -84,6 +94,14 @@ struct rl_aggregator {
     uint64_t interval;             /* publish count: the log limiter's clock */
     rl_complaint complaints[RL_COMPLAINT_PEERS];
 };
+
+/* metrics.c: Prometheus text on aggregator.metrics, rendered on the loop
+ * (every publish) and served from nng's HTTP server. */
+int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen);
+void rl_metrics_render(rl_aggregator *agg);
+/* A report's Redis write took us microseconds. */
+void rl_metrics_redis_latency(rl_aggregator *agg, uint64_t us);
+void rl_metrics_stop(rl_aggregator *agg);
 
 /* ingest.c */
 int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen);
@@ -99,6 +117,9 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
                        uint64_t current, uint64_t previous, uint64_t agents);
 /* Publishes every rule's changed keys (and a heartbeat for the others). */
 void rl_broadcast_publish(rl_aggregator *agg);
+/* Keys waiting for the next publish; the lag of the last publish. */
+size_t rl_broadcast_keys(const rl_aggregator *agg);
+uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg);
 
 /* The synced rule named by bytes, or NULL. */
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,

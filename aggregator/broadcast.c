@@ -32,6 +32,8 @@ typedef struct rule_changes {
 struct rl_broadcast {
     rule_changes *rules; /* by index in the config */
     size_t n_rules;
+    uint64_t first_note_ms; /* loop time of the oldest unpublished total */
+    uint64_t last_lag_ms;   /* how long it had waited, at the last publish */
 };
 
 rl_broadcast *rl_broadcast_new(void)
@@ -97,6 +99,8 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
     rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
     if (c == NULL || value_len > RL_WIRE_VALUE_MAX)
         return;
+    if (agg->broadcast->first_note_ms == 0)
+        agg->broadcast->first_note_ms = uv_now(agg->loop);
     c->agents = agents;
     if (c->used * 2 >= c->cap) {
         if (c->used >= RL_WIRE_ENTRIES_MAX || !grow(c)) {
@@ -159,10 +163,28 @@ void rl_broadcast_publish(rl_aggregator *agg)
         return;
     uint64_t now = rl_store_now_ms(agg->store);
     bool stale = !rl_store_up(agg->store);
+    rl_broadcast *b = agg->broadcast;
+    if (b->first_note_ms != 0)
+        b->last_lag_ms = uv_now(agg->loop) - b->first_note_ms;
+    b->first_note_ms = 0;
     for (size_t i = 0; i < agg->config->n_rules; i++) {
         const rl_rule *rule = &agg->config->rules[i];
         if (rule->mode == RL_MODE_SYNCED && now != 0)
             publish_rule(agg, rule, changes_of(agg, rule), w, now, stale);
     }
     rl_wire_writer_free(w);
+}
+
+size_t rl_broadcast_keys(const rl_aggregator *agg)
+{
+    const rl_broadcast *b = agg->broadcast;
+    size_t n = 0;
+    for (size_t i = 0; b != NULL && i < b->n_rules; i++)
+        n += b->rules[i].used;
+    return n;
+}
+
+uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg)
+{
+    return agg->broadcast != NULL ? agg->broadcast->last_lag_ms : 0;
 }

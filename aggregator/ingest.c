@@ -92,11 +92,12 @@ static bool complain(rl_aggregator *agg, const char *peer, uint64_t *before)
 
 /* A refused report: counted, logged (at most once per peer per interval,
  * with how many were not logged), dropped, and the worker listens again. */
-static void refuse(rl_ingest_worker *w, const char *why)
+static void refuse(rl_ingest_worker *w, rl_reject reason, const char *why)
 {
     rl_aggregator *agg = w->agg;
     uint64_t unlogged;
     agg->stats.reports_rejected++;
+    agg->stats.rejected_by[reason]++;
     if (complain(agg, w->peer, &unlogged))
         rl_log(&agg->log, RL_LOG_WARN, "report_rejected",
                "peer=%s reason=\"%s\" unlogged_before=%llu", w->peer, why,
@@ -155,6 +156,7 @@ static void on_applied(void *arg, bool duplicate,
     rl_ingest_worker *w = arg;
     rl_aggregator *agg = w->agg;
     agg->in_flight--;
+    rl_metrics_redis_latency(agg, uv_hrtime() / 1000 - w->sent_at_us);
     if (totals == NULL) {
         agg->stats.reports_retry++;
         rl_log(&agg->log, RL_LOG_WARN, "report_not_applied",
@@ -186,30 +188,32 @@ static void handle_report(rl_ingest_worker *w)
     peer_of(w->msg, w->peer, sizeof w->peer);
     if (rl_wire_decode(nng_msg_body(w->msg), nng_msg_len(w->msg), &w->report,
                        &why) != 0) {
-        refuse(w, why);
+        refuse(w, RL_REJECT_MALFORMED, why);
         return;
     }
     if (w->report.type != RL_WIRE_REPORT) {
-        refuse(w, "not a report");
+        refuse(w, RL_REJECT_MALFORMED, "not a report");
         return;
     }
     const rl_wire_msg *m = &w->report;
     const rl_rule **rules = calloc(m->n_entries + 1, sizeof *rules);
     if (rules == NULL) {
-        refuse(w, "out of memory");
+        refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
         return;
     }
     for (size_t i = 0; i < m->n_entries; i++) {
         rules[i] = rl_aggregator_rule(agg, m->entries[i].rule);
         if (rules[i] == NULL) {
             free(rules);
-            refuse(w, "a count for a rule that is not a synced rule here");
+            refuse(w, RL_REJECT_UNKNOWN_RULE,
+                   "a count for a rule that is not a synced rule here");
             return;
         }
     }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
     agg->in_flight++;
+    w->sent_at_us = uv_hrtime() / 1000;
     if (now == 0) {
         free(rules);
         on_applied(w, false, NULL, "Redis's clock is not known yet");

@@ -65,6 +65,7 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
 static void shutdown_now(rl_aggregator *agg)
 {
     rl_broadcast_publish(agg);
+    rl_metrics_stop(agg);
     rl_ingest_stop(agg);
     nng_close(agg->totals);
     uv_timer_stop(&agg->publish_timer);
@@ -92,6 +93,7 @@ static void on_publish(uv_timer_t *t)
         return;
     }
     if (!agg->stopping) {
+        rl_metrics_render(agg);
         rl_broadcast_publish(agg);
         agg->interval++;
     }
@@ -156,7 +158,8 @@ static int start(rl_aggregator *agg)
     pthread_mutex_init(&agg->ready_lock, NULL);
     uv_async_init(agg->loop, &agg->wakeup, on_wakeup);
     agg->wakeup.data = agg;
-    if (rl_ingest_start(agg, err, sizeof err) != 0) {
+    if (rl_ingest_start(agg, err, sizeof err) != 0
+        || rl_metrics_start(agg, err, sizeof err) != 0) {
         fprintf(stderr, "rl-aggregator: %s\n", err);
         return EXIT_RUNTIME;
     }

@@ -417,6 +417,12 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
             return rc;
         agg->max_keys = (uint32_t)n;
     }
+    if (raw->metrics != NULL) {
+        if (rl_endpoint_parse(raw->metrics, &agg->metrics) != RL_OK)
+            return bad(ld, "aggregator.metrics", "'%s' is not host:port (an "
+                       "HTTP address such as 127.0.0.1:9464)", raw->metrics);
+        agg->has_metrics = true;
+    }
     return RL_OK;
 }
 

@@ -72,6 +72,8 @@ typedef struct rl_aggregator_config {
     char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
     uint32_t sync_interval_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
+    bool has_metrics;             /* serve Prometheus text on metrics */
+    rl_endpoint metrics;
 } rl_aggregator_config;
 
 /* What rl-gateway reads from the config besides the rules. */

@@ -39,6 +39,7 @@ typedef struct rl_raw_aggregator {
     char *totals;
     char *sync_interval_ms;
     char *max_keys;
+    char *metrics;
 } rl_raw_aggregator;
 
 typedef struct rl_raw_local {

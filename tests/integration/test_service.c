@@ -6,9 +6,12 @@
  */
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "test_gateway.h"
 
 #include <criterion/criterion.h>
 #include <limits.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,4 +84,53 @@ Test(service, notifies_ready_watchdog_and_stopping)
     cr_assert(heard(fd, "STOPPING=1", 2000), "no STOPPING=1");
     close(fd);
     unlink(sa.sun_path);
+}
+
+/* A Prometheus sample's value, or -1. */
+static long long sample(const char *text, const char *series)
+{
+    char want[256];
+    snprintf(want, sizeof want, "\n%s ", series);
+    const char *at = strstr(text, want);
+    return at != NULL ? atoll(at + strlen(want)) : -1;
+}
+
+Test(service, metrics_count_reports_rejections_and_redis_writes)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000, period: 1m, mode: synced}\n", 200,
+                          NULL);
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    rl_attr t = {"tenant", "org_metrics", 11};
+    rl_decision d;
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(rl_check(a, &t, 1, 1, &d), RL_OK);
+    /* A peer that sends garbage. */
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    cr_assert_eq(nng_dial(s, agg.reports, NULL, 0), 0);
+    cr_assert_eq(nng_send(s, "junk", 4, 0), 0);
+    usleep(1500 * 1000); /* reports, and a render at each publish */
+    test_http_response r;
+    test_http_get(agg.metrics, "/metrics", "", &r);
+    nng_close(s);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+    cr_assert_eq(r.status, 200);
+    r.body[r.body_len] = '\0';
+    char text[sizeof r.body + 2] = "\n";
+    strcat(text, r.body);
+    cr_assert_geq(sample(text, "rl_agg_reports_total{result=\"applied\"}"), 1,
+                  "%s", text);
+    cr_assert_eq(sample(text, "rl_agg_reports_rejected_total{reason="
+                        "\"malformed\"}"), 1, "%s", text);
+    cr_assert_geq(sample(text, "rl_agg_agents_connected"), 1, "%s", text);
+    cr_assert_geq(sample(text, "rl_agg_redis_write_seconds_count"), 1);
+    cr_assert_geq(sample(text, "rl_agg_entries_applied_total"), 1);
+    cr_assert_eq(sample(text, "rl_agg_redis_errors_total"), 0);
+    cr_assert_neq(sample(text, "rl_agg_redis_write_seconds_bucket{le="
+                         "\"+Inf\"}"), -1);
 }

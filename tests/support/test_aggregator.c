@@ -37,6 +37,7 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
                  test_free_port());
         snprintf(agg->totals, sizeof agg->totals, "tcp://127.0.0.1:%u",
                  test_free_port());
+        agg->metrics = test_free_port();
         static int serial;
         snprintf(agg->config, sizeof agg->config, "%s/agg-%d-%d.yaml",
                  test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
@@ -57,9 +58,10 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
                 "aggregator:\n"
                 "  reports: \"%s\"\n"
                 "  totals: \"%s\"\n"
+                "  metrics: \"127.0.0.1:%u\"\n"
                 "  sync_interval_ms: %u\n"
                 "rules:\n%s",
-                agg->reports, agg->totals,
+                agg->reports, agg->totals, agg->metrics,
                 sync_interval_ms, rules_yaml);
         fclose(f);
     }

@@ -16,6 +16,7 @@ typedef struct test_aggregator {
     char reports[64];    /* tcp://127.0.0.1:PORT */
     char totals[64];
     char log[600];       /* its stderr */
+    uint16_t metrics;    /* its Prometheus port, on 127.0.0.1 */
 } test_aggregator;
 
 /* test_aggregator_start writes a config (store: redis, host:port, or

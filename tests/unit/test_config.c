@@ -131,6 +131,7 @@ Test(config, every_field_can_be_set)
         "  reports: ipc:///run/rl/reports\n"
         "  totals: tcp://[::1]:9000\n"
         "  sync_interval_ms: 250\n"
+        "  metrics: 127.0.0.1:9464\n"
         "charge: refund\n"
         "rules:\n"
         "  - name: per-key\n"
@@ -159,6 +160,8 @@ Test(config, every_field_can_be_set)
     cr_assert_str_eq(cfg->aggregator.reports, "ipc:///run/rl/reports");
     cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
+    cr_assert(cfg->aggregator.has_metrics);
+    cr_assert_eq(cfg->aggregator.metrics.port, 9464);
     cr_assert_eq(cfg->charge, RL_CHARGE_REFUND);
     rl_config_free(cfg);
 }
@@ -259,6 +262,7 @@ static const struct bad_file bad_files[] = {
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
     {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local)"},
+    {"metrics-no-port.yaml", ":2:23: aggregator.metrics: 'localhost' is not host:port (an HTTP address such as 127.0.0.1:9464)"},
     {"local-max-keys-zero.yaml", ":2:19: local.max_keys: must be a whole number from 1 to 10000000, got '0'"},
     {"tenant-map-empty.yaml", ":2:23: gateway.tenant_map: the path is empty; leave the field out for no map"},
     {"unknown-on-error.yaml", ":7:15: rules[0].on_error (rule \"per-key\"): unknown value 'retry' (choose one of: allow, deny)"},

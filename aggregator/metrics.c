@@ -1,0 +1,246 @@
+/*
+ * metrics.c: rl-aggregator's Prometheus endpoint (aggregator.metrics, an
+ * HTTP address: give a loopback one unless the scraper is elsewhere). The
+ * counters live on the event loop; the loop renders them into text at
+ * every publish (each sync interval) and nng's HTTP server hands out the
+ * last text, so no counter is read from another thread.
+ */
+#include "aggregator.h"
+
+#include <nng/supplemental/http/http.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Redis write latency buckets, in seconds, Prometheus style (le). */
+static const double buckets_s[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                   0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+#define N_BUCKETS (sizeof buckets_s / sizeof buckets_s[0])
+
+typedef struct rl_metrics {
+    nng_http_server *server;
+    nng_http_handler *handler;
+    pthread_mutex_t lock;          /* over text */
+    char *text;
+    size_t len;
+    atomic_int agents;             /* report connections, from nng */
+    uint64_t latency[N_BUCKETS + 1];
+    uint64_t latency_count;
+    double latency_sum_s;
+} rl_metrics;
+
+static void serve(nng_aio *aio)
+{
+    nng_http_handler *h = nng_aio_get_input(aio, 1);
+    rl_metrics *m = nng_http_handler_get_data(h);
+    nng_http_res *res;
+    if (nng_http_res_alloc(&res) != 0) {
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    nng_http_res_set_header(res, "Content-Type",
+                            "text/plain; version=0.0.4");
+    pthread_mutex_lock(&m->lock);
+    int rv = nng_http_res_copy_data(res, m->text != NULL ? m->text : "",
+                                    m->len);
+    pthread_mutex_unlock(&m->lock);
+    if (rv != 0) {
+        nng_http_res_free(res);
+        nng_aio_finish(aio, rv);
+        return;
+    }
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    rl_metrics *m = arg;
+    (void)p;
+    atomic_fetch_add(&m->agents, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+}
+
+int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
+{
+    const rl_aggregator_config *c = &agg->boot_config->aggregator;
+    if (!c->has_metrics)
+        return 0;
+    rl_metrics *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&m->lock, NULL);
+    agg->metrics = m;
+    char url[RL_HOST_MAX + 32];
+    snprintf(url, sizeof url, strchr(c->metrics.host, ':') ? "http://[%s]:%u"
+                                                           : "http://%s:%u",
+             c->metrics.host, c->metrics.port);
+    nng_url *u = NULL;
+    int rv = nng_url_parse(&u, url);
+    if (rv == 0)
+        rv = nng_http_server_hold(&m->server, u);
+    if (rv == 0)
+        rv = nng_http_handler_alloc(&m->handler, "/metrics", serve);
+    if (rv == 0)
+        rv = nng_http_handler_set_data(m->handler, m, NULL);
+    if (rv == 0)
+        rv = nng_http_server_add_handler(m->server, m->handler);
+    if (rv == 0)
+        rv = nng_http_server_start(m->server);
+    nng_url_free(u);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot serve metrics on %s: %s", url,
+                 nng_strerror(rv));
+        return -1;
+    }
+    nng_pipe_notify(agg->reports, NNG_PIPE_EV_ADD_POST, on_pipe, m);
+    nng_pipe_notify(agg->reports, NNG_PIPE_EV_REM_POST, on_pipe, m);
+    rl_metrics_render(agg);
+    return 0;
+}
+
+void rl_metrics_redis_latency(rl_aggregator *agg, uint64_t us)
+{
+    rl_metrics *m = agg->metrics;
+    if (m == NULL)
+        return;
+    double s = (double)us / 1e6;
+    size_t b = 0;
+    while (b < N_BUCKETS && s > buckets_s[b])
+        b++;
+    m->latency[b]++;
+    m->latency_count++;
+    m->latency_sum_s += s;
+}
+
+typedef struct text {
+    char *data;
+    size_t len, cap;
+} text;
+
+static void put(text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void put(text *t, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->data + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = (t->cap + (size_t)n + 1) * 2;
+        char *data = realloc(t->data, cap);
+        if (data == NULL)
+            return;
+        t->data = data;
+        t->cap = cap;
+    }
+}
+
+static void family(text *t, const char *name, const char *type,
+                   const char *help)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_reports(text *t, const rl_aggregator *agg)
+{
+    const rl_aggregator_stats *s = &agg->stats;
+    family(t, "rl_agg_reports_total", "counter",
+           "Reports received, by what became of them.");
+    put(t, "rl_agg_reports_total{result=\"applied\"} %llu\n"
+        "rl_agg_reports_total{result=\"duplicate\"} %llu\n"
+        "rl_agg_reports_total{result=\"retry\"} %llu\n"
+        "rl_agg_reports_total{result=\"rejected\"} %llu\n",
+        (unsigned long long)s->reports_applied,
+        (unsigned long long)s->reports_duplicate,
+        (unsigned long long)s->reports_retry,
+        (unsigned long long)s->reports_rejected);
+    family(t, "rl_agg_reports_rejected_total", "counter",
+           "Reports refused, by reason.");
+    static const char *const reasons[] = {"malformed", "unknown_rule",
+                                          "out_of_memory"};
+    for (int i = 0; i < 3; i++)
+        put(t, "rl_agg_reports_rejected_total{reason=\"%s\"} %llu\n",
+            reasons[i], (unsigned long long)s->rejected_by[i]);
+    family(t, "rl_agg_entries_applied_total", "counter",
+           "(key, count) pairs added into Redis.");
+    put(t, "rl_agg_entries_applied_total %llu\n",
+        (unsigned long long)s->entries_applied);
+    family(t, "rl_agg_redis_errors_total", "counter",
+           "Reports Redis did not take (answered RETRY).");
+    put(t, "rl_agg_redis_errors_total %llu\n",
+        (unsigned long long)s->reports_retry);
+}
+
+static void render_state(text *t, const rl_aggregator *agg)
+{
+    const rl_metrics *m = agg->metrics;
+    family(t, "rl_agg_agents_connected", "gauge",
+           "Connections on the reports socket.");
+    put(t, "rl_agg_agents_connected %d\n", atomic_load(&m->agents));
+    family(t, "rl_agg_keys", "gauge",
+           "Client keys with totals waiting for the next broadcast.");
+    put(t, "rl_agg_keys %zu\n", rl_broadcast_keys(agg));
+    family(t, "rl_agg_pending_reports", "gauge",
+           "Reports sent to Redis and not answered yet.");
+    put(t, "rl_agg_pending_reports %d\n", agg->in_flight);
+    family(t, "rl_agg_broadcast_lag_milliseconds", "gauge",
+           "At the last broadcast: how long the oldest total in it had "
+           "waited since its report was applied.");
+    put(t, "rl_agg_broadcast_lag_milliseconds %llu\n",
+        (unsigned long long)rl_broadcast_lag_ms(agg));
+    family(t, "rl_agg_totals_published_total", "counter",
+           "Totals messages published.");
+    put(t, "rl_agg_totals_published_total %llu\n",
+        (unsigned long long)agg->stats.totals_published);
+    family(t, "rl_agg_redis_write_seconds", "histogram",
+           "Time from a report's send to Redis to its answer.");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < N_BUCKETS; b++) {
+        cumulative += m->latency[b];
+        put(t, "rl_agg_redis_write_seconds_bucket{le=\"%g\"} %llu\n",
+            buckets_s[b], (unsigned long long)cumulative);
+    }
+    put(t, "rl_agg_redis_write_seconds_bucket{le=\"+Inf\"} %llu\n"
+        "rl_agg_redis_write_seconds_sum %.6f\n"
+        "rl_agg_redis_write_seconds_count %llu\n",
+        (unsigned long long)m->latency_count, m->latency_sum_s,
+        (unsigned long long)m->latency_count);
+}
+
+void rl_metrics_render(rl_aggregator *agg)
+{
+    rl_metrics *m = agg->metrics;
+    if (m == NULL)
+        return;
+    text t = {0};
+    render_reports(&t, agg);
+    render_state(&t, agg);
+    pthread_mutex_lock(&m->lock);
+    free(m->text);
+    m->text = t.data;
+    m->len = t.len;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void rl_metrics_stop(rl_aggregator *agg)
+{
+    rl_metrics *m = agg->metrics;
+    if (m == NULL)
+        return;
+    nng_http_server_stop(m->server);
+    nng_http_server_release(m->server);
+    free(m->text);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+    agg->metrics = NULL;
+}
