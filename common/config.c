@@ -291,6 +291,57 @@ static int copy_secret(struct loader *ld, const char *text, char **out)
     return RL_OK;
 }
 
+/* A password read from a file: one line, its newline dropped. The file is
+ * read once, at load; its text is never logged. */
+static int password_from_file(struct loader *ld, const char *path,
+                              char **out)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return bad(ld, "store.password_file", "cannot read '%s': %s", path,
+                   strerror(errno));
+    char text[RL_SECRET_MAX + 2];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    bool more = fgetc(f) != EOF;
+    fclose(f);
+    text[n] = '\0';
+    if (n > 0 && text[n - 1] == '\n')
+        text[--n] = '\0';
+    if (n > 0 && text[n - 1] == '\r')
+        text[--n] = '\0';
+    if (more || n > RL_SECRET_MAX || strchr(text, '\n') != NULL)
+        return bad(ld, "store.password_file", "'%s' must hold one line of "
+                   "at most %d bytes", path, RL_SECRET_MAX);
+    if (n == 0 || memchr(text, '\0', n) != NULL)
+        return bad(ld, "store.password_file", "'%s' is empty", path);
+    return copy_secret(ld, text, out);
+}
+
+/* store.password, or store.password_file, or store.password_env: one of
+ * them at most, so that it is clear where the secret comes from. */
+static int load_password(struct loader *ld, const rl_raw_store *raw,
+                         rl_store_config *store)
+{
+    int given = (raw->password != NULL) + (raw->password_file != NULL)
+                + (raw->password_env != NULL);
+    if (given > 1)
+        return bad(ld, "store.password", "give one of password, "
+                   "password_file and password_env");
+    if (raw->password_file != NULL)
+        return password_from_file(ld, raw->password_file, &store->password);
+    if (raw->password_env != NULL) {
+        const char *value = getenv(raw->password_env);
+        if (value == NULL || value[0] == '\0')
+            return bad(ld, "store.password_env", "the environment variable "
+                       "%s is not set", raw->password_env);
+        if (strlen(value) > RL_SECRET_MAX)
+            return bad(ld, "store.password_env", "%s is over %d bytes",
+                       raw->password_env, RL_SECRET_MAX);
+        return copy_secret(ld, value, &store->password);
+    }
+    return copy_secret(ld, raw->password, &store->password);
+}
+
 static int load_seeds(struct loader *ld, const rl_raw_store *raw,
                       rl_store_config *store)
 {
@@ -356,12 +407,13 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
                      &choice)) != RL_OK)
         return rc;
     store->scripts = (rl_scripts)choice;
-    if (raw->username != NULL && raw->password == NULL)
+    if (raw->username != NULL && raw->password == NULL
+        && raw->password_file == NULL && raw->password_env == NULL)
         return bad(ld, "store.username", "a username needs a password "
-                   "(store.password)");
+                   "(store.password, password_file or password_env)");
     if ((rc = copy_secret(ld, raw->username, &store->username)) != RL_OK)
         return rc;
-    return copy_secret(ld, raw->password, &store->password);
+    return load_password(ld, raw, store);
 }
 
 static bool is_nng_url(const char *url)

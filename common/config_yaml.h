@@ -29,6 +29,8 @@ typedef struct rl_raw_store {
     unsigned cluster_count;
     char *username;
     char *password;
+    char *password_file;
+    char *password_env;
     char *timeout_ms;
     char *scripts;
     char *wait_replicas;

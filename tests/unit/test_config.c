@@ -399,3 +399,43 @@ Test(config, loads_from_many_threads_at_once)
         cr_assert_null(failed, "thread %d could not load the config", i);
     }
 }
+
+Test(config, a_password_comes_from_a_file_or_the_environment)
+{
+    char path[] = "/tmp/rl-password-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "s3cret from a file\n", 19), 19);
+    close(fd);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml, "store: {password_file: %s}\nrules:\n"
+             "  - {name: r, match: ip, limit: 1, period: 1s}\n", path);
+    rl_config *cfg = load_ok(yaml);
+    cr_assert_str_eq(cfg->store.password, "s3cret from a file");
+    rl_config_free(cfg);
+
+    setenv("RL_TEST_SECRET", "s3cret from env", 1);
+    cfg = load_ok("store: {username: rl, password_env: RL_TEST_SECRET}\n"
+                  "rules:\n  - {name: r, match: ip, limit: 1, period: 1s}\n");
+    cr_assert_str_eq(cfg->store.password, "s3cret from env");
+    cr_assert_str_eq(cfg->store.username, "rl");
+    rl_config_free(cfg);
+    unsetenv("RL_TEST_SECRET");
+
+    expect_refused("store: {password_env: RL_TEST_SECRET}\nrules:\n"
+                   "  - {name: r, match: ip, limit: 1, period: 1s}\n",
+                   "<test>:1:23: store.password_env: the environment "
+                   "variable RL_TEST_SECRET is not set");
+    snprintf(yaml, sizeof yaml, "store: {password: x, password_file: %s}\n"
+             "rules:\n  - {name: r, match: ip, limit: 1, period: 1s}\n",
+             path);
+    expect_refused(yaml, "<test>:1:19: store.password: give one of "
+                   "password, password_file and password_env");
+    unlink(path);
+    snprintf(yaml, sizeof yaml, "store: {password_file: %s}\nrules:\n"
+             "  - {name: r, match: ip, limit: 1, period: 1s}\n", path);
+    char message[256];
+    snprintf(message, sizeof message, "<test>:1:24: store.password_file: "
+             "cannot read '%s': No such file or directory", path);
+    expect_refused(yaml, message);
+}
