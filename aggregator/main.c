@@ -34,7 +34,8 @@ static const char usage[] =
     "\n"
     "  --config FILE      the rules config (default /etc/rl/rl.yaml)\n"
     "  --check-config     validate the config and exit\n"
-    "  --log-level LEVEL  debug, info, warn or error (default info)\n"
+    "  --log-level LEVEL  debug, info, warn or error (default: the config's\n"
+    "                     log_level, info if unset)\n"
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (sockets)\n";
 
@@ -190,6 +191,7 @@ int main(int argc, char **argv)
     const char *path = "/etc/rl/rl.yaml";
     bool check_only = false;
     rl_log_level level = RL_LOG_INFO;
+    bool level_given = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
@@ -203,6 +205,7 @@ int main(int argc, char **argv)
             path = argv[++i];
         } else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc
                    && rl_log_level_parse(argv[i + 1], &level) == 0) {
+            level_given = true;
             i++;
         } else {
             fprintf(stderr, "rl-aggregator: unexpected argument '%s'\n\n%s",
@@ -219,6 +222,8 @@ int main(int argc, char **argv)
         return EXIT_CONFIG;
     }
     agg.config = agg.boot_config;
+    if (!level_given)
+        agg.log.level = agg.config->log_level;
     if (check_only) {
         printf("%s: valid\n", path);
         rl_config_free(agg.boot_config);

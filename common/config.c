@@ -30,6 +30,8 @@
 #define DEFAULT_SYNC_INTERVAL_MS 1000
 #define DEFAULT_MAX_KEYS 100000
 
+static const char *const log_level_names[] = {"debug", "info", "warn",
+                                              "error", NULL};
 static const char *const mode_names[] = {"exact", "synced", "local", NULL};
 static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
 static const char *const on_error_names[] = {"allow", "deny", NULL};
@@ -516,6 +518,11 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
                != RL_OK)
         return rc;
     cfg->charge = (rl_charge)choice;
+    choice = RL_LOG_INFO;
+    if ((rc = choose(ld, "log_level", raw->log_level, log_level_names,
+                     &choice)) != RL_OK)
+        return rc;
+    cfg->log_level = (rl_log_level)choice;
     return load_rules(ld, raw, cfg);
 }
 

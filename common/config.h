@@ -85,6 +85,7 @@ struct rl_config {
     rl_store_config store;
     rl_aggregator_config aggregator;
     uint32_t local_max_keys;      /* local buckets one agent keeps at most */
+    rl_log_level log_level;       /* the daemons' level unless --log-level */
     rl_gateway_config gateway;
     rl_charge charge;
     rl_rule *rules;

@@ -57,6 +57,7 @@ typedef struct rl_raw_config {
     rl_raw_aggregator *aggregator;
     rl_raw_local *local;
     rl_raw_gateway *gateway;
+    char *log_level;
     char *charge;
     rl_raw_rule *rules;
     unsigned rules_count;

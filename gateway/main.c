@@ -37,7 +37,8 @@ static const char usage[] =
     "  --metrics HOST:PORT    serve Prometheus text on GET /metrics there\n"
     "                         (give a loopback address unless scrapers\n"
     "                         elsewhere need it)\n"
-    "  --log-level LEVEL      debug, info, warn or error (default info)\n"
+    "  --log-level LEVEL      debug, info, warn or error (default: the\n"
+    "                         config's log_level, info if unset)\n"
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (listen,\n"
     "upstream address, tenant map)\n";
@@ -47,6 +48,7 @@ typedef struct args {
     const char *listen, *config, *upstream, *metrics;
     bool trust_forwarded_for;
     rl_log_level level;
+    bool level_given;
 } args;
 
 
@@ -77,6 +79,7 @@ static int parse_args(int argc, char **argv, args *a, bool *done)
             a->metrics = argv[++i];
         } else if (strcmp(arg, "--log-level") == 0 && has_value
                    && rl_log_level_parse(argv[i + 1], &a->level) == 0) {
+            a->level_given = true;
             i++;
         } else {
             fprintf(stderr, "rl-gateway: unexpected argument '%s'\n\n%s", arg,
@@ -327,6 +330,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "rl-gateway: %s\n", err.message);
         return EXIT_CONFIG;
     }
+    if (!a.level_given)
+        srv.log.level = srv.config->log_level;
     collect_attr_names(&srv);
     pthread_mutex_init(&srv.decided_lock, NULL);
     rc = run(&srv, &a);

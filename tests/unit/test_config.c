@@ -72,6 +72,7 @@ Test(config, example_holds_the_seeds_three_rules)
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
     cr_assert_eq(cfg->charge, RL_CHARGE_ALL);
     cr_assert_eq(cfg->local_max_keys, 100000);
+    cr_assert_eq(cfg->log_level, RL_LOG_INFO);
     cr_assert_str_eq(cfg->gateway.tenant_map, "");
     rl_config_free(cfg);
 }
@@ -133,6 +134,7 @@ Test(config, every_field_can_be_set)
         "  sync_interval_ms: 250\n"
         "  metrics: 127.0.0.1:9464\n"
         "charge: refund\n"
+        "log_level: warn\n"
         "rules:\n"
         "  - name: per-key\n"
         "    match: api_key\n"
@@ -161,6 +163,7 @@ Test(config, every_field_can_be_set)
     cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
     cr_assert(cfg->aggregator.has_metrics);
+    cr_assert_eq(cfg->log_level, RL_LOG_WARN);
     cr_assert_eq(cfg->aggregator.metrics.port, 9464);
     cr_assert_eq(cfg->charge, RL_CHARGE_REFUND);
     rl_config_free(cfg);
@@ -268,7 +271,7 @@ static const struct bad_file bad_files[] = {
     {"unknown-on-error.yaml", ":7:15: rules[0].on_error (rule \"per-key\"): unknown value 'retry' (choose one of: allow, deny)"},
     {"unknown-section.yaml", ":2:1: stores: unknown field 'stores'"},
     {"url-and-cluster.yaml", ":4:12: store.cluster: give either store.url or store.cluster, not both"},
-    {"username-without-password.yaml", ":3:13: store.username: a username needs a password (store.password)"},
+    {"username-without-password.yaml", ":3:13: store.username: a username needs a password (store.password, password_file or password_env)"},
 };
 
 Test(config, every_bad_file_is_refused_naming_the_culprit)
