@@ -7,6 +7,8 @@
  */
 #include "aggregator.h"
 
+#include "nng_handoff.h"
+
 #include <nng/supplemental/http/http.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@ typedef struct rl_metrics {
 
 static void serve(nng_aio *aio)
 {
+    rl_nng_handoff();
     nng_http_handler *h = nng_aio_get_input(aio, 1);
     rl_metrics *m = nng_http_handler_get_data(h);
     nng_http_res *res;
@@ -58,6 +61,7 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     rl_metrics *m = arg;
     (void)p;
+    rl_nng_handoff();
     atomic_fetch_add(&m->agents, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
 }
 
@@ -78,6 +82,7 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
                                                            : "http://%s:%u",
              c->metrics.host, c->metrics.port);
     nng_url *u = NULL;
+    rl_nng_handoff(); /* m is set up before nng's threads see it */
     int rv = nng_url_parse(&u, url);
     if (rv == 0)
         rv = nng_http_server_hold(&m->server, u);
@@ -95,9 +100,11 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
                  nng_strerror(rv));
         return -1;
     }
+    rl_nng_handoff();
     nng_pipe_notify(agg->reports, NNG_PIPE_EV_ADD_POST, on_pipe, m);
     nng_pipe_notify(agg->reports, NNG_PIPE_EV_REM_POST, on_pipe, m);
     rl_metrics_render(agg);
+    rl_nng_handoff();
     return 0;
 }
 
@@ -239,6 +246,7 @@ void rl_metrics_stop(rl_aggregator *agg)
         return;
     nng_http_server_stop(m->server);
     nng_http_server_release(m->server);
+    rl_nng_handoff(); /* after the last callback */
     free(m->text);
     pthread_mutex_destroy(&m->lock);
     free(m);
