@@ -15,6 +15,8 @@
  */
 #include "sync.h"
 
+#include "nng_tls.h"
+
 #include "nng_handoff.h"
 #include "wire.h"
 
@@ -359,12 +361,11 @@ static int open_sockets(rl_sync *s, rl_error *err)
     }
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
-    if ((rv = nng_dial(s->req, agg->reports, NULL, NNG_FLAG_NONBLOCK)) != 0
-        || (rv = nng_dial(s->sub, agg->totals, NULL, NNG_FLAG_NONBLOCK))
-               != 0)
-        return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator "
-                            "(%s, %s): %s", agg->reports, agg->totals,
-                            nng_strerror(rv));
+    char why[512];
+    if (rl_nng_dial(s->req, agg->reports, &agg->tls, why, sizeof why) != 0
+        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0)
+        return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
+                            why);
     return RL_OK;
 }
 

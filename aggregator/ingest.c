@@ -14,6 +14,8 @@
  */
 #include "aggregator.h"
 
+#include "nng_tls.h"
+
 #include "nng_handoff.h"
 #include "windows.h"
 
@@ -263,18 +265,18 @@ void rl_ingest_drain_ready(rl_aggregator *agg)
 
 int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
 {
+    const rl_aggregator_config *c = &agg->config->aggregator;
     int rv = nng_rep0_open(&agg->reports);
     if (rv == 0)
         rv = nng_socket_set_size(agg->reports, NNG_OPT_RECVMAXSZ,
                                  RL_WIRE_MESSAGE_MAX);
-    if (rv == 0)
-        rv = nng_listen(agg->reports, agg->config->aggregator.reports, NULL,
-                        0);
     if (rv != 0) {
-        snprintf(err, errlen, "cannot listen for reports on %s: %s",
-                 agg->config->aggregator.reports, nng_strerror(rv));
+        snprintf(err, errlen, "cannot open the reports socket: %s",
+                 nng_strerror(rv));
         return -1;
     }
+    if (rl_nng_listen(agg->reports, c->reports, &c->tls, err, errlen) != 0)
+        return -1;
     for (int i = 0; i < RL_INGEST_WORKERS; i++) {
         rl_ingest_worker *w = &agg->workers[i];
         w->agg = agg;

@@ -14,6 +14,8 @@
 
 #include "windows.h"
 
+#include "nng_tls.h"
+
 #include <nng/protocol/pubsub0/pub.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,11 +151,11 @@ static int start(rl_aggregator *agg)
         return EXIT_RUNTIME;
     }
     int rv = nng_pub0_open(&agg->totals);
-    if (rv == 0)
-        rv = nng_listen(agg->totals, agg->config->aggregator.totals, NULL, 0);
-    if (rv != 0) {
-        fprintf(stderr, "rl-aggregator: cannot listen for subscribers on "
-                "%s: %s\n", agg->config->aggregator.totals, nng_strerror(rv));
+    if (rv != 0 || rl_nng_listen(agg->totals, agg->config->aggregator.totals,
+                                 &agg->config->aggregator.tls, err,
+                                 sizeof err) != 0) {
+        fprintf(stderr, "rl-aggregator: %s\n",
+                rv != 0 ? nng_strerror(rv) : err);
         return EXIT_RUNTIME;
     }
     pthread_mutex_init(&agg->ready_lock, NULL);

@@ -441,6 +441,49 @@ static int load_nng_url(struct loader *ld, const char *path, const char *text,
     return RL_OK;
 }
 
+static bool uses_tls(const rl_aggregator_config *agg)
+{
+    return strncmp(agg->reports, "tls+tcp://", 10) == 0
+           || strncmp(agg->totals, "tls+tcp://", 10) == 0;
+}
+
+static int load_tls(struct loader *ld, const rl_raw_tls *raw,
+                    rl_aggregator_config *agg)
+{
+    static const char *const auth_names[] = {"none", "required", NULL};
+    rl_tls_config *t = &agg->tls;
+    if (raw == NULL) {
+        if (uses_tls(agg))
+            return bad(ld, strncmp(agg->reports, "tls+tcp://", 10) == 0
+                               ? "aggregator.reports" : "aggregator.totals",
+                       "a tls+tcp:// URL needs aggregator.tls with at least "
+                       "ca, cert and key");
+        return RL_OK;
+    }
+    snprintf(t->ca, sizeof t->ca, "%s", raw->ca ? raw->ca : "");
+    snprintf(t->cert, sizeof t->cert, "%s", raw->cert ? raw->cert : "");
+    snprintf(t->key, sizeof t->key, "%s", raw->key ? raw->key : "");
+    snprintf(t->server_name, sizeof t->server_name, "%s",
+             raw->server_name ? raw->server_name : "");
+    int choice = 0;
+    int rc = choose(ld, "aggregator.tls.client_auth", raw->client_auth,
+                    auth_names, &choice);
+    if (rc != RL_OK)
+        return rc;
+    t->require_client_cert = choice == 1;
+    if ((t->cert[0] == '\0') != (t->key[0] == '\0'))
+        return bad(ld, "aggregator.tls", "cert and key go together: give "
+                   "both or neither");
+    if (t->ca[0] == '\0' || t->cert[0] == '\0')
+        return bad(ld, "aggregator.tls", "give ca (to verify the other "
+                   "side), cert and key (the aggregator's own; agents "
+                   "present theirs when client_auth is required)");
+    if (!uses_tls(agg))
+        return bad(ld, "aggregator.tls", "set, but neither reports nor "
+                   "totals is a tls+tcp:// URL");
+    return RL_OK;
+}
+
 static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
                            rl_aggregator_config *agg)
 {
@@ -477,7 +520,7 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
                        "HTTP address such as 127.0.0.1:9464)", raw->metrics);
         agg->has_metrics = true;
     }
-    return RL_OK;
+    return load_tls(ld, raw->tls, agg);
 }
 
 static int load_local(struct loader *ld, const rl_raw_local *raw,

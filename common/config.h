@@ -67,11 +67,22 @@ typedef struct rl_store_config {
     rl_scripts scripts;
 } rl_store_config;
 
+/* TLS between agents and aggregators (tls+tcp:// URLs). Paths are PEM
+ * files; "" when not set. */
+typedef struct rl_tls_config {
+    char ca[RL_PATH_MAX + 1];     /* who may be trusted */
+    char cert[RL_PATH_MAX + 1];   /* our own certificate (chain) */
+    char key[RL_PATH_MAX + 1];    /* and its private key */
+    char server_name[256];        /* the name agents expect; "" for none */
+    bool require_client_cert;     /* the aggregator asks agents for theirs */
+} rl_tls_config;
+
 typedef struct rl_aggregator_config {
     char reports[RL_NNG_URL_MAX]; /* where agents push their counts */
     char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
     uint32_t sync_interval_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
+    rl_tls_config tls;
     bool has_metrics;             /* serve Prometheus text on metrics */
     rl_endpoint metrics;
 } rl_aggregator_config;

@@ -59,6 +59,17 @@ static const cyaml_schema_field_t store_fields[] = {
     CYAML_FIELD_END,
 };
 
+static const cyaml_schema_field_t tls_fields[] = {
+    STR_FIELD("ca", CYAML_FLAG_OPTIONAL, rl_raw_tls, ca, RL_PATH_MAX),
+    STR_FIELD("cert", CYAML_FLAG_OPTIONAL, rl_raw_tls, cert, RL_PATH_MAX),
+    STR_FIELD("key", CYAML_FLAG_OPTIONAL, rl_raw_tls, key, RL_PATH_MAX),
+    STR_FIELD("server_name", CYAML_FLAG_OPTIONAL, rl_raw_tls, server_name,
+              255),
+    STR_FIELD("client_auth", CYAML_FLAG_OPTIONAL, rl_raw_tls, client_auth,
+              32),
+    CYAML_FIELD_END,
+};
+
 static const cyaml_schema_field_t aggregator_fields[] = {
     STR_FIELD("reports", CYAML_FLAG_OPTIONAL, rl_raw_aggregator, reports,
               RL_NNG_URL_MAX - 1),
@@ -70,6 +81,8 @@ static const cyaml_schema_field_t aggregator_fields[] = {
               32),
     STR_FIELD("metrics", CYAML_FLAG_OPTIONAL, rl_raw_aggregator, metrics,
               RL_HOST_MAX + 8),
+    CYAML_FIELD_MAPPING_PTR("tls", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                            rl_raw_aggregator, tls, tls_fields),
     CYAML_FIELD_END,
 };
 

@@ -36,12 +36,21 @@ typedef struct rl_raw_store {
     char *wait_replicas;
 } rl_raw_store;
 
+typedef struct rl_raw_tls {
+    char *ca;
+    char *cert;
+    char *key;
+    char *server_name;
+    char *client_auth;
+} rl_raw_tls;
+
 typedef struct rl_raw_aggregator {
     char *reports;
     char *totals;
     char *sync_interval_ms;
     char *max_keys;
     char *metrics;
+    rl_raw_tls *tls;
 } rl_raw_aggregator;
 
 typedef struct rl_raw_local {

@@ -265,6 +265,7 @@ static const struct bad_file bad_files[] = {
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
     {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local)"},
+    {"tls-without-section.yaml", ":3:12: aggregator.reports: a tls+tcp:// URL needs aggregator.tls with at least ca, cert and key"},
     {"metrics-no-port.yaml", ":2:23: aggregator.metrics: 'localhost' is not host:port (an HTTP address such as 127.0.0.1:9464)"},
     {"local-max-keys-zero.yaml", ":2:19: local.max_keys: must be a whole number from 1 to 10000000, got '0'"},
     {"tenant-map-empty.yaml", ":2:23: gateway.tenant_map: the path is empty; leave the field out for no map"},

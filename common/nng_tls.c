@@ -1,0 +1,133 @@
+/*
+ * nng_tls.c: see nng_tls.h. A client (agent) verifies the aggregator
+ * against the CA, and presents its own certificate when it has one; a
+ * server (aggregator) presents its certificate and, with client_auth:
+ * required, accepts only agents whose certificate the CA signed (mutual
+ * TLS). The files are read by nng (mbedTLS) when the socket starts.
+ */
+#include "nng_tls.h"
+
+#include <nng/supplemental/tls/tls.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PEM_MAX (1u << 20)
+
+static bool is_tls(const char *url)
+{
+    return strncmp(url, "tls+tcp://", 10) == 0;
+}
+
+/* A whole PEM file, NUL-terminated; NULL with a message. */
+static char *read_pem(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "cannot read %s", path);
+        return NULL;
+    }
+    char *text = malloc(PEM_MAX + 1);
+    size_t n = text != NULL ? fread(text, 1, PEM_MAX + 1, f) : 0;
+    fclose(f);
+    if (text == NULL || n > PEM_MAX) {
+        snprintf(err, errlen, "%s is over 1 MiB", path);
+        free(text);
+        return NULL;
+    }
+    text[n] = '\0';
+    return text;
+}
+
+static int own_cert(nng_tls_config *c, const rl_tls_config *tls, char *err,
+                    size_t errlen)
+{
+    char *cert = read_pem(tls->cert, err, errlen);
+    char *key = cert != NULL ? read_pem(tls->key, err, errlen) : NULL;
+    int rv = key != NULL ? nng_tls_config_own_cert(c, cert, key, NULL) : -1;
+    if (rv > 0)
+        snprintf(err, errlen, "cannot use %s with %s: %s", tls->cert,
+                 tls->key, nng_strerror(rv));
+    free(cert);
+    free(key);
+    return rv == 0 ? 0 : -1;
+}
+
+static nng_tls_config *make_config(const rl_tls_config *tls, bool server,
+                                   char *err, size_t errlen)
+{
+    nng_tls_config *c;
+    int rv = nng_tls_config_alloc(&c, server ? NNG_TLS_MODE_SERVER
+                                             : NNG_TLS_MODE_CLIENT);
+    if (rv != 0) {
+        snprintf(err, errlen, "TLS: %s", nng_strerror(rv));
+        return NULL;
+    }
+    if ((rv = nng_tls_config_ca_file(c, tls->ca)) != 0) {
+        snprintf(err, errlen, "cannot use the CA file %s: %s", tls->ca,
+                 nng_strerror(rv));
+    } else if ((server || tls->cert[0] != '\0')
+               && own_cert(c, tls, err, errlen) != 0) {
+        rv = -1;
+    } else if (server) {
+        rv = nng_tls_config_auth_mode(c, tls->require_client_cert
+                                             ? NNG_TLS_AUTH_MODE_REQUIRED
+                                             : NNG_TLS_AUTH_MODE_NONE);
+    } else if (tls->server_name[0] != '\0') {
+        rv = nng_tls_config_server_name(c, tls->server_name);
+    }
+    if (rv != 0) {
+        if (rv > 0)
+            snprintf(err, errlen, "TLS: %s", nng_strerror(rv));
+        nng_tls_config_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+int rl_nng_dial(nng_socket s, const char *url, const rl_tls_config *tls,
+                char *err, size_t errlen)
+{
+    nng_dialer d;
+    int rv = nng_dialer_create(&d, s, url);
+    if (rv == 0 && is_tls(url)) {
+        nng_tls_config *c = make_config(tls, false, err, errlen);
+        if (c == NULL) {
+            nng_dialer_close(d);
+            return -1;
+        }
+        rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, c);
+        nng_tls_config_free(c); /* the dialer holds its own reference */
+    }
+    if (rv == 0)
+        rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot dial %s: %s", url, nng_strerror(rv));
+        return -1;
+    }
+    return 0;
+}
+
+int rl_nng_listen(nng_socket s, const char *url, const rl_tls_config *tls,
+                  char *err, size_t errlen)
+{
+    nng_listener l;
+    int rv = nng_listener_create(&l, s, url);
+    if (rv == 0 && is_tls(url)) {
+        nng_tls_config *c = make_config(tls, true, err, errlen);
+        if (c == NULL) {
+            nng_listener_close(l);
+            return -1;
+        }
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, c);
+        nng_tls_config_free(c);
+    }
+    if (rv == 0)
+        rv = nng_listener_start(l, 0);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", url,
+                 nng_strerror(rv));
+        return -1;
+    }
+    return 0;
+}
