@@ -35,9 +35,11 @@ endif
 
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
-             aggregator/rlctl_view.c aggregator/rlctl_totals.c
+             aggregator/rlctl_view.c aggregator/rlctl_totals.c \
+             aggregator/rlctl_agents.c aggregator/rlctl_json.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
-             aggregator/windows.c aggregator/service.c aggregator/metrics.c
+             aggregator/windows.c aggregator/service.c aggregator/metrics.c \
+             aggregator/agents.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \

@@ -43,6 +43,8 @@ typedef enum rl_reject {
     RL_REJECT_MALFORMED,     /* not a report rl can read */
     RL_REJECT_UNKNOWN_RULE,  /* a count for a rule not synced here */
     RL_REJECT_OUT_OF_MEMORY,
+    RL_REJECT_TOO_MANY_AGENTS, /* aggregator.max_agents live ones already */
+    RL_REJECTS,
 } rl_reject;
 
 /* Counters, for logs and metrics. */
@@ -51,7 +53,7 @@ typedef struct rl_aggregator_stats {
     uint64_t reports_duplicate;
     uint64_t reports_retry;        /* Redis away: the agent resends */
     uint64_t reports_rejected;     /* malformed, unknown rules, ... */
-    uint64_t rejected_by[3];       /* by rl_reject reason */
+    uint64_t rejected_by[RL_REJECTS]; /* by rl_reject reason */
     uint64_t entries_applied;
     uint64_t totals_published;
     uint64_t broadcast_dropped;    /* changed keys over the per-interval cap */
@@ -87,6 +89,7 @@ struct rl_aggregator {
     uv_signal_t sigterm, sigint, sighup;
     rl_service service;            /* systemd notifications */
     struct rl_metrics *metrics;    /* NULL unless aggregator.metrics */
+    struct rl_agents *agents;      /* the agents heard from */
     rl_broadcast *broadcast;
     rl_aggregator_stats stats;
     bool stopping;
@@ -94,6 +97,17 @@ struct rl_aggregator {
     uint64_t interval;             /* publish count: the log limiter's clock */
     rl_complaint complaints[RL_COMPLAINT_PEERS];
 };
+
+/* agents.c: the agents heard from (at most aggregator.max_agents). */
+typedef struct rl_agents rl_agents;
+int rl_agents_init(rl_aggregator *agg);
+void rl_agents_free(rl_aggregator *agg);
+/* Records a report's agent; -1 when the table is full of live agents. */
+int rl_agents_note(rl_aggregator *agg, const rl_wire_msg *report,
+                   const char *peer, uint64_t now_ms);
+size_t rl_agents_count(const rl_aggregator *agg);
+void rl_agents_render(const rl_aggregator *agg, uint64_t now_ms,
+                      void (*put)(void *, const char *, ...), void *arg);
 
 /* metrics.c: Prometheus text on aggregator.metrics, rendered on the loop
  * (every publish) and served from nng's HTTP server. */

@@ -214,6 +214,12 @@ static void handle_report(rl_ingest_worker *w)
     }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
+    if (rl_agents_note(agg, m, w->peer, now) != 0) {
+        free(rules);
+        refuse(w, RL_REJECT_TOO_MANY_AGENTS, "a new agent, and "
+               "aggregator.max_agents live ones are known already");
+        return;
+    }
     agg->in_flight++;
     w->sent_at_us = uv_hrtime() / 1000;
     if (now == 0) {

@@ -80,6 +80,7 @@ static void shutdown_now(rl_aggregator *agg)
     rl_service_close(&agg->service);
     rl_store_close(agg->store);
     agg->store = NULL;
+    rl_agents_free(agg);
     rl_log(&agg->log, RL_LOG_INFO, "stopped", "applied=%llu duplicate=%llu "
            "retry=%llu rejected=%llu",
            (unsigned long long)agg->stats.reports_applied,
@@ -161,6 +162,10 @@ static int start(rl_aggregator *agg)
     pthread_mutex_init(&agg->ready_lock, NULL);
     uv_async_init(agg->loop, &agg->wakeup, on_wakeup);
     agg->wakeup.data = agg;
+    if (rl_agents_init(agg) != 0) {
+        fprintf(stderr, "rl-aggregator: out of memory\n");
+        return EXIT_RUNTIME;
+    }
     if (rl_ingest_start(agg, err, sizeof err) != 0
         || rl_metrics_start(agg, err, sizeof err) != 0) {
         fprintf(stderr, "rl-aggregator: %s\n", err);

@@ -22,17 +22,19 @@ static const double buckets_s[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
 
 typedef struct rl_metrics {
     nng_http_server *server;
-    nng_http_handler *handler;
-    pthread_mutex_t lock;          /* over text */
+    nng_http_handler *handler, *agents_handler;
+    pthread_mutex_t lock;          /* over text and agents */
     char *text;
     size_t len;
-    atomic_int agents;             /* report connections, from nng */
+    char *agents;                  /* /agents: one tab-separated line each */
+    size_t agents_len;
+    atomic_int connections;        /* on the reports socket, from nng */
     uint64_t latency[N_BUCKETS + 1];
     uint64_t latency_count;
     double latency_sum_s;
 } rl_metrics;
 
-static void serve(nng_aio *aio)
+static void serve_text(nng_aio *aio, bool agents)
 {
     rl_nng_handoff();
     nng_http_handler *h = nng_aio_get_input(aio, 1);
@@ -45,8 +47,9 @@ static void serve(nng_aio *aio)
     nng_http_res_set_header(res, "Content-Type",
                             "text/plain; version=0.0.4");
     pthread_mutex_lock(&m->lock);
-    int rv = nng_http_res_copy_data(res, m->text != NULL ? m->text : "",
-                                    m->len);
+    const char *body = agents ? m->agents : m->text;
+    int rv = nng_http_res_copy_data(res, body != NULL ? body : "",
+                                    agents ? m->agents_len : m->len);
     pthread_mutex_unlock(&m->lock);
     if (rv != 0) {
         nng_http_res_free(res);
@@ -57,12 +60,22 @@ static void serve(nng_aio *aio)
     nng_aio_finish(aio, 0);
 }
 
+static void serve_metrics(nng_aio *aio)
+{
+    serve_text(aio, false);
+}
+
+static void serve_agents(nng_aio *aio)
+{
+    serve_text(aio, true);
+}
+
 static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     rl_metrics *m = arg;
     (void)p;
     rl_nng_handoff();
-    atomic_fetch_add(&m->agents, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+    atomic_fetch_add(&m->connections, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
 }
 
 int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
@@ -87,11 +100,18 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
     if (rv == 0)
         rv = nng_http_server_hold(&m->server, u);
     if (rv == 0)
-        rv = nng_http_handler_alloc(&m->handler, "/metrics", serve);
+        rv = nng_http_handler_alloc(&m->handler, "/metrics", serve_metrics);
     if (rv == 0)
         rv = nng_http_handler_set_data(m->handler, m, NULL);
     if (rv == 0)
         rv = nng_http_server_add_handler(m->server, m->handler);
+    if (rv == 0)
+        rv = nng_http_handler_alloc(&m->agents_handler, "/agents",
+                                    serve_agents);
+    if (rv == 0)
+        rv = nng_http_handler_set_data(m->agents_handler, m, NULL);
+    if (rv == 0)
+        rv = nng_http_server_add_handler(m->server, m->agents_handler);
     if (rv == 0)
         rv = nng_http_server_start(m->server);
     nng_url_free(u);
@@ -127,14 +147,11 @@ typedef struct text {
     size_t len, cap;
 } text;
 
-static void put(text *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void put(text *t, const char *fmt, ...)
+static void vput(text *t, const char *fmt, va_list args)
 {
     for (;;) {
         va_list ap;
-        va_start(ap, fmt);
+        va_copy(ap, args);
         int n = vsnprintf(t->data + t->len, t->cap - t->len, fmt, ap);
         va_end(ap);
         if (n < 0)
@@ -150,6 +167,26 @@ static void put(text *t, const char *fmt, ...)
         t->data = data;
         t->cap = cap;
     }
+}
+
+static void put(text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void put(text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vput(t, fmt, ap);
+    va_end(ap);
+}
+
+/* For rl_agents_render. */
+static void put_any(void *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vput(t, fmt, ap);
+    va_end(ap);
 }
 
 static void family(text *t, const char *name, const char *type,
@@ -173,9 +210,9 @@ static void render_reports(text *t, const rl_aggregator *agg)
         (unsigned long long)s->reports_rejected);
     family(t, "rl_agg_reports_rejected_total", "counter",
            "Reports refused, by reason.");
-    static const char *const reasons[] = {"malformed", "unknown_rule",
-                                          "out_of_memory"};
-    for (int i = 0; i < 3; i++)
+    static const char *const reasons[RL_REJECTS] = {
+        "malformed", "unknown_rule", "out_of_memory", "too_many_agents"};
+    for (int i = 0; i < RL_REJECTS; i++)
         put(t, "rl_agg_reports_rejected_total{reason=\"%s\"} %llu\n",
             reasons[i], (unsigned long long)s->rejected_by[i]);
     family(t, "rl_agg_entries_applied_total", "counter",
@@ -193,7 +230,10 @@ static void render_state(text *t, const rl_aggregator *agg)
     const rl_metrics *m = agg->metrics;
     family(t, "rl_agg_agents_connected", "gauge",
            "Connections on the reports socket.");
-    put(t, "rl_agg_agents_connected %d\n", atomic_load(&m->agents));
+    put(t, "rl_agg_agents_connected %d\n", atomic_load(&m->connections));
+    family(t, "rl_agg_agents_known", "gauge",
+           "Agents heard from in the last minute (at most max_agents).");
+    put(t, "rl_agg_agents_known %zu\n", rl_agents_count(agg));
     family(t, "rl_agg_keys", "gauge",
            "Client keys with totals waiting for the next broadcast.");
     put(t, "rl_agg_keys %zu\n", rl_broadcast_keys(agg));
@@ -229,13 +269,17 @@ void rl_metrics_render(rl_aggregator *agg)
     rl_metrics *m = agg->metrics;
     if (m == NULL)
         return;
-    text t = {0};
+    text t = {0}, a = {0};
     render_reports(&t, agg);
     render_state(&t, agg);
+    rl_agents_render(agg, rl_store_now_ms(agg->store), put_any, &a);
     pthread_mutex_lock(&m->lock);
     free(m->text);
     m->text = t.data;
     m->len = t.len;
+    free(m->agents);
+    m->agents = a.data;
+    m->agents_len = a.len;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -248,6 +292,7 @@ void rl_metrics_stop(rl_aggregator *agg)
     nng_http_server_release(m->server);
     rl_nng_handoff(); /* after the last callback */
     free(m->text);
+    free(m->agents);
     pthread_mutex_destroy(&m->lock);
     free(m);
     agg->metrics = NULL;

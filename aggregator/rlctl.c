@@ -8,6 +8,8 @@
 #include "config.h"
 #include "duration.h"
 #include "rl.h"
+#include "rlctl_agents.h"
+#include "rlctl_json.h"
 #include "rlctl_store.h"
 #include "rlctl_totals.h"
 #include "rlctl_view.h"
@@ -43,6 +45,8 @@ static const char usage[] =
     "  totals [--rule R] [--top N]\n"
     "                          clients of synced rules by their count in the\n"
     "                          current window (default top 20)\n"
+    "  agents                  the agents the aggregator heard from in the\n"
+    "                          last minute (from aggregator.metrics)\n"
     "\n"
     "options:\n"
     "  --config FILE  the rules config (default " DEFAULT_CONFIG ")\n"
@@ -81,23 +85,6 @@ static int fail(int code, const char *fmt, ...)
     return code;
 }
 
-/* --- JSON ------------------------------------------------------------- */
-
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
 /* --- config ------------------------------------------------------------ */
 
 static void print_store(const rl_store_config *s)
@@ -122,14 +109,14 @@ static int cmd_config(cli *c)
     const rl_config *cfg = c->cfg;
     if (c->json) {
         printf("{\"config\":");
-        json_string(c->config_path);
+        rlctl_json_string(c->config_path);
         printf(",\"valid\":true,\"rules\":[");
         for (size_t i = 0; i < cfg->n_rules; i++) {
             const rl_rule *r = &cfg->rules[i];
             printf("%s{\"name\":", i ? "," : "");
-            json_string(r->name);
+            rlctl_json_string(r->name);
             printf(",\"match\":");
-            json_string(r->match);
+            rlctl_json_string(r->match);
             printf(",\"limit\":%llu,\"period_ms\":%llu,\"burst\":%llu,"
                    "\"mode\":\"%s\",\"algorithm\":\"%s\",\"on_error\":\"%s\","
                    "\"key_prefix\":", (unsigned long long)r->limit,
@@ -137,7 +124,7 @@ static int cmd_config(cli *c)
                    (unsigned long long)r->burst, rl_mode_name(r->mode),
                    rl_algorithm_name(r->algorithm),
                    rl_on_error_name(r->on_error));
-            json_string(r->key_prefix);
+            rlctl_json_string(r->key_prefix);
             printf("}");
         }
         printf("]}\n");
@@ -211,9 +198,9 @@ static void print_view_json(const rlctl_view *v)
 {
     const rl_rule *r = v->rule;
     printf("{\"rule\":");
-    json_string(r->name);
+    rlctl_json_string(r->name);
     printf(",\"mode\":\"%s\",\"key\":", rl_mode_name(r->mode));
-    json_string(v->key);
+    rlctl_json_string(v->key);
     printf(",\"exists\":%s,\"ttl_ms\":%lld,\"limit\":%llu,\"period_ms\":%llu",
            v->exists ? "true" : "false", v->ttl_ms,
            (unsigned long long)r->limit, (unsigned long long)r->period_ms);
@@ -232,7 +219,7 @@ static void print_view_json(const rlctl_view *v)
                (unsigned long long)r->burst, (unsigned long long)v->tokens,
                (unsigned long long)v->full_in_ms);
     if (r->mode != RL_MODE_SYNCED) {
-        json_string(v->state);
+        rlctl_json_string(v->state);
         printf("}");
     }
 }
@@ -339,9 +326,9 @@ static int cmd_reset(cli *c)
         return fail(EXIT_UNREACHABLE, "%s", err);
     if (c->json) {
         printf("{\"rule\":");
-        json_string(rule->name);
+        rlctl_json_string(rule->name);
         printf(",\"key\":");
-        json_string(v.key);
+        rlctl_json_string(v.key);
         printf(",\"deleted\":%lld}\n", removed);
     } else {
         printf("deleted %lld key%s for %s %s\n", removed,
@@ -438,9 +425,9 @@ static void print_verdicts(const cli *c, const verdict *v)
                               : v[i].allowed ? "allow" : "reject";
         if (c->json) {
             printf("%s{\"rule\":", first ? "" : ",");
-            json_string(r->name);
+            rlctl_json_string(r->name);
             printf(",\"mode\":\"%s\",\"key\":", rl_mode_name(r->mode));
-            json_string(v[i].view.key);
+            rlctl_json_string(v[i].view.key);
             printf(",\"left\":%llu,\"verdict\":\"%s\",\"retry_after_ms\":"
                    "%lld}", (unsigned long long)left, word,
                    v[i].retry_ms);
@@ -487,7 +474,7 @@ static int report_decision(const cli *c, bool allowed, const char *rule,
     if (c->json) {
         printf("],\"dry_run\":%s,\"allowed\":%s,\"rule\":",
                dry ? "true" : "false", allowed ? "true" : "false");
-        json_string(rule);
+        rlctl_json_string(rule);
         printf(",\"retry_after_ms\":%lld,\"degraded\":%s}\n", retry,
                degraded ? "true" : "false");
     } else {
@@ -580,6 +567,13 @@ static int cmd_totals(cli *c)
     return rc;
 }
 
+/* --- agents -------------------------------------------------------------- */
+
+static int cmd_agents(cli *c)
+{
+    return rlctl_agents_print(c->cfg, c->json);
+}
+
 /* --- arguments ----------------------------------------------------------- */
 
 static int number(const char *text, const char *what, unsigned long max,
@@ -660,12 +654,13 @@ int main(int argc, char **argv)
         int (*fn)(cli *);
     } commands[] = {{"config", cmd_config}, {"bucket", cmd_bucket},
                     {"reset", cmd_reset},   {"check", cmd_check},
-                    {"totals", cmd_totals}};
+                    {"totals", cmd_totals}, {"agents", cmd_agents}};
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(c.command, commands[i].name) != 0)
             continue;
         if ((commands[i].fn == cmd_check || commands[i].fn == cmd_totals
-             || commands[i].fn == cmd_config) && c.n_args > 0)
+             || commands[i].fn == cmd_config || commands[i].fn == cmd_agents)
+            && c.n_args > 0)
             return fail(EXIT_USAGE, "%s takes no '%s' (rlctl --help)",
                         c.command, c.args[0]);
         rl_error err;

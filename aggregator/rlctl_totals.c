@@ -6,6 +6,8 @@
  */
 #include "rlctl_totals.h"
 
+#include "rlctl_json.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +71,9 @@ static row *row_for(table *t, size_t sorted, const char *value)
 {
     row probe;
     snprintf(probe.value, sizeof probe.value, "%s", value);
-    row *found = bsearch(&probe, t->rows, sorted, sizeof *t->rows, by_value);
+    row *found = sorted > 0 ? bsearch(&probe, t->rows, sorted,
+                                      sizeof *t->rows, by_value)
+                            : NULL;
     if (found != NULL)
         return found;
     if (t->n == ROWS_MAX) {
@@ -136,22 +140,16 @@ static void print_rule(const rl_rule *r, table *t, unsigned long top,
 {
     size_t n = t->n < top ? t->n : top;
     if (json) {
-        printf("%s{\"rule\":\"%s\",\"limit\":%llu,\"clients\":%zu,"
-               "\"left_out\":%zu,\"top\":[", first ? "" : ",", r->name,
-               (unsigned long long)r->limit, t->n, t->left_out);
+        printf("%s{\"rule\":", first ? "" : ",");
+        rlctl_json_string(r->name);
+        printf(",\"limit\":%llu,\"clients\":%zu,\"left_out\":%zu,"
+               "\"top\":[", (unsigned long long)r->limit, t->n,
+               t->left_out);
         for (size_t i = 0; i < n; i++) {
             const row *w = &t->rows[i];
-            printf("%s{\"value\":\"", i ? "," : "");
-            for (const char *p = w->value; *p; p++) {
-                unsigned char ch = (unsigned char)*p;
-                if (ch == '"' || ch == '\\')
-                    printf("\\%c", ch);
-                else if (ch < 0x20)
-                    printf("\\u%04x", ch);
-                else
-                    putchar(ch);
-            }
-            printf("\",\"current\":%llu,\"previous\":%llu,\"estimate\":%llu}",
+            printf("%s{\"value\":", i ? "," : "");
+            rlctl_json_string(w->value);
+            printf(",\"current\":%llu,\"previous\":%llu,\"estimate\":%llu}",
                    w->current, w->previous, w->estimate);
         }
         printf("]}");

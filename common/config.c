@@ -29,6 +29,7 @@
 #define DEFAULT_TOTALS_URL "tcp://127.0.0.1:7302"
 #define DEFAULT_SYNC_INTERVAL_MS 1000
 #define DEFAULT_MAX_KEYS 100000
+#define DEFAULT_MAX_AGENTS 10000
 
 static const char *const log_level_names[] = {"debug", "info", "warn",
                                               "error", NULL};
@@ -513,6 +514,13 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
                             1000000, &n)) != RL_OK)
             return rc;
         agg->max_keys = (uint32_t)n;
+    }
+    agg->max_agents = DEFAULT_MAX_AGENTS;
+    if (raw->max_agents != NULL) {
+        if ((rc = parse_int(ld, "aggregator.max_agents", raw->max_agents, 1,
+                            1000000, &n)) != RL_OK)
+            return rc;
+        agg->max_agents = (uint32_t)n;
     }
     if (raw->metrics != NULL) {
         if (rl_endpoint_parse(raw->metrics, &agg->metrics) != RL_OK)

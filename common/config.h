@@ -82,6 +82,7 @@ typedef struct rl_aggregator_config {
     char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
     uint32_t sync_interval_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
+    uint32_t max_agents;          /* agents one aggregator keeps track of */
     rl_tls_config tls;
     bool has_metrics;             /* serve Prometheus text on metrics */
     rl_endpoint metrics;

@@ -79,6 +79,8 @@ static const cyaml_schema_field_t aggregator_fields[] = {
               sync_interval_ms, 32),
     STR_FIELD("max_keys", CYAML_FLAG_OPTIONAL, rl_raw_aggregator, max_keys,
               32),
+    STR_FIELD("max_agents", CYAML_FLAG_OPTIONAL, rl_raw_aggregator,
+              max_agents, 32),
     STR_FIELD("metrics", CYAML_FLAG_OPTIONAL, rl_raw_aggregator, metrics,
               RL_HOST_MAX + 8),
     CYAML_FIELD_MAPPING_PTR("tls", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,

@@ -49,6 +49,7 @@ typedef struct rl_raw_aggregator {
     char *totals;
     char *sync_interval_ms;
     char *max_keys;
+    char *max_agents;
     char *metrics;
     rl_raw_tls *tls;
 } rl_raw_aggregator;

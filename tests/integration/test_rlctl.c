@@ -4,7 +4,9 @@
  * arguments, unknown rules, an unreachable store and a wrong password.
  */
 #include "redis_server.h"
+#include "test_aggregator.h"
 #include "test_env.h"
+#include "test_gateway.h"
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -213,4 +215,70 @@ Test(rlctl, bucket_and_check_follow_a_clusters_slots)
                      "%s", out);
         cr_assert(strstr(out, "tokens:      99 of 100") != NULL, "%s", out);
     }
+}
+
+/* --- agents, and the aggregator's cap on them. --------------------------- */
+
+static void report_some(rl_agent *a, const char *tenant, int n)
+{
+    rl_attr t = {"tenant", tenant, strlen(tenant)};
+    for (int i = 0; i < n; i++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(a, &t, 1, 1, &d), RL_OK);
+    }
+}
+
+Test(rlctl, agents_lists_the_agents_and_max_agents_turns_new_ones_away)
+{
+    /* An aggregator that keeps track of one agent at most. */
+    test_aggregator tpl = {0};
+    snprintf(tpl.reports, sizeof tpl.reports, "tcp://127.0.0.1:%u",
+             test_free_port());
+    snprintf(tpl.totals, sizeof tpl.totals, "tcp://127.0.0.1:%u",
+             test_free_port());
+    tpl.metrics = test_free_port();
+    snprintf(tpl.config, sizeof tpl.config, "%s/agents-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    snprintf(tpl.log, sizeof tpl.log, "%s.log", tpl.config);
+    FILE *f = fopen(tpl.config, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "store: {url: \"redis://%s\"}\naggregator:\n  reports: \"%s\"\n"
+            "  totals: \"%s\"\n  metrics: \"127.0.0.1:%u\"\n"
+            "  sync_interval_ms: 200\n  max_agents: 1\nrules:\n"
+            "  - {name: per-tenant, match: tenant, limit: 100000, period: 1m, "
+            "mode: synced}\n", test_env("RL_TEST_REDIS"), tpl.reports,
+            tpl.totals, tpl.metrics);
+    fclose(f);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, NULL, 0, &tpl);
+    rl_config *c1, *c2;
+    rl_agent *first = test_synced_agent(&agg, &c1);
+    report_some(first, "org_first", 3);
+    usleep(800 * 1000);
+    rl_agent *second = test_synced_agent(&agg, &c2);
+    report_some(second, "org_second", 3);
+    usleep(1200 * 1000);
+    char out[8192];
+    cr_assert_eq(rlctl(out, sizeof out, agg.config, "agents"), 0, "%s", out);
+    cr_assert(strstr(out, "127.0.0.1:") != NULL, "%s", out);
+    cr_assert(strstr(out, "AGENT") != NULL, "%s", out);
+    cr_assert_eq(rlctl(out, sizeof out, agg.config, "--json agents"), 0);
+    cr_assert(strstr(out, "{\"agents\":[{\"id\":") != NULL, "%s", out);
+    cr_assert_null(strstr(out, "},{"), "two agents listed with a cap of "
+                   "one: %s", out);
+    test_http_response r;
+    test_http_get(agg.metrics, "/metrics", "", &r);
+    r.body[r.body_len] = '\0';
+    cr_assert(strstr(r.body, "rl_agg_reports_rejected_total{reason="
+                     "\"too_many_agents\"} 0") == NULL, "the second agent "
+              "was not turned away: %s", r.body);
+    rl_agent_close(first);
+    rl_agent_close(second);
+    rl_config_free(c1);
+    rl_config_free(c2);
+    test_aggregator_stop(&agg);
+
+    /* Without aggregator.metrics there is nowhere to ask. */
+    cr_assert_eq(rlctl(out, sizeof out, redis_config(), "agents"), 1);
+    cr_assert(strstr(out, "aggregator.metrics") != NULL, "%s", out);
 }
