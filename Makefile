@@ -36,7 +36,8 @@ endif
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
              aggregator/rlctl_view.c aggregator/rlctl_totals.c \
-             aggregator/rlctl_agents.c aggregator/rlctl_json.c
+             aggregator/rlctl_agents.c aggregator/rlctl_json.c \
+             aggregator/rlctl_watch.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c aggregator/metrics.c \
              aggregator/agents.c

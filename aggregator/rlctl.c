@@ -12,6 +12,7 @@
 #include "rlctl_json.h"
 #include "rlctl_store.h"
 #include "rlctl_totals.h"
+#include "rlctl_watch.h"
 #include "rlctl_view.h"
 
 #include <errno.h>
@@ -47,6 +48,9 @@ static const char usage[] =
     "                          current window (default top 20)\n"
     "  agents                  the agents the aggregator heard from in the\n"
     "                          last minute (from aggregator.metrics)\n"
+    "  watch [--top N] [--interval S] [--count K]\n"
+    "                          a live view of the top synced clients: their\n"
+    "                          estimate against the limit, rate, LIMITED\n"
     "\n"
     "options:\n"
     "  --config FILE  the rules config (default " DEFAULT_CONFIG ")\n"
@@ -67,7 +71,7 @@ typedef struct cli {
     const char *attrs[RL_ATTRS_MAX];
     int n_attrs;
     const char *rule;
-    unsigned long top, cost;
+    unsigned long top, cost, interval, count;
     rl_config *cfg;
 } cli;
 
@@ -574,6 +578,11 @@ static int cmd_agents(cli *c)
     return rlctl_agents_print(c->cfg, c->json);
 }
 
+static int cmd_watch(cli *c)
+{
+    return rlctl_watch(c->cfg, c->top, c->interval, c->count, c->json);
+}
+
 /* --- arguments ----------------------------------------------------------- */
 
 static int number(const char *text, const char *what, unsigned long max,
@@ -591,7 +600,8 @@ static int number(const char *text, const char *what, unsigned long max,
 
 static int parse(int argc, char **argv, cli *c, bool *help)
 {
-    *c = (cli){.config_path = DEFAULT_CONFIG, .top = 20, .cost = 1};
+    *c = (cli){.config_path = DEFAULT_CONFIG, .top = 20, .cost = 1,
+               .interval = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool more = i + 1 < argc;
@@ -614,6 +624,10 @@ static int parse(int argc, char **argv, cli *c, bool *help)
             rc = number(argv[++i], "--top", 100000, &c->top);
         else if (strcmp(a, "--cost") == 0 && more)
             rc = number(argv[++i], "--cost", UINT32_MAX, &c->cost);
+        else if (strcmp(a, "--interval") == 0 && more)
+            rc = number(argv[++i], "--interval", 3600, &c->interval);
+        else if (strcmp(a, "--count") == 0 && more)
+            rc = number(argv[++i], "--count", 1000000, &c->count);
         else if (strcmp(a, "--attr") == 0 && more
                  && c->n_attrs < RL_ATTRS_MAX)
             c->attrs[c->n_attrs++] = argv[++i];
@@ -654,12 +668,14 @@ int main(int argc, char **argv)
         int (*fn)(cli *);
     } commands[] = {{"config", cmd_config}, {"bucket", cmd_bucket},
                     {"reset", cmd_reset},   {"check", cmd_check},
-                    {"totals", cmd_totals}, {"agents", cmd_agents}};
+                    {"totals", cmd_totals}, {"agents", cmd_agents},
+                    {"watch", cmd_watch}};
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(c.command, commands[i].name) != 0)
             continue;
         if ((commands[i].fn == cmd_check || commands[i].fn == cmd_totals
-             || commands[i].fn == cmd_config || commands[i].fn == cmd_agents)
+             || commands[i].fn == cmd_config || commands[i].fn == cmd_agents
+             || commands[i].fn == cmd_watch)
             && c.n_args > 0)
             return fail(EXIT_USAGE, "%s takes no '%s' (rlctl --help)",
                         c.command, c.args[0]);

@@ -14,16 +14,8 @@
 
 #define ROWS_MAX 100000
 
-typedef struct row {
-    char value[RL_VALUE_MAX + 1];
-    unsigned long long current, previous, estimate;
-} row;
-
-typedef struct table {
-    row *rows;
-    size_t n, cap;
-    size_t left_out;
-} table;
+typedef rlctl_row row;
+typedef rlctl_table table;
 
 /* The key pattern of a rule's window: glob characters in the prefix are
  * escaped so that they match themselves. */
@@ -167,6 +159,38 @@ static void print_rule(const rl_rule *r, table *t, unsigned long top,
                t->rows[i].current, t->rows[i].previous, t->rows[i].estimate);
 }
 
+int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
+                         unsigned long long now, rlctl_table *t)
+{
+    unsigned long long w = now / r->period_ms, into = now % r->period_ms;
+    memset(t, 0, sizeof *t);
+    int failed = -1;
+    for (int p = 0; p < s->n && failed < 0; p++)
+        failed = scan(s->primaries[p], s, r, w, true, 0, t) ? p : -1;
+    if (t->n > 0)
+        qsort(t->rows, t->n, sizeof *t->rows, by_value);
+    size_t sorted = t->n;
+    for (int p = 0; p < s->n && failed < 0; p++)
+        failed = scan(s->primaries[p], s, r, w - 1, false, sorted, t) ? p
+                                                                       : -1;
+    if (failed >= 0) {
+        free(t->rows);
+        t->rows = NULL;
+        fprintf(stderr, "rlctl: SCAN failed on %s:%u\n",
+                s->endpoints[failed].host, s->endpoints[failed].port);
+        return -1;
+    }
+    for (size_t k = 0; k < t->n; k++)
+        t->rows[k].estimate =
+            t->rows[k].current
+            + (unsigned long long)((double)t->rows[k].previous
+                                   * (double)(r->period_ms - into)
+                                   / (double)r->period_ms);
+    if (t->n > 0)
+        qsort(t->rows, t->n, sizeof *t->rows, by_estimate);
+    return 0;
+}
+
 int rlctl_totals_print(const rl_config *cfg, rlctl_store *s,
                        unsigned long long now, const char *rule,
                        unsigned long top, bool json)
@@ -179,29 +203,9 @@ int rlctl_totals_print(const rl_config *cfg, rlctl_store *s,
         if (r->mode != RL_MODE_SYNCED
             || (rule != NULL && strcmp(rule, r->name) != 0))
             continue;
-        unsigned long long w = now / r->period_ms, into = now % r->period_ms;
-        table t = {0};
-        int failed = -1;
-        for (int p = 0; p < s->n && failed < 0; p++)
-            failed = scan(s->primaries[p], s, r, w, true, 0, &t) ? p : -1;
-        qsort(t.rows, t.n, sizeof *t.rows, by_value);
-        size_t sorted = t.n;
-        for (int p = 0; p < s->n && failed < 0; p++)
-            failed = scan(s->primaries[p], s, r, w - 1, false, sorted, &t)
-                         ? p : -1;
-        if (failed >= 0) {
-            free(t.rows);
-            fprintf(stderr, "rlctl: SCAN failed on %s:%u\n",
-                    s->endpoints[failed].host, s->endpoints[failed].port);
+        table t;
+        if (rlctl_totals_collect(s, r, now, &t) != 0)
             return 2;
-        }
-        for (size_t k = 0; k < t.n; k++)
-            t.rows[k].estimate =
-                t.rows[k].current
-                + (unsigned long long)((double)t.rows[k].previous
-                                       * (double)(r->period_ms - into)
-                                       / (double)r->period_ms);
-        qsort(t.rows, t.n, sizeof *t.rows, by_estimate);
         print_rule(r, &t, top, json, first);
         first = false;
         free(t.rows);

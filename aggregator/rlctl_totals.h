@@ -11,6 +11,23 @@
 
 #include <stdbool.h>
 
+typedef struct rlctl_row {
+    char value[RL_VALUE_MAX + 1];
+    unsigned long long current, previous, estimate;
+} rlctl_row;
+
+/* A rule's clients, by estimate (largest first). */
+typedef struct rlctl_table {
+    rlctl_row *rows;
+    size_t n, cap;
+    size_t left_out;   /* clients past the read cap */
+} rlctl_table;
+
+/* Reads a synced rule's clients at Redis time now; 0, or -1 (message
+ * printed) when the store fails. The caller frees t->rows. */
+int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
+                         unsigned long long now, rlctl_table *t);
+
 /* Prints the top clients of rule (NULL: every synced rule); returns an
  * exit code (0, or 2 when the store fails). */
 int rlctl_totals_print(const rl_config *cfg, rlctl_store *s,

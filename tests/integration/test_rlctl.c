@@ -282,3 +282,34 @@ Test(rlctl, agents_lists_the_agents_and_max_agents_turns_new_ones_away)
     cr_assert_eq(rlctl(out, sizeof out, redis_config(), "agents"), 1);
     cr_assert(strstr(out, "aggregator.metrics") != NULL, "%s", out);
 }
+
+Test(rlctl, watch_shows_clients_against_their_limit)
+{
+    const char *cfg = redis_config();
+    char over[64], under[64], out[16384];
+    unique(over, sizeof over, "org_over");
+    unique(under, sizeof under, "org_under");
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *t = test_redis_command(c, "TIME");
+    unsigned long long w = strtoull(t->element[0]->str, NULL, 10) / 3600;
+    freeReplyObject(t);
+    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 1000",
+                                       over, w));
+    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 10", under,
+                                       w));
+    redisFree(c);
+    cr_assert_eq(rlctl(out, sizeof out, cfg, "watch --count 2 --interval 1 "
+                       "--top 100000"), 0, "%s", out);
+    char *line = strstr(out, over);
+    cr_assert_not_null(line, "%s", out);
+    cr_assert(strncmp(strchr(line, '\n') - 7, "LIMITED", 7) == 0,
+              "a client at its limit is not shown LIMITED: %s", out);
+    line = strstr(out, under);
+    cr_assert_not_null(line);
+    cr_assert(strncmp(strchr(line, '\n') - 2, "ok", 2) == 0, "%s", out);
+    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json watch --count 1 --top "
+                       "100000"), 0);
+    cr_assert(strncmp(out, "{\"at_ms\":", 9) == 0, "%s", out);
+    cr_assert(strstr(out, "\"state\":\"LIMITED\"") != NULL, "%s", out);
+    cr_assert_eq(rlctl(out, sizeof out, cfg, "watch --interval 0"), 1);
+}
