@@ -118,16 +118,22 @@ static void on_sub(void *arg)
 static bool build_report(rl_sync *s)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
-    size_t n = 0;
-    for (size_t i = 0; i < t->cap; i++) {
+    const rl_aggregator_config *agg = &s->config->aggregator;
+    /* Within both caps: entries, and bytes (each entry's rule name, value
+     * and a count, with room for msgpack's framing). The rest go in the
+     * next report. */
+    size_t n = 0, bytes = 1024;
+    for (size_t i = 0; i < t->cap && n < agg->max_entries; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e != NULL && rl_synced_counted(e) > e->reported)
-            n++;
+        if (e == NULL || rl_synced_counted(e) <= e->reported)
+            continue;
+        bytes += strlen(e->rule->name) + e->value_len + 32;
+        if (bytes > agg->max_message_bytes)
+            break;
+        n++;
     }
     if (n == 0)
         return false;
-    if (n > RL_WIRE_ENTRIES_MAX)
-        n = RL_WIRE_ENTRIES_MAX; /* the rest go in the next report */
     s->in_report = calloc(n, sizeof *s->in_report);
     if (s->in_report == NULL)
         return false;
@@ -351,7 +357,8 @@ static int open_sockets(rl_sync *s, rl_error *err)
                             nng_strerror(rv));
     /* Our own resends (the same report until acknowledged) replace REQ's. */
     nng_socket_set_ms(s->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-    nng_socket_set_size(s->sub, NNG_OPT_RECVMAXSZ, RL_WIRE_MESSAGE_MAX);
+    nng_socket_set_size(s->sub, NNG_OPT_RECVMAXSZ,
+                        s->config->aggregator.max_message_bytes);
     for (size_t i = 0; i < s->config->n_rules; i++) {
         const rl_rule *r = &s->config->rules[i];
         char topic[RL_NAME_MAX + 2];

@@ -129,19 +129,9 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
     n->previous = previous;
 }
 
-static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
-                         rule_changes *c, rl_wire_writer *w, uint64_t now,
-                         bool stale)
+static void send_totals(rl_aggregator *agg, const rl_rule *rule,
+                        rl_wire_writer *w)
 {
-    rl_wire_writer_reset(w);
-    rl_wire_begin_totals(w, rule->name, now, stale, c ? c->agents : 0,
-                         c ? c->used : 0);
-    for (size_t i = 0; c != NULL && i < c->cap; i++) {
-        const noted *n = &c->slots[i];
-        if (n->hash != 0)
-            rl_wire_put_total(w, n->value, n->value_len, n->window,
-                              n->current, n->previous, c->agents);
-    }
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     int rv = nng_send(agg->totals, (void *)data, len, NNG_FLAG_NONBLOCK);
@@ -150,6 +140,56 @@ static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
                "reason=\"%s\"", rule->name, nng_strerror(rv));
     else
         agg->stats.totals_published++;
+}
+
+/* The noted keys from slot `from` on that fit in one message; *end is the
+ * slot after the last of them. */
+static size_t chunk(const rl_aggregator *agg, const rule_changes *c,
+                    size_t from, size_t *end)
+{
+    size_t budget = agg->config->aggregator.max_message_bytes - 1024;
+    size_t count = 0, bytes = 0, j = from;
+    for (; c != NULL && j < c->cap; j++) {
+        const noted *n = &c->slots[j];
+        if (n->hash == 0)
+            continue;
+        /* A value, three counts and msgpack's framing. */
+        size_t need = n->value_len + 48;
+        if (count > 0 && bytes + need > budget)
+            break;
+        bytes += need;
+        count++;
+    }
+    *end = j;
+    return count;
+}
+
+/* Publishes a rule's changed keys, in as many messages as the message cap
+ * needs (agents take each as it comes), or one empty heartbeat. */
+static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
+                         rule_changes *c, rl_wire_writer *w, uint64_t now,
+                         bool stale)
+{
+    size_t i = 0;
+    bool sent = false;
+    for (;;) {
+        size_t end, count = chunk(agg, c, i, &end);
+        if (count == 0 && sent)
+            break;
+        rl_wire_writer_reset(w);
+        rl_wire_begin_totals(w, rule->name, now, stale, c ? c->agents : 0,
+                             count);
+        for (; i < end; i++) {
+            const noted *n = &c->slots[i];
+            if (n->hash != 0)
+                rl_wire_put_total(w, n->value, n->value_len, n->window,
+                                  n->current, n->previous, c->agents);
+        }
+        send_totals(agg, rule, w);
+        sent = true;
+        if (c == NULL || i >= c->cap)
+            break;
+    }
     if (c != NULL && c->cap > 0) {
         memset(c->slots, 0, c->cap * sizeof *c->slots);
         c->used = 0;

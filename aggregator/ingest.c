@@ -197,6 +197,11 @@ static void handle_report(rl_ingest_worker *w)
         refuse(w, RL_REJECT_MALFORMED, "not a report");
         return;
     }
+    if (w->report.n_entries > agg->config->aggregator.max_entries) {
+        refuse(w, RL_REJECT_MALFORMED, "more entries than "
+               "aggregator.max_entries");
+        return;
+    }
     const rl_wire_msg *m = &w->report;
     const rl_rule **rules = calloc(m->n_entries + 1, sizeof *rules);
     if (rules == NULL) {
@@ -275,7 +280,7 @@ int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
     int rv = nng_rep0_open(&agg->reports);
     if (rv == 0)
         rv = nng_socket_set_size(agg->reports, NNG_OPT_RECVMAXSZ,
-                                 RL_WIRE_MESSAGE_MAX);
+                                 c->max_message_bytes);
     if (rv != 0) {
         snprintf(err, errlen, "cannot open the reports socket: %s",
                  nng_strerror(rv));

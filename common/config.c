@@ -10,6 +10,7 @@
 #include "config_yaml.h"
 #include "duration.h"
 #include "error.h"
+#include "wire.h"
 #include "yaml_locate.h"
 
 #include <errno.h>
@@ -514,6 +515,21 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
                             1000000, &n)) != RL_OK)
             return rc;
         agg->max_keys = (uint32_t)n;
+    }
+    agg->max_message_bytes = RL_WIRE_MESSAGE_MAX;
+    if (raw->max_message_bytes != NULL) {
+        if ((rc = parse_int(ld, "aggregator.max_message_bytes",
+                            raw->max_message_bytes, 65536,
+                            RL_WIRE_MESSAGE_MAX, &n)) != RL_OK)
+            return rc;
+        agg->max_message_bytes = (uint32_t)n;
+    }
+    agg->max_entries = RL_WIRE_ENTRIES_MAX;
+    if (raw->max_entries != NULL) {
+        if ((rc = parse_int(ld, "aggregator.max_entries", raw->max_entries, 1,
+                            RL_WIRE_ENTRIES_MAX, &n)) != RL_OK)
+            return rc;
+        agg->max_entries = (uint32_t)n;
     }
     agg->max_agents = DEFAULT_MAX_AGENTS;
     if (raw->max_agents != NULL) {

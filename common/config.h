@@ -83,6 +83,8 @@ typedef struct rl_aggregator_config {
     uint32_t sync_interval_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
     uint32_t max_agents;          /* agents one aggregator keeps track of */
+    uint32_t max_message_bytes;   /* a report or totals message, at most */
+    uint32_t max_entries;         /* (key, count) pairs in one report */
     rl_tls_config tls;
     bool has_metrics;             /* serve Prometheus text on metrics */
     rl_endpoint metrics;

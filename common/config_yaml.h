@@ -50,6 +50,8 @@ typedef struct rl_raw_aggregator {
     char *sync_interval_ms;
     char *max_keys;
     char *max_agents;
+    char *max_message_bytes;
+    char *max_entries;
     char *metrics;
     rl_raw_tls *tls;
 } rl_raw_aggregator;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 static uint64_t uv_hrtime_us(void)
@@ -513,4 +514,61 @@ Test(synced, sighup_reloads_rules_and_keeps_them_when_the_file_is_bad)
     snprintf(cmd, sizeof cmd, "grep -c 'event=reload_failed' %s", agg.log);
     test_run(cmd, out, sizeof out);
     cr_assert_eq(atoi(out), 1, "the bad reload was not logged");
+}
+
+/* --- Caps: reports and totals stay under the message cap. ---------------- */
+
+/* Tenant i's value: a stem, the number, padded to 249 bytes. */
+static void long_value(char *out, int i)
+{
+    memset(out, 'v', 249);
+    out[249] = '\0';
+    out[snprintf(out, 250, "caps%d_%04d", (int)getpid(), i)] = 'v';
+}
+
+Test(synced, many_long_keys_fit_under_a_small_message_cap)
+{
+    test_aggregator tpl = {0};
+    snprintf(tpl.reports, sizeof tpl.reports, "tcp://127.0.0.1:%u",
+             test_free_port());
+    snprintf(tpl.totals, sizeof tpl.totals, "tcp://127.0.0.1:%u",
+             test_free_port());
+    tpl.metrics = test_free_port();
+    snprintf(tpl.config, sizeof tpl.config, "%s/caps-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    snprintf(tpl.log, sizeof tpl.log, "%s.log", tpl.config);
+    FILE *f = fopen(tpl.config, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "store: {url: \"redis://%s\"}\naggregator:\n  reports: \"%s\"\n"
+            "  totals: \"%s\"\n  sync_interval_ms: 200\n"
+            "  max_message_bytes: 65536\n  max_entries: 100\nrules:\n"
+            "  - {name: per-tenant, match: tenant, limit: 1000000, "
+            "period: 1m, mode: synced}\n", test_env("RL_TEST_REDIS"),
+            tpl.reports, tpl.totals);
+    fclose(f);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, NULL, 0, &tpl);
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    /* 600 tenants of 250 bytes: 150 KB of values, several reports of at
+     * most 100 entries and 64 KiB each. */
+    char value[256], key[300];
+    for (int i = 0; i < 600; i++) {
+        long_value(value, i);
+        check_tenant(a, value);
+    }
+    int ends[] = {0, 599};
+    for (int k = 0; k < 2; k++) {
+        long_value(value, ends[k]);
+        snprintf(key, sizeof key, "rl:tenant:%s", value);
+        expect_redis_total(key, 1, 10000);
+    }
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c 'event=report_rejected' %s", agg.log);
+    test_run(cmd, out, sizeof out);
+    cr_assert_eq(atoi(out), 0, "reports over a cap were sent; see %s",
+                 agg.log);
 }
