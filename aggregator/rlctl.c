@@ -644,6 +644,48 @@ static int parse(int argc, char **argv, cli *c, bool *help)
     return EXIT_OK;
 }
 
+/* `rlctl COMMAND --help`: that command's lines of the usage text. */
+static void command_help(const char *command)
+{
+    static const struct {
+        const char *name, *text;
+    } helps[] = {
+        {"config", "usage: rlctl [--config FILE] [--json] config\n"
+                   "Validates the config and shows the rules as rl reads "
+                   "them.\n"},
+        {"bucket", "usage: rlctl [--config FILE] [--json] bucket RULE VALUE\n"
+                   "An exact rule's bucket (tokens, time to full, TTL, "
+                   "state) or a synced\nrule's window counts, read without "
+                   "spending anything.\n"},
+        {"reset", "usage: rlctl [--config FILE] [--json] reset RULE VALUE "
+                  "[--yes]\nDeletes the bucket (or both windows); asks "
+                  "first unless --yes.\n"},
+        {"check", "usage: rlctl [--config FILE] [--json] check --attr "
+                  "NAME=VALUE... [--cost N]\n                   [--dry-run]\n"
+                  "What each rule would decide and the request's decision; "
+                  "spends unless\n--dry-run. Exit 4 when rejected.\n"},
+        {"totals", "usage: rlctl [--config FILE] [--json] totals [--rule R] "
+                   "[--top N]\nClients of synced rules by their sliding "
+                   "estimate (default top 20).\n"},
+        {"agents", "usage: rlctl [--config FILE] [--json] agents\nThe agents "
+                   "the aggregator heard from in the last minute (needs\n"
+                   "aggregator.metrics in the config).\n"},
+        {"watch", "usage: rlctl [--config FILE] [--json] watch [--top N] "
+                  "[--interval S]\n                   [--count K]\nThe top "
+                  "synced clients, redrawn every S seconds (default 2).\n"},
+    };
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        if (command != NULL && strcmp(command, helps[i].name) == 0) {
+            fputs(helps[i].text, stdout);
+            fputs("\nexit codes: 0 ok, 1 usage, 2 store or aggregator "
+                  "unreachable, 3 invalid\nconfig, 4 check: rejected\n",
+                  stdout);
+            return;
+        }
+    }
+    fputs(usage, stdout);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
@@ -654,7 +696,7 @@ int main(int argc, char **argv)
     bool help = false;
     int rc = parse(argc, argv, &c, &help);
     if (help) {
-        fputs(usage, stdout);
+        command_help(c.command);
         return EXIT_OK;
     }
     if (rc != EXIT_OK)

@@ -166,8 +166,22 @@ Test(rlctl, bad_arguments_unknown_rules_and_local_rules_are_usage_errors)
     cr_assert_eq(rlctl(out, sizeof out, cfg, "--bogus"), 1);
     cr_assert_eq(rlctl(out, sizeof out, "/nonexistent.yaml", "bucket a b"),
                  3);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket --help"), 0);
-    cr_assert(strstr(out, "exit codes:") != NULL);
+    static const char *const commands[] = {"config", "bucket", "reset",
+                                           "check", "totals", "agents",
+                                           "watch"};
+    for (size_t i = 0; i < 7; i++) {
+        cr_assert_eq(rlctl(out, sizeof out, cfg, "%s --help", commands[i]), 0);
+        char want[64];
+        snprintf(want, sizeof want, "] %s", commands[i]);
+        cr_assert(strstr(out, want) != NULL, "%s --help: %s", commands[i],
+                  out);
+        cr_assert(strstr(out, "exit codes:") != NULL);
+    }
+    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json config"), 0);
+    cr_assert(strstr(out, "\"valid\":true") != NULL, "%s", out);
+    cr_assert(strstr(out, "{\"name\":\"per-key\",\"match\":\"api_key\","
+                     "\"limit\":100,\"period_ms\":3600000") != NULL, "%s",
+              out);
 }
 
 Test(rlctl, an_unreachable_store_or_a_wrong_password_exits_2)
