@@ -256,26 +256,37 @@ static void print_view(const rlctl_view *v)
         printf("ttl:         %s\n", v->ttl_ms == -1 ? "none" : "-");
 }
 
-static int cmd_bucket(cli *c)
+/* RULE VALUE's view, with the store left open for the caller (who closes
+ * it); local rules have nothing in the store. */
+static int open_view(cli *c, rlctl_store *s, rlctl_view *v)
 {
-    const rl_rule *rule;
-    const char *value;
+    const rl_rule *rule = NULL;
+    const char *value = NULL;
     int rc = rule_and_value(c, &rule, &value);
     if (rc != EXIT_OK)
         return rc;
     if (rule->mode == RL_MODE_LOCAL)
         return fail(EXIT_USAGE, "rule \"%s\" is local: its buckets live in "
                     "each gateway's memory, not in the store", rule->name);
-    rlctl_store s;
     unsigned long long now;
-    if ((rc = open_store(c, &s, &now)) != EXIT_OK)
+    if ((rc = open_store(c, s, &now)) != EXIT_OK)
         return rc;
-    rlctl_view v;
     char err[512];
-    rc = rlctl_view_read(&s, rule, value, now, &v, err, sizeof err);
-    rlctl_store_close(&s);
-    if (rc != 0)
+    if (rlctl_view_read(s, rule, value, now, v, err, sizeof err) != 0) {
+        rlctl_store_close(s);
         return fail(EXIT_UNREACHABLE, "%s", err);
+    }
+    return EXIT_OK;
+}
+
+static int cmd_bucket(cli *c)
+{
+    rlctl_store s;
+    rlctl_view v;
+    int rc = open_view(c, &s, &v);
+    if (rc != EXIT_OK)
+        return rc;
+    rlctl_store_close(&s);
     if (c->json) {
         print_view_json(&v);
         putchar('\n');
@@ -300,25 +311,12 @@ static bool confirmed(const rlctl_view *v)
 
 static int cmd_reset(cli *c)
 {
-    const rl_rule *rule;
-    const char *value;
-    int rc = rule_and_value(c, &rule, &value);
-    if (rc != EXIT_OK)
-        return rc;
-    if (rule->mode == RL_MODE_LOCAL)
-        return fail(EXIT_USAGE, "rule \"%s\" is local: restart or wait for "
-                    "the gateways, rlctl cannot reach its buckets",
-                    rule->name);
     rlctl_store s;
-    unsigned long long now;
-    if ((rc = open_store(c, &s, &now)) != EXIT_OK)
-        return rc;
     rlctl_view v;
     char err[512];
-    if (rlctl_view_read(&s, rule, value, now, &v, err, sizeof err) != 0) {
-        rlctl_store_close(&s);
-        return fail(EXIT_UNREACHABLE, "%s", err);
-    }
+    int rc = open_view(c, &s, &v);
+    if (rc != EXIT_OK)
+        return rc;
     if (!c->yes && !confirmed(&v)) {
         rlctl_store_close(&s);
         return fail(EXIT_USAGE, "not deleted: confirm at the prompt, or "
@@ -330,13 +328,13 @@ static int cmd_reset(cli *c)
         return fail(EXIT_UNREACHABLE, "%s", err);
     if (c->json) {
         printf("{\"rule\":");
-        rlctl_json_string(rule->name);
+        rlctl_json_string(v.rule->name);
         printf(",\"key\":");
         rlctl_json_string(v.key);
         printf(",\"deleted\":%lld}\n", removed);
     } else {
         printf("deleted %lld key%s for %s %s\n", removed,
-               removed == 1 ? "" : "s", rule->name, value);
+               removed == 1 ? "" : "s", v.rule->name, c->args[1]);
     }
     return EXIT_OK;
 }

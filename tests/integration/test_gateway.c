@@ -463,14 +463,6 @@ Test(gateway, a_slow_check_does_not_hold_up_other_connections)
     close(store);
 }
 
-/* A Prometheus sample line's value, or -1 if the line is not there. */
-static long long sample(const char *text, const char *series)
-{
-    char want[256];
-    snprintf(want, sizeof want, "\n%s ", series);
-    const char *at = strstr(text, want);
-    return at != NULL ? atoll(at + strlen(want)) : -1;
-}
 
 Test(gateway, metrics_are_served_on_their_own_socket)
 {
@@ -490,13 +482,13 @@ Test(gateway, metrics_are_served_on_their_own_socket)
     r.body[r.body_len] = '\0';
     char text[sizeof r.body + 2] = "\n";
     strcat(text, r.body);
-    cr_assert_eq(sample(text, "rl_requests_total{decision=\"allowed\"}"), 2,
+    cr_assert_eq(test_prom_sample(text, "rl_requests_total{decision=\"allowed\"}"), 2,
                  "%s", text);
-    cr_assert_eq(sample(text, "rl_requests_total{decision=\"rejected\"}"), 1);
-    cr_assert_eq(sample(text, "rl_rule_checks_total{rule=\"per-ip\","
+    cr_assert_eq(test_prom_sample(text, "rl_requests_total{decision=\"rejected\"}"), 1);
+    cr_assert_eq(test_prom_sample(text, "rl_rule_checks_total{rule=\"per-ip\","
                         "verdict=\"rejected\"}"), 1);
-    cr_assert_eq(sample(text, "rl_gateway_responses_total{code=\"4xx\"}"), 1);
-    cr_assert_eq(sample(text, "rl_keys{mode=\"local\"}"), 1);
+    cr_assert_eq(test_prom_sample(text, "rl_gateway_responses_total{code=\"4xx\"}"), 1);
+    cr_assert_eq(test_prom_sample(text, "rl_keys{mode=\"local\"}"), 1);
     /* Every line is a comment or "name[{labels}] value". */
     for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n")) {
         if (line[0] == '#')

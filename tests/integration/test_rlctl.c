@@ -245,26 +245,11 @@ static void report_some(rl_agent *a, const char *tenant, int n)
 Test(rlctl, agents_lists_the_agents_and_max_agents_turns_new_ones_away)
 {
     /* An aggregator that keeps track of one agent at most. */
-    test_aggregator tpl = {0};
-    snprintf(tpl.reports, sizeof tpl.reports, "tcp://127.0.0.1:%u",
-             test_free_port());
-    snprintf(tpl.totals, sizeof tpl.totals, "tcp://127.0.0.1:%u",
-             test_free_port());
-    tpl.metrics = test_free_port();
-    snprintf(tpl.config, sizeof tpl.config, "%s/agents-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    snprintf(tpl.log, sizeof tpl.log, "%s.log", tpl.config);
-    FILE *f = fopen(tpl.config, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://%s\"}\naggregator:\n  reports: \"%s\"\n"
-            "  totals: \"%s\"\n  metrics: \"127.0.0.1:%u\"\n"
-            "  sync_interval_ms: 200\n  max_agents: 1\nrules:\n"
-            "  - {name: per-tenant, match: tenant, limit: 100000, period: 1m, "
-            "mode: synced}\n", test_env("RL_TEST_REDIS"), tpl.reports,
-            tpl.totals, tpl.metrics);
-    fclose(f);
+    test_aggregator tpl = TEST_AGGREGATOR_EXTRA("  max_agents: 1\n");
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL, NULL, 0, &tpl);
+    test_aggregator_start(&agg, NULL, "  - {name: per-tenant, match: tenant, "
+                          "limit: 100000, period: 1m, mode: synced}\n", 200,
+                          &tpl);
     rl_config *c1, *c2;
     rl_agent *first = test_synced_agent(&agg, &c1);
     report_some(first, "org_first", 3);

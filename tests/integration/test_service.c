@@ -86,14 +86,6 @@ Test(service, notifies_ready_watchdog_and_stopping)
     unlink(sa.sun_path);
 }
 
-/* A Prometheus sample's value, or -1. */
-static long long sample(const char *text, const char *series)
-{
-    char want[256];
-    snprintf(want, sizeof want, "\n%s ", series);
-    const char *at = strstr(text, want);
-    return at != NULL ? atoll(at + strlen(want)) : -1;
-}
 
 Test(service, metrics_count_reports_rejections_and_redis_writes)
 {
@@ -123,14 +115,14 @@ Test(service, metrics_count_reports_rejections_and_redis_writes)
     r.body[r.body_len] = '\0';
     char text[sizeof r.body + 2] = "\n";
     strcat(text, r.body);
-    cr_assert_geq(sample(text, "rl_agg_reports_total{result=\"applied\"}"), 1,
+    cr_assert_geq(test_prom_sample(text, "rl_agg_reports_total{result=\"applied\"}"), 1,
                   "%s", text);
-    cr_assert_eq(sample(text, "rl_agg_reports_rejected_total{reason="
+    cr_assert_eq(test_prom_sample(text, "rl_agg_reports_rejected_total{reason="
                         "\"malformed\"}"), 1, "%s", text);
-    cr_assert_geq(sample(text, "rl_agg_agents_connected"), 1, "%s", text);
-    cr_assert_geq(sample(text, "rl_agg_redis_write_seconds_count"), 1);
-    cr_assert_geq(sample(text, "rl_agg_entries_applied_total"), 1);
-    cr_assert_eq(sample(text, "rl_agg_redis_errors_total"), 0);
-    cr_assert_neq(sample(text, "rl_agg_redis_write_seconds_bucket{le="
+    cr_assert_geq(test_prom_sample(text, "rl_agg_agents_connected"), 1, "%s", text);
+    cr_assert_geq(test_prom_sample(text, "rl_agg_redis_write_seconds_count"), 1);
+    cr_assert_geq(test_prom_sample(text, "rl_agg_entries_applied_total"), 1);
+    cr_assert_eq(test_prom_sample(text, "rl_agg_redis_errors_total"), 0);
+    cr_assert_neq(test_prom_sample(text, "rl_agg_redis_write_seconds_bucket{le="
                          "\"+Inf\"}"), -1);
 }

@@ -528,26 +528,12 @@ static void long_value(char *out, int i)
 
 Test(synced, many_long_keys_fit_under_a_small_message_cap)
 {
-    test_aggregator tpl = {0};
-    snprintf(tpl.reports, sizeof tpl.reports, "tcp://127.0.0.1:%u",
-             test_free_port());
-    snprintf(tpl.totals, sizeof tpl.totals, "tcp://127.0.0.1:%u",
-             test_free_port());
-    tpl.metrics = test_free_port();
-    snprintf(tpl.config, sizeof tpl.config, "%s/caps-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    snprintf(tpl.log, sizeof tpl.log, "%s.log", tpl.config);
-    FILE *f = fopen(tpl.config, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://%s\"}\naggregator:\n  reports: \"%s\"\n"
-            "  totals: \"%s\"\n  sync_interval_ms: 200\n"
-            "  max_message_bytes: 65536\n  max_entries: 100\nrules:\n"
-            "  - {name: per-tenant, match: tenant, limit: 1000000, "
-            "period: 1m, mode: synced}\n", test_env("RL_TEST_REDIS"),
-            tpl.reports, tpl.totals);
-    fclose(f);
+    test_aggregator tpl = TEST_AGGREGATOR_EXTRA("  max_message_bytes: "
+                                                "65536\n  max_entries: 100\n");
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL, NULL, 0, &tpl);
+    test_aggregator_start(&agg, NULL, "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000000, period: 1m, mode: synced}\n", 200,
+                          &tpl);
     rl_config *cfg;
     rl_agent *a = test_synced_agent(&agg, &cfg);
     /* 600 tenants of 250 bytes: 150 KB of values, several reports of at

@@ -29,10 +29,12 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
                            const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from)
 {
-    if (reuse_from != NULL) {
+    if (reuse_from != NULL && reuse_from->pid >= 0) {
         *agg = *reuse_from;
     } else {
+        const char *extra = reuse_from != NULL ? reuse_from->extra : "";
         memset(agg, 0, sizeof *agg);
+        agg->extra = extra;
         snprintf(agg->reports, sizeof agg->reports, "tcp://127.0.0.1:%u",
                  test_free_port());
         snprintf(agg->totals, sizeof agg->totals, "tcp://127.0.0.1:%u",
@@ -59,10 +61,10 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
                 "  reports: \"%s\"\n"
                 "  totals: \"%s\"\n"
                 "  metrics: \"127.0.0.1:%u\"\n"
-                "  sync_interval_ms: %u\n"
+                "  sync_interval_ms: %u\n%s"
                 "rules:\n%s",
                 agg->reports, agg->totals, agg->metrics,
-                sync_interval_ms, rules_yaml);
+                sync_interval_ms, agg->extra, rules_yaml);
         fclose(f);
     }
     spawn(agg);

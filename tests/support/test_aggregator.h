@@ -17,12 +17,19 @@ typedef struct test_aggregator {
     char totals[64];
     char log[600];       /* its stderr */
     uint16_t metrics;    /* its Prometheus port, on 127.0.0.1 */
+    const char *extra;   /* more aggregator: lines, indented (or "") */
 } test_aggregator;
+
+/* A template for test_aggregator_start's reuse_from that asks for a fresh
+ * config with extra aggregator lines ("  max_agents: 1\n"). */
+#define TEST_AGGREGATOR_EXTRA(lines) \
+    ((test_aggregator){.pid = -1, .extra = (lines)})
 
 /* test_aggregator_start writes a config (store: redis, host:port, or
  * RL_TEST_REDIS when NULL; the given rules; sync_interval_ms) and starts
  * rl-aggregator on it. With reuse_from, it listens on the same ports and
- * reads the same config as that one did (a restart). */
+ * reads the same config as that one did (a restart), unless reuse_from is
+ * a TEST_AGGREGATOR_EXTRA template. */
 void test_aggregator_start(test_aggregator *agg, const char *redis,
                            const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from);

@@ -187,3 +187,11 @@ const char *test_http_header(const test_http_response *r, const char *name)
     }
     return NULL;
 }
+
+long long test_prom_sample(const char *text, const char *series)
+{
+    char want[256];
+    snprintf(want, sizeof want, "\n%s ", series);
+    const char *at = strstr(text, want);
+    return at != NULL ? atoll(at + strlen(want)) : -1;
+}

@@ -44,6 +44,10 @@ void test_http_exchange(int fd, const char *raw, test_http_response *out,
  * ("Name: value\r\n" each, or ""). */
 void test_http_get(uint16_t port, const char *path, const char *headers,
                    test_http_response *out);
+/* A Prometheus sample's value in text (which starts with a newline), or
+ * -1 if the series is not there. */
+long long test_prom_sample(const char *text, const char *series);
+
 /* A header's value (case-insensitive), or NULL. */
 const char *test_http_header(const test_http_response *r, const char *name);
 
