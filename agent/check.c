@@ -60,9 +60,9 @@ static const rl_attr *find_attr(const rl_attr *attrs, size_t n,
 }
 
 /* Checks the value a rule applies to; the key is built from it later. */
-static int check_value(const rl_attr *attr)
+static int check_value(const rl_agent *a, const rl_attr *attr)
 {
-    if (attr->value_len > RL_VALUE_MAX)
+    if (attr->value_len > a->config->max_value_bytes)
         return RL_ETOOLONG;
     if (attr->value_len == 0
         || memchr(attr->value, '\0', attr->value_len) != NULL)
@@ -128,7 +128,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
-        int rc = check_value(attr);
+        int rc = check_value(a, attr);
         if (rc != RL_OK)
             return rc;
         n_rules++;
@@ -253,7 +253,7 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
             continue;
         if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
             return false;
-        if ((*rc = check_value(attr)) != RL_OK)
+        if ((*rc = check_value(a, attr)) != RL_OK)
             return true;
         states[k] = (rl_rule_state){.rule = &cfg->rules[i]};
         values[k++] = attr;

@@ -590,6 +590,14 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
                      &choice)) != RL_OK)
         return rc;
     cfg->log_level = (rl_log_level)choice;
+    cfg->max_value_bytes = RL_VALUE_MAX;
+    if (raw->max_value_bytes != NULL) {
+        uint64_t n;
+        if ((rc = parse_int(ld, "max_value_bytes", raw->max_value_bytes, 1,
+                            RL_VALUE_MAX, &n)) != RL_OK)
+            return rc;
+        cfg->max_value_bytes = (uint32_t)n;
+    }
     return load_rules(ld, raw, cfg);
 }
 

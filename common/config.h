@@ -100,6 +100,7 @@ struct rl_config {
     rl_aggregator_config aggregator;
     uint32_t local_max_keys;      /* local buckets one agent keeps at most */
     rl_log_level log_level;       /* the daemons' level unless --log-level */
+    uint32_t max_value_bytes;     /* an attribute value, at most */
     rl_gateway_config gateway;
     rl_charge charge;
     rl_rule *rules;

@@ -70,6 +70,7 @@ typedef struct rl_raw_config {
     rl_raw_local *local;
     rl_raw_gateway *gateway;
     char *log_level;
+    char *max_value_bytes;
     char *charge;
     rl_raw_rule *rules;
     unsigned rules_count;

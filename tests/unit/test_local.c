@@ -179,3 +179,25 @@ Test(local, agents_decide_without_a_store_and_each_counts_alone)
         rl_agent_close(agents[i]);
     rl_config_free(cfg);
 }
+
+Test(local, values_over_max_value_bytes_are_refused)
+{
+    static const char yaml[] =
+        "max_value_bytes: 8\n"
+        "rules:\n"
+        "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
+        "mode: local}\n";
+    rl_error err;
+    rl_config *cfg;
+    cr_assert_eq(rl_config_parse(yaml, sizeof yaml - 1, "cap.yaml", &cfg,
+                                 &err), RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    rl_decision d;
+    rl_attr ok = {"api_key", "12345678", 8}, over = {"api_key", "123456789", 9};
+    cr_assert_eq(rl_check(a, &ok, 1, 1, &d), RL_OK);
+    cr_assert_eq(rl_check(a, &over, 1, 1, &d), RL_ETOOLONG);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
