@@ -193,7 +193,8 @@ typedef struct rl_decision {
  * touching the store: RL_EINVAL for a NULL argument, cost 0, more than
  * RL_ATTRS_MAX attributes, an attribute named twice, or a value that is
  * empty or holds a NUL byte; RL_ETOOLONG for a value a rule applies to that
- * is over the config's max_value_bytes (256 unless set lower); RL_ECLOSED after shutdown; RL_EFORKED in a forked
+ * is over the config's max_value_bytes (256 unless set lower); RL_ECLOSED
+ * after shutdown; RL_EFORKED in a forked
  * child; RL_ENOMEM. */
 RL_API int rl_check(rl_agent *agent, const rl_attr *attrs, size_t n,
                     uint32_t cost, rl_decision *out);
