@@ -53,10 +53,12 @@ static void serve_text(nng_aio *aio, bool agents)
     pthread_mutex_unlock(&m->lock);
     if (rv != 0) {
         nng_http_res_free(res);
+        rl_nng_handoff();
         nng_aio_finish(aio, rv);
         return;
     }
     nng_aio_set_output(aio, 0, res);
+    rl_nng_handoff(); /* after the last access: the server may be stopped */
     nng_aio_finish(aio, 0);
 }
 
@@ -76,6 +78,7 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
     (void)p;
     rl_nng_handoff();
     atomic_fetch_add(&m->connections, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+    rl_nng_handoff();
 }
 
 int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
