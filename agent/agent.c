@@ -154,6 +154,7 @@ static void free_agent(rl_agent *a)
     if (a->has_local)
         rl_local_fini(&a->local);
     rl_stats_fini(&a->stats);
+    rl_node_batches_fini(&a->store_counters.batches);
     free(a->args);
     rl_config_free(a->owned_config);
     free(a);
@@ -196,6 +197,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
     a->forks = rl_forks();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
+    rl_node_batches_init(&a->store_counters.batches);
     rl_error local = {0};
     if (err == NULL)
         err = &local;
@@ -276,4 +278,22 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
         out->local_keys_refused = atomic_load(&a->local.keys_refused);
     }
     return RL_OK;
+}
+
+size_t rl_agent_shards(rl_agent *a, rl_shard_counters *out, size_t cap)
+{
+    if (a == NULL)
+        return 0;
+    rl_node_batches *b = &a->store_counters.batches;
+    pthread_mutex_lock(&b->lock);
+    size_t n = (size_t)b->n_shards;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        snprintf(out[i].node, sizeof out[i].node, "%s", b->shards[i].addr);
+        out[i].batches = atomic_load_explicit(&b->shards[i].batches,
+                                              memory_order_relaxed);
+        out[i].calls = atomic_load_explicit(&b->shards[i].commands,
+                                            memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return n;
 }

@@ -243,6 +243,19 @@ typedef struct rl_agent_counters {
     size_t n_rules;        /* rules in the config */
 } rl_agent_counters;
 
+/* One store node (a cluster's primary, or the one server). */
+typedef struct rl_shard_counters {
+    char node[64];      /* host:port */
+    uint64_t batches;   /* writes to it: one per I/O loop turn with calls */
+    uint64_t calls;     /* bucket calls sent to it */
+} rl_shard_counters;
+
+/* rl_agent_shards fills out[0..cap) with the store nodes this agent has
+ * used (the first 64; a node keeps its entry after it leaves) and returns
+ * how many there are. Thread-safe; 0 for a NULL agent. */
+RL_API size_t rl_agent_shards(rl_agent *agent, rl_shard_counters *out,
+                              size_t cap);
+
 /* rl_agent_stats fills *out and the first cap elements of rules (one per
  * rule, in config order; rules may be NULL when cap is 0). Reads counters
  * without stopping any check: the figures are each exact but not taken at

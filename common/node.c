@@ -56,6 +56,7 @@ struct rl_node {
     const rl_store_config *cfg;
     rl_endpoint ep;
     rl_node_batches *batches;  /* shared with the other nodes, or NULL */
+    int slot;                  /* this node's in batches->shards, or -1 */
     uint64_t batch_turn;       /* the turn of this node's last batch */
     rl_node_stats stats;
     struct wait_group *open_wait; /* the WAIT this turn's answers join */
@@ -480,11 +481,17 @@ static void count_batch(rl_node *s)
 {
     s->stats.commands++;
     rl_node_batches *b = s->batches;
+    if (b != NULL && s->slot >= 0)
+        atomic_fetch_add_explicit(&b->shards[s->slot].commands, 1,
+                                  memory_order_relaxed);
     if (b == NULL || (s->stats.batches > 0 && s->batch_turn == b->turn))
         return;
     s->batch_turn = b->turn;
     s->stats.batches++;
     atomic_fetch_add_explicit(&b->batches, 1, memory_order_relaxed);
+    if (s->slot >= 0)
+        atomic_fetch_add_explicit(&b->shards[s->slot].batches, 1,
+                                  memory_order_relaxed);
     if (b->counted_turn != b->turn) {
         b->counted_turn = b->turn;
         atomic_fetch_add_explicit(&b->turns, 1, memory_order_relaxed);
@@ -622,6 +629,7 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
     s->cfg = cfg;
     s->ep = *ep;
     s->batches = batches;
+    s->slot = batches != NULL ? rl_node_batches_slot(batches, ep) : -1;
     s->scripts = scripts;
     s->log = log;
     s->waiting_tail = &s->waiting;
@@ -670,4 +678,38 @@ size_t rl_node_in_flight(const rl_node *s)
 rl_node_stats rl_node_stats_of(const rl_node *s)
 {
     return s->stats;
+}
+
+void rl_node_batches_init(rl_node_batches *b)
+{
+    memset(b, 0, sizeof *b);
+    pthread_mutex_init(&b->lock, NULL);
+    for (int i = 0; i < RL_SHARDS_MAX; i++) {
+        atomic_init(&b->shards[i].batches, 0);
+        atomic_init(&b->shards[i].commands, 0);
+    }
+}
+
+void rl_node_batches_fini(rl_node_batches *b)
+{
+    pthread_mutex_destroy(&b->lock);
+}
+
+int rl_node_batches_slot(rl_node_batches *b, const rl_endpoint *ep)
+{
+    char addr[sizeof b->shards[0].addr];
+    snprintf(addr, sizeof addr, strchr(ep->host, ':') ? "[%s]:%u" : "%s:%u",
+             ep->host, ep->port);
+    pthread_mutex_lock(&b->lock);
+    int at = -1;
+    for (int i = 0; i < b->n_shards && at < 0; i++) {
+        if (strcmp(b->shards[i].addr, addr) == 0)
+            at = i;
+    }
+    if (at < 0 && b->n_shards < RL_SHARDS_MAX) {
+        at = b->n_shards++;
+        snprintf(b->shards[at].addr, sizeof b->shards[at].addr, "%s", addr);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return at;
 }

@@ -13,6 +13,7 @@
 #include "log.h"
 
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
@@ -43,12 +44,29 @@ typedef void (*rl_node_fn)(void *arg, const redisReply *reply,
  * of the loop (by the store); a node writing in a turn counts one batch,
  * and the first node to write in a turn counts the turn. Read from other
  * threads (stats), hence atomics. */
+#define RL_SHARDS_MAX 64
+
+/* One node's share of the batches, for stats read from other threads. */
+typedef struct rl_shard_slot {
+    char addr[64];                 /* host:port, set once under the lock */
+    atomic_uint_least64_t batches;
+    atomic_uint_least64_t commands;
+} rl_shard_slot;
+
 typedef struct rl_node_batches {
     uint64_t turn;
     uint64_t counted_turn;
     atomic_uint_least64_t batches;
     atomic_uint_least64_t turns;
+    pthread_mutex_t lock;          /* over n_shards and slot addresses */
+    rl_shard_slot shards[RL_SHARDS_MAX];
+    int n_shards;
 } rl_node_batches;
+
+void rl_node_batches_init(rl_node_batches *b);
+void rl_node_batches_fini(rl_node_batches *b);
+/* The slot of ep (made on first use); -1 past RL_SHARDS_MAX nodes. */
+int rl_node_batches_slot(rl_node_batches *b, const rl_endpoint *ep);
 
 typedef struct rl_node_stats {
     uint64_t commands;

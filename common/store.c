@@ -521,8 +521,10 @@ rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
         return NULL;
     *s = (rl_store){.loop = loop, .cfg = cfg, .scripts = scripts,
                     .log = log, .counters = counters};
-    if (s->counters == NULL)
+    if (s->counters == NULL) {
         s->counters = &s->own_counters;
+        rl_node_batches_init(&s->own_counters.batches);
+    }
     s->waiting_tail = &s->waiting;
     uv_prepare_init(loop, &s->turn);
     uv_timer_init(loop, &s->refresh_timer);
@@ -547,8 +549,11 @@ rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
 static void handle_closed(uv_handle_t *h)
 {
     rl_store *s = h->data;
-    if (--s->open_handles == 0)
-        free(s);
+    if (--s->open_handles > 0)
+        return;
+    if (s->counters == &s->own_counters)
+        rl_node_batches_fini(&s->own_counters.batches);
+    free(s);
 }
 
 void rl_store_close(rl_store *s)

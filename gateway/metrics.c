@@ -70,6 +70,22 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
                   (unsigned long long)s->local_keys_refused);
 }
 
+static void shard_metrics(gw_buf *b, rl_agent *agent)
+{
+    rl_shard_counters shards[64];
+    size_t n = rl_agent_shards(agent, shards, 64);
+    family(b, "rl_store_node_batches_total", "counter",
+           "Writes to each store node (shard).");
+    for (size_t i = 0; i < n && i < 64; i++)
+        gw_buf_printf(b, "rl_store_node_batches_total{node=\"%s\"} %llu\n",
+                      shards[i].node, (unsigned long long)shards[i].batches);
+    family(b, "rl_store_node_calls_total", "counter",
+           "Bucket calls sent to each store node (shard).");
+    for (size_t i = 0; i < n && i < 64; i++)
+        gw_buf_printf(b, "rl_store_node_calls_total{node=\"%s\"} %llu\n",
+                      shards[i].node, (unsigned long long)shards[i].calls);
+}
+
 static void gateway_metrics(gw_buf *b, const gw_server *srv)
 {
     family(b, "rl_gateway_responses_total", "counter",
@@ -101,6 +117,7 @@ void gw_respond_metrics(gw_buf *out, gw_server *srv, const char *path,
         && rl_agent_stats(srv->agent, &s, rules, srv->config->n_rules)
                == RL_OK) {
         agent_metrics(&body, &s, rules, srv->config->n_rules);
+        shard_metrics(&body, srv->agent);
         gateway_metrics(&body, srv);
     }
     free(rules);

@@ -233,6 +233,19 @@ Test(cluster, three_rules_on_three_shards_go_out_together)
                  (unsigned long long)dt);
     cr_assert_eq(db, 60, "20 requests on three shards made %llu batches",
                  (unsigned long long)db);
+    /* The same, shard by shard, through the public API. */
+    rl_shard_counters shards[8];
+    size_t n = rl_agent_shards(a, shards, 8);
+    cr_assert_eq(n, 3, "%zu shards", n);
+    for (size_t i = 0; i < n; i++) {
+        bool primary = false;
+        for (int p = 0; p < 3; p++)
+            primary |= strcmp(shards[i].node, prim[p]) == 0;
+        cr_assert(primary, "%s is not a primary", shards[i].node);
+        cr_assert_geq(shards[i].batches, 23, "%s: %llu batches",
+                      shards[i].node, (unsigned long long)shards[i].batches);
+        cr_assert_geq(shards[i].calls, 23);
+    }
     close_agent(a, cfg);
 }
 
