@@ -68,8 +68,10 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
 static void shutdown_now(rl_aggregator *agg)
 {
     rl_broadcast_publish(agg);
-    rl_metrics_stop(agg);
+    /* The reports socket first: its pipe callbacks count into the
+     * metrics. */
     rl_ingest_stop(agg);
+    rl_metrics_stop(agg);
     nng_close(agg->totals);
     uv_timer_stop(&agg->publish_timer);
     uv_close((uv_handle_t *)&agg->publish_timer, NULL);
