@@ -57,8 +57,7 @@ struct rl_node {
     rl_endpoint ep;
     rl_node_batches *batches;  /* shared with the other nodes, or NULL */
     int slot;                  /* this node's in batches->shards, or -1 */
-    uint64_t batch_turn;       /* the turn of this node's last batch */
-    rl_node_stats stats;
+    uint64_t batch_turn;       /* the turn of its last batch; UINT64_MAX: none */
     struct wait_group *open_wait; /* the WAIT this turn's answers join */
     const rl_script_set *scripts;
     const rl_logger *log;
@@ -479,15 +478,13 @@ static void ignore_reply(redisAsyncContext *ac, void *r, void *privdata)
  * loop: hiredis sends everything queued in one turn in one write. */
 static void count_batch(rl_node *s)
 {
-    s->stats.commands++;
     rl_node_batches *b = s->batches;
     if (b != NULL && s->slot >= 0)
         atomic_fetch_add_explicit(&b->shards[s->slot].commands, 1,
                                   memory_order_relaxed);
-    if (b == NULL || (s->stats.batches > 0 && s->batch_turn == b->turn))
+    if (b == NULL || s->batch_turn == b->turn)
         return;
     s->batch_turn = b->turn;
-    s->stats.batches++;
     atomic_fetch_add_explicit(&b->batches, 1, memory_order_relaxed);
     if (s->slot >= 0)
         atomic_fetch_add_explicit(&b->shards[s->slot].batches, 1,
@@ -630,6 +627,7 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
     s->ep = *ep;
     s->batches = batches;
     s->slot = batches != NULL ? rl_node_batches_slot(batches, ep) : -1;
+    s->batch_turn = UINT64_MAX;
     s->scripts = scripts;
     s->log = log;
     s->waiting_tail = &s->waiting;
@@ -675,14 +673,10 @@ size_t rl_node_in_flight(const rl_node *s)
     return s->in_flight;
 }
 
-rl_node_stats rl_node_stats_of(const rl_node *s)
-{
-    return s->stats;
-}
-
 void rl_node_batches_init(rl_node_batches *b)
 {
     memset(b, 0, sizeof *b);
+    b->counted_turn = UINT64_MAX; /* so that turn 0 counts too */
     pthread_mutex_init(&b->lock, NULL);
     for (int i = 0; i < RL_SHARDS_MAX; i++) {
         atomic_init(&b->shards[i].batches, 0);

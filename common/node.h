@@ -68,10 +68,6 @@ void rl_node_batches_fini(rl_node_batches *b);
 /* The slot of ep (made on first use); -1 past RL_SHARDS_MAX nodes. */
 int rl_node_batches_slot(rl_node_batches *b, const rl_endpoint *ep);
 
-typedef struct rl_node_stats {
-    uint64_t commands;
-    uint64_t batches;
-} rl_node_stats;
 
 typedef struct rl_node rl_node;
 
@@ -102,7 +98,6 @@ uint64_t rl_node_now_ms(const rl_node *n);
 
 const rl_endpoint *rl_node_endpoint(const rl_node *n);
 size_t rl_node_in_flight(const rl_node *n);
-rl_node_stats rl_node_stats_of(const rl_node *n);
 
 /* rl_node_close fails every call not yet answered, disconnects, and frees
  * the node once its libuv handles are closed (the loop must keep running
