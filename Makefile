@@ -122,7 +122,10 @@ $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
 
-$(BENCH): $(call obj,tests/bench/bench_exact.c) $(LIB_A)
+BENCH_EXACT_SRC = tests/bench/bench_exact.c tests/bench/bench_pipeline.c \
+                  tests/bench/bench_peer.c tests/bench/bench_alternatives.c
+
+$(BENCH): $(call obj,$(BENCH_EXACT_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
@@ -136,10 +139,11 @@ $(BENCH_CLUSTER): $(call obj,tests/bench/bench_cluster.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
-bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER)
-	$(RUNNER) -- $(BENCH) | tee $(BUILD)/bench.md
-	$(RUNNER) -- $(BENCH_SYNCED) $(AGG) | tee -a $(BUILD)/bench.md
-	$(RUNNER) --cluster -- $(BENCH_CLUSTER) | tee -a $(BUILD)/bench.md
+# Not part of `make test`: starts its own redis-server (and a cluster, and
+# an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
+# writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
+bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER) $(TESTS)
+	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
 # none yet (an operator's rules are never overwritten). install-built

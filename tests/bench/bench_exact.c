@@ -1,142 +1,71 @@
 /*
- * bench_exact.c: what an exact check costs, against a ceiling measured in
- * the same run on the same redis-server (the machines are shared and noisy:
- * only ratios mean much). Run by `make bench` under with-redis.
+ * bench_exact.c: what an exact check costs, side by side with what it is
+ * measured against, in one run on one redis-server (the machines are shared
+ * and noisy: only ratios within a run mean much). Run by `make bench`.
  *
- *   - rl_check throughput with 1 and 64 threads, one rule, 10,000 keys;
- *   - the ceiling: the same function driven by a bare pipelined hiredis
- *     loop, 64 calls in flight;
- *   - server time per call (INFO commandstats) and MEMORY USAGE of one
- *     bucket key, for each algorithm.
+ * For 1, 16 and 64 requests in flight, one rule and three rules each,
+ * 10,000 keys per rule, 100 per minute:
+ *   - rl_check_async, the requests in flight kept by resubmitting from the
+ *     callback (one caller, like an event-loop gateway);
+ *   - rl_check from as many threads as requests in flight;
+ *   - the ceiling: rl's own function from a bare pipelined hiredis loop;
+ *   - the seed's script verbatim (EVALSHA, hash bucket), same loop;
+ *   - rate-limiter-flexible (Node.js, ioredis), same depth.
+ * Then server time per call and bytes per key for each, and the seed's
+ * rejected alternatives (bench_alternatives.c).
  */
-#include "bench_stats.h"
+#include "bench_alternatives.h"
+#include "bench_peer.h"
+#include "bench_pipeline.h"
+#include "bench_redis.h"
 #include "rl.h"
 #include "scripts.h"
 
-#include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#define KEYS 10000
-#define RUN_SECONDS 2.0
 #define RUNS 3
+#define FILL_KEYS 100000
+#define LATENCY_CAP (1 << 22)
 
-static redisContext *connect_to(const char *addr)
+enum { RL_ASYNC, RL_THREADS, CEILING, SEED, PEER, SYSTEMS };
+static const char *const system_names[SYSTEMS] = {
+    "rl_check_async (one caller)", "rl_check (one thread per request)",
+    "ceiling: rl's function, pipelined hiredis",
+    "seed's script, pipelined hiredis", "rate-limiter-flexible (ioredis)"};
+
+static const int depths[] = {1, 16, 64};
+#define DEPTHS 3
+static const int rule_counts[] = {1, 3};
+
+static bench_result results[SYSTEMS][2][DEPTHS][RUNS];
+static bench_latency latency;
+static const char *addr;
+/* Seconds per figure per run: RL_BENCH_SECONDS, 2 by default. */
+static double run_seconds = 2.0;
+
+/* --- rl ------------------------------------------------------------------ */
+
+static const char *const attr_names[BENCH_RULES_MAX] = {"api_key", "ip",
+                                                        "tenant"};
+
+static rl_agent *open_agent(const char *algorithm, rl_config **cfg)
 {
-    char host[64];
-    int port;
-    if (sscanf(addr, "%63[^:]:%d", host, &port) != 2)
-        return NULL;
-    redisContext *c = redisConnect(host, port);
-    if (c == NULL || c->err) {
-        fprintf(stderr, "bench: cannot connect to %s\n", addr);
-        exit(1);
-    }
-    return c;
-}
-
-static void command(redisContext *c, const char *cmd)
-{
-    redisReply *r = redisCommand(c, cmd);
-    if (r == NULL) {
-        fprintf(stderr, "bench: %s failed\n", cmd);
-        exit(1);
-    }
-    freeReplyObject(r);
-}
-
-struct load {
-    rl_agent *agent;
-    atomic_bool stop;
-    atomic_long checks;
-    atomic_long failed;
-    unsigned seed;
-};
-
-static void *checker(void *arg)
-{
-    struct load *l = arg;
-    unsigned seed = (unsigned)(uintptr_t)&seed;
-    long n = 0, failed = 0;
-    while (!atomic_load_explicit(&l->stop, memory_order_relaxed)) {
-        char value[16];
-        int len = snprintf(value, sizeof value, "k%d", rand_r(&seed) % KEYS);
-        rl_attr a = {"api_key", value, (size_t)len};
-        rl_decision d;
-        if (rl_check(l->agent, &a, 1, 1, &d) != RL_OK || d.degraded)
-            failed++;
-        n++;
-    }
-    atomic_fetch_add(&l->checks, n);
-    atomic_fetch_add(&l->failed, failed);
-    return NULL;
-}
-
-static double agent_rate(rl_agent *agent, int threads)
-{
-    struct load l = {.agent = agent};
-    pthread_t t[64];
-    for (int i = 0; i < threads; i++)
-        pthread_create(&t[i], NULL, checker, &l);
-    double start = bench_now_s();
-    struct timespec run = {(time_t)RUN_SECONDS, 0};
-    nanosleep(&run, NULL);
-    atomic_store(&l.stop, true);
-    for (int i = 0; i < threads; i++)
-        pthread_join(t[i], NULL);
-    double elapsed = bench_now_s() - start;
-    if (atomic_load(&l.failed) > 0)
-        fprintf(stderr, "bench: %ld checks failed or degraded\n",
-                atomic_load(&l.failed));
-    return (double)atomic_load(&l.checks) / elapsed;
-}
-
-/* The ceiling: the library's function called straight from hiredis, 64
- * calls written before their replies are read. */
-static double ceiling_rate(const char *addr)
-{
-    redisContext *c = connect_to(addr);
-    unsigned seed = 1;
-    long n = 0;
-    double start = bench_now_s();
-    while (bench_now_s() - start < RUN_SECONDS) {
-        for (int i = 0; i < 64; i++)
-            redisAppendCommand(c, "FCALL %s 1 rl:key:k%d 1000000 1000000 "
-                               "60000 1", RL_FUNCTION_TOKEN_BUCKET,
-                               rand_r(&seed) % KEYS);
-        for (int i = 0; i < 64; i++) {
-            void *r;
-            if (redisGetReply(c, &r) != REDIS_OK)
-                exit(1);
-            freeReplyObject(r);
-        }
-        n += 64;
-    }
-    double rate = (double)n / (bench_now_s() - start);
-    redisFree(c);
-    return rate;
-}
-
-static void report(const char *what, double *runs)
-{
-    qsort(runs, RUNS, sizeof runs[0], bench_cmp_double);
-    printf("| %s | %.0f | %.0f | %.0f |\n", what, runs[0], runs[RUNS / 2],
-           runs[RUNS - 1]);
-}
-
-static rl_agent *open_agent(const char *addr, const char *algorithm,
-                            const char *rate, rl_config **cfg)
-{
-    char yaml[512];
+    char yaml[1024];
     int n = snprintf(yaml, sizeof yaml,
-                     "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
-                     "rules:\n  - {name: per-key, match: api_key, "
-                     "%s, algorithm: %s}\n",
-                     addr, rate, algorithm);
+                     "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
+                     "rules:\n", addr);
+    static const char *const prefixes[] = {"rl:key:", "rl:ip:", "rl:tenant:"};
+    for (int i = 0; i < BENCH_RULES_MAX; i++)
+        n += snprintf(yaml + n, sizeof yaml - (size_t)n,
+                      "  - {name: r%d, match: %s, key_prefix: \"%s\", "
+                      "limit: 100, period: 1m, algorithm: %s}\n",
+                      i, attr_names[i], prefixes[i], algorithm);
     rl_error err;
     rl_agent *agent;
     rl_options o = {0};
@@ -148,91 +77,394 @@ static rl_agent *open_agent(const char *addr, const char *algorithm,
     return agent;
 }
 
-static long long info_field(redisContext *c, const char *section,
-                            const char *field)
+/* One request's attributes, random values, into the caller's storage. */
+typedef struct request {
+    char values[BENCH_RULES_MAX][16];
+    rl_attr attrs[BENCH_RULES_MAX];
+} request;
+
+static void make_request(request *r, int rules, unsigned *seed)
 {
-    redisReply *r = redisCommand(c, "INFO %s", section);
-    const char *p = r != NULL && r->str ? strstr(r->str, field) : NULL;
-    long long v = 0;
-    if (p != NULL) {
-        p += strlen(field);
-        v = atoll(p);
+    for (int i = 0; i < rules; i++) {
+        int len = snprintf(r->values[i], sizeof r->values[i], "k%d",
+                           rand_r(seed) % BENCH_KEYS);
+        r->attrs[i] = (rl_attr){attr_names[i], r->values[i], (size_t)len};
     }
-    freeReplyObject(r);
-    return v;
 }
 
-/* Server time per call and bytes per key, for one algorithm. The rate is
- * 100 a day so that every key outlives the measurement (a token comes back
- * every 864 s), even on a slow, loaded machine. */
-static void server_cost(const char *addr, const char *algorithm)
+typedef struct rl_load {
+    rl_agent *agent;
+    int rules;
+    double end;
+    atomic_long done;
+    atomic_long failed;
+    atomic_int in_flight;
+} rl_load;
+
+typedef struct async_slot {
+    rl_load *load;
+    unsigned seed;
+    double started;
+} async_slot;
+
+static void on_decision(const rl_decision *d, void *arg);
+
+static void submit(async_slot *s)
 {
-    rl_config *cfg;
-    rl_agent *agent = open_agent(addr, algorithm, "limit: 100, period: 1d",
-                                 &cfg);
-    redisContext *c = connect_to(addr);
-    command(c, "FLUSHALL");
-    command(c, "CONFIG RESETSTAT");
-    for (int i = 0; i < KEYS; i++) {
-        char value[16];
-        int len = snprintf(value, sizeof value, "k%d", i);
-        rl_attr a = {"api_key", value, (size_t)len};
-        rl_decision d;
-        rl_check(agent, &a, 1, 1, &d);
+    request r;
+    make_request(&r, s->load->rules, &s->seed);
+    s->started = bench_now_s();
+    if (rl_check_async(s->load->agent, r.attrs, (size_t)s->load->rules, 1,
+                       on_decision, s) != RL_OK) {
+        atomic_fetch_add(&s->load->failed, 1);
+        atomic_fetch_sub(&s->load->in_flight, 1);
     }
-    double usec = 0;
-    redisReply *r = redisCommand(c, "INFO commandstats");
-    const char *p = strstr(r->str, "cmdstat_fcall:");
-    if (p != NULL && (p = strstr(p, "usec_per_call=")) != NULL)
-        usec = atof(p + strlen("usec_per_call="));
+}
+
+/* On the agent's I/O thread: count, then keep the depth. */
+static void on_decision(const rl_decision *d, void *arg)
+{
+    async_slot *s = arg;
+    double now = bench_now_s();
+    if (d->degraded)
+        atomic_fetch_add(&s->load->failed, 1);
+    if (now < s->load->end) {
+        bench_latency_add(&latency, (now - s->started) * 1e6);
+        atomic_fetch_add(&s->load->done, 1);
+        submit(s);
+    } else {
+        atomic_fetch_sub(&s->load->in_flight, 1);
+    }
+}
+
+static void report_failed(rl_load *l)
+{
+    if (atomic_load(&l->failed) > 0)
+        fprintf(stderr, "bench: %ld checks failed or degraded\n",
+                atomic_load(&l->failed));
+}
+
+static bench_result finish(rl_load *l, double start)
+{
+    report_failed(l);
+    return (bench_result){
+        .rate = (double)atomic_load(&l->done) / (l->end - start),
+        .p50_us = bench_latency_percentile(&latency, 50),
+        .p99_us = bench_latency_percentile(&latency, 99),
+        .errors = atomic_load(&l->failed)};
+}
+
+static bench_result rl_async(rl_agent *agent, int depth, int rules)
+{
+    rl_load l = {.agent = agent, .rules = rules};
+    async_slot slots[64];
+    atomic_store(&latency.n, 0);
+    double start = bench_now_s();
+    l.end = start + run_seconds;
+    atomic_store(&l.in_flight, depth);
+    for (int i = 0; i < depth; i++) {
+        slots[i] = (async_slot){.load = &l, .seed = (unsigned)i + 1};
+        submit(&slots[i]);
+    }
+    while (atomic_load(&l.in_flight) > 0)
+        usleep(1000);
+    return finish(&l, start);
+}
+
+static void *checker(void *arg)
+{
+    rl_load *l = arg;
+    unsigned seed = (unsigned)(uintptr_t)&seed;
+    for (;;) {
+        request r;
+        make_request(&r, l->rules, &seed);
+        double t = bench_now_s();
+        rl_decision d;
+        if (rl_check(l->agent, r.attrs, (size_t)l->rules, 1, &d) != RL_OK
+            || d.degraded)
+            atomic_fetch_add(&l->failed, 1);
+        double now = bench_now_s();
+        if (now >= l->end)
+            return NULL;
+        bench_latency_add(&latency, (now - t) * 1e6);
+        atomic_fetch_add_explicit(&l->done, 1, memory_order_relaxed);
+    }
+}
+
+static bench_result rl_threads(rl_agent *agent, int depth, int rules)
+{
+    rl_load l = {.agent = agent, .rules = rules};
+    pthread_t t[64];
+    atomic_store(&latency.n, 0);
+    double start = bench_now_s();
+    l.end = start + run_seconds;
+    for (int i = 0; i < depth; i++)
+        pthread_create(&t[i], NULL, checker, &l);
+    for (int i = 0; i < depth; i++)
+        pthread_join(t[i], NULL);
+    return finish(&l, start);
+}
+
+/* --- the matrix ---------------------------------------------------------- */
+
+static bench_result pipelined(const bench_script *s, int depth, int rules)
+{
+    bench_load load = {.depth = depth, .rules = rules,
+                       .seconds = run_seconds, .period_ms = 60000};
+    atomic_store(&latency.n, 0);
+    bench_result r = bench_pipeline(addr, s, &load, &latency);
+    if (r.errors > 0)
+        fprintf(stderr, "bench: %ld errors from %s\n", r.errors, s->name);
+    return r;
+}
+
+static void measure_matrix(redisContext *c, rl_agent *agent,
+                           const bench_script *ceiling,
+                           const bench_script *seed)
+{
+    /* Runs are interleaved, so that a noisy moment hits every system. */
+    for (int run = 0; run < RUNS; run++) {
+        for (int ri = 0; ri < 2; ri++) {
+            for (int di = 0; di < DEPTHS; di++) {
+                int d = depths[di], n = rule_counts[ri];
+                bench_result *at[SYSTEMS];
+                for (int sys = 0; sys < SYSTEMS; sys++)
+                    at[sys] = &results[sys][ri][di][run];
+                bench_run(c, "FLUSHALL");
+                *at[RL_ASYNC] = rl_async(agent, d, n);
+                bench_run(c, "FLUSHALL");
+                *at[RL_THREADS] = rl_threads(agent, d, n);
+                bench_run(c, "FLUSHALL");
+                *at[CEILING] = pipelined(ceiling, d, n);
+                bench_run(c, "FLUSHALL");
+                *at[SEED] = pipelined(seed, d, n);
+                bench_run(c, "FLUSHALL");
+                if (bench_peer_available())
+                    *at[PEER] = bench_peer_run(addr, d, n, run_seconds);
+            }
+        }
+    }
+}
+
+/* --- output -------------------------------------------------------------- */
+
+typedef double (*figure_fn)(const bench_result *);
+static double rate_of(const bench_result *r) { return r->rate; }
+static double p50_of(const bench_result *r) { return r->p50_us; }
+static double p99_of(const bench_result *r) { return r->p99_us; }
+
+static bench_summary summary(int sys, int ri, int di, figure_fn f)
+{
+    double v[RUNS];
+    for (int run = 0; run < RUNS; run++)
+        v[run] = f(&results[sys][ri][di][run]);
+    return bench_summarize(v, RUNS);
+}
+
+/* a / b per run, summarized: the ratio within each run. */
+static bench_summary ratio(int a, int b, int ri, int di, figure_fn f)
+{
+    double v[RUNS];
+    for (int run = 0; run < RUNS; run++) {
+        double den = f(&results[b][ri][di][run]);
+        v[run] = den > 0 ? f(&results[a][ri][di][run]) / den : 0;
+    }
+    return bench_summarize(v, RUNS);
+}
+
+static int systems_shown(void)
+{
+    return bench_peer_available() ? SYSTEMS : PEER;
+}
+
+static void print_matrix(void)
+{
+    for (int ri = 0; ri < 2; ri++) {
+        printf("\n### %d rule%s per request\n\n"
+               "| client | in flight | requests/s min | median | max "
+               "| p50 µs (median run) | p99 µs (median run) |\n"
+               "|---|---|---|---|---|---|---|\n", rule_counts[ri],
+               rule_counts[ri] > 1 ? "s" : "");
+        for (int sys = 0; sys < systems_shown(); sys++) {
+            for (int di = 0; di < DEPTHS; di++) {
+                bench_summary r = summary(sys, ri, di, rate_of);
+                printf("| %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+                       system_names[sys], depths[di], r.min, r.median, r.max,
+                       summary(sys, ri, di, p50_of).median,
+                       summary(sys, ri, di, p99_of).median);
+            }
+        }
+    }
+}
+
+static void print_ratio_row(const char *what, int a, int b, figure_fn f)
+{
+    for (int ri = 0; ri < 2; ri++) {
+        for (int di = 0; di < DEPTHS; di++) {
+            bench_summary r = ratio(a, b, ri, di, f);
+            printf("| %s | %d | %d | %.2f | %.2f | %.2f |\n", what,
+                   rule_counts[ri], depths[di], r.min, r.median, r.max);
+        }
+    }
+}
+
+static void print_ratios(void)
+{
+    printf("\n### Ratios within each run\n\n"
+           "| ratio | rules | in flight | min | median | max |\n"
+           "|---|---|---|---|---|---|\n");
+    print_ratio_row("rl_check_async / ceiling, requests/s", RL_ASYNC,
+                    CEILING, rate_of);
+    print_ratio_row("rl_check threads / ceiling, requests/s", RL_THREADS,
+                    CEILING, rate_of);
+    print_ratio_row("seed's script / ceiling, requests/s", SEED, CEILING,
+                    rate_of);
+    if (!bench_peer_available())
+        return;
+    print_ratio_row("rl_check_async / rate-limiter-flexible, requests/s",
+                    RL_ASYNC, PEER, rate_of);
+    print_ratio_row("rl_check_async / rate-limiter-flexible, p99", RL_ASYNC,
+                    PEER, p99_of);
+}
+
+/* Plot data: one line per depth, medians, one rule. */
+static void write_plot_data(void)
+{
+    const char *dir = getenv("RL_BENCH_OUT");
+    char path[512];
+    snprintf(path, sizeof path, "%s/exact.dat", dir != NULL ? dir : ".");
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return;
+    fprintf(f, "# in_flight, then per client (rl async, rl threads, "
+               "ceiling, seed, rate-limiter-flexible): requests/s, p99 µs\n");
+    for (int di = 0; di < DEPTHS; di++) {
+        fprintf(f, "%d", depths[di]);
+        for (int sys = 0; sys < SYSTEMS; sys++)
+            fprintf(f, " %.0f %.0f", summary(sys, 0, di, rate_of).median,
+                    summary(sys, 0, di, p99_of).median);
+        fprintf(f, "\n");
+    }
+    fclose(f);
+}
+
+static void target(const char *what, double value, double limit, bool above)
+{
+    bool met = above ? value >= limit : value <= limit;
+    printf("| %s | %.2f | %s %.2f | %s |\n", what, value, above ? "≥" : "≤",
+           limit, met ? "met" : "**missed**");
+}
+
+/* --- server cost and memory ---------------------------------------------- */
+
+typedef struct cost {
+    double usec;
+    long long key_bytes, per_key;
+} cost;
+
+static cost costs[4];
+static const char *const cost_names[4] = {
+    "rl token bucket (FCALL)", "rl GCRA (FCALL)",
+    "seed's script (EVALSHA, hash)", "rate-limiter-flexible (EVALSHA)"};
+
+/* FILL_KEYS new keys, each checked twice (once new, once existing). */
+static cost measure_cost(redisContext *c, const bench_script *s)
+{
+    bench_run(c, "FLUSHALL");
+    bench_run(c, "CONFIG RESETSTAT");
+    long long before = bench_info(c, "memory", "used_memory:");
+    if (s != NULL) {
+        bench_load load = {.depth = 64, .rules = 1, .requests = FILL_KEYS,
+                           .period_ms = 86400000};
+        bench_pipeline(addr, s, &load, NULL);
+        bench_pipeline(addr, s, &load, NULL);
+    } else {
+        bench_peer_fill(addr, FILL_KEYS);
+    }
+    cost out = {.usec = bench_script_usec_per_call(c)};
+    long long after = bench_info(c, "memory", "used_memory:");
+    out.per_key = (after - before) / FILL_KEYS;
+    char key[64];
+    bench_key(key, sizeof key, 0, 1);
+    redisReply *r = bench_command(c, "MEMORY USAGE %s", key);
+    out.key_bytes = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
     freeReplyObject(r);
-    r = redisCommand(c, "MEMORY USAGE rl:key:k1");
-    long long bytes = r != NULL && r->type == REDIS_REPLY_INTEGER
-                          ? r->integer : -1;
-    freeReplyObject(r);
-    long long used = info_field(c, "memory", "used_memory:");
-    command(c, "FLUSHALL");
-    long long empty = info_field(c, "memory", "used_memory:");
-    printf("| %s | %.2f | %lld | %.0f |\n", algorithm, usec, bytes,
-           (double)(used - empty) / KEYS);
-    redisFree(c);
-    rl_agent_close(agent);
-    rl_config_free(cfg);
+    bench_run(c, "FLUSHALL");
+    return out;
+}
+
+static void print_costs(void)
+{
+    printf("\n### Server cost and memory (%d keys, each checked twice)\n\n"
+           "| script | server µs per call (INFO commandstats) | MEMORY "
+           "USAGE of one key | used_memory per key |\n|---|---|---|---|\n",
+           FILL_KEYS);
+    for (int i = 0; i < 4; i++) {
+        if (i == 3 && !bench_peer_available())
+            continue;
+        printf("| %s | %.2f | %lld | %lld |\n", cost_names[i], costs[i].usec,
+               costs[i].key_bytes, costs[i].per_key);
+    }
+}
+
+static void print_targets(void)
+{
+    printf("\n### Targets (medians of the per-run ratios)\n\n"
+           "| target | measured | wanted | |\n|---|---|---|---|\n");
+    if (bench_peer_available()) {
+        target("rl_check_async / rate-limiter-flexible, requests/s, 64 in "
+               "flight, 1 rule", ratio(RL_ASYNC, PEER, 0, 2, rate_of).median,
+               1.5, true);
+        target("rl_check_async / rate-limiter-flexible, p99, 64 in flight, "
+               "1 rule", ratio(RL_ASYNC, PEER, 0, 2, p99_of).median, 0.5,
+               false);
+    }
+    target("rl_check_async / ceiling, requests/s, 64 in flight, 1 rule",
+           ratio(RL_ASYNC, CEILING, 0, 2, rate_of).median, 0.9, true);
+    target("rl token bucket / seed's script, server µs per call",
+           costs[0].usec / costs[2].usec, 0.5, false);
 }
 
 int main(void)
 {
-    const char *addr = getenv("RL_TEST_REDIS");
+    addr = getenv("RL_TEST_REDIS");
     if (addr == NULL) {
         fprintf(stderr, "bench: run through `make bench`\n");
         return 1;
     }
+    const char *secs = getenv("RL_BENCH_SECONDS");
+    if (secs != NULL && atof(secs) > 0)
+        run_seconds = atof(secs);
+    latency.cap = LATENCY_CAP;
+    latency.us = malloc(LATENCY_CAP * sizeof *latency.us);
+    redisContext *c = bench_connect(addr);
     rl_config *cfg;
-    /* A rate no check reaches: every check is allowed and writes. */
-    rl_agent *agent = open_agent(addr, "token_bucket",
-                                 "limit: 1000000, period: 1m", &cfg);
-    agent_rate(agent, 1); /* warm-up: connect, load */
-    double one[RUNS], many[RUNS], ceiling[RUNS], ratio[RUNS];
-    for (int i = 0; i < RUNS; i++) {
-        one[i] = agent_rate(agent, 1);
-        many[i] = agent_rate(agent, 64);
-        ceiling[i] = ceiling_rate(addr);
-        ratio[i] = 100.0 * many[i] / ceiling[i];
-    }
+    rl_agent *agent = open_agent("token_bucket", &cfg);
+    rl_async(agent, 16, 3); /* warm-up: connect, load the library */
+    bench_script ceiling = {.command = "FCALL"}, seed;
+    snprintf(ceiling.name, sizeof ceiling.name, "%s",
+             RL_FUNCTION_TOKEN_BUCKET);
+    bench_seed_script(c, &seed);
+    measure_matrix(c, agent, &ceiling, &seed);
+    bench_script gcra_fn = {.command = "FCALL"};
+    snprintf(gcra_fn.name, sizeof gcra_fn.name, "%s", RL_FUNCTION_GCRA);
+    costs[0] = measure_cost(c, &ceiling);
+    costs[1] = measure_cost(c, &gcra_fn);
+    costs[2] = measure_cost(c, &seed);
+    if (bench_peer_available())
+        costs[3] = measure_cost(c, NULL);
+
+    printf("## Exact path (%d runs of %.0f s per figure, %d keys per rule, "
+           "100 per minute)\n", RUNS, run_seconds, BENCH_KEYS);
+    print_matrix();
+    print_ratios();
+    print_costs();
+    bench_alternatives(addr);
+    print_targets();
+    write_plot_data();
     rl_agent_close(agent);
     rl_config_free(cfg);
-
-    printf("## Exact path (%d runs of %.0f s, one rule, %d keys)\n\n", RUNS,
-           RUN_SECONDS, KEYS);
-    printf("| checks per second | min | median | max |\n|---|---|---|---|\n");
-    report("rl_check, 1 thread", one);
-    report("rl_check, 64 threads", many);
-    report("ceiling: pipelined hiredis FCALL, 64 in flight", ceiling);
-    report("rl_check 64 threads as % of the ceiling", ratio);
-    printf("\n| algorithm | server usec per call | MEMORY USAGE of one key "
-           "(bytes) | used_memory per key over %d keys (bytes) |\n"
-           "|---|---|---|---|\n", KEYS);
-    server_cost(addr, "token_bucket");
-    server_cost(addr, "gcra");
+    redisFree(c);
+    free(latency.us);
     return 0;
 }
