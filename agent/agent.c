@@ -188,13 +188,18 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
                             "must not be NULL");
     }
     *out = NULL;
-    rl_agent *a = calloc(1, sizeof *a);
+    /* Aligned: its per-thread counters each keep a cache line. */
+    rl_agent *a = aligned_alloc(RL_CACHE_LINE, (sizeof *a + RL_CACHE_LINE - 1)
+                                                   / RL_CACHE_LINE
+                                                   * RL_CACHE_LINE);
     if (a == NULL)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
+    memset(a, 0, sizeof *a);
     a->log = (rl_logger){.fn = o->log, .arg = o->log_arg,
                          .level = o->log_level};
     pthread_once(&forks_once, watch_forks);
     a->forks = rl_forks();
+    rl_calls_setup();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
     rl_node_batches_init(&a->store_counters.batches);
@@ -227,14 +232,6 @@ void rl_agent_shutdown(rl_agent *a)
     pthread_mutex_unlock(&a->queue_lock);
 }
 
-static uint64_t active_calls(rl_agent *a)
-{
-    uint64_t n = 0;
-    for (int i = 0; i < RL_SYNCED_STRIPES; i++)
-        n += atomic_load(&a->active_calls[i].n);
-    return n;
-}
-
 void rl_agent_close(rl_agent *a)
 {
     if (a == NULL)
@@ -248,8 +245,7 @@ void rl_agent_close(rl_agent *a)
     }
     rl_agent_shutdown(a);
     /* Callers still inside rl_check* return promptly once shut down. */
-    while (active_calls(a) > 0)
-        usleep(1000);
+    rl_calls_wait_idle(&a->calls);
     uv_thread_join(&a->thread);
     uv_loop_close(&a->loop);
     pthread_mutex_destroy(&a->queue_lock);

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "log.h"
 #include "bucket.h"
+#include "calls.h"
 #include "local.h"
 #include "stats.h"
 #include "store.h"
@@ -82,9 +83,7 @@ struct rl_agent {
     rl_request *queue_head, **queue_tail;
     bool queue_closed;            /* under queue_lock */
     atomic_bool closing;
-    /* Callers inside rl_check*, counted on the caller's stripe so that
-     * threads do not share one cache line for it. */
-    rl_stripe active_calls[RL_SYNCED_STRIPES];
+    rl_calls calls;               /* callers inside rl_check* */
 
     /* I/O thread. */
     uv_thread_t thread;

@@ -179,17 +179,12 @@ static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
     int rc = validate(attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    atomic_fetch_add(&a->active_calls[rl_my_stripe()].n, 1);
-    if (atomic_load(&a->closing)) {
-        atomic_fetch_sub(&a->active_calls[rl_my_stripe()].n, 1);
-        return RL_ECLOSED;
-    }
-    return RL_OK;
+    return rl_calls_enter(&a->calls, &a->closing) ? RL_OK : RL_ECLOSED;
 }
 
 static void leave(rl_agent *a)
 {
-    atomic_fetch_sub(&a->active_calls[rl_my_stripe()].n, 1);
+    rl_calls_leave(&a->calls);
 }
 
 /* Validates the call and builds its request (NULL when no rule applies).

@@ -48,22 +48,11 @@ void rl_stats_fini(rl_stats *s)
     pthread_mutex_destroy(&s->lock);
 }
 
-/* A thread's slot, the same in every agent: numbered in order of first
- * use in the process. */
-static unsigned my_slot(void)
-{
-    static atomic_uint next;
-    static _Thread_local unsigned slot = UINT_MAX;
-    if (slot == UINT_MAX)
-        slot = atomic_fetch_add(&next, 1);
-    return slot;
-}
-
 /* This thread's block, or NULL for the shared one. */
 static atomic_uint_least64_t *own_block(rl_stats *s)
 {
-    unsigned slot = my_slot();
-    if (slot >= RL_STATS_SLOTS)
+    unsigned slot = rl_thread_slot();
+    if (slot == RL_THREAD_SLOT_SHARED)
         return NULL;
     atomic_uint_least64_t *b = atomic_load_explicit(&s->slots[slot],
                                                     memory_order_acquire);

@@ -1,6 +1,6 @@
 /*
  * stats.h: the agent's counters, for rl_agent_stats. Counted on the
- * caller's stripe (a thread writes its own cache lines, never another
+ * caller's thread slot (a thread writes its own cache lines, never another
  * thread's) and summed when read; the exact checks' latency histogram has
  * one writer, the I/O thread. Private to librl.
  */
@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "rl.h"
+#include "thread_slot.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,8 +20,8 @@ typedef struct rl_rule_state rl_rule_state;
 
 /* Latency buckets: 8 per power of two of microseconds. */
 #define RL_LATENCY_BUCKETS (8 * 36)
-/* Threads that count in blocks of their own; later ones share one. */
-#define RL_STATS_SLOTS 64
+/* Threads with a slot count in blocks of their own; others share one. */
+#define RL_STATS_SLOTS RL_THREAD_SLOTS
 
 enum { RL_COUNT_ALLOWED, RL_COUNT_REJECTED, RL_COUNT_DEGRADED, RL_COUNTS };
 
@@ -49,7 +50,7 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
 /* The I/O thread: an exact check took us microseconds. */
 void rl_stats_latency(rl_stats *s, uint64_t us);
 
-/* Sums the stripes into out (request counts) and rules[0..cap). */
+/* Sums the blocks into out (request counts) and rules[0..cap). */
 void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
                    rl_rule_counters *rules, size_t cap);
 

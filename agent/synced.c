@@ -2,7 +2,7 @@
  * synced.c: local counting for synced rules. A check finds its (rule,
  * value) entry in an open-addressing table without a lock, compares what
  * this agent has counted with the entry's mark, and counts on its thread's
- * stripe: no lock, no allocation, no system call, no network. Only the
+ * slot: no lock, no allocation, no system call, no network. Only the
  * first sighting of a key takes a lock (to insert it).
  *
  * The mark is the I/O thread's answer to "how much may this agent still
@@ -91,8 +91,8 @@ void rl_synced_fini(rl_synced *s)
 uint64_t rl_synced_counted(const rl_synced_entry *e)
 {
     uint64_t n = 0;
-    for (int i = 0; i < RL_SYNCED_STRIPES; i++)
-        n += atomic_load_explicit(&e->stripes[i].n, memory_order_relaxed);
+    for (int i = 0; i <= RL_THREAD_SLOTS; i++)
+        n += atomic_load_explicit(&e->counts[i], memory_order_relaxed);
     return n;
 }
 
@@ -172,15 +172,6 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     return e;
 }
 
-unsigned rl_my_stripe(void)
-{
-    static atomic_uint next;
-    static _Thread_local unsigned stripe = ~0u;
-    if (stripe == ~0u)
-        stripe = atomic_fetch_add(&next, 1) % RL_SYNCED_STRIPES;
-    return stripe;
-}
-
 int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
                     bool *degraded)
@@ -208,8 +199,7 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
         out->retry_ms = (int64_t)(retry > 0 ? retry : 1);
         return RL_OK;
     }
-    atomic_fetch_add_explicit(&e->stripes[rl_my_stripe()].n, cost,
-                              memory_order_relaxed);
+    rl_slot_add(e->counts, rl_thread_slot(), cost);
     uint64_t room = atomic_load_explicit(&e->room, memory_order_relaxed);
     uint64_t since = counted + cost
                      - atomic_load_explicit(&e->counted_at_mark,
@@ -327,7 +317,7 @@ static void carry_over(rl_synced *s, rl_synced_entry *old)
     rl_synced_entry *e = insert(s, old->rule, old->value, old->value_len,
                                 old->hash);
     if (e != NULL)
-        atomic_fetch_add(&e->stripes[0].n, late);
+        atomic_fetch_add(&e->counts[RL_THREAD_SLOT_SHARED], late);
 }
 
 static void free_graves(rl_synced *s, bool all, uint64_t now)

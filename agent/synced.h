@@ -10,37 +10,16 @@
 
 #include "bucket.h"
 #include "config.h"
+#include "thread_slot.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define RL_SYNCED_STRIPES 4
-#define RL_CACHE_LINE 64
-
-/* A counter alone on its cache line, so threads counting on different
- * stripes (or different keys) never write to the same line. */
-typedef struct rl_stripe {
-    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t n;
-} rl_stripe;
-
-/* The stripe the calling thread counts on, picked once per thread. */
-unsigned rl_my_stripe(void);
-
 /* One (rule, value): local counts, and the room the I/O thread last worked
  * out for it. */
 typedef struct rl_synced_entry {
-    rl_stripe stripes[RL_SYNCED_STRIPES]; /* counted so far, ever */
-    /* Written by the I/O thread, read by checks. */
-    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
-                                                   counted + cost <= mark */
-    atomic_uint_least64_t room;       /* fleet room at the mark, headers */
-    atomic_uint_least64_t counted_at_mark;
-    atomic_uint_least64_t retry_ms;   /* when full: wait hint */
-    atomic_uint_least64_t reset_ms;   /* until the window ends */
     /* I/O thread only. */
-    const rl_rule *rule;
-    uint64_t hash;
     uint64_t reported;   /* counted and put in a report */
     uint64_t acked;      /* counted and known applied */
     uint64_t in_report;  /* in the report waiting for its ack */
@@ -49,6 +28,21 @@ typedef struct rl_synced_entry {
     uint64_t previous;   /* fleet total of the window before */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
     uint64_t idle_ticks;
+    /* Counted so far, ever: one counter per thread slot, each written by
+     * its slot's thread alone (the shared slot's by atomic adds). They sit
+     * together: a check reads them all anyway. */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t counts[RL_THREAD_SLOTS
+                                                         + 1];
+    /* What a check reads besides the counts, on as few lines as can be:
+     * written by the I/O thread (the key: once, before it is published). */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
+                                                   counted + cost <= mark */
+    atomic_uint_least64_t room;       /* fleet room at the mark, headers */
+    atomic_uint_least64_t counted_at_mark;
+    atomic_uint_least64_t retry_ms;   /* when full: wait hint */
+    atomic_uint_least64_t reset_ms;   /* until the window ends */
+    const rl_rule *rule;
+    uint64_t hash;
     uint16_t value_len;
     char value[];
 } rl_synced_entry;
@@ -108,7 +102,7 @@ void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
 
-/* The counts of an entry, summed over its stripes. */
+/* The counts of an entry, summed over its thread slots. */
 uint64_t rl_synced_counted(const rl_synced_entry *e);
 
 /* I/O thread: drop keys idle for more than two of their periods, and free

@@ -1,0 +1,95 @@
+/*
+ * calls.c: an asymmetric Dekker. A caller stores "I am in", then loads
+ * "closing"; the closer stores "closing", then loads every "I am in". One
+ * of them must see the other's store, which needs a full barrier on both
+ * sides. The caller's side is every check; the closer's is once per agent.
+ * So the closer pays: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) makes
+ * every running thread of the process execute a full barrier, and the
+ * callers only need the compiler not to reorder their store and load.
+ * Where the kernel refuses (old kernels, seccomp filters), the callers
+ * fence themselves.
+ *
+ * Leaving is a release store and the closer's loads acquire it, so
+ * whatever a caller did inside happens before the agent is freed.
+ */
+#define _GNU_SOURCE /* syscall */
+#include "calls.h"
+
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static pthread_once_t setup_once = PTHREAD_ONCE_INIT;
+static atomic_bool expedited;
+
+static int membarrier(int cmd)
+{
+    return (int)syscall(SYS_membarrier, cmd, 0, 0);
+}
+
+static void register_process(void)
+{
+    atomic_store(&expedited,
+                 membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0);
+}
+
+void rl_calls_setup(void)
+{
+    pthread_once(&setup_once, register_process);
+}
+
+/* Between the caller's store and its load of closing. */
+static void caller_fence(void)
+{
+    if (atomic_load_explicit(&expedited, memory_order_relaxed))
+        atomic_signal_fence(memory_order_seq_cst);
+    else
+        atomic_thread_fence(memory_order_seq_cst);
+}
+
+bool rl_calls_enter(rl_calls *c, const atomic_bool *closing)
+{
+    unsigned slot = rl_thread_slot();
+    atomic_uint_least64_t *n = &c->inside[slot].n;
+    if (slot != RL_THREAD_SLOT_SHARED) {
+        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed)
+                                     + 1, memory_order_relaxed);
+        caller_fence();
+    } else {
+        atomic_fetch_add(n, 1);
+    }
+    if (!atomic_load_explicit(closing, memory_order_relaxed))
+        return true;
+    rl_calls_leave(c);
+    return false;
+}
+
+void rl_calls_leave(rl_calls *c)
+{
+    unsigned slot = rl_thread_slot();
+    atomic_uint_least64_t *n = &c->inside[slot].n;
+    if (slot != RL_THREAD_SLOT_SHARED)
+        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed)
+                                     - 1, memory_order_release);
+    else
+        atomic_fetch_sub_explicit(n, 1, memory_order_release);
+}
+
+static bool idle(rl_calls *c)
+{
+    for (int i = 0; i <= RL_THREAD_SLOTS; i++) {
+        if (atomic_load_explicit(&c->inside[i].n, memory_order_acquire) > 0)
+            return false;
+    }
+    return true;
+}
+
+void rl_calls_wait_idle(rl_calls *c)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&expedited))
+        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+    while (!idle(c))
+        usleep(1000);
+}

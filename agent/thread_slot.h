@@ -1,0 +1,37 @@
+/*
+ * thread_slot.h: a small number for each thread that calls into librl,
+ * unique among the process's live threads, so that hot counters can have a
+ * single writer each and be counted without a locked instruction. Private
+ * to librl.
+ *
+ * A thread takes its slot on first use and gives it back when it exits.
+ * Threads beyond RL_THREAD_SLOTS live ones get RL_THREAD_SLOT_SHARED, whose
+ * counters more than one thread writes: those take atomic adds.
+ */
+#ifndef RL_AGENT_THREAD_SLOT_H
+#define RL_AGENT_THREAD_SLOT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define RL_THREAD_SLOTS 15
+#define RL_THREAD_SLOT_SHARED RL_THREAD_SLOTS
+#define RL_CACHE_LINE 64
+
+/* The calling thread's slot, 0 .. RL_THREAD_SLOT_SHARED. Thread-safe. */
+unsigned rl_thread_slot(void);
+
+/* Adds n to counters[slot]: a plain load and store when the slot is the
+ * caller's own, an atomic add for the shared one. */
+static inline void rl_slot_add(atomic_uint_least64_t *counters, unsigned slot,
+                               uint64_t n)
+{
+    atomic_uint_least64_t *c = &counters[slot];
+    if (slot != RL_THREAD_SLOT_SHARED)
+        atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed)
+                                     + n, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+#endif
