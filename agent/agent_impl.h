@@ -127,6 +127,10 @@ void rl_request_release(rl_request *req);
 
 /* decision.c: combine the rules' outcomes into one decision. */
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);
+
+/* The decision of a request one rule applied to, which answered. */
+void rl_decide_one(const rl_rule *rule, const rl_bucket_reply *reply,
+                   rl_decision *out);
 /* The same as if the store had not answered for any of its rules; reads
  * the outcomes of synced rules only (the caller's, fixed before submit),
  * never those of exact rules, which the I/O thread may be writing. */

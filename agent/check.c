@@ -72,22 +72,25 @@ static int check_value(const rl_agent *a, const rl_attr *attr)
 
 /* Synced and local rules are decided on the caller's thread, with no
  * round trip. */
+static int spend_here(rl_agent *a, const rl_rule *rule, const rl_attr *attr,
+                      uint32_t cost, rl_bucket_reply *reply, bool *degraded)
+{
+    if (rule->mode == RL_MODE_LOCAL) {
+        rl_local_check(&a->local, rule, attr->value, attr->value_len, cost,
+                       reply, degraded);
+        return RL_OK;
+    }
+    return rl_synced_check(&a->synced, rule, attr->value, attr->value_len,
+                           cost, reply, degraded);
+}
+
 static int decide_here(rl_agent *a, const rl_attr *attr, uint32_t cost,
                        rl_rule_state *rs)
 {
     bool degraded;
-    if (rs->rule->mode == RL_MODE_LOCAL) {
-        rl_local_check(&a->local, rs->rule, attr->value, attr->value_len,
-                       cost, &rs->reply, &degraded);
-    } else {
-        int rc = rl_synced_check(&a->synced, rs->rule, attr->value,
-                                 attr->value_len, cost, &rs->reply,
-                                 &degraded);
-        if (rc != RL_OK)
-            return rc;
-    }
+    int rc = spend_here(a, rs->rule, attr, cost, &rs->reply, &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
-    return RL_OK;
+    return rc;
 }
 
 /* With charge: first_reject, a rejection here means no exact rule is
@@ -235,12 +238,29 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
  * lock but a local bucket's. */
 #define LOCAL_RULES_MAX 16
 
+/* The common case, one rule that answers: decided and counted without the
+ * general machinery. False (and nothing counted twice) when its on_error
+ * must decide. */
+static bool decide_one_here(rl_agent *a, size_t index, const rl_attr *attr,
+                            uint32_t cost, rl_decision *out, int *rc)
+{
+    const rl_rule *rule = &a->config->rules[index];
+    rl_bucket_reply reply;
+    bool degraded;
+    *rc = spend_here(a, rule, attr, cost, &reply, &degraded);
+    if (*rc != RL_OK || degraded)
+        return *rc != RL_OK;
+    rl_decide_one(rule, &reply, out);
+    rl_stats_count_one(&a->stats, index, reply.allowed);
+    return true;
+}
+
 static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
                            uint32_t cost, rl_decision *out, int *rc)
 {
     const rl_config *cfg = a->config;
-    rl_rule_state states[LOCAL_RULES_MAX];
     const rl_attr *values[LOCAL_RULES_MAX];
+    size_t index[LOCAL_RULES_MAX];
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
@@ -250,9 +270,14 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
             return false;
         if ((*rc = check_value(a, attr)) != RL_OK)
             return true;
-        states[k] = (rl_rule_state){.rule = &cfg->rules[i]};
+        index[k] = i;
         values[k++] = attr;
     }
+    if (k == 1 && decide_one_here(a, index[0], values[0], cost, out, rc))
+        return true;
+    rl_rule_state states[LOCAL_RULES_MAX];
+    for (int i = 0; i < k; i++)
+        states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, values[i], cost, &states[i])) != RL_OK)
             return true;

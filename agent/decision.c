@@ -50,6 +50,19 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
     return v;
 }
 
+/* The deciding rule into out, whose allowed is already set. */
+static void describe(rl_decision *out, const rl_rule *rule, const verdict *v)
+{
+    /* A rule name is at most RL_RULE_NAME_MAX bytes (the config says so);
+     * memcpy, not snprintf: this runs on every check. */
+    memcpy(out->rule, rule->name, strlen(rule->name) + 1);
+    out->limit = rule->limit;
+    out->period_ms = rule->period_ms;
+    out->remaining = v->remaining;
+    out->reset_ms = v->reset_ms;
+    out->retry_after_ms = out->allowed ? 0 : v->retry_ms;
+}
+
 /* -1 ("never") is the longest wait of all. */
 static bool longer_retry(int64_t a, int64_t b)
 {
@@ -82,17 +95,19 @@ static void decide(const rl_rule_state *rules, int n, bool unanswered,
             chosen = v;
         }
     }
-    if (pick < 0)
-        return;
-    const rl_rule *rule = rules[pick].rule;
-    /* A rule name is at most RL_RULE_NAME_MAX bytes (the config says so);
-     * memcpy, not snprintf: this runs on every check. */
-    memcpy(out->rule, rule->name, strlen(rule->name) + 1);
-    out->limit = rule->limit;
-    out->period_ms = rule->period_ms;
-    out->remaining = chosen.remaining;
-    out->reset_ms = chosen.reset_ms;
-    out->retry_after_ms = out->allowed ? 0 : chosen.retry_ms;
+    if (pick >= 0)
+        describe(out, rules[pick].rule, &chosen);
+}
+
+void rl_decide_one(const rl_rule *rule, const rl_bucket_reply *reply,
+                   rl_decision *out)
+{
+    memset(out, 0, sizeof *out);
+    out->allowed = reply->allowed;
+    verdict v = {.counts = true, .allowed = reply->allowed,
+                 .remaining = reply->remaining, .reset_ms = reply->reset_ms,
+                 .retry_ms = reply->allowed ? 0 : reply->retry_ms};
+    describe(out, rule, &v);
 }
 
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out)

@@ -112,6 +112,16 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
     }
 }
 
+void rl_stats_count_one(rl_stats *s, size_t rule_index, bool allowed)
+{
+    atomic_uint_least64_t *mine = own_block(s);
+    bool own = mine != NULL;
+    if (!own)
+        mine = s->shared;
+    count_row(mine, own, allowed, false);
+    count_row(mine + (1 + rule_index) * RL_COUNTS, own, allowed, false);
+}
+
 /* Bucket b covers [lower(b), lower(b + 1)): 8 steps per power of two. */
 static size_t bucket_of(uint64_t us)
 {

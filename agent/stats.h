@@ -44,6 +44,9 @@ void rl_stats_fini(rl_stats *s);
 
 /* Counts one decided request and each rule's part in it; cfg_rules is the
  * config's rule array (a state's rule is one of them). */
+/* A request one rule applied to, and answered. */
+void rl_stats_count_one(rl_stats *s, size_t rule_index, bool allowed);
+
 void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
                     const rl_decision *d, const rl_rule *cfg_rules);
 

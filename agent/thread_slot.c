@@ -10,19 +10,16 @@
  */
 #include "thread_slot.h"
 
-#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-#define NOT_ASKED UINT_MAX
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
 static bool key_made;
 static bool taken[RL_THREAD_SLOTS];
-static _Thread_local unsigned mine = NOT_ASKED;
+_Thread_local unsigned rl_thread_slot_mine = RL_THREAD_SLOT_UNASKED;
 
 /* At thread exit; the value is the slot + 1 (a key's value is never
  * passed to its destructor when NULL). */
@@ -33,7 +30,7 @@ static void give_back(void *value)
     taken[slot] = false;
     pthread_mutex_unlock(&lock);
     /* Should a later destructor call into librl, it asks anew. */
-    mine = NOT_ASKED;
+    rl_thread_slot_mine = RL_THREAD_SLOT_UNASKED;
 }
 
 static void make_key(void)
@@ -64,9 +61,8 @@ static unsigned take(void)
     return slot;
 }
 
-unsigned rl_thread_slot(void)
+unsigned rl_thread_slot_take(void)
 {
-    if (mine == NOT_ASKED)
-        mine = take();
-    return mine;
+    rl_thread_slot_mine = take();
+    return rl_thread_slot_mine;
 }

@@ -18,8 +18,22 @@
 #define RL_THREAD_SLOT_SHARED RL_THREAD_SLOTS
 #define RL_CACHE_LINE 64
 
+/* This thread's slot, or RL_THREAD_SLOT_UNASKED before its first use.
+ * Initial-exec: one load off the thread pointer, no call, on every check
+ * (librl's own few bytes fit the static TLS glibc keeps for libraries
+ * loaded later, with dlopen, too). */
+#define RL_THREAD_SLOT_UNASKED (~0u)
+extern _Thread_local unsigned rl_thread_slot_mine
+    __attribute__((tls_model("initial-exec")));
+
+unsigned rl_thread_slot_take(void);
+
 /* The calling thread's slot, 0 .. RL_THREAD_SLOT_SHARED. Thread-safe. */
-unsigned rl_thread_slot(void);
+static inline unsigned rl_thread_slot(void)
+{
+    unsigned slot = rl_thread_slot_mine;
+    return slot != RL_THREAD_SLOT_UNASKED ? slot : rl_thread_slot_take();
+}
 
 /* Adds n to counters[slot]: a plain load and store when the slot is the
  * caller's own, an atomic add for the shared one. */
