@@ -70,6 +70,7 @@ env "$@" "$runner" -- "$build/tests/rl-tests" \
     echo "|---|---|---|---|---|---|---|"
     sed -n 's/.*window \([0-9]*\): offered \([0-9]*\), admitted \([0-9]*\) (limit \([0-9]*\), [^,]*, stated bound \([0-9]*\), seed baseline \([0-9]*\)).*/\1 \2 \3 \4 \5 \6/p' \
         "$out/fleet.log" | awk '{printf "| %d | %d | %d | %d | %.2f | %d | %d |\n", $1, $2, $3, $4, $3 / $4, $5, $6}'
+    echo
 } | tee -a "$report"
 
 echo "bench: Redis Cluster"
@@ -80,6 +81,7 @@ set terminal pngcairo size 1200,500 noenhanced
 set output "$out/bench.png"
 set multiplot layout 1,2 title "rl exact path, one rule, one redis-server (medians)"
 set logscale x 2
+set xrange [0.8:90]
 set xtics ("1" 1, "16" 16, "64" 64)
 set xlabel "requests in flight"
 set key top left
