@@ -13,6 +13,7 @@
 #include "thread_slot.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -30,22 +31,28 @@ typedef struct rl_synced_entry {
     uint64_t idle_ticks;
     /* Counted so far, ever: one counter per thread slot, each written by
      * its slot's thread alone (the shared slot's by atomic adds). They sit
-     * together: a check reads them all anyway. */
+     * together, a check reads them all; so do the fields a decision needs,
+     * which the I/O thread writes once per totals. */
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t counts[RL_THREAD_SLOTS
                                                          + 1];
-    /* What a check reads besides the counts, on as few lines as can be:
-     * written by the I/O thread (the key: once, before it is published). */
-    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
-                                                   counted + cost <= mark */
     atomic_uint_least64_t room;       /* fleet room at the mark, headers */
     atomic_uint_least64_t counted_at_mark;
-    atomic_uint_least64_t retry_ms;   /* when full: wait hint */
     atomic_uint_least64_t reset_ms;   /* until the window ends */
+    /* What finding the entry reads, with the mark, on one line: the key's
+     * first bytes included. Written before the entry is published (the
+     * mark and retry by the I/O thread, too). */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
+                                                   counted + cost <= mark */
+    atomic_uint_least64_t retry_ms;   /* when full: wait hint */
     const rl_rule *rule;
     uint64_t hash;
     uint16_t value_len;
     char value[];
 } rl_synced_entry;
+
+_Static_assert(offsetof(rl_synced_entry, mark)
+                   - offsetof(rl_synced_entry, counts) == 2 * RL_CACHE_LINE,
+               "the counts and the decision's fields fill two lines");
 
 typedef struct rl_synced_table {
     size_t cap;                         /* slots, a power of two */
