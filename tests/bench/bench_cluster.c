@@ -5,6 +5,7 @@
  * store.wait_replicas: 1 costs in latency. Run by `make bench` under
  * with-redis --cluster.
  */
+#include "bench_agent.h"
 #include "bench_stats.h"
 #include "rl.h"
 
@@ -33,15 +34,7 @@ static rl_agent *open_agent(const char *store, rl_config **cfg)
     char yaml[2048];
     int n = snprintf(yaml, sizeof yaml, "store: {%s, timeout_ms: 1000}\n%s",
                      store, rules);
-    rl_error err;
-    rl_agent *agent;
-    rl_options o = {0};
-    if (rl_config_parse(yaml, (size_t)n, "bench", cfg, &err) != RL_OK
-        || (o.config = *cfg, rl_agent_open(&agent, &o, &err)) != RL_OK) {
-        fprintf(stderr, "bench: %s\n", err.message);
-        exit(1);
-    }
-    return agent;
+    return bench_open_agent(yaml, (size_t)n, cfg);
 }
 
 /* One request's three attributes, each from its own 10,000 values. */

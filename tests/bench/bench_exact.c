@@ -14,6 +14,7 @@
  * Then server time per call and bytes per key for each, and the seed's
  * rejected alternatives (bench_alternatives.c).
  */
+#include "bench_agent.h"
 #include "bench_alternatives.h"
 #include "bench_peer.h"
 #include "bench_pipeline.h"
@@ -66,15 +67,7 @@ static rl_agent *open_agent(const char *algorithm, rl_config **cfg)
                       "  - {name: r%d, match: %s, key_prefix: \"%s\", "
                       "limit: 100, period: 1m, algorithm: %s}\n",
                       i, attr_names[i], prefixes[i], algorithm);
-    rl_error err;
-    rl_agent *agent;
-    rl_options o = {0};
-    if (rl_config_parse(yaml, (size_t)n, "bench", cfg, &err) != RL_OK
-        || (o.config = *cfg, rl_agent_open(&agent, &o, &err)) != RL_OK) {
-        fprintf(stderr, "bench: %s\n", err.message);
-        exit(1);
-    }
-    return agent;
+    return bench_open_agent(yaml, (size_t)n, cfg);
 }
 
 /* One request's attributes, random values, into the caller's storage. */
@@ -154,13 +147,21 @@ static bench_result finish(rl_load *l, double start)
         .errors = atomic_load(&l->failed)};
 }
 
-static bench_result rl_async(rl_agent *agent, int depth, int rules)
+/* A run of run_seconds from now; returns its start. */
+static double begin_run(rl_load *l, rl_agent *agent, int rules)
 {
-    rl_load l = {.agent = agent, .rules = rules};
-    async_slot slots[64];
+    *l = (rl_load){.agent = agent, .rules = rules};
     atomic_store(&latency.n, 0);
     double start = bench_now_s();
-    l.end = start + run_seconds;
+    l->end = start + run_seconds;
+    return start;
+}
+
+static bench_result rl_async(rl_agent *agent, int depth, int rules)
+{
+    rl_load l;
+    async_slot slots[64];
+    double start = begin_run(&l, agent, rules);
     atomic_store(&l.in_flight, depth);
     for (int i = 0; i < depth; i++) {
         slots[i] = (async_slot){.load = &l, .seed = (unsigned)i + 1};
@@ -193,11 +194,9 @@ static void *checker(void *arg)
 
 static bench_result rl_threads(rl_agent *agent, int depth, int rules)
 {
-    rl_load l = {.agent = agent, .rules = rules};
+    rl_load l;
     pthread_t t[64];
-    atomic_store(&latency.n, 0);
-    double start = bench_now_s();
-    l.end = start + run_seconds;
+    double start = begin_run(&l, agent, rules);
     for (int i = 0; i < depth; i++)
         pthread_create(&t[i], NULL, checker, &l);
     for (int i = 0; i < depth; i++)
