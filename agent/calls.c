@@ -7,7 +7,7 @@
  * every running thread of the process execute a full barrier, and the
  * callers only need the compiler not to reorder their store and load.
  * Where the kernel refuses (old kernels, seccomp filters), the callers
- * fence themselves.
+ * count themselves in with a sequentially consistent add instead.
  *
  * Leaving is a release store and the closer's loads acquire it, so
  * whatever a caller did inside happens before the agent is freed.
@@ -39,27 +39,22 @@ void rl_calls_setup(void)
     pthread_once(&setup_once, register_process);
 }
 
-/* Between the caller's store and its load of closing. */
-static void caller_fence(void)
-{
-    if (atomic_load_explicit(&expedited, memory_order_relaxed))
-        atomic_signal_fence(memory_order_seq_cst);
-    else
-        atomic_thread_fence(memory_order_seq_cst);
-}
-
 bool rl_calls_enter(rl_calls *c, const atomic_bool *closing)
 {
     unsigned slot = rl_thread_slot();
     atomic_uint_least64_t *n = &c->inside[slot].n;
-    if (slot != RL_THREAD_SLOT_SHARED) {
+    if (slot != RL_THREAD_SLOT_SHARED
+        && atomic_load_explicit(&expedited, memory_order_relaxed)) {
         atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed)
                                      + 1, memory_order_relaxed);
-        caller_fence();
+        /* The closer's membarrier orders this store before the load. */
+        atomic_signal_fence(memory_order_seq_cst);
     } else {
+        /* A sequentially consistent read-modify-write: a full barrier of
+         * its own. */
         atomic_fetch_add(n, 1);
     }
-    if (!atomic_load_explicit(closing, memory_order_relaxed))
+    if (!atomic_load(closing))
         return true;
     rl_calls_leave(c);
     return false;
@@ -79,7 +74,7 @@ void rl_calls_leave(rl_calls *c)
 static bool idle(rl_calls *c)
 {
     for (int i = 0; i <= RL_THREAD_SLOTS; i++) {
-        if (atomic_load_explicit(&c->inside[i].n, memory_order_acquire) > 0)
+        if (atomic_load(&c->inside[i].n) > 0)
             return false;
     }
     return true;
@@ -87,7 +82,7 @@ static bool idle(rl_calls *c)
 
 void rl_calls_wait_idle(rl_calls *c)
 {
-    atomic_thread_fence(memory_order_seq_cst);
+    /* closing was set by a sequentially consistent exchange. */
     if (atomic_load(&expedited))
         membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
     while (!idle(c))

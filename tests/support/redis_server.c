@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,8 @@
 #define START_ATTEMPTS 10
 #define READY_TIMEOUT_MS 10000
 
-uint16_t test_free_port(void)
+/* A port the kernel had free just now. */
+static uint16_t kernel_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
@@ -37,6 +39,31 @@ uint16_t test_free_port(void)
         && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
         port = ntohs(sa.sin_port);
     close(fd);
+    return port;
+}
+
+/* Two calls in a row can get the same port from the kernel (nothing is
+ * bound to it in between), and a caller asking for two ports at once (an
+ * aggregator's reports and totals) needs two: a port handed out recently
+ * in this process is not handed out again. */
+#define RECENT_PORTS 64
+
+uint16_t test_free_port(void)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint16_t recent[RECENT_PORTS];
+    static unsigned next;
+    pthread_mutex_lock(&lock);
+    uint16_t port = 0;
+    for (int attempt = 0; attempt < 100 && port == 0; attempt++) {
+        port = kernel_free_port();
+        for (int i = 0; i < RECENT_PORTS && port != 0; i++) {
+            if (recent[i] == port)
+                port = 0;
+        }
+    }
+    recent[next++ % RECENT_PORTS] = port;
+    pthread_mutex_unlock(&lock);
     return port;
 }
 
