@@ -137,7 +137,9 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * still inside the agent to return, stops its thread and frees it. No call
  * on the agent may start once rl_agent_close has been called: to stop
  * threads that are still checking, call rl_agent_shutdown first, let them
- * see RL_ECLOSED, then close. rl_agent_close(NULL) does nothing. */
+ * see RL_ECLOSED, then close. With synced rules, a report already sent to
+ * the aggregator is given until its ack (two sync intervals at most) before
+ * the agent disconnects. rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
 /* One attribute of a request: a rule applies when its `match` names an

@@ -51,6 +51,7 @@ struct rl_sync {
     size_t n_totals, cap_totals;
     bool closing;
     /* Loop thread only. */
+    bool stopping;              /* rl_sync_stop was called */
     req_state state;
     char agent_id[40];
     uint64_t seq;
@@ -60,6 +61,8 @@ struct rl_sync {
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
     int open_handles;
 };
+
+static void close_sync(rl_sync *s);
 
 static uint64_t now_ms(const rl_sync *s)
 {
@@ -301,6 +304,10 @@ static void on_wakeup(uv_async_t *h)
         nng_msg_free(totals[i]);
     }
     free(totals);
+    /* Stopping, and the report that was in flight is over: close (once,
+     * as this handle closes with the rest). */
+    if (s->stopping && s->state == REQ_IDLE)
+        close_sync(s);
 }
 
 /* Until the next interval of Redis's clock, or a whole interval when that
@@ -425,7 +432,9 @@ static void handle_closed(uv_handle_t *h)
         rl_sync_free(s);
 }
 
-void rl_sync_stop(rl_sync *s)
+/* Stops the aios, closes the handles; the sockets close with the object,
+ * in rl_sync_free, once the handles are closed. */
+static void close_sync(rl_sync *s)
 {
     pthread_mutex_lock(&s->lock);
     s->closing = true;
@@ -445,6 +454,27 @@ void rl_sync_stop(rl_sync *s)
         nng_msg_free(nng_aio_get_msg(s->req_aio));
     uv_close((uv_handle_t *)&s->wakeup, handle_closed);
     uv_close((uv_handle_t *)&s->tick, handle_closed);
+}
+
+void rl_sync_stop(rl_sync *s)
+{
+    s->stopping = true;
+    uv_timer_stop(&s->tick);
+    /* nng 1.5.2 (Debian 12's libnng1) can lose a TCP pipe's read when the
+     * pipe is closed here while a message is arriving on it: the transport
+     * re-arms the read on an aio the close has stopped, nng drops it
+     * silently, and the protocol's receive on that pipe never completes.
+     * nng_close() then waits for the pipe forever, and so would
+     * rl_agent_close() (nng issue #1813, fixed upstream by nng PR #1824).
+     * The ack of a report in flight is such a message, due right after
+     * each tick: close once the exchange is over, acknowledged or timed
+     * out (two intervals at most). A report nng has not handed to a pipe
+     * yet is cancelled, as no ack can follow it; one already sent comes
+     * back through on_wakeup, which waits for its ack. */
+    if (s->state == REQ_SENDING)
+        nng_aio_cancel(s->req_aio);
+    else if (s->state == REQ_IDLE)
+        close_sync(s);
 }
 
 void rl_sync_free(rl_sync *s)

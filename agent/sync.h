@@ -23,7 +23,9 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
 /* rl_sync_start begins reporting every interval on loop (its thread). */
 void rl_sync_start(rl_sync *s, uv_loop_t *loop);
 
-/* rl_sync_stop ends it; the object frees itself once its handles close. */
+/* rl_sync_stop ends it: no report after this. A report already sent keeps
+ * the sockets open until its ack or its timeout (two intervals); the object
+ * frees itself once its handles close. */
 void rl_sync_stop(rl_sync *s);
 
 /* For a sync that was never started. */
