@@ -11,6 +11,12 @@
  *     missing key means a full bucket;
  *   - integer replies: {allowed, remaining, retry_ms, reset_ms}.
  *
+ * Numbers are parsed once: strtod, under Lua's tonumber, was a third of a
+ * call's instructions (callgrind on redis-server). A function library keeps
+ * the arguments it has seen (a rule's burst, limit and period, the cost,
+ * the current second of TIME) in a table of at most 1,024, emptied when
+ * full; a script sent with EVALSHA starts with an empty one each call.
+ *
  * Leaner than the seed's: the state is one string written with SET ... PX
  * (one command sets value and expiry, where HSET + PEXPIRE took two), and
  * only an allowed request writes: a rejection leaves a state that reads back
@@ -39,9 +45,19 @@
 
 /* Shared by both algorithms: the clock, the arguments and the decision. */
 #define LUA_COMMON \
+    "local nums, n_nums = {}, 0\n" \
+    "local function num(s)\n" \
+    "  local n = nums[s]\n" \
+    "  if n == nil then\n" \
+    "    n = tonumber(s)\n" \
+    "    if n_nums >= 1024 then nums, n_nums = {}, 0 end\n" \
+    "    nums[s], n_nums = n, n_nums + 1\n" \
+    "  end\n" \
+    "  return n\n" \
+    "end\n" \
     "local function now_ms()\n" \
     "  local t = redis.call('TIME')\n" \
-    "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
+    "  return num(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
     "end\n" \
     "local function spend(level, cap, limit, period, cost)\n" \
     "  local need, allowed, retry = cost * period, 0, 0\n" \
@@ -67,8 +83,8 @@
 /* KEYS[1] the bucket; ARGV burst, limit, period_ms, cost. State
  * "LEVEL:TS": level in 1/period_ms tokens, ts the ms of the last write. */
 #define LUA_TOKEN_BUCKET_BODY \
-    "  local burst, limit = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
-    "  local period, cost = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
+    "  local burst, limit = num(ARGV[1]), num(ARGV[2])\n" \
+    "  local period, cost = num(ARGV[3]), num(ARGV[4])\n" \
     "  local cap, now = burst * period, now_ms()\n" \
     "  local level, ts = cap, now\n" \
     "  local v = redis.call('GET', KEYS[1])\n" \
@@ -91,8 +107,8 @@
  * of now, in 1/limit ms, which is exactly the tokens missing from a full
  * bucket in 1/period_ms units. */
 #define LUA_GCRA_BODY \
-    "  local burst, limit = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
-    "  local period, cost = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
+    "  local burst, limit = num(ARGV[1]), num(ARGV[2])\n" \
+    "  local period, cost = num(ARGV[3]), num(ARGV[4])\n" \
     "  local cap, now, d = burst * period, now_ms(), 0\n" \
     "  local v = redis.call('GET', KEYS[1])\n" \
     "  if v then\n" \
