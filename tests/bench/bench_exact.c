@@ -361,8 +361,12 @@ typedef struct cost {
     long long key_bytes, per_key;
 } cost;
 
-static cost costs[4];
-static const char *const cost_names[4] = {
+#define SCRIPTS 4
+/* Runs are interleaved like the matrix's; the server's own clock around a
+ * call also counts the time another process had the CPU, so the minimum
+ * of the runs is the closest to the script's cost. */
+static cost costs[SCRIPTS][RUNS];
+static const char *const cost_names[SCRIPTS] = {
     "rl token bucket (FCALL)", "rl GCRA (FCALL)",
     "seed's script (EVALSHA, hash)", "rate-limiter-flexible (EVALSHA)"};
 
@@ -395,20 +399,38 @@ static cost measure_cost(redisContext *c, const bench_script *s)
 static void print_costs(void)
 {
     printf("\n### Server cost and memory (%d keys, each checked twice)\n\n"
-           "| script | server µs per call (INFO commandstats) | MEMORY "
+           "| script | server µs per call, min / median / max (INFO "
+           "commandstats) | MEMORY "
            "USAGE of one key | used_memory per key |\n|---|---|---|---|\n",
            FILL_KEYS);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < SCRIPTS; i++) {
         if (i == 3 && !bench_peer_available())
             continue;
-        printf("| %s | %.2f | %lld | %lld |\n", cost_names[i], costs[i].usec,
-               costs[i].key_bytes, costs[i].per_key);
+        double usec[RUNS];
+        for (int run = 0; run < RUNS; run++)
+            usec[run] = costs[i][run].usec;
+        bench_summary u = bench_summarize(usec, RUNS);
+        printf("| %s | %.2f / %.2f / %.2f | %lld | %lld |\n", cost_names[i],
+               u.min, u.median, u.max, costs[i][0].key_bytes,
+               costs[i][0].per_key);
     }
+}
+
+/* rl's token bucket / the seed's script, server µs, the run with the
+ * lowest (least disturbed) of each. */
+static double cost_ratio(void)
+{
+    double tb[RUNS], seed[RUNS];
+    for (int run = 0; run < RUNS; run++) {
+        tb[run] = costs[0][run].usec;
+        seed[run] = costs[2][run].usec;
+    }
+    return bench_summarize(tb, RUNS).min / bench_summarize(seed, RUNS).min;
 }
 
 static void print_targets(void)
 {
-    printf("\n### Targets (medians of the per-run ratios)\n\n"
+    printf("\n### Targets (medians of the per-run ratios; server cost: the lowest of the runs)\n\n"
            "| target | measured | wanted | |\n|---|---|---|---|\n");
     if (bench_peer_available()) {
         target("rl_check_async / rate-limiter-flexible, requests/s, 64 in "
@@ -421,7 +443,7 @@ static void print_targets(void)
     target("rl_check_async / ceiling, requests/s, 64 in flight, 1 rule",
            ratio(RL_ASYNC, CEILING, 0, 2, rate_of).median, 0.9, true);
     target("rl token bucket / seed's script, server µs per call",
-           costs[0].usec / costs[2].usec, 0.5, false);
+           cost_ratio(), 0.5, false);
 }
 
 int main(void)
@@ -447,11 +469,13 @@ int main(void)
     measure_matrix(c, agent, &ceiling, &seed);
     bench_script gcra_fn = {.command = "FCALL"};
     snprintf(gcra_fn.name, sizeof gcra_fn.name, "%s", RL_FUNCTION_GCRA);
-    costs[0] = measure_cost(c, &ceiling);
-    costs[1] = measure_cost(c, &gcra_fn);
-    costs[2] = measure_cost(c, &seed);
-    if (bench_peer_available())
-        costs[3] = measure_cost(c, NULL);
+    for (int run = 0; run < RUNS; run++) {
+        costs[0][run] = measure_cost(c, &ceiling);
+        costs[1][run] = measure_cost(c, &gcra_fn);
+        costs[2][run] = measure_cost(c, &seed);
+        if (bench_peer_available())
+            costs[3][run] = measure_cost(c, NULL);
+    }
 
     printf("## Exact path (%d runs of %.0f s per figure, %d keys per rule, "
            "100 per minute)\n", RUNS, run_seconds, BENCH_KEYS);
