@@ -427,13 +427,6 @@ static void *steady(void *arg)
     return NULL;
 }
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 Test(cluster, failover_is_survived_without_a_restart)
 {
     test_cluster cl;
@@ -473,22 +466,22 @@ Test(cluster, failover_is_survived_without_a_restart)
     }
     cr_assert_geq(victim_node, 0);
     test_redis_kill(&cl.nodes[victim_node]);
-    uint64_t killed_at = mono_ms(), slowest = 0;
+    uint64_t killed_at = test_now_ms(), slowest = 0;
     int degraded = 0;
     for (;;) {
-        uint64_t t0 = mono_ms();
+        uint64_t t0 = test_now_ms();
         cr_assert_eq(rl_check(a, &victim, 1, 1, &d), RL_OK);
-        uint64_t took = mono_ms() - t0;
+        uint64_t took = test_now_ms() - t0;
         slowest = took > slowest ? took : slowest;
         if (!d.degraded)
             break;
         cr_assert(d.allowed, "on_error: allow was not honoured");
         degraded++;
-        cr_assert_lt(mono_ms() - killed_at, 60000,
+        cr_assert_lt(test_now_ms() - killed_at, 60000,
                      "the replica was never used");
         usleep(20 * 1000);
     }
-    uint64_t recovered_ms = mono_ms() - killed_at;
+    uint64_t recovered_ms = test_now_ms() - killed_at;
     atomic_store(&other.stop, true);
     pthread_join(thread, NULL);
     close_agent(a, cfg);

@@ -127,9 +127,7 @@ Test(rlctl, totals_lists_synced_clients_by_their_count)
     unique(a, sizeof a, "org_small");
     unique(b, sizeof b, "org_big");
     redisContext *c = test_redis_connect(NULL);
-    redisReply *t = test_redis_command(c, "TIME");
-    unsigned long long w = strtoull(t->element[0]->str, NULL, 10) / 3600;
-    freeReplyObject(t);
+    unsigned long long w = test_redis_time_ms(c) / 3600000;
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 7", a, w));
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 900", b,
                                        w));
@@ -289,9 +287,7 @@ Test(rlctl, watch_shows_clients_against_their_limit)
     unique(over, sizeof over, "org_over");
     unique(under, sizeof under, "org_under");
     redisContext *c = test_redis_connect(NULL);
-    redisReply *t = test_redis_command(c, "TIME");
-    unsigned long long w = strtoull(t->element[0]->str, NULL, 10) / 3600;
-    freeReplyObject(t);
+    unsigned long long w = test_redis_time_ms(c) / 3600000;
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 1000",
                                        over, w));
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 10", under,

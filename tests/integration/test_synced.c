@@ -56,10 +56,7 @@ static long long redis_total(const char *prefix_value)
 static uint64_t redis_time_ms(void)
 {
     redisContext *c = test_redis_connect(NULL);
-    redisReply *r = test_redis_command(c, "TIME");
-    uint64_t ms = strtoull(r->element[0]->str, NULL, 10) * 1000
-                  + strtoull(r->element[1]->str, NULL, 10) / 1000;
-    freeReplyObject(r);
+    uint64_t ms = test_redis_time_ms(c);
     redisFree(c);
     return ms;
 }

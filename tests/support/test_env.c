@@ -45,6 +45,16 @@ redisReply *test_redis_command(redisContext *c, const char *fmt, ...)
     return r;
 }
 
+uint64_t test_redis_time_ms(redisContext *c)
+{
+    redisReply *r = test_redis_command(c, "TIME");
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY, "TIME: %s", r->str);
+    uint64_t ms = strtoull(r->element[0]->str, NULL, 10) * 1000
+                  + strtoull(r->element[1]->str, NULL, 10) / 1000;
+    freeReplyObject(r);
+    return ms;
+}
+
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file)
 {

@@ -7,6 +7,7 @@
 
 #include <hiredis/hiredis.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* test_env returns the variable's value; the test fails when it is unset,
  * with a message saying to run the tests through make test. */
@@ -19,6 +20,9 @@ redisContext *test_redis_connect(const char *addr);
 /* test_redis_command runs one command and fails the test on a NULL reply
  * (a lost connection). The caller frees the reply. */
 redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
+
+/* test_redis_time_ms is Redis's clock (TIME) in ms, on the connection c. */
+uint64_t test_redis_time_ms(redisContext *c);
 
 /* test_run runs a shell command, puts what it printed (stdout and stderr)
  * in out, and returns its exit status (-1 if it did not exit). */
