@@ -1,7 +1,9 @@
 /*
- * bucket.c: the agent's calls of the bucket scripts: arguments in, the
- * four integers {allowed, remaining, retry_ms, reset_ms} out. Anything else
- * from Redis is an error for the rule, decided by its on_error.
+ * bucket.c: the agent's calls of the bucket script. The script answers one
+ * integer, how far the bucket is from full (negative when it rejected, see
+ * scripts.c); remaining, retry and reset follow from it and the rule, here
+ * rather than in Redis. Any other reply is an error for the rule, decided
+ * by its on_error.
  */
 #include "bucket.h"
 
@@ -13,7 +15,7 @@
 
 void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)
 {
-    args->algorithm = rule->algorithm;
+    args->rule = rule;
     snprintf(args->burst, sizeof args->burst, "%llu",
              (unsigned long long)rule->burst);
     snprintf(args->limit, sizeof args->limit, "%llu",
@@ -22,25 +24,52 @@ void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)
              (unsigned long long)rule->period_ms);
 }
 
+static uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+void rl_bucket_answer(const rl_rule *rule, uint64_t missing, bool allowed,
+                      int64_t cost, rl_bucket_reply *out)
+{
+    uint64_t cap = rule->burst * rule->period_ms;
+    *out = (rl_bucket_reply){.allowed = allowed,
+                             .remaining = (cap - missing) / rule->period_ms,
+                             .reset_ms = ceil_div(missing, rule->limit)};
+    if (allowed)
+        return;
+    if (cost > 0 && (uint64_t)cost > rule->burst)
+        out->retry_ms = -1; /* can never pass */
+    else
+        out->retry_ms = (int64_t)ceil_div(
+            missing + (uint64_t)cost * rule->period_ms - cap, rule->limit);
+}
+
 typedef struct pending {
     rl_bucket_fn fn;
     void *arg;
+    const rl_rule *rule;
+    int64_t cost;
 } pending;
 
-static bool parse(const redisReply *r, rl_bucket_reply *out)
+static bool parse(const pending *p, const redisReply *r,
+                  rl_bucket_reply *out)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4)
+    if (r->type != REDIS_REPLY_INTEGER)
         return false;
-    for (int i = 0; i < 4; i++) {
-        if (r->element[i]->type != REDIS_REPLY_INTEGER)
-            return false;
-    }
-    out->allowed = r->element[0]->integer == 1;
-    out->remaining = (uint64_t)(r->element[1]->integer > 0
-                                    ? r->element[1]->integer : 0);
-    out->retry_ms = r->element[2]->integer;
-    out->reset_ms = (uint64_t)(r->element[3]->integer > 0
-                                   ? r->element[3]->integer : 0);
+    const rl_rule *rule = p->rule;
+    uint64_t cap = rule->burst * rule->period_ms;
+    bool allowed = r->integer >= 0;
+    long long missing = allowed ? r->integer : -(r->integer + 1);
+    if ((unsigned long long)missing > cap)
+        return false;
+    /* A rejection must be one: a cost that fits but did not fit now. */
+    if (!allowed && p->cost <= 0)
+        return false;
+    if (!allowed && (uint64_t)p->cost <= rule->burst
+        && (uint64_t)missing + (uint64_t)p->cost * rule->period_ms <= cap)
+        return false;
+    rl_bucket_answer(rule, (uint64_t)missing, allowed, p->cost, out);
     return true;
 }
 
@@ -51,7 +80,7 @@ static void on_reply(void *arg, const redisReply *reply, const char *error)
     rl_bucket_reply out;
     if (reply == NULL)
         p.fn(p.arg, NULL, error);
-    else if (!parse(reply, &out))
+    else if (!parse(&p, reply, &out))
         p.fn(p.arg, NULL, "unexpected reply from the bucket script");
     else
         p.fn(p.arg, &out, NULL);
@@ -66,7 +95,7 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
         fn(arg, NULL, "out of memory");
         return;
     }
-    *p = (pending){fn, arg};
+    *p = (pending){fn, arg, args->rule, cost};
     char cost_text[24];
     snprintf(cost_text, sizeof cost_text, "%lld", (long long)cost);
     const char *argv[] = {"1", key, args->burst, args->limit, args->period,
@@ -74,5 +103,5 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
     size_t lens[6];
     for (int i = 0; i < 6; i++)
         lens[i] = i == 1 ? key_len : strlen(argv[i]);
-    rl_store_run(store, args->algorithm, 6, argv, lens, on_reply, p);
+    rl_store_run(store, 0, 6, argv, lens, on_reply, p);
 }

@@ -1,6 +1,7 @@
 /*
- * bucket.h: one call of a bucket script (token bucket or GCRA) through the
- * store, and its answer. Private to librl; runs on the I/O thread.
+ * bucket.h: one call of the bucket script through the store, and its
+ * answer; the answer's arithmetic is shared with mode: local. Private to
+ * librl; calls run on the I/O thread.
  */
 #ifndef RL_AGENT_BUCKET_H
 #define RL_AGENT_BUCKET_H
@@ -20,7 +21,7 @@ typedef struct rl_bucket_reply {
 
 /* The fixed arguments of a rule's calls, formatted once. */
 typedef struct rl_bucket_args {
-    rl_algorithm algorithm;
+    const rl_rule *rule;
     char burst[24];
     char limit[24];
     char period[24];
@@ -33,13 +34,18 @@ typedef void (*rl_bucket_fn)(void *arg, const rl_bucket_reply *reply,
 
 void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule);
 
+/* rl_bucket_answer fills out for a bucket of rule that is missing units
+ * (1/period_ms tokens) of full after a call of cost, allowed or not. */
+void rl_bucket_answer(const rl_rule *rule, uint64_t missing, bool allowed,
+                      int64_t cost, rl_bucket_reply *out);
+
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them
  * back) and reports the answer to fn. */
 void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
                     const char *key, size_t key_len, int64_t cost,
                     rl_bucket_fn fn, void *arg);
 
-/* The bucket scripts, for rl_store_new. */
+/* The bucket script, for rl_store_new. */
 extern const rl_script_set rl_bucket_scripts;
 
 #endif

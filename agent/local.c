@@ -170,11 +170,6 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     return e;
 }
 
-static uint64_t ceil_div(uint64_t a, uint64_t b)
-{
-    return a / b + (a % b != 0);
-}
-
 /* Spends from one bucket, as the Redis script does. */
 static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
                   rl_bucket_reply *out)
@@ -182,20 +177,11 @@ static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
     const rl_rule *r = e->rule;
     e->level = refilled(e, now_ms);
     e->at_ms = now_ms > e->at_ms ? now_ms : e->at_ms;
-    *out = (rl_bucket_reply){0};
-    if (cost > r->burst) {
-        out->retry_ms = -1;
-    } else {
-        uint64_t need = (uint64_t)cost * r->period_ms;
-        if (e->level >= need) {
-            e->level -= need;
-            out->allowed = true;
-        } else {
-            out->retry_ms = (int64_t)ceil_div(need - e->level, r->limit);
-        }
-    }
-    out->remaining = e->level / r->period_ms;
-    out->reset_ms = ceil_div(capacity(r) - e->level, r->limit);
+    bool allowed = cost <= r->burst
+                   && e->level >= (uint64_t)cost * r->period_ms;
+    if (allowed)
+        e->level -= (uint64_t)cost * r->period_ms;
+    rl_bucket_answer(r, capacity(r) - e->level, allowed, cost, out);
 }
 
 void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,

@@ -1,8 +1,8 @@
 /*
- * rlctl_view.c: see rlctl_view.h. The arithmetic is the scripts' (see
- * agent/scripts.c): a bucket holds level / period_ms tokens; the token
- * bucket stores "LEVEL:TS", GCRA "TAT" or "TAT REM"; a missing or
- * unreadable value is a full bucket. A synced rule's estimate is the
+ * rlctl_view.c: see rlctl_view.h. The arithmetic is the bucket script's
+ * (see agent/scripts.c): a bucket holds level / period_ms tokens and its
+ * key's expiry is the time until it is full again; a missing key is a full
+ * bucket. A synced rule's estimate is the
  * agent's: the previous window weighted by the part of it still inside the
  * sliding period, plus the current one.
  */
@@ -48,32 +48,23 @@ static int read_key(rlctl_store *s, const char *key, char *value,
     return 0;
 }
 
-/* The level now, in 1/period_ms tokens, from either algorithm's state. */
-static uint64_t level_now(const rl_rule *r, const char *state, bool exists,
-                          unsigned long long now)
+/* The level now, in 1/period_ms tokens: the bucket is ttl x limit units
+ * short of full, less the remainder its value holds when the interval is
+ * not a whole number of ms. */
+static uint64_t level_now(const rl_rule *r, const char *state,
+                          long long ttl)
 {
     uint64_t cap = r->burst * r->period_ms;
-    if (!exists)
-        return cap;
-    const char *colon = strchr(state, ':');
-    if (colon != NULL && r->algorithm == RL_ALGO_TOKEN_BUCKET) {
-        uint64_t level = strtoull(state, NULL, 10);
-        uint64_t ts = strtoull(colon + 1, NULL, 10);
-        level = level < cap ? level : cap;
-        uint64_t elapsed = now > ts ? now - ts : 0;
-        if (elapsed >= ceil_div(cap - level, r->limit))
-            return cap;
-        return level + elapsed * r->limit;
-    }
-    if (colon == NULL && r->algorithm == RL_ALGO_GCRA) {
+    if (ttl <= 0)
+        return cap; /* no key, or a key without an expiry: full */
+    uint64_t d = (uint64_t)ttl * r->limit;
+    if (r->period_ms % r->limit != 0) {
         char *end;
-        uint64_t tat = strtoull(state, &end, 10);
-        uint64_t rem = *end == ' ' ? strtoull(end + 1, NULL, 10) : 0;
-        uint64_t ahead = tat > now ? (tat - now) * r->limit + rem : 0;
-        uint64_t d = ahead < cap ? ahead : cap;
-        return cap - d;
+        uint64_t rem = strtoull(state, &end, 10);
+        if (end != state && *end == '\0' && rem < r->limit && rem <= d)
+            d -= rem;
     }
-    return cap; /* the other algorithm's state: read as full */
+    return d < cap ? cap - d : 0;
 }
 
 static void window_key(const rlctl_store *s, const rl_rule *rule,
@@ -134,7 +125,7 @@ int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
                  &out->exists, err, errlen) != 0)
         return -1;
     uint64_t cap = rule->burst * rule->period_ms;
-    out->level = level_now(rule, out->state, out->exists, now_ms);
+    out->level = level_now(rule, out->state, out->ttl_ms);
     out->tokens = out->level / rule->period_ms;
     out->full_in_ms = ceil_div(cap - out->level, rule->limit);
     return 0;

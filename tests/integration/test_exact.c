@@ -26,6 +26,7 @@ static const char *algorithm_name(int gcra)
 struct contender {
     test_agent *t;
     const char *key;
+    int rounds;
     atomic_int *allowed;
     atomic_int *errors;
 };
@@ -34,7 +35,7 @@ static void *contend(void *arg)
 {
     struct contender *c = arg;
     rl_attr attr = {"api_key", c->key, strlen(c->key)};
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < c->rounds; i++) {
         rl_decision d;
         if (rl_check(c->t->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
             atomic_fetch_add(c->errors, 1);
@@ -44,19 +45,18 @@ static void *contend(void *arg)
     return NULL;
 }
 
-static void fifty_threads(test_scripts mode, int gcra)
+/* Fifty threads, rounds checks each, on one bucket of 100 under rule. */
+static void fifty_threads_on(test_scripts mode, const char *rule,
+                             const char *key, int rounds)
 {
-    char rules[256], key[64];
-    /* 100 a day: not one token comes back during the test. */
+    char rules[256];
     snprintf(rules, sizeof rules,
-             "  - {name: per-key, match: api_key, limit: 100, period: 1d, "
-             "algorithm: %s}\n", algorithm_name(gcra));
-    snprintf(key, sizeof key, "fifty-%s-%d", algorithm_name(gcra), mode);
+             "  - {name: per-key, match: api_key, limit: 100, %s}\n", rule);
     test_agent t;
     test_agent_open(&t, NULL, mode, NULL, NULL, rules);
     atomic_int allowed = 0, errors = 0;
     pthread_t threads[50];
-    struct contender c = {&t, key, &allowed, &errors};
+    struct contender c = {&t, key, rounds, &allowed, &errors};
     for (int i = 0; i < 50; i++)
         cr_assert_eq(pthread_create(&threads[i], NULL, contend, &c), 0);
     for (int i = 0; i < 50; i++)
@@ -64,8 +64,18 @@ static void fifty_threads(test_scripts mode, int gcra)
     test_agent_close(&t);
     cr_assert_eq(atomic_load(&errors), 0, "%d checks failed or degraded",
                  atomic_load(&errors));
-    cr_assert_eq(atomic_load(&allowed), 100, "1,000 attempts admitted %d",
-                 atomic_load(&allowed));
+    cr_assert_eq(atomic_load(&allowed), 100, "%d attempts admitted %d",
+                 50 * rounds, atomic_load(&allowed));
+}
+
+static void fifty_threads(test_scripts mode, int gcra)
+{
+    char rule[96], key[64];
+    /* 100 a day: not one token comes back during the test. */
+    snprintf(rule, sizeof rule, "period: 1d, algorithm: %s",
+             algorithm_name(gcra));
+    snprintf(key, sizeof key, "fifty-%s-%d", algorithm_name(gcra), mode);
+    fifty_threads_on(mode, rule, key, 20);
 }
 
 TEST_BOTH_MODES(exact, fifty_threads_admit_exactly_capacity_token_bucket)
@@ -76,6 +86,17 @@ TEST_BOTH_MODES(exact, fifty_threads_admit_exactly_capacity_token_bucket)
 TEST_BOTH_MODES(exact, fifty_threads_admit_exactly_capacity_gcra)
 {
     fifty_threads(mode, 1);
+}
+
+/* A token every 1,000.01 ms: the key's expiry is rounded up to a whole ms
+ * and its value holds the rounding. Were the value ignored, each check
+ * would lose up to 1 ms of refill and the 100th check of a quick burst
+ * would be rejected (99 x 99 units short, 98 ms of refill). */
+TEST_BOTH_MODES(exact, a_fractional_interval_loses_nothing_to_rounding)
+{
+    char key[64];
+    snprintf(key, sizeof key, "fraction-%d", mode);
+    fifty_threads_on(mode, "period: 100001ms", key, 3);
 }
 
 /* --- 2. The key expires when the bucket would be full again. ----------- */
@@ -127,6 +148,46 @@ TEST_BOTH_MODES(exact, one_request_leaves_a_600ms_key_token_bucket)
 TEST_BOTH_MODES(exact, one_request_leaves_a_600ms_key_gcra)
 {
     expiry_is_time_to_refill(mode, 1);
+}
+
+/* rl 1 stored "LEVEL:TS" or "TAT [REM]" under the same expiry: the bucket
+ * is read from the expiry, so an upgrade keeps every bucket's level. A key
+ * without an expiry is not one of rl's: a full bucket, and then rl's. */
+TEST_BOTH_MODES(exact, rl_1_states_are_read_by_their_expiry)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1m}\n");
+    redisContext *c = test_redis_connect(t.addr);
+    /* An empty rl 1 token bucket: full again in a minute. */
+    freeReplyObject(test_redis_command(
+        c, "SET rl:key:old-tb-%d 0:1796067344897 PX 60000", mode));
+    /* An rl 1 GCRA state one request short of full. */
+    freeReplyObject(test_redis_command(
+        c, "SET rl:key:old-gcra-%d 1796067344897 PX 600", mode));
+    freeReplyObject(test_redis_command(c, "SET rl:key:foreign-%d x", mode));
+
+    char attr[64];
+    snprintf(attr, sizeof attr, "api_key=old-tb-%d", mode);
+    rl_decision d = test_check(&t, attr, NULL);
+    cr_assert(!d.allowed, "an empty rl 1 bucket admitted a request");
+    cr_assert(d.retry_after_ms > 0 && d.retry_after_ms <= 600, "retry %lld ms",
+              (long long)d.retry_after_ms);
+    snprintf(attr, sizeof attr, "api_key=old-gcra-%d", mode);
+    d = test_check(&t, attr, NULL);
+    cr_assert(d.allowed);
+    cr_assert_eq(d.remaining, 98);
+    snprintf(attr, sizeof attr, "api_key=foreign-%d", mode);
+    d = test_check(&t, attr, NULL);
+    cr_assert(d.allowed);
+    cr_assert_eq(d.remaining, 99);
+    redisReply *r = test_redis_command(c, "PTTL rl:key:foreign-%d", mode);
+    cr_assert(r->integer > 500 && r->integer <= 600, "PTTL %lld",
+              r->integer);
+    freeReplyObject(r);
+    redisFree(c);
+    test_agent_close(&t);
 }
 
 /* --- 3. The seed's table: three rules, four rows. ---------------------- */
