@@ -89,10 +89,12 @@
     "  local full_in = math.ceil(d / limit)\n" \
     "  if d == 0 then\n" \
     "    call('DEL', key)\n" \
-    "  elseif whole and ttl > 0 then\n" \
+    "  elseif not whole then\n" \
+    "    call('SET', key, full_in * limit - d, 'PX', full_in)\n" \
+    "  elseif ttl > 0 then\n" \
     "    call('PEXPIRE', key, full_in)\n" \
     "  else\n" \
-    "    call('SET', key, full_in * limit - d, 'PX', full_in)\n" \
+    "    call('SET', key, '0', 'PX', full_in)\n" \
     "  end\n" \
     "  return d\n"
 
