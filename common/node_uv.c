@@ -1,6 +1,6 @@
 /*
- * store_uv.c: the glue between hiredis's async event hooks (addRead,
- * delRead, addWrite, delWrite, cleanup) and a libuv poll handle.
+ * node_uv.c: the glue between hiredis's async event hooks (addRead,
+ * delRead, addWrite, delWrite, cleanup) and libuv.
  *
  * Written instead of using hiredis 0.14's adapters/libuv.h because that
  * adapter drops poll errors: when a connect is refused, libuv reports
@@ -8,16 +8,51 @@
  * hiredis, so the connection hangs until some timeout. Here an error is
  * handed to hiredis as an event, and hiredis finds the socket's error
  * itself (a refused connect, a reset connection).
+ *
+ * Writes do not wait for the socket to be writable: a connected socket
+ * almost always is, and every change of a libuv poll handle's events costs
+ * two epoll_ctl calls (libuv 1.44 removes the fd and adds it back). Output
+ * hiredis asks to write is flushed by a prepare handle, once per loop
+ * iteration just before the loop polls, so all the commands queued in one
+ * iteration go out in one write; only when the socket is full (or still
+ * connecting) does the poll handle watch for writability. perf on an agent
+ * at 64 checks in flight put epoll_ctl at a quarter of its time before.
  */
 #include "node_uv.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 typedef struct watcher {
     uv_poll_t handle;
+    uv_prepare_t flush;
     redisAsyncContext *ac; /* NULL once hiredis let go of it */
-    int events;
+    int events;            /* what the poll handle watches */
+    bool writing;          /* inside redisAsyncHandleWrite */
+    int open_handles;
 } watcher;
+
+static void on_poll(uv_poll_t *handle, int status, int events);
+
+static void update(watcher *w, int events)
+{
+    if (events == w->events)
+        return;
+    w->events = events;
+    if (events != 0)
+        uv_poll_start(&w->handle, events, on_poll);
+    else
+        uv_poll_stop(&w->handle);
+}
+
+/* hiredis calls add_write or del_write from in here: writing tells
+ * add_write that the output did not all fit. */
+static void write_now(watcher *w)
+{
+    w->writing = true;
+    redisAsyncHandleWrite(w->ac);
+    w->writing = false;
+}
 
 static void on_poll(uv_poll_t *handle, int status, int events)
 {
@@ -27,7 +62,7 @@ static void on_poll(uv_poll_t *handle, int status, int events)
     if (status < 0) {
         /* Let hiredis look at the socket: it reports the error. */
         if (!(w->ac->c.flags & REDIS_CONNECTED))
-            redisAsyncHandleWrite(w->ac);
+            write_now(w);
         else
             redisAsyncHandleRead(w->ac);
         return;
@@ -36,16 +71,15 @@ static void on_poll(uv_poll_t *handle, int status, int events)
         redisAsyncHandleRead(w->ac);
     /* Reading may have freed the context (a disconnect). */
     if (w->ac != NULL && (events & UV_WRITABLE))
-        redisAsyncHandleWrite(w->ac);
+        write_now(w);
 }
 
-static void update(watcher *w, int events)
+static void on_flush(uv_prepare_t *flush)
 {
-    w->events = events;
-    if (events != 0)
-        uv_poll_start(&w->handle, events, on_poll);
-    else
-        uv_poll_stop(&w->handle);
+    watcher *w = flush->data;
+    uv_prepare_stop(flush);
+    if (w->ac != NULL)
+        write_now(w);
 }
 
 static void add_read(void *p)
@@ -63,18 +97,24 @@ static void del_read(void *p)
 static void add_write(void *p)
 {
     watcher *w = p;
-    update(w, w->events | UV_WRITABLE);
+    if (w->writing || !(w->ac->c.flags & REDIS_CONNECTED))
+        update(w, w->events | UV_WRITABLE);
+    else
+        uv_prepare_start(&w->flush, on_flush);
 }
 
 static void del_write(void *p)
 {
     watcher *w = p;
+    uv_prepare_stop(&w->flush);
     update(w, w->events & ~UV_WRITABLE);
 }
 
 static void on_closed(uv_handle_t *handle)
 {
-    free(handle->data);
+    watcher *w = handle->data;
+    if (--w->open_handles == 0)
+        free(w);
 }
 
 static void cleanup(void *p)
@@ -82,6 +122,7 @@ static void cleanup(void *p)
     watcher *w = p;
     w->ac = NULL;
     uv_close((uv_handle_t *)&w->handle, on_closed);
+    uv_close((uv_handle_t *)&w->flush, on_closed);
 }
 
 int rl_node_uv_attach(redisAsyncContext *ac, uv_loop_t *loop)
@@ -95,7 +136,9 @@ int rl_node_uv_attach(redisAsyncContext *ac, uv_loop_t *loop)
         free(w);
         return REDIS_ERR;
     }
-    w->handle.data = w;
+    uv_prepare_init(loop, &w->flush);
+    w->handle.data = w->flush.data = w;
+    w->open_handles = 2;
     w->ac = ac;
     ac->ev.addRead = add_read;
     ac->ev.delRead = del_read;
