@@ -16,6 +16,7 @@
 #include "node.h"
 
 #include "node_uv.h"
+#include "resp.h"
 
 #include <hiredis/async.h>
 #include <stdio.h>
@@ -495,6 +496,24 @@ static void count_batch(rl_node *s)
     }
 }
 
+/* Formats the command itself (see resp.c); hiredis copies it into its
+ * output buffer. Returns why it could not, or NULL. */
+static const char *queue_command(rl_node *s, call *c, int argc,
+                                 const char *const *argv,
+                                 const size_t *lens)
+{
+    char local[512];
+    size_t len = rl_resp_length(argc, lens);
+    char *cmd = len <= sizeof local ? local : malloc(len);
+    if (cmd == NULL)
+        return "out of memory";
+    rl_resp_format(cmd, argc, argv, lens);
+    int rc = redisAsyncFormattedCommand(s->ac, on_call_reply, c, cmd, len);
+    if (cmd != local)
+        free(cmd);
+    return rc == REDIS_OK ? NULL : "store connection is closing";
+}
+
 static void send_call(rl_node *s, call *c)
 {
     if (s->state != READY) {
@@ -516,9 +535,10 @@ static void send_call(rl_node *s, call *c)
     c->attempts++;
     if (c->asking)
         redisAsyncCommand(s->ac, ignore_reply, NULL, "ASKING");
-    if (redisAsyncCommandArgv(s->ac, on_call_reply, c, argc, c->argv + first,
-                              c->lens + first) != REDIS_OK) {
-        finish(c, NULL, "store connection is closing");
+    const char *error = queue_command(s, c, argc, c->argv + first,
+                                      c->lens + first);
+    if (error != NULL) {
+        finish(c, NULL, error);
         return;
     }
     count_batch(s);
