@@ -91,6 +91,9 @@ void rl_synced_fini(rl_synced *s)
 uint64_t rl_synced_counted(const rl_synced_entry *e)
 {
     uint64_t n = 0;
+    /* Every check sums the slots; GCC leaves a loop of atomic loads
+     * rolled, and the loop cost more than the loads (callgrind). */
+#pragma GCC unroll 16
     for (int i = 0; i <= RL_THREAD_SLOTS; i++)
         n += atomic_load_explicit(&e->counts[i], memory_order_relaxed);
     return n;
@@ -183,9 +186,9 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
                                h, rule, value, value_len, &unused);
     if (e == NULL)
         e = insert(s, rule, value, value_len, h);
-    memset(out, 0, sizeof *out);
     if (e == NULL) {
         /* The key cap is reached (or memory is out): on_error decides. */
+        *out = (rl_bucket_reply){0};
         *degraded = true;
         return atomic_load(&s->n_entries) >= s->max_keys ? RL_OK : RL_ENOMEM;
     }
@@ -196,6 +199,8 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
     if (counted + cost > mark) {
         uint64_t retry = atomic_load_explicit(&e->retry_ms,
                                               memory_order_relaxed);
+        out->allowed = false;
+        out->remaining = 0;
         out->retry_ms = (int64_t)(retry > 0 ? retry : 1);
         return RL_OK;
     }
@@ -206,6 +211,7 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
                                             memory_order_relaxed);
     out->allowed = true;
     out->remaining = room > since ? room - since : 0;
+    out->retry_ms = 0;
     return RL_OK;
 }
 

@@ -34,8 +34,9 @@ int rl_key_build(const char *prefix, const char *value, size_t value_len,
  * the first '{' and the first '}' after it, when that is not empty. */
 uint16_t rl_key_slot(const char *key, size_t len);
 
-/* rl_key_hash hashes an attribute value for the agent's in-process tables
- * (FNV-1a), salted with something that tells rules apart. */
+/* rl_key_hash hashes an attribute value for the agent's in-process tables,
+ * salted with something that tells rules apart. Not stable across
+ * processes or versions; never stored or sent. */
 uint64_t rl_key_hash(uintptr_t salt, const char *value, size_t len);
 
 #endif
