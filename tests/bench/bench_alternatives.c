@@ -156,5 +156,5 @@ void bench_alternatives(const char *addr)
     row("read-decide-write, separate commands", unsafe, "admitted");
     row("WATCH/MULTI/EXEC", watched, "admitted");
     row("WATCH/MULTI/EXEC", retries, "retries per admitted request");
-    row("rl's token-bucket function (reference)", exact, "admitted");
+    row("rl's bucket function (reference)", exact, "admitted");
 }
