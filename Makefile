@@ -19,6 +19,16 @@ CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Iagent -Icommon -Itests/support -Itests/bench $(SAN) $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
+# Link-time optimization outside the sanitizer builds: a synced check
+# crosses five files (check, synced, keys, decision, stats), and inlining
+# across them took it from 35 to 26 ns on the development machine. The
+# objects are fat, so a program that links librl.a without -flto gets the
+# ordinary code.
+LTO ?= $(if $(SAN),,-flto=auto -ffat-lto-objects)
+CFLAGS_ALL  += $(LTO)
+LDFLAGS_ALL += $(if $(LTO),-flto=auto)
+LIB_AR = $(if $(LTO),gcc-ar,ar)
+
 LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread
 # Criterion cannot run under ThreadSanitizer (its sandbox maps memory where
 # TSan forbids it), so `make tsan` builds the same test files against a
@@ -80,7 +90,7 @@ $(BUILD)/obj/%.o: %.c | deps
 
 $(LIB_A): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && $(LIB_AR) rcs $@ $^
 
 $(LIB_SO): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
@@ -157,6 +167,10 @@ install-built:
 	    $(DESTDIR)$(SYSCONFDIR)/rl
 	install -m 755 $(RLCTL) $(AGG) $(GATEWAY) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
+	# Plain object code only: the build's LTO bytecode is for this GCC
+	# alone, and a gateway built with -flto by another would fail to link.
+	objcopy --wildcard -R '.gnu.lto_*' -R '.gnu.debuglto_*' \
+	    $(DESTDIR)$(LIBDIR)/librl.a
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librl.so.$(VERSION)
 	ln -sf librl.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/librl.so

@@ -134,7 +134,7 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
                                   & (sh->n_heads - 1)];
     for (; e != NULL; e = e->next) {
         if (e->hash == hash && e->rule == rule && e->value_len == len
-            && memcmp(e->value, value, len) == 0)
+            && rl_key_equal(e->value, value, len))
             return e;
     }
     return NULL;

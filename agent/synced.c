@@ -103,7 +103,7 @@ static bool same_key(const rl_synced_entry *e, uint64_t h, const rl_rule *r,
                      const char *value, size_t len)
 {
     return e->hash == h && e->rule == r && e->value_len == len
-           && memcmp(e->value, value, len) == 0;
+           && rl_key_equal(e->value, value, len);
 }
 
 static rl_synced_entry *probe(rl_synced_table *t, uint64_t h,

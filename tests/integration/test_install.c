@@ -53,6 +53,12 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
              "SONAME", dest);
     test_run(cmd, out, sizeof out);
     cr_assert(strstr(out, "[librl.so.0]") != NULL, "soname: %s", out);
+    /* The build's archive carries LTO bytecode; the installed one must
+     * not, so that any compiler links it. */
+    snprintf(cmd, sizeof cmd, "readelf -S %s/usr/lib/librl.a | grep -c "
+             "'gnu.lto_' || true", dest);
+    test_run(cmd, out, sizeof out);
+    cr_assert_str_eq(out, "0\n", "LTO sections installed: %s", out);
     /* A gateway built the way the README says, against the install. */
     snprintf(cmd, sizeof cmd,
              "PKG_CONFIG_SYSROOT_DIR=%s PKG_CONFIG_LIBDIR=%s/usr/lib/pkgconfig "
