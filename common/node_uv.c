@@ -23,6 +23,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+/* Set while this thread's loop runs a flush: libuv does not run a prepare
+ * handle started during its prepare pass until the next iteration, after a
+ * poll that may block, so output queued then (a failed write's callbacks
+ * sending to another node) waits for writability instead. */
+static _Thread_local bool flushing;
+
 typedef struct watcher {
     uv_poll_t handle;
     uv_prepare_t flush;
@@ -60,6 +66,9 @@ static void on_poll(uv_poll_t *handle, int status, int events)
     if (w->ac == NULL)
         return;
     if (status < 0) {
+        /* libuv stopped the handle before reporting the error: what hiredis
+         * asks for next must start it again. */
+        w->events = 0;
         /* Let hiredis look at the socket: it reports the error. */
         if (!(w->ac->c.flags & REDIS_CONNECTED))
             write_now(w);
@@ -78,8 +87,11 @@ static void on_flush(uv_prepare_t *flush)
 {
     watcher *w = flush->data;
     uv_prepare_stop(flush);
-    if (w->ac != NULL)
+    if (w->ac != NULL) {
+        flushing = true;
         write_now(w);
+        flushing = false;
+    }
 }
 
 static void add_read(void *p)
@@ -97,7 +109,7 @@ static void del_read(void *p)
 static void add_write(void *p)
 {
     watcher *w = p;
-    if (w->writing || !(w->ac->c.flags & REDIS_CONNECTED))
+    if (w->writing || flushing || !(w->ac->c.flags & REDIS_CONNECTED))
         update(w, w->events | UV_WRITABLE);
     else
         uv_prepare_start(&w->flush, on_flush);
