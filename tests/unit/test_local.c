@@ -3,6 +3,7 @@
  * the key cap, exactness under threads, and an agent that decides local
  * rules with no store at all.
  */
+#include "keys.h"
 #include "local.h"
 #include "rl.h"
 
@@ -92,15 +93,21 @@ Test(local, the_key_cap_refuses_new_keys_until_buckets_refill)
     rl_local_check_at(&l, &r, "c", 1, 1, 10, &out, &degraded);
     cr_assert(degraded, "a third key was tracked over a cap of two");
     cr_assert_eq(atomic_load(&l.keys_refused), 1);
-    /* Once a and b have refilled they say nothing: c takes a place. */
-    for (int i = 0; i < RL_LOCAL_SHARDS * 2; i++) {
-        char v[16];
+    /* Once a and b have refilled they say nothing: a new key takes a
+     * place. At the cap an insert sweeps its own shard, so the new key is
+     * one that lands in a's (the shard is the hash, salted with the rule,
+     * modulo the shards). */
+    size_t a_shard = rl_key_hash((uintptr_t)&r, "a", 1) % RL_LOCAL_SHARDS;
+    char v[16];
+    for (int i = 0;; i++) {
         snprintf(v, sizeof v, "n%d", i);
-        rl_local_check_at(&l, &r, v, strlen(v), 1, 1000, &out, &degraded);
-        if (!degraded)
+        if (rl_key_hash((uintptr_t)&r, v, strlen(v)) % RL_LOCAL_SHARDS
+            == a_shard)
             break;
     }
+    rl_local_check_at(&l, &r, v, strlen(v), 1, 1000, &out, &degraded);
     cr_assert(!degraded, "full buckets were never dropped for a new key");
+    cr_assert(out.allowed);
     cr_assert_leq(atomic_load(&l.n_entries), 2);
     rl_local_fini(&l);
 }
