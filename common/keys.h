@@ -36,28 +36,29 @@ int rl_key_build(const char *prefix, const char *value, size_t value_len,
  * the first '{' and the first '}' after it, when that is not empty. */
 uint16_t rl_key_slot(const char *key, size_t len);
 
+/* The first and the last width bytes (4 or 8) of a and b are the same;
+ * width <= len, so nothing past len is read. */
+static inline bool rl_key_ends_equal(const char *a, const char *b,
+                                     size_t len, size_t width)
+{
+    uint64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+    memcpy(&a0, a, width);
+    memcpy(&b0, b, width);
+    memcpy(&a1, a + len - width, width);
+    memcpy(&b1, b + len - width, width);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+}
+
 /* rl_key_equal compares two values of len bytes each. The in-process
  * tables compare short values on every check, and a call of libc's memcmp
- * cost more than the comparison (perf on the synced loop): up to 16 bytes
- * are compared with two overlapping loads, never reading past len. */
+ * cost more than the comparison (perf on the synced loop): from 4 to 16
+ * bytes they are compared with two overlapping loads. */
 static inline bool rl_key_equal(const char *a, const char *b, size_t len)
 {
-    if (len >= 8 && len <= 16) {
-        uint64_t a0, a1, b0, b1;
-        memcpy(&a0, a, 8);
-        memcpy(&b0, b, 8);
-        memcpy(&a1, a + len - 8, 8);
-        memcpy(&b1, b + len - 8, 8);
-        return ((a0 ^ b0) | (a1 ^ b1)) == 0;
-    }
-    if (len >= 4 && len < 8) {
-        uint32_t a0, a1, b0, b1;
-        memcpy(&a0, a, 4);
-        memcpy(&b0, b, 4);
-        memcpy(&a1, a + len - 4, 4);
-        memcpy(&b1, b + len - 4, 4);
-        return ((a0 ^ b0) | (a1 ^ b1)) == 0;
-    }
+    if (len >= 8 && len <= 16)
+        return rl_key_ends_equal(a, b, len, 8);
+    if (len >= 4 && len < 8)
+        return rl_key_ends_equal(a, b, len, 4);
     return memcmp(a, b, len) == 0;
 }
 

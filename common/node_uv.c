@@ -23,18 +23,18 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* Set while this thread's loop runs a flush: libuv does not run a prepare
- * handle started during its prepare pass until the next iteration, after a
- * poll that may block, so output queued then (a failed write's callbacks
- * sending to another node) waits for writability instead. */
-static _Thread_local bool flushing;
+/* Set while this thread is inside redisAsyncHandleWrite. Output hiredis
+ * asks to write then waits for writability instead of a flush: either the
+ * write did not all fit, or a failed write's callbacks queued commands to
+ * another node during the prepare pass, and libuv does not run a prepare
+ * handle started in that pass until after the next (maybe blocking) poll. */
+static _Thread_local bool writing;
 
 typedef struct watcher {
     uv_poll_t handle;
     uv_prepare_t flush;
     redisAsyncContext *ac; /* NULL once hiredis let go of it */
     int events;            /* what the poll handle watches */
-    bool writing;          /* inside redisAsyncHandleWrite */
     int open_handles;
 } watcher;
 
@@ -51,13 +51,11 @@ static void update(watcher *w, int events)
         uv_poll_stop(&w->handle);
 }
 
-/* hiredis calls add_write or del_write from in here: writing tells
- * add_write that the output did not all fit. */
 static void write_now(watcher *w)
 {
-    w->writing = true;
+    writing = true;
     redisAsyncHandleWrite(w->ac);
-    w->writing = false;
+    writing = false;
 }
 
 static void on_poll(uv_poll_t *handle, int status, int events)
@@ -87,11 +85,8 @@ static void on_flush(uv_prepare_t *flush)
 {
     watcher *w = flush->data;
     uv_prepare_stop(flush);
-    if (w->ac != NULL) {
-        flushing = true;
+    if (w->ac != NULL)
         write_now(w);
-        flushing = false;
-    }
 }
 
 static void add_read(void *p)
@@ -109,7 +104,7 @@ static void del_read(void *p)
 static void add_write(void *p)
 {
     watcher *w = p;
-    if (w->writing || flushing || !(w->ac->c.flags & REDIS_CONNECTED))
+    if (writing || !(w->ac->c.flags & REDIS_CONNECTED))
         update(w, w->events | UV_WRITABLE);
     else
         uv_prepare_start(&w->flush, on_flush);
