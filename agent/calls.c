@@ -60,17 +60,6 @@ bool rl_calls_enter(rl_calls *c, const atomic_bool *closing)
     return false;
 }
 
-void rl_calls_leave(rl_calls *c)
-{
-    unsigned slot = rl_thread_slot();
-    atomic_uint_least64_t *n = &c->inside[slot].n;
-    if (slot != RL_THREAD_SLOT_SHARED)
-        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed)
-                                     - 1, memory_order_release);
-    else
-        atomic_fetch_sub_explicit(n, 1, memory_order_release);
-}
-
 static bool idle(rl_calls *c)
 {
     for (int i = 0; i <= RL_THREAD_SLOTS; i++) {

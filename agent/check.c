@@ -64,8 +64,7 @@ static int check_value(const rl_agent *a, const rl_attr *attr)
 {
     if (attr->value_len > a->config->max_value_bytes)
         return RL_ETOOLONG;
-    if (attr->value_len == 0
-        || memchr(attr->value, '\0', attr->value_len) != NULL)
+    if (attr->value_len == 0 || rl_key_has_nul(attr->value, attr->value_len))
         return RL_EINVAL;
     return RL_OK;
 }

@@ -90,11 +90,11 @@ void rl_synced_fini(rl_synced *s)
 
 uint64_t rl_synced_counted(const rl_synced_entry *e)
 {
-    uint64_t n = 0;
-    /* Every check sums the slots; GCC leaves a loop of atomic loads
-     * rolled, and the loop cost more than the loads (callgrind). */
-#pragma GCC unroll 16
-    for (int i = 0; i <= RL_THREAD_SLOTS; i++)
+    unsigned used = atomic_load_explicit(&rl_thread_slots_used,
+                                         memory_order_acquire);
+    uint64_t n = atomic_load_explicit(&e->counts[RL_THREAD_SLOT_SHARED],
+                                      memory_order_relaxed);
+    for (unsigned i = 0; i < used; i++)
         n += atomic_load_explicit(&e->counts[i], memory_order_relaxed);
     return n;
 }
@@ -106,7 +106,7 @@ static bool same_key(const rl_synced_entry *e, uint64_t h, const rl_rule *r,
            && rl_key_equal(e->value, value, len);
 }
 
-static rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
+static inline rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
                               const rl_rule *rule, const char *value,
                               size_t len, size_t *free_slot)
 {

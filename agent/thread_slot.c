@@ -20,6 +20,7 @@ static pthread_key_t key;
 static bool key_made;
 static bool taken[RL_THREAD_SLOTS];
 _Thread_local unsigned rl_thread_slot_mine = RL_THREAD_SLOT_UNASKED;
+atomic_uint rl_thread_slots_used;
 
 /* At thread exit; the value is the slot + 1 (a key's value is never
  * passed to its destructor when NULL). */
@@ -47,6 +48,10 @@ static unsigned take(void)
         if (!taken[i]) {
             taken[i] = true;
             slot = i;
+            if (i >= atomic_load_explicit(&rl_thread_slots_used,
+                                          memory_order_relaxed))
+                atomic_store_explicit(&rl_thread_slots_used, i + 1,
+                                      memory_order_release);
             break;
         }
     }

@@ -30,6 +30,14 @@ extern _Thread_local unsigned rl_thread_slot_mine
 
 unsigned rl_thread_slot_take(void);
 
+/* How many slots (below RL_THREAD_SLOT_SHARED) were ever handed out: the
+ * lowest free slot is handed out first, so slots from this number on have
+ * never counted. It only grows, and grows before a new slot's first count,
+ * so a sum over the slots below it (and the shared one) misses only counts
+ * that race with it, as any sum of live counters does. Hot counters are
+ * summed on every check, and most processes use a few slots. */
+extern atomic_uint rl_thread_slots_used;
+
 /* The calling thread's slot, 0 .. RL_THREAD_SLOT_SHARED. Thread-safe. */
 static inline unsigned rl_thread_slot(void)
 {

@@ -19,7 +19,7 @@ int rl_key_build(const char *prefix, const char *value, size_t value_len,
         return RL_EINVAL;
     if (value_len > RL_VALUE_MAX)
         return RL_ETOOLONG;
-    if (memchr(value, '\0', value_len) != NULL)
+    if (rl_key_has_nul(value, value_len))
         return RL_EINVAL;
     size_t prefix_len = strlen(prefix);
     if (prefix_len + value_len + 1 > cap)
@@ -68,38 +68,4 @@ uint16_t rl_key_slot(const char *key, size_t len)
                                 (size_t)(close - open - 1)) % RL_CLUSTER_SLOTS;
     }
     return crc16_xmodem((const unsigned char *)key, len) % RL_CLUSTER_SLOTS;
-}
-
-/* Eight bytes at a time, each folded in with a multiply; a final mix so
- * that the low bits (the tables' index) depend on every input bit. A
- * byte-wise FNV-1a took a serial multiply per byte: a ninth of a synced
- * check's instructions. */
-static uint64_t mix(uint64_t h, uint64_t word)
-{
-    h = (h ^ word) * 0x9e3779b97f4a7c15ULL;
-    return h ^ (h >> 32);
-}
-
-uint64_t rl_key_hash(uintptr_t salt, const char *value, size_t len)
-{
-    uint64_t h = mix(0xcbf29ce484222325ULL ^ salt, len);
-    for (; len >= 8; len -= 8, value += 8) {
-        uint64_t word;
-        memcpy(&word, value, 8);
-        h = mix(h, word);
-    }
-    /* The last 1 to 7 bytes: two overlapping loads, or three bytes. */
-    if (len >= 4) {
-        uint32_t a, b;
-        memcpy(&a, value, 4);
-        memcpy(&b, value + len - 4, 4);
-        h = mix(h, (uint64_t)a << 32 | b);
-    } else if (len > 0) {
-        const unsigned char *u = (const unsigned char *)value;
-        h = mix(h, (uint64_t)u[0] << 16 | (uint64_t)u[len / 2] << 8
-                       | u[len - 1]);
-    }
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    return h ^ (h >> 32);
 }

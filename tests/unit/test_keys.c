@@ -51,6 +51,33 @@ Test(keys, empty_values_and_nul_bytes_are_refused)
                  RL_EINVAL);
 }
 
+/* The word test covers 4 to 16 bytes with two overlapping loads: a NUL
+ * at every position of every length, and bytes that look like a borrow
+ * (0x01, 0x80, 0xff) next to it, are told apart from no NUL at all. */
+Test(keys, a_nul_is_found_at_every_position_of_short_values)
+{
+    const unsigned char fills[] = {'a', 0x01, 0x80, 0xff};
+    for (size_t f = 0; f < sizeof fills; f++) {
+        for (size_t len = 1; len <= 24; len++) {
+            char v[24];
+            memset(v, fills[f], sizeof v);
+            if (len < sizeof v)
+                v[len] = '\0'; /* past the value: not part of it */
+            cr_assert_not(rl_key_has_nul(v, len), "fill %zu, len %zu", f,
+                          len);
+            for (size_t at = 0; at < len; at++) {
+                memset(v, fills[f], sizeof v);
+                v[at] = '\0';
+                cr_assert(rl_key_has_nul(v, len), "fill %zu, len %zu, at %zu",
+                          f, len, at);
+                cr_assert_eq(rl_key_build("p:", v, len, (char[64]){0}, 64,
+                                          NULL),
+                             RL_EINVAL);
+            }
+        }
+    }
+}
+
 Test(keys, a_key_that_does_not_fit_the_buffer_is_refused)
 {
     char key[10];
