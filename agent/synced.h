@@ -31,8 +31,8 @@ typedef struct rl_synced_entry {
     uint64_t idle_ticks;
     /* Counted so far, ever: one counter per thread slot, each written by
      * its slot's thread alone (the shared slot's by atomic adds). They sit
-     * together, a check reads them all; so do the fields a decision needs,
-     * which the I/O thread writes once per totals. */
+     * together, a check reads those in use; so do the fields a decision
+     * needs, which the I/O thread writes once per totals. */
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t counts[RL_THREAD_SLOTS
                                                          + 1];
     atomic_uint_least64_t room;       /* fleet room at the mark, headers */
