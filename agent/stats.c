@@ -48,27 +48,26 @@ void rl_stats_fini(rl_stats *s)
     pthread_mutex_destroy(&s->lock);
 }
 
-/* The block of a thread slot, or NULL when the slot is the shared one or
- * has not counted yet. */
-static atomic_uint_least64_t *made_block(rl_stats *s, unsigned slot)
+/* A thread's first count: its block is made. Apart, so that the common
+ * path below stays small enough to inline into every check. */
+static atomic_uint_least64_t *make_block(rl_stats *s, unsigned slot)
 {
-    if (slot == RL_THREAD_SLOT_SHARED)
-        return NULL;
-    return atomic_load_explicit(&s->slots[slot], memory_order_acquire);
-}
-
-/* This thread's block, or NULL for the shared one. */
-static atomic_uint_least64_t *own_block(rl_stats *s)
-{
-    unsigned slot = rl_thread_slot();
-    atomic_uint_least64_t *b = made_block(s, slot);
-    if (b != NULL || slot == RL_THREAD_SLOT_SHARED)
-        return b;
     pthread_mutex_lock(&s->lock);
-    b = new_block(s);
+    atomic_uint_least64_t *b = new_block(s);
     atomic_store_explicit(&s->slots[slot], b, memory_order_release);
     pthread_mutex_unlock(&s->lock);
     return b;
+}
+
+/* This thread's block, or NULL for the shared one. */
+static inline atomic_uint_least64_t *own_block(rl_stats *s)
+{
+    unsigned slot = rl_thread_slot();
+    if (slot == RL_THREAD_SLOT_SHARED)
+        return NULL;
+    atomic_uint_least64_t *b = atomic_load_explicit(&s->slots[slot],
+                                                    memory_order_acquire);
+    return b != NULL ? b : make_block(s, slot);
 }
 
 static void add(atomic_uint_least64_t *c)
@@ -85,8 +84,8 @@ static void bump(atomic_uint_least64_t *c)
 
 /* Checks are allowed plus rejected, summed when read: one counter per row
  * on the common path. */
-static void count_row(atomic_uint_least64_t *row, bool own, bool allowed,
-                      bool degraded)
+static inline void count_row(atomic_uint_least64_t *row, bool own,
+                             bool allowed, bool degraded)
 {
     atomic_uint_least64_t *c = &row[allowed ? RL_COUNT_ALLOWED
                                             : RL_COUNT_REJECTED];
@@ -120,16 +119,7 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
 
 void rl_stats_count_one(rl_stats *s, size_t rule_index, bool allowed)
 {
-    /* Every synced check counts here: a thread with its block takes two
-     * increments and no call. */
-    atomic_uint_least64_t *mine = made_block(s, rl_thread_slot());
-    if (mine != NULL) {
-        size_t column = allowed ? RL_COUNT_ALLOWED : RL_COUNT_REJECTED;
-        bump(&mine[column]);
-        bump(&mine[(1 + rule_index) * RL_COUNTS + column]);
-        return;
-    }
-    mine = own_block(s);
+    atomic_uint_least64_t *mine = own_block(s);
     bool own = mine != NULL;
     if (!own)
         mine = s->shared;

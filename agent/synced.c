@@ -107,8 +107,8 @@ static bool same_key(const rl_synced_entry *e, uint64_t h, const rl_rule *r,
 }
 
 static inline rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
-                              const rl_rule *rule, const char *value,
-                              size_t len, size_t *free_slot)
+                                     const rl_rule *rule, const char *value,
+                                     size_t len, size_t *free_slot)
 {
     size_t mask = t->cap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -128,8 +128,8 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
 {
     size_t unused;
     return probe(atomic_load_explicit(&s->table, memory_order_acquire),
-                 rl_key_hash((uintptr_t)rule, value, value_len), rule, value, value_len,
-                 &unused);
+                 rl_key_hash((uintptr_t)rule, value, value_len), rule,
+                 value, value_len, &unused);
 }
 
 /* Before any totals: this agent's share of the whole limit. */

@@ -36,30 +36,35 @@ int rl_key_build(const char *prefix, const char *value, size_t value_len,
  * the first '{' and the first '}' after it, when that is not empty. */
 uint16_t rl_key_slot(const char *key, size_t len);
 
-/* The first and the last width bytes (4 or 8) of a and b are the same;
- * width <= len, so nothing past len is read. */
-static inline bool rl_key_ends_equal(const char *a, const char *b,
-                                     size_t len, size_t width)
+/* The first and the last width bytes (4 or 8) of a value of len bytes,
+ * each as a word, zero-extended; width <= len, so nothing past len is
+ * read. The in-process tables compare and test short values on
+ * every check, and two overlapping loads cost less than a call of memcmp
+ * or memchr (perf on the synced loop). */
+static inline void rl_key_ends(const char *a, size_t len, size_t width,
+                               uint64_t *head, uint64_t *tail)
 {
-    uint64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-    memcpy(&a0, a, width);
-    memcpy(&b0, b, width);
-    memcpy(&a1, a + len - width, width);
-    memcpy(&b1, b + len - width, width);
-    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+    *head = 0;
+    *tail = 0;
+    memcpy(head, a, width);
+    memcpy(tail, a + len - width, width);
 }
 
-/* rl_key_equal compares two values of len bytes each. The in-process
- * tables compare short values on every check, and a call of libc's memcmp
- * cost more than the comparison (perf on the synced loop): from 4 to 16
- * bytes they are compared with two overlapping loads. */
+/* rl_key_equal compares two values of len bytes each: from 4 to 16 bytes
+ * by their ends. */
 static inline bool rl_key_equal(const char *a, const char *b, size_t len)
 {
-    if (len >= 8 && len <= 16)
-        return rl_key_ends_equal(a, b, len, 8);
-    if (len >= 4 && len < 8)
-        return rl_key_ends_equal(a, b, len, 4);
-    return memcmp(a, b, len) == 0;
+    uint64_t a0, a1, b0, b1;
+    if (len >= 8 && len <= 16) {
+        rl_key_ends(a, len, 8, &a0, &a1);
+        rl_key_ends(b, len, 8, &b0, &b1);
+    } else if (len >= 4 && len < 8) {
+        rl_key_ends(a, len, 4, &a0, &a1);
+        rl_key_ends(b, len, 4, &b0, &b1);
+    } else {
+        return memcmp(a, b, len) == 0;
+    }
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
 }
 
 /* Whether a word holds a zero byte: exact for "some byte is zero" (the
@@ -71,22 +76,18 @@ static inline bool rl_word_has_nul(uint64_t w)
 }
 
 /* rl_key_has_nul says whether a value of len bytes holds a NUL byte, which
- * no key may (it could not be told apart from a shorter value). Every
- * check asks; short values are tested as two overlapping words instead of
- * with a call of memchr. */
+ * no key may (it could not be told apart from a shorter value): from 4 to
+ * 16 bytes by its ends (two 4-byte ends as one word). */
 static inline bool rl_key_has_nul(const char *value, size_t len)
 {
+    uint64_t head, tail;
     if (len >= 8 && len <= 16) {
-        uint64_t head, tail;
-        memcpy(&head, value, 8);
-        memcpy(&tail, value + len - 8, 8);
+        rl_key_ends(value, len, 8, &head, &tail);
         return rl_word_has_nul(head) | rl_word_has_nul(tail);
     }
     if (len >= 4 && len < 8) {
-        uint32_t head, tail;
-        memcpy(&head, value, 4);
-        memcpy(&tail, value + len - 4, 4);
-        return rl_word_has_nul((uint64_t)tail << 32 | head);
+        rl_key_ends(value, len, 4, &head, &tail);
+        return rl_word_has_nul(tail << 32 | head);
     }
     return memchr(value, '\0', len) != NULL;
 }
