@@ -77,7 +77,7 @@ BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 
-.PHONY: all deps test asan tsan bench fuzz run install install-built clean
+.PHONY: all deps test asan tsan bench fuzz mutants run install install-built clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -222,6 +222,14 @@ tsan:
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" \
 	$(MAKE) BUILD=build/tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    TEST_HARNESS=tsan-runner test
+
+# Not part of `make test`: every tests/mutants/*.mutant (MUTANTS="a b" for
+# some) applied in turn to a copy of the tree in build/mutants, built, and
+# the tests it names run: some must fail. See tests/mutants/README.md.
+MUTANTS ?=
+
+mutants:
+	@bash scripts/mutants.sh $(MUTANTS)
 
 # libFuzzer (clang) on the wire decoder. New inputs go to build/fuzz/corpus;
 # tests/fuzz/corpus/wire holds the seeds. FUZZ_SECONDS=600 for a long run.

@@ -93,15 +93,32 @@ Test(keys, slot_of_the_crc16_check_string)
     cr_assert_eq(rl_key_slot("123456789", 9), 0x31C3 % 16384);
 }
 
+/* The spec's CRC16 bit by bit, apart from rl's table: the slot of a key
+ * hashed whole. */
+static uint16_t whole_key_slot(const char *key)
+{
+    uint16_t crc = 0;
+    for (; *key != '\0'; key++) {
+        crc ^= (uint16_t)((unsigned char)*key << 8);
+        for (int bit = 0; bit < 8; bit++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021)
+                                 : (uint16_t)(crc << 1);
+    }
+    return crc % 16384;
+}
+
 Test(keys, hash_tags_follow_the_cluster_spec)
 {
     uint16_t user = rl_key_slot("user1000", 8);
+    cr_assert_eq(user, whole_key_slot("user1000"));
     cr_assert_eq(rl_key_slot("{user1000}.following", 20), user);
     cr_assert_eq(rl_key_slot("{user1000}.followers", 20), user);
-    /* An empty tag means no tag: the whole key is hashed. */
-    cr_assert_eq(rl_key_slot("foo{}{bar}", 10),
-                 rl_key_slot("foo{}{bar}", 10));
+    /* An empty tag means no tag: the whole key is hashed, not the empty
+     * tag (slot 0) nor a later tag. */
+    cr_assert_eq(rl_key_slot("foo{}{bar}", 10), whole_key_slot("foo{}{bar}"));
     cr_assert_neq(rl_key_slot("foo{}{bar}", 10), rl_key_slot("bar", 3));
+    cr_assert_eq(rl_key_slot("{}", 2), whole_key_slot("{}"));
+    cr_assert_neq(whole_key_slot("{}"), 0);
     /* The tag ends at the first '}' after the first '{'. */
     cr_assert_eq(rl_key_slot("foo{{bar}}zap", 13), rl_key_slot("{bar", 4));
     cr_assert_eq(rl_key_slot("foo{bar}{zap}", 13), rl_key_slot("bar", 3));
