@@ -122,7 +122,7 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
     const char *agg_cfg = write_config("aggregator", redis, reports, totals,
                                        "server", ", client_auth: required");
     char log[700];
-    snprintf(log, sizeof log, "%s/aggregator.log", dir);
+    test_log_path(log, sizeof log, "aggregator");
     char *argv[] = {(char *)test_env("RL_TEST_AGGREGATOR"), "--config",
                     (char *)agg_cfg, NULL};
     pid_t pid = test_spawn(argv, log);

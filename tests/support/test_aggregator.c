@@ -43,7 +43,7 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
         static int serial;
         snprintf(agg->config, sizeof agg->config, "%s/agg-%d-%d.yaml",
                  test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
-        snprintf(agg->log, sizeof agg->log, "%s.log", agg->config);
+        test_log_path(agg->log, sizeof agg->log, "aggregator");
         FILE *f = fopen(agg->config, "w");
         cr_assert_not_null(f);
         const char *store = redis != NULL ? redis : test_env("RL_TEST_REDIS");

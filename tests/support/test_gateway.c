@@ -29,12 +29,10 @@
 
 void test_gateway_start(test_gateway *gw, const char *config, ...)
 {
-    static int serial;
     memset(gw, 0, sizeof *gw);
     gw->port = test_free_port();
     cr_assert_neq(gw->port, 0);
-    snprintf(gw->log, sizeof gw->log, "%s/gateway-%d-%d.log",
-             test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
+    test_log_path(gw->log, sizeof gw->log, "gateway");
     char listen[32];
     snprintf(listen, sizeof listen, "127.0.0.1:%u", gw->port);
     char *argv[MAX_ARGS] = {(char *)test_env("RL_TEST_GATEWAY"), "--listen",

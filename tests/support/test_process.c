@@ -10,12 +10,26 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+const char *test_log_path(char *buf, size_t cap, const char *what)
+{
+    static int serial;
+    snprintf(buf, cap, "%s/%s-%d-%d.log", test_env("RL_TEST_LOGDIR"), what,
+             (int)getpid(), ++serial);
+    return buf;
+}
+
 pid_t test_spawn(char *const argv[], const char *log)
 {
+    const char *dir = test_env("RL_TEST_LOGDIR");
+    size_t n = strlen(dir);
+    cr_assert(strncmp(log, dir, n) == 0 && log[n] == '/',
+              "%s is not in RL_TEST_LOGDIR (%s), where sanitizer reports "
+              "are looked for: name it with test_log_path", log, dir);
     pid_t parent = getpid();
     pid_t pid = fork();
     cr_assert_geq(pid, 0);

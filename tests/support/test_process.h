@@ -6,11 +6,18 @@
 #ifndef RL_TEST_PROCESS_H
 #define RL_TEST_PROCESS_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 /* Starts argv[0] with argv, stderr appended to log; it dies with the test
- * (PR_SET_PDEATHSIG). */
+ * (PR_SET_PDEATHSIG). The log must be in RL_TEST_LOGDIR (see
+ * test_log_path), which run-tests.sh scans for sanitizer reports after the
+ * run: a daemon's report fails the run even when no test notices. */
 pid_t test_spawn(char *const argv[], const char *log);
+
+/* A log path in RL_TEST_LOGDIR, unique to this process: what, pid and a
+ * serial number ("aggregator-1234-2.log"). */
+const char *test_log_path(char *buf, size_t cap, const char *what);
 
 /* Waits until the log holds what (a grep pattern), or fails the test with
  * the log's last lines if the process exits or timeout_ms passes. *pid is
