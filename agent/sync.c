@@ -73,20 +73,20 @@ static uint64_t now_ms(const rl_sync *s)
 static void on_req(void *arg)
 {
     rl_sync *s = arg;
-    rl_nng_handoff();
+    rl_nng_handoff(s);
     pthread_mutex_lock(&s->lock);
     s->req_done = true;
     s->req_result = nng_aio_result(s->req_aio);
     if (!s->closing)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
-    rl_nng_handoff();
+    rl_nng_handoff(s);
 }
 
 static void on_sub(void *arg)
 {
     rl_sync *s = arg;
-    rl_nng_handoff();
+    rl_nng_handoff(s);
     pthread_mutex_lock(&s->lock);
     int rv = nng_aio_result(s->sub_aio);
     if (rv == 0) {
@@ -111,10 +111,10 @@ static void on_sub(void *arg)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
     if (again) {
-        rl_nng_handoff();
+        rl_nng_handoff(s);
         nng_recv_aio(s->sub, s->sub_aio);
     }
-    rl_nng_handoff();
+    rl_nng_handoff(s);
 }
 
 /* Builds the next report from what was counted since the last. */
@@ -171,7 +171,7 @@ static void send_pending(rl_sync *s)
     nng_aio_set_msg(s->req_aio, m);
     nng_aio_set_timeout(s->req_aio, 2 * s->config->aggregator.sync_interval_ms);
     s->state = REQ_SENDING;
-    rl_nng_handoff();
+    rl_nng_handoff(s);
     nng_send_aio(s->req, s->req_aio);
 }
 
@@ -228,7 +228,7 @@ static void req_finished(rl_sync *s, int result)
 {
     if (s->state == REQ_SENDING && result == 0) {
         s->state = REQ_WAITING;
-        rl_nng_handoff();
+        rl_nng_handoff(s);
         nng_recv_aio(s->req, s->req_aio);
         return;
     }
@@ -421,7 +421,7 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */
-    rl_nng_handoff();
+    rl_nng_handoff(s);
     nng_recv_aio(s->sub, s->sub_aio);
 }
 
@@ -441,7 +441,7 @@ static void close_sync(rl_sync *s)
     pthread_mutex_unlock(&s->lock);
     nng_aio_stop(s->req_aio);
     nng_aio_stop(s->sub_aio);
-    rl_nng_handoff();
+    rl_nng_handoff(s);
     /* A request that finished after the loop's last look still holds its
      * message: an ack received, or a report nng did not take. */
     pthread_mutex_lock(&s->lock);

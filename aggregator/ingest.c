@@ -28,7 +28,7 @@
 static void on_aio(void *arg)
 {
     rl_ingest_worker *w = arg;
-    rl_nng_handoff();
+    rl_nng_handoff(w);
     rl_aggregator *agg = w->agg;
     w->result = nng_aio_result(w->aio);
     pthread_mutex_lock(&agg->ready_lock);
@@ -36,13 +36,13 @@ static void on_aio(void *arg)
     agg->ready = w;
     uv_async_send(&agg->wakeup);
     pthread_mutex_unlock(&agg->ready_lock);
-    rl_nng_handoff();
+    rl_nng_handoff(w);
 }
 
 static void receive(rl_ingest_worker *w)
 {
     w->sending = false;
-    rl_nng_handoff();
+    rl_nng_handoff(w);
     nng_ctx_recv(w->ctx, w->aio);
 }
 
@@ -148,7 +148,7 @@ static void send_ack(rl_ingest_worker *w, uint64_t status,
     }
     w->sending = true;
     nng_aio_set_msg(w->aio, reply);
-    rl_nng_handoff();
+    rl_nng_handoff(w);
     nng_ctx_send(w->ctx, w->aio);
 }
 
@@ -308,8 +308,8 @@ void rl_ingest_stop(rl_aggregator *agg)
         rl_ingest_worker *w = &agg->workers[i];
         if (w->aio != NULL)
             nng_aio_stop(w->aio);
+        rl_nng_handoff(w);
     }
-    rl_nng_handoff();
     nng_close(agg->reports);
     for (int i = 0; i < RL_INGEST_WORKERS; i++) {
         rl_ingest_worker *w = &agg->workers[i];

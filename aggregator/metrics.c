@@ -36,9 +36,9 @@ typedef struct rl_metrics {
 
 static void serve_text(nng_aio *aio, bool agents)
 {
-    rl_nng_handoff();
     nng_http_handler *h = nng_aio_get_input(aio, 1);
     rl_metrics *m = nng_http_handler_get_data(h);
+    rl_nng_handoff(m);
     nng_http_res *res;
     if (nng_http_res_alloc(&res) != 0) {
         nng_aio_finish(aio, NNG_ENOMEM);
@@ -53,12 +53,12 @@ static void serve_text(nng_aio *aio, bool agents)
     pthread_mutex_unlock(&m->lock);
     if (rv != 0) {
         nng_http_res_free(res);
-        rl_nng_handoff();
+        rl_nng_handoff(m);
         nng_aio_finish(aio, rv);
         return;
     }
     nng_aio_set_output(aio, 0, res);
-    rl_nng_handoff(); /* after the last access: the server may be stopped */
+    rl_nng_handoff(m); /* after the last access: the server may be stopped */
     nng_aio_finish(aio, 0);
 }
 
@@ -76,9 +76,9 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     rl_metrics *m = arg;
     (void)p;
-    rl_nng_handoff();
+    rl_nng_handoff(m);
     atomic_fetch_add(&m->connections, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
-    rl_nng_handoff();
+    rl_nng_handoff(m);
 }
 
 int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
@@ -98,7 +98,7 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
                                                            : "http://%s:%u",
              c->metrics.host, c->metrics.port);
     nng_url *u = NULL;
-    rl_nng_handoff(); /* m is set up before nng's threads see it */
+    rl_nng_handoff(m); /* m is set up before nng's threads see it */
     int rv = nng_url_parse(&u, url);
     if (rv == 0)
         rv = nng_http_server_hold(&m->server, u);
@@ -123,11 +123,11 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
                  nng_strerror(rv));
         return -1;
     }
-    rl_nng_handoff();
+    rl_nng_handoff(m);
     nng_pipe_notify(agg->reports, NNG_PIPE_EV_ADD_POST, on_pipe, m);
     nng_pipe_notify(agg->reports, NNG_PIPE_EV_REM_POST, on_pipe, m);
     rl_metrics_render(agg);
-    rl_nng_handoff();
+    rl_nng_handoff(m);
     return 0;
 }
 
@@ -293,7 +293,7 @@ void rl_metrics_stop(rl_aggregator *agg)
         return;
     nng_http_server_stop(m->server);
     nng_http_server_release(m->server);
-    rl_nng_handoff(); /* after the last callback */
+    rl_nng_handoff(m); /* after the last callback */
     free(m->text);
     free(m->agents);
     pthread_mutex_destroy(&m->lock);
