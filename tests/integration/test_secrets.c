@@ -9,12 +9,12 @@
  */
 #include "redis_server.h"
 #include "rl.h"
+#include "test_agent.h"
 #include "test_env.h"
 #include "test_gateway.h"
 #include "test_process.h"
 
 #include <criterion/criterion.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,46 +99,15 @@ static void store_section(char *out, size_t cap, uint16_t port, way w,
 
 /* --- the agent, in this process, with every line it logs captured. ---- */
 
-typedef struct captured {
-    pthread_mutex_t lock;
-    char text[1 << 16];
-    size_t len;
-    bool cut;
-} captured;
-
-static void capture(rl_log_level level, const char *line, void *arg)
-{
-    (void)level;
-    captured *c = arg;
-    pthread_mutex_lock(&c->lock);
-    int n = snprintf(c->text + c->len, sizeof c->text - c->len, "%s\n",
-                     line);
-    if (n < 0 || (size_t)n >= sizeof c->text - c->len)
-        c->cut = true;
-    else
-        c->len += (size_t)n;
-    pthread_mutex_unlock(&c->lock);
-}
-
-static bool captured_has(captured *c, const char *event, const char *also)
-{
-    pthread_mutex_lock(&c->lock);
-    const char *at = strstr(c->text, event);
-    bool has = at != NULL && (also == NULL || strstr(at, also) != NULL);
-    pthread_mutex_unlock(&c->lock);
-    return has;
-}
-
 static void agent_run(const char *config, bool right)
 {
-    static captured c = {.lock = PTHREAD_MUTEX_INITIALIZER};
-    c.len = 0;
-    c.text[0] = '\0';
+    static test_log log;
+    test_log_init(&log);
     rl_config *cfg;
     rl_error err;
     cr_assert_eq(rl_config_load(config, &cfg, &err), RL_OK, "%s",
                  err.message);
-    rl_options o = {.config = cfg, .log = capture, .log_arg = &c,
+    rl_options o = {.config = cfg, .log = test_log_capture, .log_arg = &log,
                     .log_level = RL_LOG_DEBUG};
     rl_agent *a;
     cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
@@ -149,15 +118,13 @@ static void agent_run(const char *config, bool right)
                  right ? "did not get through to" : "got through to");
     const char *event = right ? "event=store_ready"
                               : "event=store_handshake_failed";
-    const char *also = right ? NULL : "WRONGPASS";
-    for (int i = 0; i < 1000 && !captured_has(&c, event, also); i++)
-        usleep(10 * 1000);
+    const char *then = right ? NULL : "WRONGPASS";
+    bool logged = test_log_wait(&log, event, then, 10000);
     rl_agent_close(a);
     rl_config_free(cfg);
-    cr_assert(captured_has(&c, event, also), "the agent did not log %s:\n%s",
-              event, c.text);
-    cr_assert(!c.cut, "the agent logged more than %zu bytes", sizeof c.text);
-    expect_no_secret(c.text, "the agent's log");
+    cr_assert(logged, "the agent did not log %s:\n%s", event, log.text);
+    test_log_lacks(&log, SECRET, "the agent's log");
+    test_log_lacks(&log, WRONG, "the agent's log");
 }
 
 /* --- rl-gateway and rl-aggregator, their stderr in a log file. --------- */
