@@ -47,6 +47,8 @@ struct rl_sync {
     pthread_mutex_t lock;       /* nng threads -> loop */
     bool req_done;              /* the REQ aio finished: result below */
     int req_result;
+    bool probe_done;            /* the probe finished: result below */
+    int probe_result;
     nng_msg **totals;           /* received TOTALS, in order */
     size_t n_totals, cap_totals;
     bool closing;
@@ -59,6 +61,9 @@ struct rl_sync {
     reported *in_report;
     size_t n_in_report;
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
+    rl_nng_probe *probe;        /* why the reports URL cannot be reached */
+    bool probing;
+    int probe_logged;           /* the reason last logged; 0 after an ack */
     int open_handles;
 };
 
@@ -81,6 +86,17 @@ static void on_req(void *arg)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
     rl_nng_handoff();
+}
+
+static void on_probe(void *arg, int result)
+{
+    rl_sync *s = arg;
+    pthread_mutex_lock(&s->lock);
+    s->probe_done = true;
+    s->probe_result = result;
+    if (!s->closing)
+        uv_async_send(&s->wakeup);
+    pthread_mutex_unlock(&s->lock);
 }
 
 static void on_sub(void *arg)
@@ -185,6 +201,7 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
     free(s->in_report);
     s->in_report = NULL;
     s->n_in_report = 0;
+    s->probe_logged = 0;
     uint64_t loop_ms = now_ms(s);
     if (ack->now_ms != 0)
         rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
@@ -234,6 +251,12 @@ static void req_finished(rl_sync *s, int result)
     }
     if (s->state == REQ_SENDING) {
         nng_msg_free(nng_aio_get_msg(s->req_aio));
+        /* No aggregator took the report in two intervals: find out why. */
+        if (result == NNG_ETIMEDOUT && !s->stopping && !s->probing) {
+            s->probing = true;
+            rl_nng_probe_start(s->probe, (int)(2 * s->config->aggregator
+                                                       .sync_interval_ms));
+        }
     } else if (result == 0) {
         nng_msg *m = nng_aio_get_msg(s->req_aio);
         on_ack(s, m);
@@ -285,6 +308,26 @@ static void on_totals(rl_sync *s, nng_msg *m)
     rl_wire_msg_free(&t);
 }
 
+/* Logged once per reason, until a report is acknowledged again. */
+static void probe_finished(rl_sync *s, int result)
+{
+    s->probing = false;
+    rl_nng_probe_reset(s->probe);
+    if (result == 0 || result == s->probe_logged || s->stopping)
+        return;
+    s->probe_logged = result;
+    bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+    rl_log(s->log, RL_LOG_ERROR, "aggregator_unreachable", "url=%s "
+           "reason=\"%s\" hint=\"%s\"", s->config->aggregator.reports,
+           nng_strerror(result), tls
+               ? "TLS refused: check aggregator.tls (ca must have signed "
+                 "the aggregator's certificate, server_name must be a name "
+                 "in it, and with client_auth: required the aggregator's ca "
+                 "must have signed this agent's cert)"
+               : "check that rl-aggregator runs and listens on "
+                 "aggregator.reports");
+}
+
 static void on_wakeup(uv_async_t *h)
 {
     rl_sync *s = h->data;
@@ -292,6 +335,9 @@ static void on_wakeup(uv_async_t *h)
     bool req_done = s->req_done;
     int result = s->req_result;
     s->req_done = false;
+    bool probe_done = s->probe_done;
+    int probe_result = s->probe_result;
+    s->probe_done = false;
     nng_msg **totals = s->totals;
     size_t n = s->n_totals;
     s->totals = NULL;
@@ -299,6 +345,8 @@ static void on_wakeup(uv_async_t *h)
     pthread_mutex_unlock(&s->lock);
     if (req_done)
         req_finished(s, result);
+    if (probe_done)
+        probe_finished(s, probe_result);
     for (size_t i = 0; i < n; i++) {
         on_totals(s, totals[i]);
         nng_msg_free(totals[i]);
@@ -377,7 +425,9 @@ static int open_sockets(rl_sync *s, rl_error *err)
      * is not up yet is not an error. */
     char why[512];
     if (rl_nng_dial(s->req, agg->reports, &agg->tls, why, sizeof why) != 0
-        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0)
+        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0
+        || (s->probe = rl_nng_probe_new(agg->reports, &agg->tls, on_probe, s,
+                                        why, sizeof why)) == NULL)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
                             why);
     return RL_OK;
@@ -441,6 +491,8 @@ static void close_sync(rl_sync *s)
     pthread_mutex_unlock(&s->lock);
     nng_aio_stop(s->req_aio);
     nng_aio_stop(s->sub_aio);
+    rl_nng_probe_free(s->probe);
+    s->probe = NULL;
     rl_nng_handoff();
     /* A request that finished after the loop's last look still holds its
      * message: an ack received, or a report nng did not take. */
@@ -485,6 +537,7 @@ void rl_sync_free(rl_sync *s)
         nng_aio_free(s->req_aio);
     if (s->sub_aio != NULL)
         nng_aio_free(s->sub_aio);
+    rl_nng_probe_free(s->probe);
     if (nng_socket_id(s->req) > 0)
         nng_close(s->req);
     if (nng_socket_id(s->sub) > 0)
