@@ -251,11 +251,12 @@ static void req_finished(rl_sync *s, int result)
     }
     if (s->state == REQ_SENDING) {
         nng_msg_free(nng_aio_get_msg(s->req_aio));
-        /* No aggregator took the report in two intervals: find out why. */
+        /* No aggregator took the report in two intervals: find out why
+         * (a TLS handshake gets at least a second). */
         if (result == NNG_ETIMEDOUT && !s->stopping && !s->probing) {
+            uint32_t wait = 2 * s->config->aggregator.sync_interval_ms;
             s->probing = true;
-            rl_nng_probe_start(s->probe, (int)(2 * s->config->aggregator
-                                                       .sync_interval_ms));
+            rl_nng_probe_start(s->probe, wait > 1000 ? (int)wait : 1000);
         }
     } else if (result == 0) {
         nng_msg *m = nng_aio_get_msg(s->req_aio);
@@ -316,8 +317,10 @@ static void probe_finished(rl_sync *s, int result)
     if (result == 0 || result == s->probe_logged || s->stopping)
         return;
     s->probe_logged = result;
+    /* A certificate refused is a configuration to fix, not an outage. */
     bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
-    rl_log(s->log, RL_LOG_ERROR, "aggregator_unreachable", "url=%s "
+    rl_log(s->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
+           "aggregator_unreachable", "url=%s "
            "reason=\"%s\" hint=\"%s\"", s->config->aggregator.reports,
            nng_strerror(result), tls
                ? "TLS refused: check aggregator.tls (ca must have signed "

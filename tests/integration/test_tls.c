@@ -2,11 +2,12 @@
  * The synced path over TLS (tls+tcp://) with certificates made here with
  * openssl. An agent with a certificate the CA signed gets its counts into
  * Redis through the aggregator; with client_auth: required, an agent whose
- * certificate another CA signed is turned away, and the rest keep working.
- * Agents in turn refuse an aggregator whose certificate their CA did not
- * sign, or whose name is not their server_name: nothing of theirs reaches
- * Redis, no totals reach them, and they log why. Each refusal is shown
- * next to an agent that differs in that one setting and gets through.
+ * certificate another CA signed is turned away (and logs why), and the
+ * rest keep working. Agents in turn refuse an aggregator whose certificate
+ * their CA did not sign, or whose name is not their server_name: nothing
+ * of theirs reaches Redis, no totals reach them, and they log why. Each
+ * refusal is shown next to an agent that differs in that one setting and
+ * gets through.
  */
 #include "rl.h"
 #include "redis_server.h"
@@ -183,11 +184,13 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
     aggregator agg;
     aggregator_start(&agg, "ca", "server");
     rl_config *good_cfg, *bad_cfg;
+    static test_log log;
+    test_log_init(&log);
     rl_agent *good = agent_on(write_config("agent", &agg, "ca", "agent",
                                            ", server_name: localhost"),
                               &good_cfg, NULL);
     rl_agent *bad = agent_on(write_config("stranger", &agg, "ca", "stranger",
-                                          ""), &bad_cfg, NULL);
+                                          ""), &bad_cfg, &log);
     char tenant[64], other[64];
     unique(tenant, sizeof tenant, "org_tls");
     unique(other, sizeof other, "org_stranger");
@@ -197,6 +200,9 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
     cr_assert_eq(got, 15, "over TLS, Redis holds %lld of 15", got);
     usleep(1000 * 1000);
     cr_assert_eq(total(other), 0, "an agent the CA did not sign was heard");
+    cr_assert(test_log_wait(&log, "event=aggregator_unreachable",
+                            "aggregator.tls", 10000),
+              "the stranger did not log why it is not heard:\n%s", log.text);
     rl_agent_close(good);
     rl_agent_close(bad);
     rl_config_free(good_cfg);
