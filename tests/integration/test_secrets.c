@@ -104,13 +104,7 @@ static void agent_run(const char *config, bool right)
     static test_log log;
     test_log_init(&log);
     rl_config *cfg;
-    rl_error err;
-    cr_assert_eq(rl_config_load(config, &cfg, &err), RL_OK, "%s",
-                 err.message);
-    rl_options o = {.config = cfg, .log = test_log_capture, .log_arg = &log,
-                    .log_level = RL_LOG_DEBUG};
-    rl_agent *a;
-    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    rl_agent *a = test_agent_on(config, &cfg, &log);
     rl_attr attr = {"api_key", "secrets", 7};
     rl_decision d;
     cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);

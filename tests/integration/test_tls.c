@@ -142,19 +142,6 @@ static long long total_reaches(const char *value, long long want)
     return got;
 }
 
-/* An agent on config; its log lines go to log when log is not NULL. */
-static rl_agent *agent_on(const char *config, rl_config **cfg,
-                          test_log *log)
-{
-    rl_error err;
-    cr_assert_eq(rl_config_load(config, cfg, &err), RL_OK, "%s", err.message);
-    rl_options o = {.config = *cfg, .log = log ? test_log_capture : NULL,
-                    .log_arg = log, .log_level = RL_LOG_DEBUG};
-    rl_agent *a;
-    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
-    return a;
-}
-
 static rl_decision check(rl_agent *a, const char *tenant)
 {
     rl_attr attr = {"tenant", tenant, strlen(tenant)};
@@ -186,11 +173,12 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
     rl_config *good_cfg, *bad_cfg;
     static test_log log;
     test_log_init(&log);
-    rl_agent *good = agent_on(write_config("agent", &agg, "ca", "agent",
-                                           ", server_name: localhost"),
-                              &good_cfg, NULL);
-    rl_agent *bad = agent_on(write_config("stranger", &agg, "ca", "stranger",
-                                          ""), &bad_cfg, &log);
+    const char *good_path = write_config("agent", &agg, "ca", "agent",
+                                         ", server_name: localhost");
+    const char *bad_path = write_config("stranger", &agg, "ca", "stranger",
+                                        "");
+    rl_agent *good = test_agent_on(good_path, &good_cfg, NULL);
+    rl_agent *bad = test_agent_on(bad_path, &bad_cfg, &log);
     char tenant[64], other[64];
     unique(tenant, sizeof tenant, "org_tls");
     unique(other, sizeof other, "org_stranger");
@@ -223,9 +211,9 @@ static void refused(const aggregator *agg, const char *accepted_config,
     static test_log log;
     test_log_init(&log);
     rl_config *cfg[3];
-    rl_agent *filler = agent_on(accepted_config, &cfg[0], NULL);
-    rl_agent *listener = agent_on(accepted_config, &cfg[1], NULL);
-    rl_agent *refusing = agent_on(refusing_config, &cfg[2], &log);
+    rl_agent *filler = test_agent_on(accepted_config, &cfg[0], NULL);
+    rl_agent *listener = test_agent_on(accepted_config, &cfg[1], NULL);
+    rl_agent *refusing = test_agent_on(refusing_config, &cfg[2], &log);
     char tenant[64];
     unique(tenant, sizeof tenant, "org_refused");
     check(listener, tenant);
@@ -234,7 +222,7 @@ static void refused(const aggregator *agg, const char *accepted_config,
     cr_assert_eq(count(filler, tenant, LIMIT - 1), LIMIT - 1);
     long long got = total_reaches(tenant, LIMIT);
     cr_assert_eq(got, LIMIT, "the accepted agents' %d requests: Redis holds "
-                 "%lld", LIMIT, got);
+                 "%lld (the refusing agent's one more?)", LIMIT, got);
     /* The listener's checks until the totals arrive are counted too. */
     bool told = false;
     int more = 0;

@@ -86,6 +86,18 @@ void test_log_lacks(test_log *l, const char *text, const char *where)
     cr_assert(!has, "%s holds \"%s\":\n%s", where, text, l->text);
 }
 
+rl_agent *test_agent_on(const char *path, rl_config **config, test_log *log)
+{
+    rl_error err;
+    cr_assert_eq(rl_config_load(path, config, &err), RL_OK, "%s",
+                 err.message);
+    rl_options o = {.config = *config, .log = log ? test_log_capture : NULL,
+                    .log_arg = log, .log_level = RL_LOG_DEBUG};
+    rl_agent *agent;
+    cr_assert_eq(rl_agent_open(&agent, &o, &err), RL_OK, "%s", err.message);
+    return agent;
+}
+
 /* The agent's errors go to stderr, where Criterion shows them next to a
  * failing test; with RL_TEST_VERBOSE set, every line does. */
 static void test_log_line(rl_log_level level, const char *line, void *arg)

@@ -64,6 +64,11 @@ bool test_log_wait(test_log *l, const char *what, const char *then,
 /* Fails the test if any line holds text (where names the log). */
 void test_log_lacks(test_log *l, const char *text, const char *where);
 
+/* An agent on the config file at path, logging every line (debug up) into
+ * log unless it is NULL. The caller closes it with rl_agent_close and
+ * frees *config. */
+rl_agent *test_agent_on(const char *path, rl_config **config, test_log *log);
+
 /* Milliseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
 void test_sleep_ms(unsigned ms);
