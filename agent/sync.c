@@ -381,7 +381,11 @@ static void on_tick(uv_timer_t *t)
         if (e == NULL)
             continue;
         uint64_t counted = rl_synced_counted(e);
-        e->idle_ticks = counted == e->last_counted ? e->idle_ticks + 1 : 0;
+        /* Idleness in time, not ticks: a tick comes early when the
+         * estimate of Redis's clock moves, and twenty of them can be under
+         * two seconds. */
+        if (counted != e->last_counted || e->active_ms == 0)
+            e->active_ms = loop_ms;
         e->last_counted = counted;
         /* A new window: a fresh share of a fresh window. */
         bool rolled = now != 0 && now / e->rule->period_ms != e->window;
