@@ -115,8 +115,9 @@ Test(max_keys, idle_keys_make_room_after_two_periods)
     }
     uint64_t after = test_now_ms() - last_count;
     cr_assert(tracked, "the five idle keys were not forgotten in 10 s");
-    /* Forgotten after two periods (2 s) without counts, not before. */
-    cr_assert_geq(after, 1900, "a key was forgotten after %llu ms idle",
+    /* Forgotten after two periods (2 s) without counts, not before (less
+     * 50 ms: the agent's loop reads a cached clock). */
+    cr_assert_geq(after, 1950, "a key was forgotten after %llu ms idle",
                   (unsigned long long)after);
     cr_assert_eq(counters(a).synced_keys, 1);
     rl_agent_close(a);
