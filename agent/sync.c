@@ -253,7 +253,8 @@ static void req_finished(rl_sync *s, int result)
         nng_msg_free(nng_aio_get_msg(s->req_aio));
         /* No aggregator took the report in two intervals: find out why
          * (a TLS handshake gets at least a second). */
-        if (result == NNG_ETIMEDOUT && !s->stopping && !s->probing) {
+        if (result == NNG_ETIMEDOUT && s->probe != NULL && !s->stopping
+            && !s->probing) {
             uint32_t wait = 2 * s->config->aggregator.sync_interval_ms;
             s->probing = true;
             rl_nng_probe_start(s->probe, wait > 1000 ? (int)wait : 1000);
@@ -432,11 +433,12 @@ static int open_sockets(rl_sync *s, rl_error *err)
      * is not up yet is not an error. */
     char why[512];
     if (rl_nng_dial(s->req, agg->reports, &agg->tls, why, sizeof why) != 0
-        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0
-        || (s->probe = rl_nng_probe_new(agg->reports, &agg->tls, on_probe, s,
-                                        why, sizeof why)) == NULL)
+        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
                             why);
+    /* None for inproc://, which has no stream to probe: no diagnosis. */
+    s->probe = rl_nng_probe_new(agg->reports, &agg->tls, on_probe, s, why,
+                                sizeof why);
     return RL_OK;
 }
 

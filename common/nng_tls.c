@@ -138,20 +138,22 @@ struct rl_nng_probe {
     nng_stream_dialer *dialer;
     nng_stream *stream;       /* connected, until reset */
     nng_aio *aio;
+    bool tls;
     int timeout_ms;
     char header[8];
     void (*done)(void *arg, int result);
     void *arg;
 };
 
-/* nng thread: connected (for TLS the handshake is under way: the peer's
- * first bytes come once it is over), then those bytes, or an error. */
+/* nng thread: connected, which says enough for plain TCP; for TLS the
+ * handshake is under way then, and the peer's first bytes come once it is
+ * over. Or an error. */
 static void probe_step(void *arg)
 {
     rl_nng_probe *p = arg;
     rl_nng_handoff();
     int rv = nng_aio_result(p->aio);
-    if (rv == 0 && p->stream == NULL) {
+    if (rv == 0 && p->stream == NULL && p->tls) {
         p->stream = nng_aio_get_output(p->aio, 0);
         nng_iov iov = {p->header, sizeof p->header};
         nng_aio_set_iov(p->aio, 1, &iov);
@@ -160,6 +162,8 @@ static void probe_step(void *arg)
         nng_stream_recv(p->stream, p->aio);
         return;
     }
+    if (rv == 0 && p->stream == NULL)
+        p->stream = nng_aio_get_output(p->aio, 0);
     p->done(p->arg, rv);
     rl_nng_handoff();
 }
@@ -175,10 +179,11 @@ rl_nng_probe *rl_nng_probe_new(const char *url, const rl_tls_config *tls,
     }
     p->done = done;
     p->arg = arg;
+    p->tls = is_tls(url);
     int rv = nng_stream_dialer_alloc(&p->dialer, url);
     if (rv == 0)
         rv = nng_aio_alloc(&p->aio, probe_step, p);
-    if (rv == 0 && is_tls(url)) {
+    if (rv == 0 && p->tls) {
         nng_tls_config *c = make_config(tls, false, err, errlen);
         if (c == NULL) {
             rl_nng_probe_free(p);

@@ -10,6 +10,7 @@
 
 #include <nng/nng.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Dials url from s (in the background: a peer that is not up yet is
  * retried by nng). Returns 0, or -1 with a message. */
@@ -28,9 +29,10 @@ int rl_nng_listen(nng_socket s, const char *url, const rl_tls_config *tls,
 typedef struct rl_nng_probe rl_nng_probe;
 
 /* done(arg, result) is called on an nng thread once a started probe ends:
- * result 0 (the peer answered) or an nng error (NNG_EPEERAUTH for a
- * certificate refused, NNG_ECONNREFUSED, ...). Returns NULL with a
- * message. */
+ * result 0 (the peer answered) or an nng error (NNG_ECRYPTO or
+ * NNG_EPEERAUTH for a certificate refused, NNG_ECONNREFUSED, ...). Returns
+ * NULL with a message, or for a URL nng cannot dial as a stream
+ * (inproc://). */
 rl_nng_probe *rl_nng_probe_new(const char *url, const rl_tls_config *tls,
                                void (*done)(void *arg, int result),
                                void *arg, char *err, size_t errlen);
