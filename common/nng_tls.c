@@ -154,12 +154,15 @@ static void probe_step(void *arg)
     rl_nng_handoff();
     int rv = nng_aio_result(p->aio);
     if (rv == 0 && p->stream == NULL && p->tls) {
-        p->stream = nng_aio_get_output(p->aio, 0);
+        /* Read before the hand-off: nothing of p is touched after it. */
+        nng_stream *stream = nng_aio_get_output(p->aio, 0);
+        p->stream = stream;
         nng_iov iov = {p->header, sizeof p->header};
         nng_aio_set_iov(p->aio, 1, &iov);
         nng_aio_set_timeout(p->aio, p->timeout_ms);
+        nng_aio *aio = p->aio;
         rl_nng_handoff();
-        nng_stream_recv(p->stream, p->aio);
+        nng_stream_recv(stream, aio);
         return;
     }
     if (rv == 0 && p->stream == NULL)
