@@ -237,21 +237,36 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
  * lock but a local bucket's. */
 #define LOCAL_RULES_MAX 16
 
-/* The common case, one rule that answers: decided and counted without the
- * general machinery. False (and nothing counted twice) when its on_error
- * must decide. */
-static bool decide_one_here(rl_agent *a, size_t index, const rl_attr *attr,
+/* One rule whose on_error decides (its key over the cap): decided from
+ * the reply already had. Spending again through the general path would
+ * count the refused key twice. */
+static void decide_one_degraded(rl_agent *a, const rl_rule *rule,
+                                const rl_bucket_reply *reply,
+                                rl_decision *out)
+{
+    rl_rule_state state = {.rule = rule, .reply = *reply,
+                           .outcome = RL_OUTCOME_FAILED};
+    rl_decide(&state, 1, out);
+    rl_stats_count(&a->stats, &state, 1, out, a->config->rules);
+}
+
+/* The common case, one rule: decided and counted without the general
+ * machinery. */
+static void decide_one_here(rl_agent *a, size_t index, const rl_attr *attr,
                             uint32_t cost, rl_decision *out, int *rc)
 {
     const rl_rule *rule = &a->config->rules[index];
     rl_bucket_reply reply;
     bool degraded;
     *rc = spend_here(a, rule, attr, cost, &reply, &degraded);
-    if (*rc != RL_OK || degraded)
-        return *rc != RL_OK;
+    if (*rc != RL_OK)
+        return;
+    if (degraded) {
+        decide_one_degraded(a, rule, &reply, out);
+        return;
+    }
     rl_decide_one(rule, &reply, out);
     rl_stats_count_one(&a->stats, index, reply.allowed);
-    return true;
 }
 
 static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
@@ -272,8 +287,10 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
         index[k] = i;
         values[k++] = attr;
     }
-    if (k == 1 && decide_one_here(a, index[0], values[0], cost, out, rc))
+    if (k == 1) {
+        decide_one_here(a, index[0], values[0], cost, out, rc);
         return true;
+    }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)
         states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};

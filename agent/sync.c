@@ -47,6 +47,8 @@ struct rl_sync {
     pthread_mutex_t lock;       /* nng threads -> loop */
     bool req_done;              /* the REQ aio finished: result below */
     int req_result;
+    bool probe_done;            /* the probe finished: result below */
+    int probe_result;
     nng_msg **totals;           /* received TOTALS, in order */
     size_t n_totals, cap_totals;
     bool closing;
@@ -59,6 +61,9 @@ struct rl_sync {
     reported *in_report;
     size_t n_in_report;
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
+    rl_nng_probe *probe;        /* why the reports URL cannot be reached */
+    bool probing;
+    int probe_logged;           /* the reason last logged; 0 after an ack */
     int open_handles;
 };
 
@@ -81,6 +86,17 @@ static void on_req(void *arg)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
     rl_nng_handoff(s);
+}
+
+static void on_probe(void *arg, int result)
+{
+    rl_sync *s = arg;
+    pthread_mutex_lock(&s->lock);
+    s->probe_done = true;
+    s->probe_result = result;
+    if (!s->closing)
+        uv_async_send(&s->wakeup);
+    pthread_mutex_unlock(&s->lock);
 }
 
 static void on_sub(void *arg)
@@ -185,6 +201,7 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
     free(s->in_report);
     s->in_report = NULL;
     s->n_in_report = 0;
+    s->probe_logged = 0;
     uint64_t loop_ms = now_ms(s);
     if (ack->now_ms != 0)
         rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
@@ -234,6 +251,14 @@ static void req_finished(rl_sync *s, int result)
     }
     if (s->state == REQ_SENDING) {
         nng_msg_free(nng_aio_get_msg(s->req_aio));
+        /* No aggregator took the report in two intervals: find out why
+         * (a TLS handshake gets at least a second). */
+        if (result == NNG_ETIMEDOUT && s->probe != NULL && !s->stopping
+            && !s->probing) {
+            uint32_t wait = 2 * s->config->aggregator.sync_interval_ms;
+            s->probing = true;
+            rl_nng_probe_start(s->probe, wait > 1000 ? (int)wait : 1000);
+        }
     } else if (result == 0) {
         nng_msg *m = nng_aio_get_msg(s->req_aio);
         on_ack(s, m);
@@ -285,6 +310,28 @@ static void on_totals(rl_sync *s, nng_msg *m)
     rl_wire_msg_free(&t);
 }
 
+/* Logged once per reason, until a report is acknowledged again. */
+static void probe_finished(rl_sync *s, int result)
+{
+    s->probing = false;
+    rl_nng_probe_reset(s->probe);
+    if (result == 0 || result == s->probe_logged || s->stopping)
+        return;
+    s->probe_logged = result;
+    /* A certificate refused is a configuration to fix, not an outage. */
+    bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+    rl_log(s->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
+           "aggregator_unreachable", "url=%s "
+           "reason=\"%s\" hint=\"%s\"", s->config->aggregator.reports,
+           nng_strerror(result), tls
+               ? "TLS refused: check aggregator.tls (ca must have signed "
+                 "the aggregator's certificate, server_name must be a name "
+                 "in it, and with client_auth: required the aggregator's ca "
+                 "must have signed this agent's cert)"
+               : "check that rl-aggregator runs and listens on "
+                 "aggregator.reports");
+}
+
 static void on_wakeup(uv_async_t *h)
 {
     rl_sync *s = h->data;
@@ -292,6 +339,9 @@ static void on_wakeup(uv_async_t *h)
     bool req_done = s->req_done;
     int result = s->req_result;
     s->req_done = false;
+    bool probe_done = s->probe_done;
+    int probe_result = s->probe_result;
+    s->probe_done = false;
     nng_msg **totals = s->totals;
     size_t n = s->n_totals;
     s->totals = NULL;
@@ -299,6 +349,8 @@ static void on_wakeup(uv_async_t *h)
     pthread_mutex_unlock(&s->lock);
     if (req_done)
         req_finished(s, result);
+    if (probe_done)
+        probe_finished(s, probe_result);
     for (size_t i = 0; i < n; i++) {
         on_totals(s, totals[i]);
         nng_msg_free(totals[i]);
@@ -330,7 +382,11 @@ static void on_tick(uv_timer_t *t)
         if (e == NULL)
             continue;
         uint64_t counted = rl_synced_counted(e);
-        e->idle_ticks = counted == e->last_counted ? e->idle_ticks + 1 : 0;
+        /* Idleness in time, not ticks: a tick comes early when the
+         * estimate of Redis's clock moves, and twenty of them can be under
+         * two seconds. */
+        if (counted != e->last_counted || e->active_ms == 0)
+            e->active_ms = loop_ms;
         e->last_counted = counted;
         /* A new window: a fresh share of a fresh window. */
         bool rolled = now != 0 && now / e->rule->period_ms != e->window;
@@ -380,6 +436,9 @@ static int open_sockets(rl_sync *s, rl_error *err)
         || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
                             why);
+    /* None for inproc://, which has no stream to probe: no diagnosis. */
+    s->probe = rl_nng_probe_new(agg->reports, &agg->tls, on_probe, s, why,
+                                sizeof why);
     return RL_OK;
 }
 
@@ -441,6 +500,8 @@ static void close_sync(rl_sync *s)
     pthread_mutex_unlock(&s->lock);
     nng_aio_stop(s->req_aio);
     nng_aio_stop(s->sub_aio);
+    rl_nng_probe_free(s->probe);
+    s->probe = NULL;
     rl_nng_handoff(s);
     /* A request that finished after the loop's last look still holds its
      * message: an ack received, or a report nng did not take. */
@@ -485,6 +546,7 @@ void rl_sync_free(rl_sync *s)
         nng_aio_free(s->req_aio);
     if (s->sub_aio != NULL)
         nng_aio_free(s->sub_aio);
+    rl_nng_probe_free(s->probe);
     if (nng_socket_id(s->req) > 0)
         nng_close(s->req);
     if (nng_socket_id(s->sub) > 0)

@@ -344,21 +344,21 @@ static void free_graves(rl_synced *s, bool all, uint64_t now)
     }
 }
 
-static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms_per_tick)
+static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms)
 {
     return e->in_report == 0 && rl_synced_counted(e) == e->acked
-           && e->idle_ticks * loop_ms_per_tick > 2 * e->rule->period_ms;
+           && e->active_ms != 0
+           && loop_ms - e->active_ms > 2 * e->rule->period_ms;
 }
 
 void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
 {
     free_graves(s, false, loop_ms);
     rl_synced_table *t = atomic_load(&s->table);
-    uint64_t tick = s->config->aggregator.sync_interval_ms;
     size_t idle = 0;
     for (size_t i = 0; i < t->cap; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e != NULL && is_idle(e, tick))
+        if (e != NULL && is_idle(e, loop_ms))
             idle++;
     }
     if (idle == 0)
@@ -371,7 +371,7 @@ void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
         rl_synced_entry *e = atomic_load(&t->slots[i]);
         if (e == NULL)
             continue;
-        if (is_idle(e, tick)) {
+        if (is_idle(e, loop_ms)) {
             bury(s, NULL, e, loop_ms);
             atomic_fetch_sub(&s->n_entries, 1);
             continue;

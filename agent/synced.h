@@ -28,7 +28,8 @@ typedef struct rl_synced_entry {
     uint64_t current;    /* fleet total of that window */
     uint64_t previous;   /* fleet total of the window before */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
-    uint64_t idle_ticks;
+    uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
+                          * saw new counts */
     /* Counted so far, ever: one counter per thread slot, each written by
      * its slot's thread alone (the shared slot's by atomic adds). They sit
      * together, a check reads those in use; so do the fields a decision

@@ -346,6 +346,15 @@ static int load_password(struct loader *ld, const rl_raw_store *raw,
     return copy_secret(ld, raw->password, &store->password);
 }
 
+/* "user:password@host" where an address goes: refused without echoing
+ * the text, as config errors end up in logs (a reload's, the journal). */
+static int credentials_refused(struct loader *ld, const char *path)
+{
+    return bad(ld, path, "credentials are not accepted here (and not shown, "
+               "to keep them out of logs): give them in store.username and "
+               "store.password, password_file or password_env");
+}
+
 static int load_seeds(struct loader *ld, const rl_raw_store *raw,
                       rl_store_config *store)
 {
@@ -360,6 +369,8 @@ static int load_seeds(struct loader *ld, const rl_raw_store *raw,
     store->cluster = true;
     for (size_t i = 0; i < store->n_nodes; i++) {
         snprintf(path, sizeof path, "store.cluster.%zu", i);
+        if (strchr(raw->cluster[i], '@') != NULL)
+            return credentials_refused(ld, path);
         if (rl_endpoint_parse(raw->cluster[i], &store->nodes[i]) != RL_OK)
             return bad(ld, path, "'%s' is not host:port (IPv6 as "
                        "[addr]:port)", raw->cluster[i]);
@@ -385,6 +396,9 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
         store->n_nodes = 1;
         snprintf(store->nodes[0].host, RL_HOST_MAX, DEFAULT_STORE_HOST);
         store->nodes[0].port = RL_REDIS_DEFAULT_PORT;
+        if (raw != NULL && raw->url != NULL
+            && strchr(raw->url, '@') != NULL)
+            return credentials_refused(ld, "store.url");
         if (raw != NULL && raw->url != NULL
             && rl_redis_url_parse(raw->url, &store->nodes[0], &store->db))
             return bad(ld, "store.url", "'%s' is not redis://host[:port][/db]"

@@ -7,6 +7,8 @@
  */
 #include "nng_tls.h"
 
+#include "nng_handoff.h"
+
 #include <nng/supplemental/tls/tls.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,4 +132,103 @@ int rl_nng_listen(nng_socket s, const char *url, const rl_tls_config *tls,
         return -1;
     }
     return 0;
+}
+
+struct rl_nng_probe {
+    nng_stream_dialer *dialer;
+    nng_stream *stream;       /* connected, until reset */
+    nng_aio *aio;
+    bool tls;
+    int timeout_ms;
+    char header[8];
+    void (*done)(void *arg, int result);
+    void *arg;
+};
+
+/* nng thread: connected, which says enough for plain TCP; for TLS the
+ * handshake is under way then, and the peer's first bytes come once it is
+ * over. Or an error. */
+static void probe_step(void *arg)
+{
+    rl_nng_probe *p = arg;
+    rl_nng_handoff(p);
+    int rv = nng_aio_result(p->aio);
+    if (rv == 0 && p->stream == NULL && p->tls) {
+        /* Read before the hand-off: nothing of p is touched after it. */
+        nng_stream *stream = nng_aio_get_output(p->aio, 0);
+        p->stream = stream;
+        nng_iov iov = {p->header, sizeof p->header};
+        nng_aio_set_iov(p->aio, 1, &iov);
+        nng_aio_set_timeout(p->aio, p->timeout_ms);
+        nng_aio *aio = p->aio;
+        rl_nng_handoff(p);
+        nng_stream_recv(stream, aio);
+        return;
+    }
+    if (rv == 0 && p->stream == NULL)
+        p->stream = nng_aio_get_output(p->aio, 0);
+    p->done(p->arg, rv);
+    rl_nng_handoff(p);
+}
+
+rl_nng_probe *rl_nng_probe_new(const char *url, const rl_tls_config *tls,
+                               void (*done)(void *arg, int result),
+                               void *arg, char *err, size_t errlen)
+{
+    rl_nng_probe *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->done = done;
+    p->arg = arg;
+    p->tls = is_tls(url);
+    int rv = nng_stream_dialer_alloc(&p->dialer, url);
+    if (rv == 0)
+        rv = nng_aio_alloc(&p->aio, probe_step, p);
+    if (rv == 0 && p->tls) {
+        nng_tls_config *c = make_config(tls, false, err, errlen);
+        if (c == NULL) {
+            rl_nng_probe_free(p);
+            return NULL;
+        }
+        rv = nng_stream_dialer_set_ptr(p->dialer, NNG_OPT_TLS_CONFIG, c);
+        nng_tls_config_free(c);
+    }
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot dial %s: %s", url, nng_strerror(rv));
+        rl_nng_probe_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void rl_nng_probe_start(rl_nng_probe *p, int timeout_ms)
+{
+    p->timeout_ms = timeout_ms;
+    nng_aio_set_timeout(p->aio, timeout_ms);
+    rl_nng_handoff(p);
+    nng_stream_dialer_dial(p->dialer, p->aio);
+}
+
+void rl_nng_probe_reset(rl_nng_probe *p)
+{
+    if (p->stream != NULL)
+        nng_stream_free(p->stream);
+    p->stream = NULL;
+}
+
+void rl_nng_probe_free(rl_nng_probe *p)
+{
+    if (p == NULL)
+        return;
+    if (p->aio != NULL)
+        nng_aio_stop(p->aio);
+    rl_nng_handoff(p);
+    rl_nng_probe_reset(p);
+    if (p->dialer != NULL)
+        nng_stream_dialer_free(p->dialer);
+    if (p->aio != NULL)
+        nng_aio_free(p->aio);
+    free(p);
 }

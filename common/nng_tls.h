@@ -10,6 +10,7 @@
 
 #include <nng/nng.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Dials url from s (in the background: a peer that is not up yet is
  * retried by nng). Returns 0, or -1 with a message. */
@@ -19,5 +20,32 @@ int rl_nng_dial(nng_socket s, const char *url, const rl_tls_config *tls,
 /* Listens on url. Returns 0, or -1 with a message. */
 int rl_nng_listen(nng_socket s, const char *url, const rl_tls_config *tls,
                   char *err, size_t errlen);
+
+/* Why dialing a URL fails. nng's dialer retries in the background and
+ * keeps the reason to itself, so an aggregator whose certificate an agent
+ * refuses would look like one that is down. A probe dials the URL once,
+ * with the same TLS settings as rl_nng_dial, and waits for the peer's first
+ * bytes (its SP header, which comes after the TLS handshake). */
+typedef struct rl_nng_probe rl_nng_probe;
+
+/* done(arg, result) is called on an nng thread once a started probe ends:
+ * result 0 (the peer answered) or an nng error (NNG_ECRYPTO or
+ * NNG_EPEERAUTH for a certificate refused, NNG_ECONNREFUSED, ...). Returns
+ * NULL with a message, or for a URL nng cannot dial as a stream
+ * (inproc://). */
+rl_nng_probe *rl_nng_probe_new(const char *url, const rl_tls_config *tls,
+                               void (*done)(void *arg, int result),
+                               void *arg, char *err, size_t errlen);
+
+/* Starts the probe, which gives up after timeout_ms. One at a time: start
+ * it again only after done was called and rl_nng_probe_reset. */
+void rl_nng_probe_start(rl_nng_probe *p, int timeout_ms);
+
+/* Closes what the last probe opened. Not from done. */
+void rl_nng_probe_reset(rl_nng_probe *p);
+
+/* Stops a probe under way (done may run, with an error) and frees it.
+ * NULL is a no-op. */
+void rl_nng_probe_free(rl_nng_probe *p);
 
 #endif

@@ -39,4 +39,10 @@ if [ "$reports" -gt 0 ]; then
     echo "run-tests: $reports sanitizer report(s) above; see $log and $RL_TEST_LOGDIR" >&2
     [ "$status" -eq 0 ] && status=1
 fi
+# A run that ran no test checked nothing (a filter that matches no test
+# name, say): that is not a pass. The TSan runner fails on it by itself.
+if grep -q 'Synthesis: Tested: 0 |' "$log"; then
+    echo "run-tests: no test ran; check the --filter pattern" >&2
+    [ "$status" -eq 0 ] && status=1
+fi
 exit "$status"

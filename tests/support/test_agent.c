@@ -27,6 +27,77 @@ void test_sleep_ms(unsigned ms)
         ;
 }
 
+void test_log_init(test_log *l)
+{
+    pthread_mutex_init(&l->lock, NULL);
+    l->len = 0;
+    l->text[0] = '\0';
+    l->cut = false;
+}
+
+void test_log_capture(rl_log_level level, const char *line, void *arg)
+{
+    (void)level;
+    test_log *l = arg;
+    pthread_mutex_lock(&l->lock);
+    size_t room = sizeof l->text - l->len;
+    int n = snprintf(l->text + l->len, room, "%s\n", line);
+    if (n < 0 || (size_t)n >= room) {
+        l->text[l->len] = '\0';
+        l->cut = true;
+    } else {
+        l->len += (size_t)n;
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
+static bool log_has(test_log *l, const char *what, const char *then)
+{
+    pthread_mutex_lock(&l->lock);
+    bool has = false;
+    for (const char *at = strstr(l->text, what); at != NULL && !has;
+         at = strstr(at + 1, what)) {
+        const char *eol = strchr(at, '\n');
+        const char *found = then != NULL ? strstr(at, then) : at;
+        has = found != NULL && (eol == NULL || found < eol);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return has;
+}
+
+bool test_log_wait(test_log *l, const char *what, const char *then,
+                   int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        if (log_has(l, what, then))
+            return true;
+        test_sleep_ms(10);
+    }
+    return log_has(l, what, then);
+}
+
+void test_log_lacks(test_log *l, const char *text, const char *where)
+{
+    pthread_mutex_lock(&l->lock);
+    bool cut = l->cut, has = strstr(l->text, text) != NULL;
+    pthread_mutex_unlock(&l->lock);
+    cr_assert(!cut, "%s: more than %zu bytes were logged", where,
+              sizeof l->text);
+    cr_assert(!has, "%s holds \"%s\":\n%s", where, text, l->text);
+}
+
+rl_agent *test_agent_on(const char *path, rl_config **config, test_log *log)
+{
+    rl_error err;
+    cr_assert_eq(rl_config_load(path, config, &err), RL_OK, "%s",
+                 err.message);
+    rl_options o = {.config = *config, .log = log ? test_log_capture : NULL,
+                    .log_arg = log, .log_level = RL_LOG_DEBUG};
+    rl_agent *agent;
+    cr_assert_eq(rl_agent_open(&agent, &o, &err), RL_OK, "%s", err.message);
+    return agent;
+}
+
 /* The agent's errors go to stderr, where Criterion shows them next to a
  * failing test; with RL_TEST_VERBOSE set, every line does. */
 static void test_log_line(rl_log_level level, const char *line, void *arg)

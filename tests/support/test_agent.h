@@ -8,6 +8,8 @@
 
 #include "rl.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct test_agent {
@@ -40,6 +42,32 @@ rl_decision test_check(test_agent *t, ...);
     Test(suite, name##_fcall) { suite##_##name(TEST_FCALL); }              \
     Test(suite, name##_evalsha) { suite##_##name(TEST_EVALSHA); }          \
     static void suite##_##name(test_scripts mode)
+
+/* Every line an agent logs, kept for the test to read: open the agent with
+ * rl_options .log = test_log_capture, .log_arg = a test_log (static: it
+ * is large), .log_level = RL_LOG_DEBUG. */
+typedef struct test_log {
+    pthread_mutex_t lock;
+    char text[1 << 16];
+    size_t len;
+    bool cut;          /* a line did not fit */
+} test_log;
+
+void test_log_init(test_log *l);
+void test_log_capture(rl_log_level level, const char *line, void *arg);
+
+/* Waits up to timeout_ms for a line holding what, and then (if not NULL)
+ * on that line; true if one came. */
+bool test_log_wait(test_log *l, const char *what, const char *then,
+                   int timeout_ms);
+
+/* Fails the test if any line holds text (where names the log). */
+void test_log_lacks(test_log *l, const char *text, const char *where);
+
+/* An agent on the config file at path, logging every line (debug up) into
+ * log unless it is NULL. The caller closes it with rl_agent_close and
+ * frees *config. */
+rl_agent *test_agent_on(const char *path, rl_config **config, test_log *log);
 
 /* Milliseconds on the monotonic clock. */
 uint64_t test_now_ms(void);

@@ -5,6 +5,7 @@
 #include "test_aggregator.h"
 
 #include "redis_server.h"
+#include "test_agent.h"
 #include "test_env.h"
 #include "test_process.h"
 
@@ -91,11 +92,5 @@ void test_aggregator_kill(test_aggregator *agg)
 
 rl_agent *test_synced_agent(const test_aggregator *agg, rl_config **config)
 {
-    rl_error err;
-    cr_assert_eq(rl_config_load(agg->config, config, &err), RL_OK, "%s",
-                 err.message);
-    rl_options o = {.config = *config};
-    rl_agent *agent;
-    cr_assert_eq(rl_agent_open(&agent, &o, &err), RL_OK, "%s", err.message);
-    return agent;
+    return test_agent_on(agg->config, config, NULL);
 }
