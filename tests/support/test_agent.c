@@ -13,11 +13,16 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t test_now_ms(void)
+uint64_t test_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+uint64_t test_now_ms(void)
+{
+    return test_now_us() / 1000;
 }
 
 void test_sleep_ms(unsigned ms)

@@ -41,8 +41,16 @@ rl_decision test_check(test_agent *t, ...);
     Test(suite, name##_evalsha) { suite##_##name(TEST_EVALSHA); }          \
     static void suite##_##name(test_scripts mode)
 
-/* Milliseconds on the monotonic clock. */
+/* How far past its deadline (store.timeout_ms) a check may return in a
+ * test: the I/O thread's timer and two thread wake-ups, or at most the
+ * caller's 5 ms of grace when the I/O thread is late, plus what a loaded
+ * machine adds. A deadline that does not hold misses by its whole length
+ * or more. */
+#define TEST_DEADLINE_MARGIN_MS 15
+
+/* Milliseconds, microseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
+uint64_t test_now_us(void);
 void test_sleep_ms(unsigned ms);
 
 #endif
