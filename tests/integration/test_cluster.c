@@ -397,7 +397,8 @@ Test(cluster, resharding_under_load_loses_no_check_and_no_token)
         rl_attr attr = {"api_key", h.values[v], strlen(h.values[v])};
         rl_decision d;
         cr_assert_eq(rl_check(h.agent, &attr, 1, 1, &d), RL_OK);
-        cr_assert(d.allowed && !d.degraded);
+        cr_assert(d.allowed && !d.degraded, "bucket %d after the moves: %s",
+                  v, d.degraded ? "degraded" : "rejected");
         left[v] = (long long)d.remaining;
     }
     close_agent(h.agent, cfg);
