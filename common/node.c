@@ -158,12 +158,17 @@ static void went_down(rl_node *s, const char *why)
                                                        : s->backoff_ms * 2;
 }
 
+/* Freed, not disconnected: hiredis holds a disconnect back until every
+ * reply due has arrived, which a stalled server never sends. Freeing
+ * answers the calls in flight with NULL (they fail), then calls
+ * on_disconnect, which schedules the new connection. From inside a hiredis
+ * callback the free waits for the callback to return. */
 static void drop_connection(rl_node *s, const char *event, const char *why)
 {
     rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
            s->ep.host, s->ep.port, why);
     if (s->ac != NULL)
-        redisAsyncDisconnect(s->ac); /* the disconnect callback follows */
+        redisAsyncFree(s->ac);
 }
 
 static void became_ready(rl_node *s)

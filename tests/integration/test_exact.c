@@ -367,3 +367,32 @@ TEST_BOTH_MODES(exact, cost_over_capacity_never_passes)
     cr_assert(d.allowed, "the bucket was charged by the refused request");
     test_agent_close(&t);
 }
+
+/* A cost takes that many tokens, and a rejected one waits for all of them:
+ * 10 an hour, a token every 360 s, none back during the test. */
+TEST_BOTH_MODES(exact, a_cost_takes_that_many_tokens)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 10, "
+                    "period: 1h}\n");
+    char value[32];
+    snprintf(value, sizeof value, "cost-%d", mode);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    for (int left = 7; left >= 1; left -= 3) {
+        cr_assert_eq(rl_check(t.agent, &attr, 1, 3, &d), RL_OK);
+        cr_assert(d.allowed && !d.degraded);
+        cr_assert_eq(d.remaining, (uint64_t)left, "%llu left, not %d",
+                     (unsigned long long)d.remaining, left);
+    }
+    cr_assert_eq(rl_check(t.agent, &attr, 1, 3, &d), RL_OK);
+    cr_assert(!d.allowed, "a cost of 3 passed with one token left");
+    cr_assert(d.retry_after_ms > 720000 - 1000 && d.retry_after_ms <= 720000,
+              "retry %lld ms, not the 720 s two more tokens take",
+              (long long)d.retry_after_ms);
+    cr_assert_eq(rl_check(t.agent, &attr, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed, "the rejected cost took the last token");
+    cr_assert_eq(d.remaining, 0);
+    test_agent_close(&t);
+}

@@ -8,6 +8,7 @@
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_env.h"
+#include "test_proxy.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -29,16 +30,23 @@ static void private_redis(test_redis *srv, const char *extra_conf,
 }
 
 static rl_decision timed_check(test_agent *t, const char *attr,
-                               uint64_t *elapsed_ms)
+                               uint64_t *elapsed_us)
 {
-    uint64_t start = test_now_ms();
+    uint64_t start = test_now_us();
     rl_decision d = test_check(t, attr, NULL);
-    *elapsed_ms = test_now_ms() - start;
+    *elapsed_us = test_now_us() - start;
     return d;
 }
 
+#define FAULT_DEADLINE_MS 50
+
 /* --- 6. Redis killed mid-run, then restarted. ---------------------------- */
 
+/* While Redis is known to be down the agent does not wait for it: a check
+ * is decided by on_error at once. A check that met the connection in the
+ * moment between a reconnect attempt and its refusal waits that moment, so
+ * not every one is under 1 ms; one that waited for its deadline would be
+ * the short cut missing. */
 TEST_BOTH_MODES(faults, redis_killed_then_restarted)
 {
     test_redis srv;
@@ -50,29 +58,43 @@ TEST_BOTH_MODES(faults, redis_killed_then_restarted)
                     "period: 1s, on_error: allow}\n"
                     "  - {name: per-ip, match: ip, limit: 1000, "
                     "period: 1s, on_error: deny}\n");
-    uint64_t ms;
-    cr_assert(!timed_check(&t, "api_key=k", &ms).degraded);
+    uint64_t us;
+    cr_assert(!timed_check(&t, "api_key=k", &us).degraded);
 
+    test_sched_probe probe;
+    test_sched_probe_start(&probe);
     test_redis_kill(&srv);
-    uint64_t start = test_now_ms();
-    int checks = 0;
+    uint64_t start = test_now_ms(), slowest = 0;
+    int checks = 0, over_1ms = 0;
     while (test_now_ms() - start < 1000) {
-        rl_decision d = timed_check(&t, "api_key=k", &ms);
+        rl_decision d = timed_check(&t, "api_key=k", &us);
         cr_assert(d.degraded && d.allowed, "on_error allow not honored");
-        cr_assert_leq(ms, 70, "a check took %llu ms", (unsigned long long)ms);
-        d = timed_check(&t, "ip=1.2.3.4", &ms);
+        slowest = us > slowest ? us : slowest;
+        over_1ms += us > 1000;
+        d = timed_check(&t, "ip=1.2.3.4", &us);
         cr_assert(d.degraded && !d.allowed, "on_error deny not honored");
         cr_assert_str_eq(d.rule, "per-ip");
-        cr_assert_leq(ms, 70, "a check took %llu ms", (unsigned long long)ms);
-        checks++;
+        slowest = us > slowest ? us : slowest;
+        over_1ms += us > 1000;
+        checks += 2;
         test_sleep_ms(5);
     }
-    cr_assert_gt(checks, 10);
+    uint64_t overslept = test_sched_probe_stop(&probe);
+    fprintf(stderr, "faults: Redis down: %d checks, %d over 1 ms, slowest "
+            "%llu us (deadline %d ms, the probe overslept %llu us)\n", checks,
+            over_1ms, (unsigned long long)slowest, FAULT_DEADLINE_MS,
+            (unsigned long long)overslept);
+    cr_assert_gt(checks, 20);
+    cr_assert_leq(slowest, test_deadline_latest_us(FAULT_DEADLINE_MS,
+                                                   overslept),
+                  "a check took %llu us", (unsigned long long)slowest);
+    cr_assert_leq(over_1ms * 10, checks, "%d of %d checks took over 1 ms "
+                  "while Redis was known to be down", over_1ms, checks);
 
     char err[512];
     cr_assert_eq(test_redis_restart(&srv, err, sizeof err), 0, "%s", err);
     uint64_t restarted = test_now_ms();
-    while (timed_check(&t, "api_key=k", &ms).degraded) {
+    while (timed_check(&t, "api_key=k", &us).degraded) {
         cr_assert_lt(test_now_ms() - restarted, 1000, "not back within 1 s");
         test_sleep_ms(5);
     }
@@ -80,6 +102,202 @@ TEST_BOTH_MODES(faults, redis_killed_then_restarted)
     cr_assert(d.allowed && !d.degraded);
     test_agent_close(&t);
     test_redis_stop(&srv);
+}
+
+/* --- Redis alive but silent (SIGSTOP). --------------------------------- */
+
+/* Four threads check while the agent's own Redis is paused for 1.5 s and
+ * the main thread sends async checks: no check, blocking or async, is
+ * decided later than its deadline plus the margin. The pause outlasts the
+ * stall limit (1 s here), so the checks meet a connection with calls in
+ * flight, the dropped one (known down), and a new one whose handshake
+ * goes unanswered. */
+#define PAUSE_MS 1500
+#define PAUSE_CHECKERS 4
+#define PAUSE_ASYNC 300
+
+struct paused_load {
+    rl_agent *agent;
+    uint64_t until_us;
+    atomic_uint_least64_t slowest_us;
+    atomic_int checks, at_deadline, answered;
+};
+
+static void note_slowest(atomic_uint_least64_t *slowest, uint64_t us)
+{
+    uint64_t seen = atomic_load(slowest);
+    while (us > seen && !atomic_compare_exchange_weak(slowest, &seen, us))
+        ;
+}
+
+static void *check_while_paused(void *arg)
+{
+    struct paused_load *l = arg;
+    rl_attr attr = {"api_key", "paused", 6};
+    while (test_now_us() < l->until_us) {
+        rl_decision d;
+        uint64_t start = test_now_us();
+        int rc = rl_check(l->agent, &attr, 1, 1, &d);
+        uint64_t took = test_now_us() - start;
+        note_slowest(&l->slowest_us, took);
+        if (rc != RL_OK || !d.degraded)
+            atomic_fetch_add(&l->answered, 1);
+        if (took >= (FAULT_DEADLINE_MS - 1) * 1000)
+            atomic_fetch_add(&l->at_deadline, 1);
+        atomic_fetch_add(&l->checks, 1);
+        /* Checks decided at once (known down) would spin: the point is
+         * the deadline, not load on the I/O thread. */
+        test_sleep_ms(1);
+    }
+    return NULL;
+}
+
+struct async_check {
+    uint64_t sent_us;
+    atomic_uint_least64_t took_us; /* 0 until its callback ran */
+};
+
+static void on_async_decided(const rl_decision *d, void *arg)
+{
+    struct async_check *c = arg;
+    (void)d;
+    atomic_store(&c->took_us, test_now_us() - c->sent_us + 1);
+}
+
+TEST_BOTH_MODES(faults, a_paused_redis_holds_no_check_past_its_deadline)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, NULL, addr, sizeof addr);
+    test_agent t;
+    test_agent_open(&t, addr, mode, "  timeout_ms: 50\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000000, "
+                    "period: 1s}\n");
+    cr_assert(!test_check(&t, "api_key=paused", NULL).degraded);
+
+    test_sched_probe probe;
+    test_sched_probe_start(&probe);
+    test_redis_pause(&srv);
+    struct paused_load l = {.agent = t.agent,
+                            .until_us = test_now_us() + PAUSE_MS * 1000};
+    pthread_t threads[PAUSE_CHECKERS];
+    for (int i = 0; i < PAUSE_CHECKERS; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, check_while_paused,
+                                    &l), 0);
+    static struct async_check async[PAUSE_ASYNC];
+    rl_attr attr = {"api_key", "paused-async", 12};
+    int sent = 0;
+    while (test_now_us() < l.until_us && sent < PAUSE_ASYNC) {
+        async[sent].sent_us = test_now_us();
+        atomic_init(&async[sent].took_us, 0);
+        cr_assert_eq(rl_check_async(t.agent, &attr, 1, 1, on_async_decided,
+                                    &async[sent]), RL_OK);
+        sent++;
+        test_sleep_ms(5);
+    }
+    for (int i = 0; i < PAUSE_CHECKERS; i++)
+        pthread_join(threads[i], NULL);
+    test_sleep_ms(FAULT_DEADLINE_MS + 200); /* the last callbacks' time */
+    uint64_t overslept = test_sched_probe_stop(&probe);
+    uint64_t async_slowest = 0;
+    int async_missing = 0;
+    for (int i = 0; i < sent; i++) {
+        uint64_t took = atomic_load(&async[i].took_us);
+        async_missing += took == 0;
+        async_slowest = took > async_slowest ? took : async_slowest;
+    }
+    test_redis_resume(&srv);
+    uint64_t resumed = test_now_ms();
+    while (test_check(&t, "api_key=paused", NULL).degraded) {
+        cr_assert_lt(test_now_ms() - resumed, 2000, "not back within 2 s");
+        test_sleep_ms(5);
+    }
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+    uint64_t slowest = atomic_load(&l.slowest_us);
+    uint64_t latest = test_deadline_latest_us(FAULT_DEADLINE_MS, overslept);
+    fprintf(stderr, "faults: Redis paused %d ms: %d checks (%d at the "
+            "deadline), slowest %llu us; %d async, slowest %llu us "
+            "(deadline %d ms, the probe overslept %llu us)\n", PAUSE_MS,
+            atomic_load(&l.checks), atomic_load(&l.at_deadline),
+            (unsigned long long)slowest, sent,
+            (unsigned long long)async_slowest, FAULT_DEADLINE_MS,
+            (unsigned long long)overslept);
+    cr_assert_eq(atomic_load(&l.answered), 0, "a paused Redis answered");
+    cr_assert_eq(async_missing, 0, "%d of %d async checks were never "
+                 "decided", async_missing, sent);
+    cr_assert_leq(slowest, latest, "a check took %llu us",
+                  (unsigned long long)slowest);
+    cr_assert_leq(async_slowest, latest, "an async check was decided after "
+                  "%llu us", (unsigned long long)async_slowest);
+    /* Most checks met a connection with calls in flight: the deadline,
+     * not a failure, decided them. */
+    cr_assert_geq(atomic_load(&l.at_deadline),
+                  PAUSE_CHECKERS * 1000 / FAULT_DEADLINE_MS / 2);
+}
+
+/* --- A connection that stops answering is replaced. -------------------- */
+
+/* The agent reaches Redis through a proxy that makes the connection go
+ * silent, open but dead, while new connections get through: a peer gone
+ * without a FIN. With no reply for ten deadlines (2 s here) the agent
+ * drops the connection and opens another; until then every check is
+ * decided by its deadline. */
+#define STALL_DEADLINE_MS 200
+
+Test(faults, a_connection_that_stops_answering_is_replaced)
+{
+    test_redis srv;
+    char addr[64];
+    private_redis(&srv, NULL, addr, sizeof addr);
+    uint16_t port;
+    test_proxy *proxy = test_proxy_start(srv.port, &port);
+    char via[64];
+    snprintf(via, sizeof via, "127.0.0.1:%u", port);
+    test_agent t;
+    test_agent_open(&t, via, TEST_FCALL, "  timeout_ms: 200\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000000, "
+                    "period: 1s}\n");
+    cr_assert(!test_check(&t, "api_key=stall", NULL).degraded);
+    int connections = test_proxy_accepted(proxy);
+
+    test_sched_probe probe;
+    test_sched_probe_start(&probe);
+    test_proxy_silence(proxy);
+    uint64_t silenced = test_now_ms(), slowest = 0, back_after = 0;
+    int degraded = 0;
+    while (back_after == 0) {
+        uint64_t us;
+        rl_decision d = timed_check(&t, "api_key=stall", &us);
+        slowest = us > slowest ? us : slowest;
+        if (d.degraded)
+            degraded++;
+        else
+            back_after = test_now_ms() - silenced;
+        cr_assert_lt(test_now_ms() - silenced, 10 * STALL_DEADLINE_MS + 2000,
+                     "the silent connection was never replaced");
+        test_sleep_ms(5);
+    }
+    int replacements = test_proxy_accepted(proxy) - connections;
+    uint64_t overslept = test_sched_probe_stop(&probe);
+    test_agent_close(&t);
+    test_proxy_stop(proxy);
+    test_redis_stop(&srv);
+    fprintf(stderr, "faults: connection silenced: %d checks degraded, "
+            "slowest %llu us, answered again after %llu ms (ten deadlines: "
+            "%d ms, the probe overslept %llu us)\n", degraded,
+            (unsigned long long)slowest, (unsigned long long)back_after,
+            10 * STALL_DEADLINE_MS, (unsigned long long)overslept);
+    cr_assert_geq(back_after, 10 * STALL_DEADLINE_MS, "dropped after %llu "
+                  "ms, before ten deadlines", (unsigned long long)back_after);
+    /* The watchdog looks every 100 ms, then a 25 ms backoff and the
+     * handshake: well before eleven and a half deadlines. */
+    cr_assert_leq(back_after, 10 * STALL_DEADLINE_MS + 300, "answered again "
+                  "only after %llu ms", (unsigned long long)back_after);
+    cr_assert_eq(replacements, 1, "%d new connections", replacements);
+    cr_assert_leq(slowest, test_deadline_latest_us(STALL_DEADLINE_MS,
+                                                   overslept),
+                  "a check took %llu us", (unsigned long long)slowest);
 }
 
 /* --- Scripts flushed while eight threads check: no check fails. -------- */

@@ -238,6 +238,7 @@ void test_redis_stop(test_redis *srv)
     if (srv->pid <= 0)
         return;
     kill(srv->pid, SIGTERM);
+    kill(srv->pid, SIGCONT); /* a paused server would not see the SIGTERM */
     for (int waited = 0; waited < 5000; waited += 10) {
         if (waitpid(srv->pid, NULL, WNOHANG) == srv->pid) {
             srv->pid = 0;
@@ -269,4 +270,16 @@ void test_redis_kill(test_redis *srv)
     kill(srv->pid, SIGKILL);
     waitpid(srv->pid, NULL, 0);
     srv->pid = 0;
+}
+
+void test_redis_pause(test_redis *srv)
+{
+    if (srv->pid > 0)
+        kill(srv->pid, SIGSTOP);
+}
+
+void test_redis_resume(test_redis *srv)
+{
+    if (srv->pid > 0)
+        kill(srv->pid, SIGCONT);
 }

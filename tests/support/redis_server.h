@@ -39,6 +39,14 @@ int test_redis_restart(test_redis *srv, char *err, size_t errlen);
 /* test_redis_kill kills the server at once (SIGKILL), as a crash would. */
 void test_redis_kill(test_redis *srv);
 
+/* test_redis_pause stops the server in its tracks (SIGSTOP): its sockets
+ * stay open and the kernel still accepts connections, but nothing answers,
+ * as with a server that hangs or swaps. test_redis_resume lets it go on
+ * (SIGCONT). A paused server still dies with the test process, and
+ * test_redis_stop resumes it to stop it. */
+void test_redis_pause(test_redis *srv);
+void test_redis_resume(test_redis *srv);
+
 /* test_redis_stop stops the server (SIGTERM, then SIGKILL after 5 s) and
  * waits for it. Safe on a server that is not running. */
 void test_redis_stop(test_redis *srv);

@@ -13,11 +13,50 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t test_now_ms(void)
+uint64_t test_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+uint64_t test_now_ms(void)
+{
+    return test_now_us() / 1000;
+}
+
+static void *probe(void *arg)
+{
+    test_sched_probe *p = arg;
+    struct timespec ms = {0, 1000000};
+    while (!atomic_load(&p->stop)) {
+        uint64_t before = test_now_us();
+        nanosleep(&ms, NULL);
+        uint64_t late = test_now_us() - before - 1000;
+        if (late > atomic_load(&p->worst_us))
+            atomic_store(&p->worst_us, late);
+    }
+    return NULL;
+}
+
+void test_sched_probe_start(test_sched_probe *p)
+{
+    atomic_init(&p->stop, false);
+    atomic_init(&p->worst_us, 0);
+    cr_assert_eq(pthread_create(&p->thread, NULL, probe, p), 0);
+}
+
+uint64_t test_sched_probe_stop(test_sched_probe *p)
+{
+    atomic_store(&p->stop, true);
+    pthread_join(p->thread, NULL);
+    return atomic_load(&p->worst_us);
+}
+
+uint64_t test_deadline_latest_us(unsigned deadline_ms, uint64_t overslept_us)
+{
+    return (deadline_ms + TEST_DEADLINE_MARGIN_MS) * 1000ULL
+           + 2 * overslept_us;
 }
 
 void test_sleep_ms(unsigned ms)

@@ -9,6 +9,7 @@
 #include "rl.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -69,8 +70,34 @@ void test_log_lacks(test_log *l, const char *text, const char *where);
  * frees *config. */
 rl_agent *test_agent_on(const char *path, rl_config **config, test_log *log);
 
-/* Milliseconds on the monotonic clock. */
+/* How late a check may return in a test. rl's own part is at most
+ * TEST_DEADLINE_MARGIN_MS past its deadline (store.timeout_ms): the I/O
+ * thread's timer, or the caller's 5 ms of grace when that thread is late.
+ * What the machine adds is measured while the test runs: a probe thread
+ * sleeps 1 ms at a time and notes how much later than asked it woke up
+ * (on two cores shared with a benchmark, 40 ms and more; under TSan beside
+ * two busy loops, over 100 ms). A check goes through two such wake-ups,
+ * the I/O thread's and its caller's, hence twice the probe's worst. On a
+ * quiet machine the bound is the deadline plus the margin; a deadline that
+ * is not kept misses by the stall limit (1 s and more). */
+#define TEST_DEADLINE_MARGIN_MS 15
+
+typedef struct test_sched_probe {
+    pthread_t thread;
+    atomic_bool stop;
+    atomic_uint_least64_t worst_us;
+} test_sched_probe;
+
+void test_sched_probe_start(test_sched_probe *p);
+/* Stops the probe; returns the longest it overslept, in microseconds. */
+uint64_t test_sched_probe_stop(test_sched_probe *p);
+/* The latest a check with this deadline may return, in microseconds after
+ * it was called, given the probe's worst oversleep. */
+uint64_t test_deadline_latest_us(unsigned deadline_ms, uint64_t overslept_us);
+
+/* Milliseconds, microseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
+uint64_t test_now_us(void);
 void test_sleep_ms(unsigned ms);
 
 #endif
