@@ -56,7 +56,8 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \
              tests/support/test_gateway.c tests/support/test_process.c \
-             tests/support/redis_cluster.c $(HARNESS_SRC)
+             tests/support/redis_cluster.c tests/support/no_network.c \
+             $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
