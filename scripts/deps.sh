@@ -7,7 +7,7 @@ set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
-redis-server redis-tools openssl"
+redis-server redis-tools openssl faketime"
 [ $# -gt 0 ] && packages="$*"
 
 missing=""

@@ -254,21 +254,83 @@ Test(synced, a_resent_report_is_counted_once)
     test_aggregator_stop(&agg);
 }
 
+/* The value's count is in one window key, rl:tenant:<value>:w<window>,
+ * and that window is within first..last. */
+static void expect_one_window(const char *value, uint64_t first,
+                              uint64_t last, long long count)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *keys = test_redis_command(c, "KEYS rl:tenant:%s:w*", value);
+    cr_assert_eq(keys->elements, 1, "%s counted in %zu windows", value,
+                 keys->elements);
+    const char *key = keys->element[0]->str;
+    uint64_t window = strtoull(strrchr(key, 'w') + 1, NULL, 10);
+    cr_assert(window >= first && window <= last, "%s counted in window "
+              "%llu; by Redis's clock it is %llu..%llu", key,
+              (unsigned long long)window, (unsigned long long)first,
+              (unsigned long long)last);
+    redisReply *v = test_redis_command(c, "GET %s", key);
+    cr_assert_eq(v->type, REDIS_REPLY_STRING);
+    cr_assert_eq(atoll(v->str), count, "%s holds %s", key, v->str);
+    freeReplyObject(v);
+    freeReplyObject(keys);
+    redisFree(c);
+}
+
+/* The aggregator's own clock is 5 h 3.7 s ahead (libfaketime, preloaded,
+ * shifts what clock_gettime and time answer it): the windows it writes and
+ * answers with must still be Redis's. */
 Test(synced, windows_are_numbered_by_redis_clock)
 {
+    char asan[512];
+    const char *old = getenv("ASAN_OPTIONS");
+    /* ASan wants its runtime first among the libraries; libfaketime is
+     * preloaded before it. */
+    snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%sverify_asan_link_order=0",
+             old != NULL ? old : "", old != NULL ? ":" : "");
+    const char *const faketime[] = {
+        "/usr/bin/env", "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1",
+        "FAKETIME=+18003.7", asan, NULL};
+    test_aggregator tpl = TEST_AGGREGATOR_WRAPPED(faketime);
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, tenant_rule, 100, &tpl);
+    char cmd[128], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c libfaketime /proc/%d/maps",
+             (int)agg.pid);
+    test_run(cmd, out, sizeof out);
+    cr_assert_gt(atoi(out), 0, "libfaketime is not loaded in the aggregator "
+                 "(apt-get install faketime)");
+
     nng_socket s = dial_reports(&agg);
-    uint64_t before = redis_time_ms() / 10000;
+    uint64_t before = redis_time_ms();
     rl_wire_msg ack = report(s, "clock", 1, "per-tenant", "org_clock", 1);
-    uint64_t after = redis_time_ms() / 10000;
+    uint64_t after = redis_time_ms();
     cr_assert_eq(ack.status, RL_ACK_APPLIED);
-    cr_assert(ack.entries[0].window >= before && ack.entries[0].window <= after,
+    cr_assert(ack.now_ms + 1000 >= before && ack.now_ms <= after + 1000,
+              "the ack says %llu ms, Redis %llu..%llu",
+              (unsigned long long)ack.now_ms, (unsigned long long)before,
+              (unsigned long long)after);
+    cr_assert(ack.entries[0].window >= before / 10000
+                  && ack.entries[0].window <= after / 10000,
               "window %llu, Redis says %llu..%llu",
               (unsigned long long)ack.entries[0].window,
-              (unsigned long long)before, (unsigned long long)after);
+              (unsigned long long)before / 10000,
+              (unsigned long long)after / 10000);
+    expect_one_window("org_clock", before / 10000, after / 10000, 1);
     rl_wire_msg_free(&ack);
     nng_close(s);
+
+    /* An agent's counts, through the aggregator, land in Redis's window. */
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    before = redis_time_ms();
+    for (int i = 0; i < 3; i++)
+        cr_assert(check_tenant(a, "org_clock_agent"));
+    expect_redis_total("rl:tenant:org_clock_agent", 3, 5000);
+    after = redis_time_ms();
+    expect_one_window("org_clock_agent", before / 10000, after / 10000, 3);
+    rl_agent_close(a);
+    rl_config_free(cfg);
     test_aggregator_stop(&agg);
 }
 
