@@ -121,11 +121,10 @@ Test(synced, one_agent_offered_ten_times_the_limit_gets_the_limit)
                        admitted);
         fprintf(stderr, "synced alone: window %d: offered 10 x %d, admitted "
                 "%ld\n", w, LIMIT, n);
-        /* A window's edge as the test sees it and as the aggregator does
-         * differ by a few ms: a request or two either side. */
+        /* A window's edge as the test sees it and as the agent does differ
+         * by a few ms: a few requests either side. */
         cr_expect_geq(n, w == 0 ? LIMIT : LIMIT * 8 / 10, "window %d", w);
-        cr_expect_leq(n, w == 0 ? LIMIT + 1 : LIMIT * 11 / 10, "window %d",
-                      w);
+        cr_expect_leq(n, LIMIT * 11 / 10, "window %d", w);
     }
     fleet_stop(&f);
 }
@@ -143,7 +142,7 @@ Test(synced, four_agents_split_the_room)
 {
     enum { LIMIT = 100, PERIOD = 2000, N = 4 };
     fleet f;
-    fleet_start(&f, "shares", LIMIT, PERIOD, 100, N);
+    fleet_start(&f, "shares", LIMIT, PERIOD, 200, N);
     wait_until(&f, next_window_at(&f, 0.1));
     for (int i = 0; i < N; i++)
         cr_assert(allowed(f.agents[i], "org_shares"));
@@ -168,7 +167,8 @@ Test(synced, four_agents_split_the_room)
  * The whole limit spent in the second half of a window; in the next, the
  * previous window's weight fades with the part of it still inside the
  * period, so x into it a client has had about x x limit (plus the fade of
- * one interval ahead, 5%): not a second full limit. */
+ * one interval ahead, 5%): not a second full limit. The edge as the test
+ * sees it and as the agent does differ by a few ms. */
 
 Test(synced, the_previous_window_counts_across_the_edge)
 {
@@ -185,7 +185,8 @@ Test(synced, the_previous_window_counts_across_the_edge)
     fprintf(stderr, "synced edge: limit %d spent before the edge (%ld); "
             "after it, %ld by a quarter window, %ld by half\n", LIMIT,
             before, quarter, half);
-    cr_expect_eq(before, LIMIT);
+    cr_expect_geq(before, LIMIT);
+    cr_expect_leq(before, LIMIT + LIMIT / 10);
     cr_expect_geq(quarter, LIMIT / 4 - LIMIT / 10);
     cr_expect_leq(quarter, LIMIT / 4 + LIMIT / 10);
     cr_expect_geq(half, LIMIT / 2 - LIMIT / 10);

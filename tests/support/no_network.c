@@ -51,26 +51,28 @@ static const int network_calls[] = {
 
 /* Trapped on any descriptor but 0-2. */
 static const int io_calls[] = {
-    SYS_read,   SYS_write,   SYS_readv,   SYS_writev,  SYS_pread64,
-    SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_preadv2, SYS_pwritev2,
-    SYS_sendfile, SYS_splice,
+    SYS_read,    SYS_write,    SYS_readv,    SYS_writev,
+    SYS_pread64, SYS_pwrite64, SYS_preadv,   SYS_pwritev,
+    SYS_preadv2, SYS_pwritev2, SYS_sendfile, SYS_splice,
 };
 
 #define N_NET (sizeof network_calls / sizeof network_calls[0])
 #define N_IO (sizeof io_calls / sizeof io_calls[0])
 
-int test_forbid_network(void)
+/* Layout: the arch check, the system call's number against each list,
+ * allow; then the descriptor test for the I/O calls; then trap. */
+enum { LISTS = 4, ALLOW = LISTS + N_NET + N_IO, FD = ALLOW + 1,
+       TRAP = FD + 3, FILTER_LEN = TRAP + 1 };
+
+static void build_filter(struct sock_filter f[FILTER_LEN])
 {
-    /* Layout: arch check, the system call's number against each list,
-     * allow; then the descriptor test for the I/O calls; then trap. */
-    enum { LISTS = 4, ALLOW = LISTS + N_NET + N_IO, FD = ALLOW + 1,
-           TRAP = FD + 3 };
-    struct sock_filter f[TRAP + 1] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-    };
+    f[0] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                        offsetof(struct seccomp_data, arch));
+    f[1] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K,
+                                        NATIVE_ARCH, 1, 0);
+    f[2] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP);
+    f[3] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                        offsetof(struct seccomp_data, nr));
     for (size_t i = 0; i < N_NET; i++)
         f[LISTS + i] = (struct sock_filter)BPF_JUMP(
             BPF_JMP | BPF_JEQ | BPF_K, (unsigned)network_calls[i],
@@ -87,7 +89,13 @@ int test_forbid_network(void)
     f[FD + 2] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K,
                                              SECCOMP_RET_ALLOW);
     f[TRAP] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP);
-    struct sock_fprog prog = {.len = TRAP + 1, .filter = f};
+}
+
+int test_forbid_network(void)
+{
+    struct sock_filter f[FILTER_LEN];
+    build_filter(f);
+    struct sock_fprog prog = {.len = FILTER_LEN, .filter = f};
     /* A thread's first allocation may read /sys (glibc sizes its arenas
      * by the number of CPUs, with __read_nocancel): done here, before the
      * filter. */
