@@ -28,7 +28,8 @@ typedef struct test_aggregator {
 #define TEST_AGGREGATOR_EXTRA(lines) \
     ((test_aggregator){.pid = -1, .extra = (lines)})
 
-/* A template that runs the aggregator through a wrapper command. */
+/* A template that runs the aggregator through a wrapper command; the
+ * words must outlive the aggregator (a restart reuses them). */
 #define TEST_AGGREGATOR_WRAPPED(words) \
     ((test_aggregator){.pid = -1, .extra = "", .wrapper = (words)})
 
