@@ -8,6 +8,7 @@
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "test_process.h"
 #include "wire.h"
 
 #include <criterion/criterion.h>
@@ -300,6 +301,9 @@ Test(synced, windows_are_numbered_by_redis_clock)
     test_run(cmd, out, sizeof out);
     cr_assert_gt(atoi(out), 0, "libfaketime is not loaded in the aggregator "
                  "(apt-get install faketime)");
+    /* Its first TIME is answered before the store is ready; a report
+     * before that is sent back for a retry. */
+    test_wait_for_log(&agg.pid, agg.log, "event=store_ready", 10000);
 
     /* The aggregator's reading of Redis's clock may be a little behind or
      * ahead of the test's: a second either way (a shift is 18,003.7 s). */
