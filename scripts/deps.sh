@@ -7,7 +7,7 @@ set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
-redis-server redis-tools openssl systemd"
+redis-server redis-tools openssl systemd faketime"
 [ $# -gt 0 ] && packages="$*"
 
 missing=""

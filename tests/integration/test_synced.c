@@ -3,10 +3,12 @@
  * real nng sockets on loopback, a real redis-server.
  */
 #include "config.h"
+#include "no_network.h"
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "test_process.h"
 #include "wire.h"
 
 #include <criterion/criterion.h>
@@ -90,23 +92,46 @@ struct steady {
     const char *tenant;
     atomic_bool stop;
     atomic_long allowed;
+    atomic_long failed;         /* checks that did not return RL_OK */
     atomic_long slowest_us;
+    int guard;                  /* test_forbid_network's answer */
 };
 
+/* Checks until told to stop, on a thread that may make no network call
+ * (no Criterion assertion here: a failed one would report over a
+ * socket). */
 static void *check_steadily(void *arg)
 {
     struct steady *s = arg;
+    s->guard = test_forbid_network();
+    rl_attr a = {"tenant", s->tenant, strlen(s->tenant)};
     while (!atomic_load(&s->stop)) {
         uint64_t start = uv_hrtime_us();
-        bool ok = check_tenant(s->agent, s->tenant);
+        rl_decision d;
+        int rc = rl_check(s->agent, &a, 1, 1, &d);
         long took = (long)(uv_hrtime_us() - start);
         if (took > atomic_load(&s->slowest_us))
             atomic_store(&s->slowest_us, took);
-        if (ok)
+        if (rc != RL_OK)
+            atomic_fetch_add(&s->failed, 1);
+        else if (d.allowed)
             atomic_fetch_add(&s->allowed, 1);
         test_sleep_ms(2);
     }
     return NULL;
+}
+
+/* Joins a check_steadily thread: every check returned RL_OK, and no
+ * thread so far made a network call. */
+static void join_steady(pthread_t t, struct steady *s)
+{
+    pthread_join(t, NULL);
+    cr_assert_eq(s->guard, 0, "cannot install the seccomp filter: %s",
+                 strerror(s->guard));
+    cr_assert_eq(atomic_load(&s->failed), 0, "checks failed");
+    long first, calls = test_network_calls(&first);
+    cr_assert_eq(calls, 0, "synced checks made %ld network system calls "
+                 "(the first: number %ld)", calls, first);
 }
 
 Test(synced, aggregator_away_for_five_seconds_loses_no_count)
@@ -132,14 +157,14 @@ Test(synced, aggregator_away_for_five_seconds_loses_no_count)
     long allowed = 0, slowest = 0;
     for (int i = 0; i < 3; i++) {
         atomic_store(&s[i].stop, true);
-        pthread_join(t[i], NULL);
+        join_steady(t[i], &s[i]);
         allowed += atomic_load(&s[i].allowed);
         if (atomic_load(&s[i].slowest_us) > slowest)
             slowest = atomic_load(&s[i].slowest_us);
     }
     cr_assert_gt(allowed, 1000);
-    /* The hot path has no network call: the aggregator's absence does not
-     * show in how long a check takes. */
+    /* Nor does the hot path wait for the thread that talks: the
+     * aggregator's absence does not show in how long a check takes. */
     cr_assert_lt(slowest, 50000, "a synced check took %ld us", slowest);
     expect_redis_total("rl:tenant:org_away", allowed, 5000);
     for (int i = 0; i < 3; i++) {
@@ -230,21 +255,91 @@ Test(synced, a_resent_report_is_counted_once)
     test_aggregator_stop(&agg);
 }
 
+/* The value's count is in one window key, rl:tenant:<value>:w<window>,
+ * and that window is within first..last. */
+static void expect_one_window(const char *value, uint64_t first,
+                              uint64_t last, long long count)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *keys = test_redis_command(c, "KEYS rl:tenant:%s:w*", value);
+    cr_assert_eq(keys->elements, 1, "%s counted in %zu windows", value,
+                 keys->elements);
+    const char *key = keys->element[0]->str;
+    uint64_t window = strtoull(strrchr(key, 'w') + 1, NULL, 10);
+    cr_assert(window >= first && window <= last, "%s counted in window "
+              "%llu; by Redis's clock it is %llu..%llu", key,
+              (unsigned long long)window, (unsigned long long)first,
+              (unsigned long long)last);
+    redisReply *v = test_redis_command(c, "GET %s", key);
+    cr_assert_eq(v->type, REDIS_REPLY_STRING);
+    cr_assert_eq(atoll(v->str), count, "%s holds %s", key, v->str);
+    freeReplyObject(v);
+    freeReplyObject(keys);
+    redisFree(c);
+}
+
+/* The aggregator's own clock is 5 h 3.7 s ahead (libfaketime, preloaded,
+ * shifts what clock_gettime and time answer it): the windows it writes and
+ * answers with must still be Redis's. */
 Test(synced, windows_are_numbered_by_redis_clock)
 {
+    char asan[512];
+    const char *old = getenv("ASAN_OPTIONS");
+    /* ASan wants its runtime first among the libraries; libfaketime is
+     * preloaded before it. */
+    snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%sverify_asan_link_order=0",
+             old != NULL ? old : "", old != NULL ? ":" : "");
+    const char *const faketime[] = {
+        "/usr/bin/env", "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1",
+        "FAKETIME=+18003.7", asan, NULL};
+    test_aggregator tpl = TEST_AGGREGATOR_WRAPPED(faketime);
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_start(&agg, NULL, tenant_rule, 100, &tpl);
+    char cmd[128], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c libfaketime /proc/%d/maps",
+             (int)agg.pid);
+    test_run(cmd, out, sizeof out);
+    cr_assert_gt(atoi(out), 0, "libfaketime is not loaded in the aggregator "
+                 "(apt-get install faketime)");
+    /* Its first TIME is answered before the store is ready; a report
+     * before that is sent back for a retry. */
+    test_wait_for_log(&agg.pid, agg.log, "event=store_ready", 10000);
+
+    /* The aggregator's reading of Redis's clock may be a little behind or
+     * ahead of the test's: a second either way (a shift is 18,003.7 s). */
+    enum { SKEW_MS = 1000, TENANT_PERIOD_MS = 10000 };
     nng_socket s = dial_reports(&agg);
-    uint64_t before = redis_time_ms() / 10000;
+    uint64_t before = redis_time_ms() - SKEW_MS;
     rl_wire_msg ack = report(s, "clock", 1, "per-tenant", "org_clock", 1);
-    uint64_t after = redis_time_ms() / 10000;
+    uint64_t after = redis_time_ms() + SKEW_MS;
     cr_assert_eq(ack.status, RL_ACK_APPLIED);
-    cr_assert(ack.entries[0].window >= before && ack.entries[0].window <= after,
+    cr_assert(ack.now_ms >= before && ack.now_ms <= after,
+              "the ack says %llu ms, Redis %llu..%llu",
+              (unsigned long long)ack.now_ms, (unsigned long long)before,
+              (unsigned long long)after);
+    cr_assert(ack.entries[0].window >= before / TENANT_PERIOD_MS
+                  && ack.entries[0].window <= after / TENANT_PERIOD_MS,
               "window %llu, Redis says %llu..%llu",
               (unsigned long long)ack.entries[0].window,
-              (unsigned long long)before, (unsigned long long)after);
+              (unsigned long long)before / TENANT_PERIOD_MS,
+              (unsigned long long)after / TENANT_PERIOD_MS);
+    expect_one_window("org_clock", before / TENANT_PERIOD_MS,
+                      after / TENANT_PERIOD_MS, 1);
     rl_wire_msg_free(&ack);
     nng_close(s);
+
+    /* An agent's counts, through the aggregator, land in Redis's window. */
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    before = redis_time_ms() - SKEW_MS;
+    for (int i = 0; i < 3; i++)
+        cr_assert(check_tenant(a, "org_clock_agent"));
+    expect_redis_total("rl:tenant:org_clock_agent", 3, 5000);
+    after = redis_time_ms() + SKEW_MS;
+    expect_one_window("org_clock_agent", before / TENANT_PERIOD_MS,
+                      after / TENANT_PERIOD_MS, 3);
+    rl_agent_close(a);
+    rl_config_free(cfg);
     test_aggregator_stop(&agg);
 }
 
@@ -335,16 +430,17 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
     cr_assert_eq(atoi(out), 1, "six bad reports were not all counted");
 }
 
-/* --- Ten agents, one tenant, twice the limit, three windows. ------------- */
+/* --- Ten agents, one tenant, five times the limit, three windows. -------- */
 
 #define FLEET 10
 #define LIMIT 1000
 #define PERIOD_MS 10000
 #define WINDOWS 3
 
-/* Requests spread evenly over the agents, at twice the limit: 2,000 per
- * 10 s, one every 5 ms. Each admission is counted in the window Redis's
- * clock puts it in. */
+/* Requests spread evenly over the agents, at five times the limit: 5,000
+ * per 10 s, one every 2 ms, so that a fleet that let too much through
+ * would cross the stated bound. Each admission is counted in the window
+ * Redis's clock puts it in. */
 static void run_fleet(rl_agent **agents, uint64_t first_window,
                       long admitted[WINDOWS], long offered[WINDOWS])
 {
@@ -360,8 +456,8 @@ static void run_fleet(rl_agent **agents, uint64_t first_window,
             offered[w - first_window]++;
             admitted[w - first_window] += ok;
         }
-        /* Keep to one request per 5 ms on average. */
-        uint64_t due = mono_at_start + (uint64_t)(i + 1) * 5;
+        /* Keep to one request per 2 ms on average. */
+        uint64_t due = mono_at_start + (uint64_t)(i + 1) * 2;
         uint64_t at = test_now_ms();
         if (due > at)
             test_sleep_ms((unsigned)(due - at));
@@ -484,7 +580,7 @@ Test(synced, redis_stopped_behind_the_aggregator_loses_no_count)
     kill(srv.pid, SIGCONT);
     test_sleep_ms(800);
     atomic_store(&s.stop, true);
-    pthread_join(t, NULL);
+    join_steady(t, &s);
     long allowed = atomic_load(&s.allowed);
     cr_assert_lt(atomic_load(&s.slowest_us), 50000, "a check waited");
     uint64_t start = test_now_ms();

@@ -19,10 +19,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define WRAPPER_MAX 8
+
 static void spawn(test_aggregator *agg)
 {
-    char *argv[] = {(char *)test_env("RL_TEST_AGGREGATOR"), "--config",
-                    agg->config, "--log-level", "info", NULL};
+    char *argv[WRAPPER_MAX + 6];
+    size_t n = 0;
+    for (const char *const *w = agg->wrapper; w != NULL && *w != NULL; w++) {
+        cr_assert_lt(n, WRAPPER_MAX, "a wrapper of more than %d words",
+                     WRAPPER_MAX);
+        argv[n++] = (char *)*w;
+    }
+    char *own[] = {(char *)test_env("RL_TEST_AGGREGATOR"), "--config",
+                   agg->config, "--log-level", "info", NULL};
+    memcpy(argv + n, own, sizeof own);
     agg->pid = test_spawn(argv, agg->log);
 }
 
@@ -33,9 +43,11 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
     if (reuse_from != NULL && reuse_from->pid >= 0) {
         *agg = *reuse_from;
     } else {
-        const char *extra = reuse_from != NULL ? reuse_from->extra : "";
+        test_aggregator tpl = reuse_from != NULL ? *reuse_from
+                                                 : (test_aggregator){0};
         memset(agg, 0, sizeof *agg);
-        agg->extra = extra;
+        agg->extra = tpl.extra != NULL ? tpl.extra : "";
+        agg->wrapper = tpl.wrapper;
         snprintf(agg->reports, sizeof agg->reports, "tcp://127.0.0.1:%u",
                  test_free_port());
         snprintf(agg->totals, sizeof agg->totals, "tcp://127.0.0.1:%u",

@@ -18,6 +18,9 @@ typedef struct test_aggregator {
     char log[600];       /* its stderr */
     uint16_t metrics;    /* its Prometheus port, on 127.0.0.1 */
     const char *extra;   /* more aggregator: lines, indented (or "") */
+    /* Words run before rl-aggregator's own (the first a full path, e.g.
+     * "/usr/bin/env", "LD_PRELOAD=..."), NULL-terminated; or NULL. */
+    const char *const *wrapper;
 } test_aggregator;
 
 /* A template for test_aggregator_start's reuse_from that asks for a fresh
@@ -25,11 +28,16 @@ typedef struct test_aggregator {
 #define TEST_AGGREGATOR_EXTRA(lines) \
     ((test_aggregator){.pid = -1, .extra = (lines)})
 
+/* A template that runs the aggregator through a wrapper command; the
+ * words must outlive the aggregator (a restart reuses them). */
+#define TEST_AGGREGATOR_WRAPPED(words) \
+    ((test_aggregator){.pid = -1, .extra = "", .wrapper = (words)})
+
 /* test_aggregator_start writes a config (store: redis, host:port, or
  * RL_TEST_REDIS when NULL; the given rules; sync_interval_ms) and starts
  * rl-aggregator on it. With reuse_from, it listens on the same ports and
  * reads the same config as that one did (a restart), unless reuse_from is
- * a TEST_AGGREGATOR_EXTRA template. */
+ * a TEST_AGGREGATOR_EXTRA or TEST_AGGREGATOR_WRAPPED template. */
 void test_aggregator_start(test_aggregator *agg, const char *redis,
                            const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from);
