@@ -134,6 +134,7 @@ $(RUNNER): $(call obj,$(RUNNER_SRC))
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
 
 BENCH_EXACT_SRC = tests/bench/bench_exact.c tests/bench/bench_pipeline.c \
+                  tests/bench/bench_capacity.c \
                   tests/bench/bench_peer.c tests/bench/bench_alternatives.c
 
 $(BENCH): $(call obj,$(BENCH_EXACT_SRC)) $(LIB_A)
