@@ -76,6 +76,7 @@ RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
+BENCH_ALONE = $(BUILD)/bench/bench-alone
 
 .PHONY: all deps test asan tsan bench fuzz run install install-built clean
 .DEFAULT_GOAL := all
@@ -158,10 +159,16 @@ $(BENCH_CLUSTER): $(call obj,tests/bench/bench_cluster.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_ALONE): $(call obj,tests/bench/bench_alone.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 # Not part of `make test`: starts its own redis-server (and a cluster, and
 # an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
 # writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
-bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER) $(TESTS)
+# RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
+bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(BENCH_ALONE) \
+       $(RUNNER) $(TESTS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
