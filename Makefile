@@ -77,8 +77,10 @@ BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 BENCH_ALONE = $(BUILD)/bench/bench-alone
+PROFILE = $(BUILD)/bench/profile
 
-.PHONY: all deps test asan tsan bench fuzz run install install-built clean
+.PHONY: all deps test asan tsan bench profile fuzz run install install-built \
+        clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -163,6 +165,11 @@ $(BENCH_ALONE): $(call obj,tests/bench/bench_alone.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
+            $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 # Not part of `make test`: starts its own redis-server (and a cluster, and
 # an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
 # writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
@@ -170,6 +177,13 @@ $(BENCH_ALONE): $(call obj,tests/bench/bench_alone.c) $(LIB_A)
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(BENCH_ALONE) \
        $(RUNNER) $(TESTS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
+
+# Instruction counts with callgrind (valgrind is installed for this target
+# only): a synced check, and rl's function against the seed's script inside
+# redis-server. Writes $(BUILD)/profile/profile.md. See scripts/profile.sh.
+profile: all $(PROFILE) $(RUNNER)
+	@sh scripts/deps.sh valgrind
+	@sh scripts/profile.sh $(BUILD)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
 # none yet (an operator's rules are never overwritten). install-built

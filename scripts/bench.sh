@@ -114,7 +114,8 @@ targets() {
         met = ($3 == ">=" && $2 >= $4) || ($3 == "<=" && $2 <= $4) \
               || ($3 == "<" && $2 < $4)
         sign = $3 == ">=" ? "≥" : $3 == "<=" ? "≤" : "<"
-        printf "| %s | %s %s | %s %s %s | %s |\n", $1, $2, $5, sign, $4, $5,
+        unit = $5 == "x" ? "×" : " " $5
+        printf "| %s | %s%s | %s %s%s | %s |\n", $1, $2, unit, sign, $4, unit,
                met ? "met" : "**missed**"
     }' "$out/targets.tsv"
 }

@@ -164,9 +164,9 @@ int main(void)
     printf("| cluster / one server (same run) | %.2f | %.2f | %.2f |\n",
            q.min, q.median, q.max);
     char rl[128];
-    snprintf(rl, sizeof rl, "%.0f / %.0f checks/s (%.2f×)",
-             bench_summarize(r3, RUNS).median,
-             bench_summarize(r1, RUNS).median, q.median);
+    snprintf(rl, sizeof rl, "%s / %s checks/s (%.2f×)",
+             bench_int(bench_summarize(r3, RUNS).median),
+             bench_int(bench_summarize(r1, RUNS).median), q.median);
     bench_figure("three rules, 64 threads, 3-primary cluster / one server",
                  rl, "");
     printf("\n| one thread, microseconds | p50 (median of runs) | p99 "

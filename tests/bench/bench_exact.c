@@ -570,15 +570,16 @@ static void figure_rates(const char *what, int ri, int di, figure_fn lat,
                          const char *lat_unit)
 {
     char rl[256], others[512];
-    int n = snprintf(rl, sizeof rl, "`rl_check_async` %.0f (%s %.*f %s)",
-                     summary(RL_ASYNC, ri, di, rate_of).median, lat_name,
+    int n = snprintf(rl, sizeof rl, "`rl_check_async` %s (%s %.*f %s)",
+                     bench_int(summary(RL_ASYNC, ri, di, rate_of).median),
+                     lat_name,
                      lat_scale > 1 ? 2 : 0,
                      summary(RL_ASYNC, ri, di, lat).median / lat_scale,
                      lat_unit);
     if (depths[di] > 1)
         snprintf(rl + n, sizeof rl - (size_t)n,
-                 "; `rl_check`, %d threads, %.0f (%.*f %s)", depths[di],
-                 summary(RL_THREADS, ri, di, rate_of).median,
+                 "; `rl_check`, %d threads, %s (%.*f %s)", depths[di],
+                 bench_int(summary(RL_THREADS, ri, di, rate_of).median),
                  lat_scale > 1 ? 2 : 0,
                  summary(RL_THREADS, ri, di, lat).median / lat_scale,
                  lat_unit);
@@ -588,8 +589,9 @@ static void figure_rates(const char *what, int ri, int di, figure_fn lat,
             "", "", "plain hiredis loop", "seed's script",
             "rate-limiter-flexible"};
         n += snprintf(others + n, sizeof others - (size_t)n,
-                      "%s%s %.0f (%.*f %s)", n > 0 ? "; " : "",
-                      short_names[sys], summary(sys, ri, di, rate_of).median,
+                      "%s%s %s (%.*f %s)", n > 0 ? "; " : "",
+                      short_names[sys],
+                      bench_int(summary(sys, ri, di, rate_of).median),
                       lat_scale > 1 ? 2 : 0,
                       summary(sys, ri, di, lat).median / lat_scale,
                       lat_unit);
@@ -606,14 +608,15 @@ static void report_figures(void)
     figure_rates("3 rules, 64 in flight, requests/s (p99)", 1, 2, p99_of,
                  "p99", 1000, "ms");
     char rl[256], others[512];
-    snprintf(rl, sizeof rl, "`rl_check_async`, 64 in flight: %.0f, %.2f× "
-             "the bound", over_runs(rl_async_rate).median,
+    snprintf(rl, sizeof rl, "`rl_check_async`, 64 in flight: %s, %.2f× "
+             "the bound", bench_int(over_runs(rl_async_rate).median),
              over_runs(rl_of_machine).median);
-    snprintf(others, sizeof others, "bound on this machine %.0f calls/s "
+    snprintf(others, sizeof others, "bound on this machine %s calls/s "
              "(redis-server CPU %.2f µs per call with the lean client, "
-             "which achieved %.0f; the command alone %.2f µs)",
-             over_runs(machine_bound).median,
-             over_runs(lean_server_cpu).median, over_runs(lean_rate).median,
+             "which achieved %s; the command alone %.2f µs)",
+             bench_int(over_runs(machine_bound).median),
+             over_runs(lean_server_cpu).median,
+             bench_int(over_runs(lean_rate).median),
              over_runs(lean_usec).median);
     bench_figure("Redis's capacity for rl's function, 1 rule", rl, others);
     snprintf(rl, sizeof rl, "rl: agent %.2f + redis-server %.2f",
@@ -701,8 +704,8 @@ int main(void)
     print_ratios();
     print_capacity();
     print_costs();
-    bench_alternatives(addr);
     report_figures();
+    bench_alternatives(addr);
     report_targets();
     write_plot_data();
     rl_agent_close(agent);

@@ -10,6 +10,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* A whole number with thousands separators, "183,467", for the figures
+ * table. The text lives in one of eight rotating buffers: enough for the
+ * arguments of one snprintf; single-threaded use only. */
+static inline const char *bench_int(double v)
+{
+    static char bufs[8][32];
+    static int next;
+    char *out = bufs[next++ % 8], digits[32];
+    int n = snprintf(digits, sizeof digits, "%.0f", v < 0 ? -v : v);
+    int o = 0;
+    if (v <= -0.5)
+        out[o++] = '-';
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && (n - i) % 3 == 0)
+            out[o++] = ',';
+        out[o++] = digits[i];
+    }
+    out[o] = '\0';
+    return out;
+}
+
 /* Appends one tab-separated line to $RL_BENCH_OUT/name (nothing when run
  * outside `make bench`). */
 static inline void bench_report_line(const char *name, const char *line)

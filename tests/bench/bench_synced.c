@@ -305,10 +305,10 @@ static void sync_lag(const char *config, const char *totals_url)
            "| ms (of the samples heard) | %d |\n", samples, LAG_TIMEOUT_S,
            p50, p99, timeouts);
     char rl[128], others[64];
-    snprintf(rl, sizeof rl, "p50 %.0f ms, p99 %.0f ms; %d of %d samples not "
-             "heard within %.0f s", p50, p99, timeouts, samples,
-             LAG_TIMEOUT_S);
-    snprintf(others, sizeof others, "interval 1000 ms");
+    snprintf(rl, sizeof rl, "p50 %s ms, p99 %s ms; %d of %d samples not "
+             "heard within %.0f s", bench_int(p50), bench_int(p99), timeouts,
+             samples, LAG_TIMEOUT_S);
+    snprintf(others, sizeof others, "interval 1,000 ms");
     bench_figure("sync lag, one agent's count to the totals another hears",
                  rl, others);
 }
@@ -363,10 +363,10 @@ int main(int argc, char **argv)
         "pairs per second");
     row("ingest / INCRBY", ratio, "x");
     char rl[64], others[128];
-    snprintf(rl, sizeof rl, "%.0f (key, count) pairs/s",
-             bench_summarize(in, runs).median);
-    snprintf(others, sizeof others, "pipelined `INCRBY`: %.0f pairs/s "
-             "(%.2f×)", bench_summarize(ref, runs).median,
+    snprintf(rl, sizeof rl, "%s (key, count) pairs/s",
+             bench_int(bench_summarize(in, runs).median));
+    snprintf(others, sizeof others, "pipelined `INCRBY`: %s pairs/s "
+             "(%.2f×)", bench_int(bench_summarize(ref, runs).median),
              bench_summarize(ratio, runs).median);
     bench_figure("rl-aggregator ingest", rl, others);
     return 0;
