@@ -83,9 +83,9 @@ fleet_table() {
            $3, $4, $3 / $4, $5, ($1 in offered) ? offered[$1] : "-",
            ($1 in admitted) ? admitted[$1] : "-" }' \
         "$out/alone.txt" "$out/fleet.txt"
-    synced=$(awk '{ printf "%s%d", NR > 1 ? " / " : "", $3 }' "$out/fleet.txt")
+    synced=$(awk '{ printf "%s%d", (NR > 1 ? " / " : ""), $3 }' "$out/fleet.txt")
     bound=$(awk 'NR == 1 { print $5 }' "$out/fleet.txt")
-    alone=$(awk '{ printf "%s%d of %d", NR > 1 ? " / " : "", $3, $2 }' \
+    alone=$(awk '{ printf "%s%d of %d", (NR > 1 ? " / " : ""), $3, $2 }' \
         "$out/alone.txt")
     printf 'ten agents, limit 1,000 per 10 s, offered 2,000 per window\tadmitted %s (stated bound %s)\tten agents each alone, the same load: admitted %s\n' \
         "$synced" "$bound" "$alone" >>"$out/figures.tsv"
