@@ -427,15 +427,35 @@ static bench_summary over_runs(run_fn f)
     return bench_summarize(v, RUNS);
 }
 
-static void capacity_row(const char *what, run_fn f, const char *fmt,
-                         const char *unit)
-{
-    bench_summary s = over_runs(f);
-    char line[512];
-    snprintf(line, sizeof line, "| %%s | %s | %s | %s | %%s |\n", fmt, fmt,
-             fmt);
-    printf(line, what, s.min, s.median, s.max, unit);
-}
+static const struct {
+    const char *what;
+    run_fn f;
+    int decimals;
+    const char *unit;
+} capacity_rows[] = {
+    {"lean client, achieved", lean_rate, 0, "calls/s"},
+    {"lean client: inside FCALL (commandstats)", lean_usec, 2,
+     "µs per call"},
+    {"lean client: redis-server CPU", lean_server_cpu, 2, "µs per call"},
+    {"lean client: its own CPU", lean_client_cpu, 2, "µs per call"},
+    {"bound: the command alone (1 / µs inside FCALL)", command_bound, 0,
+     "calls/s"},
+    {"bound: redis-server on a core of its own (1 / its CPU per call)",
+     server_bound, 0, "calls/s"},
+    {"**bound on this machine**: min(a core of Redis, cores / (server + "
+     "client CPU per call))", machine_bound, 0, "calls/s"},
+    {"rl_check_async, 64 in flight, 1 rule", rl_async_rate, 0,
+     "requests/s"},
+    {"rl_check_async: inside FCALL (commandstats)", rl_usec, 2,
+     "µs per call"},
+    {"rl_check_async: redis-server CPU", rl_server_cpu, 2, "µs per call"},
+    {"rl_check_async: the agent's CPU", rl_client_cpu, 2, "µs per check"},
+    {"**rl_check_async / bound on this machine**", rl_of_machine, 2, "x"},
+    {"rl_check_async / lean client, achieved", rl_of_lean, 2, "x"},
+    {"rl_check_async / the command alone", rl_of_command, 2, "x"},
+    {"CPU per call, server + client: lean / rl", cpu_efficiency, 2,
+     "x (1.0 = as lean)"},
+};
 
 static void print_capacity(void)
 {
@@ -449,36 +469,13 @@ static void print_capacity(void)
            "included).\n\n"
            "| figure | min | median | max | unit |\n|---|---|---|---|---|\n",
            RUNS, run_seconds, cores);
-    capacity_row("lean client, achieved", lean_rate, "%.0f", "calls/s");
-    capacity_row("lean client: inside FCALL (commandstats)", lean_usec,
-                 "%.2f", "µs per call");
-    capacity_row("lean client: redis-server CPU", lean_server_cpu, "%.2f",
-                 "µs per call");
-    capacity_row("lean client: its own CPU", lean_client_cpu, "%.2f",
-                 "µs per call");
-    capacity_row("bound: the command alone (1 / µs inside FCALL)",
-                 command_bound, "%.0f", "calls/s");
-    capacity_row("bound: redis-server on a core of its own (1 / its CPU "
-                 "per call)", server_bound, "%.0f", "calls/s");
-    capacity_row("**bound on this machine**: min(a core of Redis, cores / "
-                 "(server + client CPU per call))", machine_bound, "%.0f",
-                 "calls/s");
-    capacity_row("rl_check_async, 64 in flight, 1 rule", rl_async_rate,
-                 "%.0f", "requests/s");
-    capacity_row("rl_check_async: inside FCALL (commandstats)", rl_usec,
-                 "%.2f", "µs per call");
-    capacity_row("rl_check_async: redis-server CPU", rl_server_cpu, "%.2f",
-                 "µs per call");
-    capacity_row("rl_check_async: the agent's CPU", rl_client_cpu, "%.2f",
-                 "µs per check");
-    capacity_row("**rl_check_async / bound on this machine**", rl_of_machine,
-                 "%.2f", "x");
-    capacity_row("rl_check_async / lean client, achieved", rl_of_lean,
-                 "%.2f", "x");
-    capacity_row("rl_check_async / the command alone", rl_of_command, "%.2f",
-                 "x");
-    capacity_row("CPU per call, server + client: lean / rl", cpu_efficiency,
-                 "%.2f", "x (1.0 = as lean)");
+    for (size_t i = 0; i < sizeof capacity_rows / sizeof capacity_rows[0];
+         i++) {
+        bench_summary v = over_runs(capacity_rows[i].f);
+        int d = capacity_rows[i].decimals;
+        printf("| %s | %.*f | %.*f | %.*f | %s |\n", capacity_rows[i].what,
+               d, v.min, d, v.median, d, v.max, capacity_rows[i].unit);
+    }
 }
 
 /* --- server cost and memory ---------------------------------------------- */
