@@ -39,8 +39,11 @@ echo "profile: $checks synced checks under callgrind"
     "$profile" synced "$checks" 2>"$out/synced/valgrind.log"
 # The dump made on entry to the measured loop holds the first sightings;
 # the last one, written at exit, the measured checks alone.
-last=$(ls "$out/synced" | grep -E '^callgrind\.out\.[0-9]+$')
-instructions=$(sed -n 's/^totals: *//p' "$out/synced/$last")
+last=""
+for f in "$out"/synced/callgrind.out.*; do
+    case ${f##*/callgrind.out.} in *.*) ;; *) last=$f ;; esac
+done
+instructions=$(sed -n 's/^totals: *//p' "$last")
 awk -v i="$instructions" -v n="$checks" 'BEGIN {
     printf "## Synced check\n\n"
     printf "| figure | instructions |\n|---|---|\n"
