@@ -30,12 +30,12 @@
 
 #define KEYS 1000
 #define FLOOR_KEYS 4096
+#define MAX_RUNS 5
 
 static char values[KEYS][16];
 static size_t value_lens[KEYS];
-static long checks = 2000000; /* per thread per run */
-static int runs = 5;
-#define MAX_RUNS 5
+static long checks = 2000000; /* per thread per run; fewer in a quick run */
+static int runs = MAX_RUNS;
 
 /* The floor: a key counted as rl counts a synced key (synced.h), and
  * nothing else. Per key, a counter for each thread slot and the shared one
