@@ -78,8 +78,11 @@ RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
+BENCH_ALONE = $(BUILD)/bench/bench-alone
+PROFILE = $(BUILD)/bench/profile
 
-.PHONY: all deps test asan tsan bench fuzz mutants run install install-built clean
+.PHONY: all deps test asan tsan bench profile fuzz mutants run install \
+        install-built clean
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -136,6 +139,7 @@ $(RUNNER): $(call obj,$(RUNNER_SRC))
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
 
 BENCH_EXACT_SRC = tests/bench/bench_exact.c tests/bench/bench_pipeline.c \
+                  tests/bench/bench_capacity.c \
                   tests/bench/bench_peer.c tests/bench/bench_alternatives.c
 
 $(BENCH): $(call obj,$(BENCH_EXACT_SRC)) $(LIB_A)
@@ -159,11 +163,29 @@ $(BENCH_CLUSTER): $(call obj,tests/bench/bench_cluster.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_ALONE): $(call obj,tests/bench/bench_alone.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
+$(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
+            $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 # Not part of `make test`: starts its own redis-server (and a cluster, and
 # an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
 # writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
-bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(RUNNER) $(TESTS)
+# RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
+bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(BENCH_ALONE) \
+       $(RUNNER) $(TESTS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
+
+# Instruction counts with callgrind (valgrind is installed for this target
+# only): a synced check, and rl's function against the seed's script inside
+# redis-server. Writes $(BUILD)/profile/profile.md. See scripts/profile.sh.
+profile: all $(PROFILE) $(RUNNER)
+	@sh scripts/deps.sh valgrind
+	@sh scripts/profile.sh $(BUILD)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
 # none yet (an operator's rules are never overwritten). install-built

@@ -6,6 +6,7 @@
  * with-redis --cluster.
  */
 #include "bench_agent.h"
+#include "bench_report.h"
 #include "bench_stats.h"
 #include "rl.h"
 
@@ -17,10 +18,11 @@
 #include <time.h>
 
 #define KEYS 10000
-#define RUN_SECONDS 2.0
 #define RUNS 3
 #define THREADS 64
 #define LATENCY_SAMPLES 2000
+
+static double run_seconds = 2.0; /* 0.5 in a quick run */
 
 static const char rules[] =
     "rules:\n"
@@ -78,7 +80,9 @@ static double rate(rl_agent *agent)
     for (int i = 0; i < THREADS; i++)
         pthread_create(&t[i], NULL, checker, &l);
     double start = bench_now_s();
-    struct timespec run = {(time_t)RUN_SECONDS, 0};
+    struct timespec run = {(time_t)run_seconds,
+                           (long)((run_seconds - (double)(time_t)run_seconds)
+                                  * 1e9)};
     nanosleep(&run, NULL);
     atomic_store(&l.stop, true);
     for (int i = 0; i < THREADS; i++)
@@ -108,11 +112,10 @@ static void latency(rl_agent *agent, double *p50, double *p99)
     *p99 = us[LATENCY_SAMPLES * 99 / 100];
 }
 
-static void report(const char *what, double *runs)
+static void report(const char *what, const double *runs)
 {
-    qsort(runs, RUNS, sizeof runs[0], bench_cmp_double);
-    printf("| %s | %.0f | %.0f | %.0f |\n", what, runs[0], runs[RUNS / 2],
-           runs[RUNS - 1]);
+    bench_summary s = bench_summarize(runs, RUNS);
+    printf("| %s | %.0f | %.0f | %.0f |\n", what, s.min, s.median, s.max);
 }
 
 int main(void)
@@ -124,6 +127,8 @@ int main(void)
         return 1;
     }
     char url[128], cluster[600] = "cluster: [", waited[700];
+    if (bench_quick())
+        run_seconds = 0.5;
     snprintf(url, sizeof url, "url: \"redis://%s\"", single);
     for (const char *p = seeds; *p; p++) {
         size_t len = strlen(cluster);
@@ -150,14 +155,20 @@ int main(void)
         latency(many, &p50[1][i], &p99[1][i]);
         latency(wait, &p50[2][i], &p99[2][i]);
     }
-    printf("## Cluster (%d runs of %.0f s, %d threads, three rules per "
-           "request, %d values each)\n\n", RUNS, RUN_SECONDS, THREADS, KEYS);
+    printf("## Cluster (%d runs of %.1f s, %d threads, three rules per "
+           "request, %d values each)\n\n", RUNS, run_seconds, THREADS, KEYS);
     printf("| checks per second | min | median | max |\n|---|---|---|---|\n");
     report("one redis-server", r1);
     report("3-primary cluster", r3);
-    qsort(ratio, RUNS, sizeof ratio[0], bench_cmp_double);
+    bench_summary q = bench_summarize(ratio, RUNS);
     printf("| cluster / one server (same run) | %.2f | %.2f | %.2f |\n",
-           ratio[0], ratio[RUNS / 2], ratio[RUNS - 1]);
+           q.min, q.median, q.max);
+    char rl[128];
+    snprintf(rl, sizeof rl, "%s / %s checks/s (%.2f×)",
+             bench_int(bench_summarize(r3, RUNS).median),
+             bench_int(bench_summarize(r1, RUNS).median), q.median);
+    bench_figure("three rules, 64 threads, 3-primary cluster / one server",
+                 rl, "");
     printf("\n| one thread, microseconds | p50 (median of runs) | p99 "
            "(median of runs) |\n|---|---|---|\n");
     const char *names[] = {"one redis-server", "3-primary cluster",

@@ -8,17 +8,23 @@
  *   - rl_check_async, the requests in flight kept by resubmitting from the
  *     callback (one caller, like an event-loop gateway);
  *   - rl_check from as many threads as requests in flight;
- *   - the ceiling: rl's own function from a bare pipelined hiredis loop;
+ *   - rl's own function from a plain pipelined hiredis loop (one
+ *     redisAppendCommand per call, the same depth): a simple client, not
+ *     a bound;
  *   - the seed's script verbatim (EVALSHA, hash bucket), same loop;
  *   - rate-limiter-flexible (Node.js, ioredis), same depth.
- * Then server time per call and bytes per key for each, and the seed's
+ * Then the bound: Redis's own capacity for rl's function on this machine
+ * (bench_capacity.c), with rl_check_async's CPU on both sides beside it;
+ * server time per call and bytes per key for each script, and the seed's
  * rejected alternatives (bench_alternatives.c).
  */
 #include "bench_agent.h"
 #include "bench_alternatives.h"
+#include "bench_capacity.h"
 #include "bench_peer.h"
 #include "bench_pipeline.h"
 #include "bench_redis.h"
+#include "bench_report.h"
 #include "rl.h"
 #include "scripts.h"
 
@@ -31,14 +37,14 @@
 #include <unistd.h>
 
 #define RUNS 3
-#define FILL_KEYS 100000
 #define LATENCY_CAP (1 << 22)
 
-enum { RL_ASYNC, RL_THREADS, CEILING, SEED, PEER, SYSTEMS };
+enum { RL_ASYNC, RL_THREADS, PLAIN, SEED, PEER, SYSTEMS };
 static const char *const system_names[SYSTEMS] = {
     "rl_check_async (one caller)", "rl_check (one thread per request)",
-    "ceiling: rl's function, pipelined hiredis",
-    "seed's script, pipelined hiredis", "rate-limiter-flexible (ioredis)"};
+    "rl's function, plain pipelined hiredis loop (not a bound)",
+    "seed's script, plain pipelined hiredis loop",
+    "rate-limiter-flexible (ioredis)"};
 
 static const int depths[] = {1, 16, 64};
 #define DEPTHS 3
@@ -47,8 +53,11 @@ static const int rule_counts[] = {1, 3};
 static bench_result results[SYSTEMS][2][DEPTHS][RUNS];
 static bench_latency latency;
 static const char *addr;
+static redisContext *ctl; /* FLUSHALL, INFO: never a load's connection */
 /* Seconds per figure per run: RL_BENCH_SECONDS, 2 by default. */
 static double run_seconds = 2.0;
+/* Keys for the server cost and memory: fewer in a quick run. */
+static long fill_keys = 100000;
 
 /* --- rl ------------------------------------------------------------------ */
 
@@ -157,10 +166,16 @@ static double begin_run(rl_load *l, rl_agent *agent, int rules)
     return start;
 }
 
-static bench_result rl_async(rl_agent *agent, int depth, int rules)
+/* acc, when not NULL: the run's CPU on both sides (the agent's is the
+ * whole process's: its I/O thread does the work). */
+static bench_result rl_async(rl_agent *agent, int depth, int rules,
+                             bench_account *acc)
 {
     rl_load l;
     async_slot slots[64];
+    bench_meter m;
+    if (acc != NULL)
+        bench_meter_start(&m, ctl, CLOCK_PROCESS_CPUTIME_ID);
     double start = begin_run(&l, agent, rules);
     atomic_store(&l.in_flight, depth);
     for (int i = 0; i < depth; i++) {
@@ -169,6 +184,8 @@ static bench_result rl_async(rl_agent *agent, int depth, int rules)
     }
     while (atomic_load(&l.in_flight) > 0)
         usleep(1000);
+    if (acc != NULL)
+        *acc = bench_meter_stop(&m);
     return finish(&l, start);
 }
 
@@ -217,8 +234,7 @@ static bench_result pipelined(const bench_script *s, int depth, int rules)
     return r;
 }
 
-static void measure_matrix(redisContext *c, rl_agent *agent,
-                           const bench_script *ceiling,
+static void measure_matrix(rl_agent *agent, const bench_script *fn,
                            const bench_script *seed)
 {
     /* Runs are interleaved, so that a noisy moment hits every system. */
@@ -229,15 +245,15 @@ static void measure_matrix(redisContext *c, rl_agent *agent,
                 bench_result *at[SYSTEMS];
                 for (int sys = 0; sys < SYSTEMS; sys++)
                     at[sys] = &results[sys][ri][di][run];
-                bench_run(c, "FLUSHALL");
-                *at[RL_ASYNC] = rl_async(agent, d, n);
-                bench_run(c, "FLUSHALL");
+                bench_run(ctl, "FLUSHALL");
+                *at[RL_ASYNC] = rl_async(agent, d, n, NULL);
+                bench_run(ctl, "FLUSHALL");
                 *at[RL_THREADS] = rl_threads(agent, d, n);
-                bench_run(c, "FLUSHALL");
-                *at[CEILING] = pipelined(ceiling, d, n);
-                bench_run(c, "FLUSHALL");
+                bench_run(ctl, "FLUSHALL");
+                *at[PLAIN] = pipelined(fn, d, n);
+                bench_run(ctl, "FLUSHALL");
                 *at[SEED] = pipelined(seed, d, n);
-                bench_run(c, "FLUSHALL");
+                bench_run(ctl, "FLUSHALL");
                 if (bench_peer_available())
                     *at[PEER] = bench_peer_run(addr, d, n, run_seconds);
             }
@@ -312,11 +328,11 @@ static void print_ratios(void)
     printf("\n### Ratios within each run\n\n"
            "| ratio | rules | in flight | min | median | max |\n"
            "|---|---|---|---|---|---|\n");
-    print_ratio_row("rl_check_async / ceiling, requests/s", RL_ASYNC,
-                    CEILING, rate_of);
-    print_ratio_row("rl_check threads / ceiling, requests/s", RL_THREADS,
-                    CEILING, rate_of);
-    print_ratio_row("seed's script / ceiling, requests/s", SEED, CEILING,
+    print_ratio_row("rl_check_async / plain loop, requests/s", RL_ASYNC,
+                    PLAIN, rate_of);
+    print_ratio_row("rl_check threads / plain loop, requests/s", RL_THREADS,
+                    PLAIN, rate_of);
+    print_ratio_row("seed's script / plain loop, requests/s", SEED, PLAIN,
                     rate_of);
     if (!bench_peer_available())
         return;
@@ -336,7 +352,7 @@ static void write_plot_data(void)
     if (f == NULL)
         return;
     fprintf(f, "# in_flight, then per client (rl async, rl threads, "
-               "ceiling, seed, rate-limiter-flexible): requests/s, p99 µs\n");
+               "plain loop, seed, rate-limiter-flexible): requests/s, p99 µs\n");
     for (int di = 0; di < DEPTHS; di++) {
         fprintf(f, "%d", depths[di]);
         for (int sys = 0; sys < SYSTEMS; sys++)
@@ -347,11 +363,119 @@ static void write_plot_data(void)
     fclose(f);
 }
 
-static void target(const char *what, double value, double limit, bool above)
+/* --- Redis's capacity for rl's function: the bound ---------------------- */
+
+static bench_account lean[RUNS], rl_cost[RUNS];
+static double rl_rate[RUNS];
+static double cores;
+
+/* Interleaved: the lean client, then rl_check_async at 64 in flight with
+ * one rule, each run on an empty server. */
+static void measure_capacity(rl_agent *agent, const bench_script *fn)
 {
-    bool met = above ? value >= limit : value <= limit;
-    printf("| %s | %.2f | %s %.2f | %s |\n", what, value, above ? "≥" : "≤",
-           limit, met ? "met" : "**missed**");
+    for (int run = 0; run < RUNS; run++) {
+        bench_run(ctl, "FLUSHALL");
+        lean[run] = bench_capacity_run(addr, ctl, fn, 60000, run_seconds);
+        bench_run(ctl, "FLUSHALL");
+        rl_rate[run] = rl_async(agent, 64, 1, &rl_cost[run]).rate;
+    }
+    bench_run(ctl, "FLUSHALL");
+}
+
+/* Redis executing nothing but the function, one call after another. */
+static double command_bound(int run) { return 1e6 / lean[run].server_usec; }
+
+/* redis-server on a core of its own: one thread, reading, running and
+ * answering the lean client's calls. */
+static double server_bound(int run) { return 1e6 / lean[run].server_cpu_us; }
+
+/* This machine, Redis and the cheapest client sharing its cores: no more
+ * than a core's worth of Redis, nor than the cores divided by what a call
+ * costs on both sides. */
+static double machine_bound(int run)
+{
+    double both = 1e6 / (lean[run].server_cpu_us + lean[run].client_cpu_us);
+    double b = server_bound(run);
+    return cores * both < b ? cores * both : b;
+}
+
+typedef double (*run_fn)(int run);
+static double lean_rate(int run) { return lean[run].rate; }
+static double lean_usec(int run) { return lean[run].server_usec; }
+static double lean_server_cpu(int run) { return lean[run].server_cpu_us; }
+static double lean_client_cpu(int run) { return lean[run].client_cpu_us; }
+static double rl_async_rate(int run) { return rl_rate[run]; }
+static double rl_usec(int run) { return rl_cost[run].server_usec; }
+static double rl_server_cpu(int run) { return rl_cost[run].server_cpu_us; }
+static double rl_client_cpu(int run) { return rl_cost[run].client_cpu_us; }
+static double rl_of_machine(int run) { return rl_rate[run] / machine_bound(run); }
+static double rl_of_lean(int run) { return rl_rate[run] / lean[run].rate; }
+static double rl_of_command(int run) { return rl_rate[run] / command_bound(run); }
+
+/* What a call costs on both sides with the lean client, over rl's. */
+static double cpu_efficiency(int run)
+{
+    return (lean[run].server_cpu_us + lean[run].client_cpu_us)
+           / (rl_cost[run].server_cpu_us + rl_cost[run].client_cpu_us);
+}
+
+static bench_summary over_runs(run_fn f)
+{
+    double v[RUNS];
+    for (int run = 0; run < RUNS; run++)
+        v[run] = f(run);
+    return bench_summarize(v, RUNS);
+}
+
+static const struct {
+    const char *what;
+    run_fn f;
+    int decimals;
+    const char *unit;
+} capacity_rows[] = {
+    {"lean client, achieved", lean_rate, 0, "calls/s"},
+    {"lean client: inside FCALL (commandstats)", lean_usec, 2,
+     "µs per call"},
+    {"lean client: redis-server CPU", lean_server_cpu, 2, "µs per call"},
+    {"lean client: its own CPU", lean_client_cpu, 2, "µs per call"},
+    {"bound: the command alone (1 / µs inside FCALL)", command_bound, 0,
+     "calls/s"},
+    {"bound: redis-server on a core of its own (1 / its CPU per call)",
+     server_bound, 0, "calls/s"},
+    {"**bound on this machine**: min(a core of Redis, cores / (server + "
+     "client CPU per call))", machine_bound, 0, "calls/s"},
+    {"rl_check_async, 64 in flight, 1 rule", rl_async_rate, 0,
+     "requests/s"},
+    {"rl_check_async: inside FCALL (commandstats)", rl_usec, 2,
+     "µs per call"},
+    {"rl_check_async: redis-server CPU", rl_server_cpu, 2, "µs per call"},
+    {"rl_check_async: the agent's CPU", rl_client_cpu, 2, "µs per check"},
+    {"**rl_check_async / bound on this machine**", rl_of_machine, 2, "x"},
+    {"rl_check_async / lean client, achieved", rl_of_lean, 2, "x"},
+    {"rl_check_async / the command alone", rl_of_command, 2, "x"},
+    {"CPU per call, server + client: lean / rl", cpu_efficiency, 2,
+     "x (1.0 = as lean)"},
+};
+
+static void print_capacity(void)
+{
+    printf("\n### Redis's capacity for rl's function on this machine, and "
+           "rl_check_async against it (%d runs of %.1f s, %.0f cores)\n\n"
+           "The lean client formats every call before the run, writes 500 "
+           "calls to a system call with 1,000 in flight and counts replies "
+           "as lines; rl_check_async keeps 64 in flight, one rule. Server "
+           "CPU is redis-server's (INFO cpu), the client's is its CPU clock "
+           "(rl's: the whole benchmark process, the agent's I/O thread "
+           "included).\n\n"
+           "| figure | min | median | max | unit |\n|---|---|---|---|---|\n",
+           RUNS, run_seconds, cores);
+    for (size_t i = 0; i < sizeof capacity_rows / sizeof capacity_rows[0];
+         i++) {
+        bench_summary v = over_runs(capacity_rows[i].f);
+        int d = capacity_rows[i].decimals;
+        printf("| %s | %.*f | %.*f | %.*f | %s |\n", capacity_rows[i].what,
+               d, v.min, d, v.median, d, v.max, capacity_rows[i].unit);
+    }
 }
 
 /* --- server cost and memory ---------------------------------------------- */
@@ -362,11 +486,11 @@ typedef struct cost {
 } cost;
 
 #define SCRIPTS 4
-/* Runs are interleaved like the matrix's; the server's own clock around a
+/* Runs are interleaved like the matrix's. The server's own clock around a
  * call also counts the time another process had the CPU (and page faults
- * as a fill grows the heap), so the minimum of the runs is the closest to
- * the script's cost: five runs, as the median of three moved by 20 %
- * between two reports. */
+ * as a fill grows the heap): the figures move by ±20 % between runs here,
+ * so five runs, and the ratio is taken within each run. `make profile`
+ * counts instructions instead, which do not move. */
 #define COST_RUNS 5
 static cost costs[SCRIPTS][COST_RUNS];
 static const char *const cost_names[SCRIPTS] = {
@@ -374,48 +498,52 @@ static const char *const cost_names[SCRIPTS] = {
     "rl bucket (FCALL), 100 per 86,400,001 ms: a fractional interval",
     "seed's script (EVALSHA, hash)", "rate-limiter-flexible (EVALSHA)"};
 
-/* FILL_KEYS new keys, each checked twice (once new, once existing). */
-static cost measure_cost(redisContext *c, const bench_script *s,
-                         long period_ms)
+/* fill_keys new keys, each checked twice (once new, once existing). */
+static cost measure_cost(const bench_script *s, long period_ms)
 {
-    bench_run(c, "FLUSHALL");
-    bench_run(c, "CONFIG RESETSTAT");
-    long long before = bench_info(c, "memory", "used_memory:");
+    bench_run(ctl, "FLUSHALL");
+    bench_run(ctl, "CONFIG RESETSTAT");
+    long long before = bench_info(ctl, "memory", "used_memory:");
     if (s != NULL) {
-        bench_load load = {.depth = 64, .rules = 1, .requests = FILL_KEYS,
+        bench_load load = {.depth = 64, .rules = 1, .requests = fill_keys,
                            .period_ms = period_ms};
         bench_pipeline(addr, s, &load, NULL);
         bench_pipeline(addr, s, &load, NULL);
     } else {
-        bench_peer_fill(addr, FILL_KEYS);
+        bench_peer_fill(addr, fill_keys);
     }
-    cost out = {.usec = bench_script_usec_per_call(c)};
-    long long after = bench_info(c, "memory", "used_memory:");
-    out.per_key = (after - before) / FILL_KEYS;
+    cost out = {.usec = bench_script_usec_per_call(ctl)};
+    long long after = bench_info(ctl, "memory", "used_memory:");
+    out.per_key = (after - before) / fill_keys;
     char key[64];
     bench_key(key, sizeof key, 0, 1);
-    redisReply *r = bench_command(c, "MEMORY USAGE %s", key);
+    redisReply *r = bench_command(ctl, "MEMORY USAGE %s", key);
     out.key_bytes = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
     freeReplyObject(r);
-    bench_run(c, "FLUSHALL");
+    bench_run(ctl, "FLUSHALL");
     return out;
+}
+
+static bench_summary cost_summary(int script)
+{
+    double usec[COST_RUNS];
+    for (int run = 0; run < COST_RUNS; run++)
+        usec[run] = costs[script][run].usec;
+    return bench_summarize(usec, COST_RUNS);
 }
 
 static void print_costs(void)
 {
-    printf("\n### Server cost and memory (%d keys, each checked twice; "
+    printf("\n### Server cost and memory (%ld keys, each checked twice; "
            "%d runs)\n\n"
            "| script | server µs per call, min / median / max (INFO "
            "commandstats) | MEMORY "
            "USAGE of one key | used_memory per key |\n|---|---|---|---|\n",
-           FILL_KEYS, COST_RUNS);
+           fill_keys, COST_RUNS);
     for (int i = 0; i < SCRIPTS; i++) {
         if (i == 3 && !bench_peer_available())
             continue;
-        double usec[COST_RUNS];
-        for (int run = 0; run < COST_RUNS; run++)
-            usec[run] = costs[i][run].usec;
-        bench_summary u = bench_summarize(usec, COST_RUNS);
+        bench_summary u = cost_summary(i);
         printf("| %s | %.2f / %.2f / %.2f | %lld | %lld |\n", cost_names[i],
                u.min, u.median, u.max, costs[i][0].key_bytes,
                costs[i][0].per_key);
@@ -423,35 +551,116 @@ static void print_costs(void)
 }
 
 /* rl's bucket (token_bucket and gcra alike) at a whole-ms interval / the
- * seed's script, server µs, the run with the lowest (least disturbed) of
- * each. */
+ * seed's script, server µs: the median of the ratios within each run. */
 static double cost_ratio(void)
 {
-    double rl[COST_RUNS], seed[COST_RUNS];
-    for (int run = 0; run < COST_RUNS; run++) {
-        rl[run] = costs[0][run].usec;
-        seed[run] = costs[2][run].usec;
-    }
-    return bench_summarize(rl, COST_RUNS).min
-           / bench_summarize(seed, COST_RUNS).min;
+    double v[COST_RUNS];
+    for (int run = 0; run < COST_RUNS; run++)
+        v[run] = costs[0][run].usec / costs[2][run].usec;
+    return bench_summarize(v, COST_RUNS).median;
 }
 
-static void print_targets(void)
+/* --- the report's headline --------------------------------------------- */
+
+static void figure_rates(const char *what, int ri, int di, figure_fn lat,
+                         const char *lat_name, double lat_scale,
+                         const char *lat_unit)
 {
-    printf("\n### Targets (medians of the per-run ratios; server cost: the lowest of the runs)\n\n"
-           "| target | measured | wanted | |\n|---|---|---|---|\n");
-    if (bench_peer_available()) {
-        target("rl_check_async / rate-limiter-flexible, requests/s, 64 in "
-               "flight, 1 rule", ratio(RL_ASYNC, PEER, 0, 2, rate_of).median,
-               1.5, true);
-        target("rl_check_async / rate-limiter-flexible, p99, 64 in flight, "
-               "1 rule", ratio(RL_ASYNC, PEER, 0, 2, p99_of).median, 0.5,
-               false);
+    char rl[256], others[512];
+    int n = snprintf(rl, sizeof rl, "`rl_check_async` %s (%s %.*f %s)",
+                     bench_int(summary(RL_ASYNC, ri, di, rate_of).median),
+                     lat_name,
+                     lat_scale > 1 ? 2 : 0,
+                     summary(RL_ASYNC, ri, di, lat).median / lat_scale,
+                     lat_unit);
+    if (depths[di] > 1)
+        snprintf(rl + n, sizeof rl - (size_t)n,
+                 "; `rl_check`, %d threads, %s (%.*f %s)", depths[di],
+                 bench_int(summary(RL_THREADS, ri, di, rate_of).median),
+                 lat_scale > 1 ? 2 : 0,
+                 summary(RL_THREADS, ri, di, lat).median / lat_scale,
+                 lat_unit);
+    n = 0;
+    for (int sys = PLAIN; sys < systems_shown(); sys++) {
+        static const char *const short_names[SYSTEMS] = {
+            "", "", "plain hiredis loop", "seed's script",
+            "rate-limiter-flexible"};
+        n += snprintf(others + n, sizeof others - (size_t)n,
+                      "%s%s %s (%.*f %s)", n > 0 ? "; " : "",
+                      short_names[sys],
+                      bench_int(summary(sys, ri, di, rate_of).median),
+                      lat_scale > 1 ? 2 : 0,
+                      summary(sys, ri, di, lat).median / lat_scale,
+                      lat_unit);
     }
-    target("rl_check_async / ceiling, requests/s, 64 in flight, 1 rule",
-           ratio(RL_ASYNC, CEILING, 0, 2, rate_of).median, 0.9, true);
-    target("rl bucket / seed's script, server µs per call",
-           cost_ratio(), 0.5, false);
+    bench_figure(what, rl, others);
+}
+
+static void report_figures(void)
+{
+    figure_rates("1 rule, 64 in flight, requests/s (p99)", 0, 2, p99_of,
+                 "p99", 1000, "ms");
+    figure_rates("1 rule, 1 in flight, requests/s (p50)", 0, 0, p50_of,
+                 "p50", 1, "µs");
+    figure_rates("3 rules, 64 in flight, requests/s (p99)", 1, 2, p99_of,
+                 "p99", 1000, "ms");
+    char rl[256], others[512];
+    snprintf(rl, sizeof rl, "`rl_check_async`, 64 in flight: %s, %.2f× "
+             "the bound", bench_int(over_runs(rl_async_rate).median),
+             over_runs(rl_of_machine).median);
+    snprintf(others, sizeof others, "bound on this machine %s calls/s "
+             "(redis-server CPU %.2f µs per call with the lean client, "
+             "which achieved %s; the command alone %.2f µs)",
+             bench_int(over_runs(machine_bound).median),
+             over_runs(lean_server_cpu).median,
+             bench_int(over_runs(lean_rate).median),
+             over_runs(lean_usec).median);
+    bench_figure("Redis's capacity for rl's function, 1 rule", rl, others);
+    snprintf(rl, sizeof rl, "rl: agent %.2f + redis-server %.2f",
+             over_runs(rl_client_cpu).median,
+             over_runs(rl_server_cpu).median);
+    snprintf(others, sizeof others, "lean client: client %.2f + "
+             "redis-server %.2f",
+             over_runs(lean_client_cpu).median,
+             over_runs(lean_server_cpu).median);
+    bench_figure("CPU µs per call, client + server", rl, others);
+    snprintf(rl, sizeof rl, "%.2f (whole-ms interval), %.2f (fractional)",
+             cost_summary(0).median, cost_summary(1).median);
+    int n = snprintf(others, sizeof others, "seed's script %.2f",
+                     cost_summary(2).median);
+    if (bench_peer_available())
+        snprintf(others + n, sizeof others - (size_t)n,
+                 "; rate-limiter-flexible %.2f", cost_summary(3).median);
+    bench_figure("server µs per call (commandstats)", rl, others);
+    snprintf(rl, sizeof rl, "%lld / %lld", costs[0][0].key_bytes,
+             costs[0][0].per_key);
+    n = snprintf(others, sizeof others, "seed's hash %lld / %lld",
+                 costs[2][0].key_bytes, costs[2][0].per_key);
+    if (bench_peer_available())
+        snprintf(others + n, sizeof others - (size_t)n,
+                 "; rate-limiter-flexible %lld / %lld",
+                 costs[3][0].key_bytes, costs[3][0].per_key);
+    bench_figure("bytes per key (`MEMORY USAGE`; `used_memory` / keys)", rl,
+                 others);
+}
+
+static void report_targets(void)
+{
+    if (bench_peer_available()) {
+        bench_target("`rl_check_async` / rate-limiter-flexible, "
+                     "requests/s, 64 in flight, 1 rule",
+                     ratio(RL_ASYNC, PEER, 0, 2, rate_of).median, ">=", 1.5,
+                     "x");
+        bench_target("`rl_check_async` / rate-limiter-flexible, p99, 64 in "
+                     "flight, 1 rule",
+                     ratio(RL_ASYNC, PEER, 0, 2, p99_of).median, "<=", 0.5,
+                     "x");
+    }
+    bench_target("`rl_check_async` / Redis's capacity for rl's function on "
+                 "this machine, 64 in flight, 1 rule",
+                 over_runs(rl_of_machine).median, ">=", 0.9, "x");
+    bench_target("rl bucket / seed's script, server µs per call",
+                 cost_ratio(), "<=", 0.5, "x");
 }
 
 int main(void)
@@ -464,35 +673,41 @@ int main(void)
     const char *secs = getenv("RL_BENCH_SECONDS");
     if (secs != NULL && atof(secs) > 0)
         run_seconds = atof(secs);
+    if (bench_quick())
+        fill_keys = 10000;
+    cores = (double)sysconf(_SC_NPROCESSORS_ONLN);
     latency.cap = LATENCY_CAP;
     latency.us = malloc(LATENCY_CAP * sizeof *latency.us);
-    redisContext *c = bench_connect(addr);
+    ctl = bench_connect(addr);
     rl_config *cfg;
     rl_agent *agent = open_agent("token_bucket", &cfg);
-    rl_async(agent, 16, 3); /* warm-up: connect, load the library */
-    bench_script ceiling = {.command = "FCALL"}, seed;
-    snprintf(ceiling.name, sizeof ceiling.name, "%s", RL_FUNCTION_BUCKET);
-    bench_seed_script(c, &seed);
-    measure_matrix(c, agent, &ceiling, &seed);
+    rl_async(agent, 16, 3, NULL); /* warm-up: connect, load the library */
+    bench_script fn = {.command = "FCALL"}, seed;
+    snprintf(fn.name, sizeof fn.name, "%s", RL_FUNCTION_BUCKET);
+    bench_seed_script(ctl, &seed);
+    measure_matrix(agent, &fn, &seed);
+    measure_capacity(agent, &fn);
     for (int run = 0; run < COST_RUNS; run++) {
-        costs[0][run] = measure_cost(c, &ceiling, 86400000);
-        costs[1][run] = measure_cost(c, &ceiling, 86400001);
-        costs[2][run] = measure_cost(c, &seed, 86400000);
+        costs[0][run] = measure_cost(&fn, 86400000);
+        costs[1][run] = measure_cost(&fn, 86400001);
+        costs[2][run] = measure_cost(&seed, 86400000);
         if (bench_peer_available())
-            costs[3][run] = measure_cost(c, NULL, 0);
+            costs[3][run] = measure_cost(NULL, 0);
     }
 
-    printf("## Exact path (%d runs of %.0f s per figure, %d keys per rule, "
+    printf("## Exact path (%d runs of %.1f s per figure, %d keys per rule, "
            "100 per minute)\n", RUNS, run_seconds, BENCH_KEYS);
     print_matrix();
     print_ratios();
+    print_capacity();
     print_costs();
+    report_figures();
     bench_alternatives(addr);
-    print_targets();
+    report_targets();
     write_plot_data();
     rl_agent_close(agent);
     rl_config_free(cfg);
-    redisFree(c);
+    redisFree(ctl);
     free(latency.us);
     return 0;
 }

@@ -59,25 +59,50 @@ static inline long long bench_info(redisContext *c, const char *section,
     return v;
 }
 
-/* Server microseconds per call of the scripting commands (FCALL, EVALSHA,
- * EVAL) since the last CONFIG RESETSTAT, from INFO commandstats. */
-static inline double bench_script_usec_per_call(redisContext *c)
+/* The CPU seconds redis-server has used since it started, all its threads,
+ * user and system (INFO cpu; microsecond resolution). */
+static inline double bench_server_cpu_s(redisContext *c)
+{
+    static const char *const fields[] = {"used_cpu_user:", "used_cpu_sys:"};
+    redisReply *r = bench_command(c, "INFO cpu");
+    double s = 0;
+    for (int i = 0; i < 2; i++) {
+        const char *p = strstr(r->str, fields[i]);
+        s += p != NULL ? atof(p + strlen(fields[i])) : 0;
+    }
+    freeReplyObject(r);
+    return s;
+}
+
+/* The scripting commands (FCALL, EVALSHA, EVAL) since the last CONFIG
+ * RESETSTAT, from INFO commandstats: how many calls, and the server
+ * microseconds spent inside them (the command alone: not reading the
+ * request nor writing the reply). */
+static inline void bench_script_stats(redisContext *c, double *calls,
+                                      double *usec)
 {
     static const char *const names[] = {"cmdstat_fcall:", "cmdstat_evalsha:",
                                         "cmdstat_eval:"};
     redisReply *r = bench_command(c, "INFO commandstats");
-    double calls = 0, usec = 0;
+    *calls = *usec = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *p = strstr(r->str, names[i]);
         if (p == NULL)
             continue;
         const char *cp = strstr(p, "calls="), *up = strstr(p, "usec=");
         if (cp != NULL && up != NULL) {
-            calls += atof(cp + strlen("calls="));
-            usec += atof(up + strlen("usec="));
+            *calls += atof(cp + strlen("calls="));
+            *usec += atof(up + strlen("usec="));
         }
     }
     freeReplyObject(r);
+}
+
+/* Server microseconds per scripting call since the last CONFIG RESETSTAT. */
+static inline double bench_script_usec_per_call(redisContext *c)
+{
+    double calls, usec;
+    bench_script_stats(c, &calls, &usec);
     return calls > 0 ? usec / calls : 0;
 }
 

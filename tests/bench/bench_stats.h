@@ -17,6 +17,23 @@ static inline double bench_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Whether RL_BENCH_QUICK asks for a short run, to try the benchmarks out:
+ * fewer and shorter runs, whose figures are not for quoting. */
+static inline int bench_quick(void)
+{
+    const char *q = getenv("RL_BENCH_QUICK");
+    return q != NULL && *q != '\0' && *q != '0';
+}
+
+/* CPU seconds of this thread (CLOCK_THREAD_CPUTIME_ID) or this process
+ * (CLOCK_PROCESS_CPUTIME_ID), user and system. */
+static inline double bench_cpu_s(clockid_t which)
+{
+    struct timespec ts;
+    clock_gettime(which, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 /* For qsort over doubles, to take min / median / max of runs. */
 static inline int bench_cmp_double(const void *a, const void *b)
 {
