@@ -235,6 +235,7 @@ Test(synced, a_resent_report_is_counted_once)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
     nng_socket s = dial_reports(&agg);
     rl_wire_msg ack = report(s, "resender", 1, "per-tenant", "org_resent", 7);
     cr_assert_eq(ack.type, RL_WIRE_ACK, "no ack");
@@ -301,9 +302,7 @@ Test(synced, windows_are_numbered_by_redis_clock)
     test_run(cmd, out, sizeof out);
     cr_assert_gt(atoi(out), 0, "libfaketime is not loaded in the aggregator "
                  "(apt-get install faketime)");
-    /* Its first TIME is answered before the store is ready; a report
-     * before that is sent back for a retry. */
-    test_wait_for_log(&agg.pid, agg.log, "event=store_ready", 10000);
+    test_aggregator_wait_ready(&agg);
 
     /* The aggregator's reading of Redis's clock may be a little behind or
      * ahead of the test's: a second either way (a shift is 18,003.7 s). */
@@ -382,6 +381,7 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
     nng_socket s = dial_reports(&agg);
     static const unsigned char garbage[] = {0xde, 0xad, 0xbe, 0xef};
     static const unsigned char version[] = {0x95, 0x07, 0x01, 0xa1, 'a',
@@ -609,6 +609,7 @@ Test(synced, sighup_reloads_rules_and_keeps_them_when_the_file_is_bad)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
     nng_socket s = dial_reports(&agg);
     rl_wire_msg m = report_within(s, "hup", 1, "per-region", "eu", 1, 300);
     cr_assert_eq(m.type, 0, "a rule the config does not have was taken");

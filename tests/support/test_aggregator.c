@@ -84,6 +84,11 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
     test_wait_for_log(&agg->pid, agg->log, "event=listening", 30000);
 }
 
+void test_aggregator_wait_ready(test_aggregator *agg)
+{
+    test_wait_for_log(&agg->pid, agg->log, "event=store_ready", 10000);
+}
+
 void test_aggregator_stop(test_aggregator *agg)
 {
     if (agg->pid <= 0)

@@ -43,6 +43,10 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
                            const test_aggregator *reuse_from);
 
 /* SIGTERM and wait: the aggregator's clean exit (status 0 asserted). */
+/* Waits until the aggregator has read Redis's clock (event=store_ready):
+ * it is listening before that, and sends a report back for a retry. */
+void test_aggregator_wait_ready(test_aggregator *agg);
+
 void test_aggregator_stop(test_aggregator *agg);
 
 /* SIGKILL, as a crash. */
