@@ -94,10 +94,12 @@ if [ "$quick" = 0 ]; then
     echo "bench: the ten-agent test and ten agents alone (about 50 s)"
     "$build/bench/bench-alone" 3 >"$out/alone.log" 2>&1 &
     alone_pid=$!
-    env "$@" "$runner" -- "$build/tests/rl-tests" \
+    # The test's daemons log where the tests' own runs keep theirs.
+    rm -rf "$out/daemon-logs" && mkdir -p "$out/daemon-logs"
+    env "$@" RL_TEST_LOGDIR="$(cd "$out" && pwd)/daemon-logs" \
+        "$runner" -- "$build/tests/rl-tests" \
         --filter 'synced/ten_agents_stay_within_the_bound' \
-        >"$out/fleet.log" 2>&1 \
-        || echo "bench: the ten-agent test failed, see $out/fleet.log" >&2
+        >"$out/fleet.log" 2>&1 || failed="$failed fleet"
     wait "$alone_pid" || failed="$failed alone"
     fleet_table >"$out/section-fleet.md"
     cat "$out/section-fleet.md"
@@ -130,6 +132,10 @@ targets() {
     if [ "$quick" != 0 ]; then
         echo
         echo "**Quick run (RL_BENCH_QUICK): shortened runs, no fleet; not for quoting.**"
+    fi
+    if [ -n "$failed" ]; then
+        echo
+        echo "**Failed:$failed (see the logs in $out); the figures they give are missing: not for quoting.**"
     fi
     echo
     echo "| machine | |"
