@@ -142,6 +142,29 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * the agent disconnects. rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
+/* rl_agent_reload swaps the agent's rules for those of the YAML config at
+ * config_path; rl_agent_reload_config for a config already loaded, which
+ * the agent then owns (on RL_OK only: on failure it stays the caller's).
+ * The caller may go on reading a config it handed over until it reloads or
+ * closes the agent again.
+ *
+ * Checks already started finish under the rules they started with; checks
+ * started after the call returns see the new ones; no check fails or waits
+ * because of a reload. Buckets and counts of a rule whose name, key_prefix
+ * and mode are unchanged are kept (a changed limit applies at once to the
+ * same bucket); rules no longer in the config stop applying. The store and
+ * aggregator settings are not reloaded: they keep the values the agent was
+ * opened with (restart to change them).
+ *
+ * An invalid config is refused with the same messages as at open (RL_EIO,
+ * RL_ECONFIG) and the old rules stay; RL_ENOTSUP, RL_ENOMEM, RL_ESYS as
+ * for rl_agent_open; RL_ECLOSED after shutdown. Thread-safe: may run while
+ * any number of threads check; reloads of one agent are serialised. */
+RL_API int rl_agent_reload(rl_agent *agent, const char *config_path,
+                           rl_error *err);
+RL_API int rl_agent_reload_config(rl_agent *agent, rl_config *config,
+                                  rl_error *err);
+
 /* One attribute of a request: a rule applies when its `match` names an
  * attribute present in the request. The value is bytes, not necessarily
  * NUL-terminated: value_len of them are used. Attributes no rule matches
@@ -154,6 +177,10 @@ typedef struct rl_attr {
 
 /* The longest rule name, in bytes (without the terminating NUL). */
 #define RL_RULE_NAME_MAX 64
+/* The longest override label a decision carries (without the NUL). */
+#define RL_OVERRIDE_NAME_MAX 96
+/* Shadow rules a decision names at most (it counts them all). */
+#define RL_SHADOW_NAMES_MAX 4
 /* At most this many attributes per request. */
 #define RL_ATTRS_MAX 64
 
@@ -178,6 +205,17 @@ typedef struct rl_decision {
     /* 0 when allowed; when rejected, ms until the request could pass, or
      * -1 when it never can (its cost is larger than the bucket). */
     int64_t retry_after_ms;
+    /* The override whose rate the deciding rule applied (limit and
+     * period_ms above are its): its name, "overrides[I]", or "FILE:LINE"
+     * for a line of an overrides_file. Empty when the rule's own rate
+     * applied. */
+    char override[RL_OVERRIDE_NAME_MAX + 1];
+    /* Shadow rules (shadow: true) are charged as if enforced but never
+     * reject and never decide: how many of them would have rejected this
+     * request, and the names of the first RL_SHADOW_NAMES_MAX, in config
+     * order. */
+    unsigned shadow_rejected;
+    char shadow_rules[RL_SHADOW_NAMES_MAX][RL_RULE_NAME_MAX + 1];
 } rl_decision;
 
 /* rl_check decides one request: every rule whose attribute is present is
@@ -221,6 +259,9 @@ typedef struct rl_rule_counters {
     uint64_t allowed;   /* ...that it let through (on_error included) */
     uint64_t rejected;  /* ...that it rejected (on_error: deny included) */
     uint64_t degraded;  /* ...that its on_error decided (no answer in time) */
+    /* A shadow rule never rejects: the requests it would have rejected
+     * (counted here, not in rejected). */
+    uint64_t shadow_rejected;
 } rl_rule_counters;
 
 /* The agent's counters since it was opened, for a gateway to export. */
@@ -243,6 +284,7 @@ typedef struct rl_agent_counters {
     uint64_t synced_keys, synced_keys_refused;
     uint64_t local_keys, local_keys_refused;
     size_t n_rules;        /* rules in the config */
+    uint64_t reloads;      /* rl_agent_reload* calls that took effect */
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */

@@ -184,6 +184,9 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
         return bad(ld, FIELD("match"), "'%s' is not a valid attribute name "
                    "(use letters, digits and _ . -)", raw->match);
     snprintf(rule->match, sizeof rule->match, "%s", raw->match);
+    snprintf(rule->parts[0], sizeof rule->parts[0], "%s", raw->match);
+    rule->n_parts = 1;
+    rule->hash_tag = -1;
 
     if ((rc = parse_int(ld, FIELD("limit"), raw->limit, 1, RL_LIMIT_MAX,
                         &rule->limit)) != RL_OK)
@@ -227,7 +230,7 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
     rule->on_error = (rl_on_error)choice;
 
     if (raw->key_prefix == NULL) {
-        default_prefix(rule->match, rule->key_prefix, sizeof rule->key_prefix);
+        default_prefix(rule->parts[0], rule->key_prefix, sizeof rule->key_prefix);
     } else if (!is_printable_word(raw->key_prefix)) {
         return bad(ld, FIELD("key_prefix"), "'%s' is not a valid key prefix "
                    "(no spaces or control characters, not empty)",

@@ -41,19 +41,102 @@ typedef enum rl_charge {
     RL_CHARGE_REFUND,       /* give the tokens back when the request is rejected */
 } rl_charge;
 
-/* One rule. The rate is kept as two integers, limit tokens per period_ms,
- * never as a float per second, so that "100 a minute" is exact. */
+/* A rate: limit tokens per period_ms, a bucket of burst tokens. Kept as
+ * integers, never as a float per second, so that "100 a minute" is exact.
+ * An unlimited rate is never limited, never counted and makes no store
+ * call (its numbers are 0). */
+typedef struct rl_limit {
+    uint64_t limit;      /* tokens added per period */
+    uint64_t period_ms;
+    uint64_t burst;      /* bucket capacity */
+    bool unlimited;
+} rl_limit;
+
+#define RL_MATCH_MAX 8        /* attributes in one composite key */
+#define RL_WHEN_MAX 16        /* conditions in one when */
+#define RL_WHEN_VALUES_MAX 1024 /* values in one condition's list */
+#define RL_OVERRIDES_MAX 1000000 /* overrides of one rule, file lines too */
+
+typedef enum rl_when_op {
+    RL_WHEN_EQUAL,  /* attr: value */
+    RL_WHEN_ANY,    /* attr: [a, b, c] */
+    RL_WHEN_PREFIX, /* attr: {prefix: "/v1/"} */
+} rl_when_op;
+
+/* One condition on a request attribute. A request without the attribute
+ * does not meet it. values[i] is NUL-terminated, lens[i] bytes. */
+typedef struct rl_when_clause {
+    char attr[RL_NAME_MAX + 1];
+    rl_when_op op;
+    char **values;
+    size_t *lens;
+    size_t n_values;  /* 1 for EQUAL and PREFIX */
+} rl_when_clause;
+
+/* Conditions that must all hold; n == 0 holds for every request. */
+typedef struct rl_when {
+    rl_when_clause *clauses;
+    size_t n;
+} rl_when;
+
+/* One override of a rule's limit: `when` conditions (a `when` override), or
+ * values of the rule's own key (a `values` override, inline or a line of
+ * overrides_file). */
+typedef struct rl_override {
+    rl_limit rate;
+    rl_when when;        /* n == 0 for a values override */
+    uint32_t order;      /* first match wins: lower first. Inline overrides
+                          * in list order, then the file's lines */
+    uint32_t line;       /* overrides_file line; 0 for an inline override */
+    char *name;          /* `name:` if given, else NULL (see
+                          * rl_override_label) */
+} rl_override;
+
+/* value -> the values override naming it: a hash table, so that 100,000
+ * values cost one lookup. Opaque; common/overrides.c. */
+typedef struct rl_override_map rl_override_map;
+
+/* One rule. limit, period_ms and burst are its own rate (the `own` view of
+ * the same fields), which applies unless an override does. */
 typedef struct rl_rule {
     char name[RL_NAME_MAX + 1];
-    char match[RL_NAME_MAX + 1];          /* the request attribute it keys on */
+    /* The attributes its key is made of, in order: one, or several for a
+     * composite key (every one must be present). match is them as written,
+     * joined by ',' for display. */
+    char match[RL_MATCH_MAX * (RL_NAME_MAX + 1)];
+    char parts[RL_MATCH_MAX][RL_NAME_MAX + 1];
+    size_t n_parts;
+    int hash_tag;        /* index of the part used as cluster hash tag, or
+                          * -1: the whole key hashes */
     char key_prefix[RL_PREFIX_MAX + 1];
-    uint64_t limit;                       /* tokens added per period */
-    uint64_t period_ms;
-    uint64_t burst;                       /* bucket capacity */
+    union {
+        rl_limit own;
+        struct {
+            uint64_t limit;
+            uint64_t period_ms;
+            uint64_t burst;
+            bool unlimited;
+        };
+    };
     rl_mode mode;
     rl_algorithm algorithm;
     rl_on_error on_error;
+    bool shadow;         /* counted and charged, never rejects */
+    rl_when when;        /* the requests it applies to */
+    /* Overrides in first-match order: the `when` ones (few, tried in
+     * order), and every values override, found through values. */
+    rl_override *overrides;
+    size_t n_overrides;
+    rl_override **when_overrides; /* into overrides, by order */
+    size_t n_when_overrides;
+    rl_override_map *values;      /* NULL when no values override */
+    size_t n_values;              /* values mapped (file lines included) */
+    char overrides_file[RL_PATH_MAX + 1]; /* as written; "" when none */
+    size_t n_file_overrides;
 } rl_rule;
+
+_Static_assert(sizeof(rl_limit) == 4 * sizeof(uint64_t),
+               "rl_rule's own rate and rl_limit share one layout");
 
 typedef struct rl_store_config {
     bool cluster;           /* nodes are cluster seeds, not one server */
@@ -91,8 +174,18 @@ typedef struct rl_aggregator_config {
 } rl_aggregator_config;
 
 /* What rl-gateway reads from the config besides the rules. */
+/* One entry of gateway.routes: paths starting with prefix are the route
+ * named name. */
+typedef struct rl_route {
+    char *prefix;
+    char *name;
+} rl_route;
+
 typedef struct rl_gateway_config {
-    char tenant_map[RL_PATH_MAX + 1]; /* api_key -> tenant file; "" if none */
+    char tenant_map[RL_PATH_MAX + 1]; /* api_key -> tenant [plan] file; ""
+                                       * if none */
+    rl_route *routes;                 /* longest prefix wins */
+    size_t n_routes;
 } rl_gateway_config;
 
 struct rl_config {
@@ -103,6 +196,12 @@ struct rl_config {
     uint32_t max_value_bytes;     /* an attribute value, at most */
     rl_gateway_config gateway;
     rl_charge charge;
+    bool shadow;                  /* every rule in shadow */
+    char *attributes_extra[RL_ATTRS_MAX]; /* `attributes:` the host supplies */
+    size_t n_attributes_extra;
+    char dir[RL_PATH_MAX + 1];    /* the config file's directory ("" for an
+                                   * in-memory config): overrides_file and
+                                   * tenant_map are relative to it */
     rl_rule *rules;
     size_t n_rules;
 };
