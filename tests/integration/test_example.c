@@ -1,5 +1,6 @@
-/* The README's example gateway, built against the installed header and
- * the shared library, run against the test Redis. */
+/* The example gateway of docs/design.md ("Using librl in a gateway"),
+ * built against the installed header and the shared library, run against
+ * the test Redis. */
 #include "test_env.h"
 
 #include <criterion/criterion.h>

@@ -59,7 +59,7 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
              "'gnu.lto_' || true", dest);
     test_run(cmd, out, sizeof out);
     cr_assert_str_eq(out, "0\n", "LTO sections installed: %s", out);
-    /* A gateway built the way the README says, against the install. */
+    /* A gateway built the way docs/operations.md says, against the install. */
     snprintf(cmd, sizeof cmd,
              "PKG_CONFIG_SYSROOT_DIR=%s PKG_CONFIG_LIBDIR=%s/usr/lib/pkgconfig "
              "sh -c 'cc -o %s/check-request %s/check_request.c "

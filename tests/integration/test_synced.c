@@ -481,7 +481,7 @@ static void ten_agents(const char *store, const char *label)
     uint64_t first = redis_time_ms() / PERIOD_MS + 2;
     long admitted[WINDOWS] = {0}, offered[WINDOWS] = {0};
     run_fleet(agents, first, admitted, offered);
-    /* The stated worst case (README): 2 x (limit + agents). What gateways
+    /* The stated worst case (docs/design.md): 2 x (limit + agents). What gateways
      * counting alone admit is measured by make bench (bench-alone). */
     long bound = 2 * (LIMIT + FLEET);
     for (int w = 0; w < WINDOWS; w++) {

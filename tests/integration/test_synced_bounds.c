@@ -3,7 +3,7 @@
  * with both a floor and a ceiling, so that a rule that never rejects, shares
  * that ignore the agent count, a window that forgets the previous one or a
  * cold key's unbounded first interval all land outside. What is promised is
- * the README's "The synced path and rl-aggregator"; the figures below are
+ * docs/design.md's "The synced path and rl-aggregator"; the figures below are
  * what the code gives now.
  */
 #include "test_agent.h"

@@ -100,7 +100,7 @@ static int write_config(const test_redis *srv, const test_redis_options *o)
                 "cluster-port %u\n"
                 "cluster-node-timeout 2000\n"
                 /* One shard's failover must not stop the others (the
-                 * README recommends the same). */
+                 * docs/design.md recommends the same). */
                 "cluster-require-full-coverage no\n"
                 /* A replica is listed in CLUSTER SLOTS, which the runner
                  * waits for, once its offset is not 0: without these a
