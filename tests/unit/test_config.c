@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "rl.h"
+#include "rules.h"
 #include "test_env.h"
 
 #include <criterion/criterion.h>
@@ -221,6 +222,172 @@ Test(config, inline_rules_report_lines_too)
                    "  - {name: b, match: \"a b\", limit: 1, period: 1m}\n",
                    "<test>:3:22: rules[1].match (rule \"b\"): 'a b' is not a "
                    "valid attribute name (use letters, digits and _ . -)");
+}
+
+Test(config, tiers_overrides_when_composite_and_shadow_load)
+{
+    char path[512];
+    rl_config *cfg = NULL;
+    rl_error err;
+    snprintf(path, sizeof path, "%s/tiers.yaml", test_env("RL_TEST_CONFIGS"));
+    cr_assert_eq(rl_config_load(path, &cfg, &err), RL_OK, "%s", err.message);
+    cr_assert_eq(cfg->n_rules, 4);
+    cr_assert_str_eq(cfg->dir, test_env("RL_TEST_CONFIGS"));
+    cr_assert_eq(cfg->n_attributes_extra, 1);
+    cr_assert_str_eq(cfg->attributes_extra[0], "x-client");
+    /* Longest prefix first. */
+    cr_assert_eq(cfg->gateway.n_routes, 2);
+    cr_assert_str_eq(cfg->gateway.routes[0].prefix, "/v1/users");
+    cr_assert_str_eq(cfg->gateway.routes[0].name, "users");
+    cr_assert_str_eq(cfg->gateway.routes[1].prefix, "/v1");
+
+    const rl_rule *key = &cfg->rules[0];
+    cr_assert_eq(key->n_parts, 1);
+    cr_assert_eq(key->hash_tag, -1);
+    cr_assert_eq(key->n_overrides, 5);
+    cr_assert_eq(key->n_file_overrides, 2);
+    cr_assert_eq(key->n_when_overrides, 1);
+    cr_assert_eq(key->n_values, 5);
+    cr_assert_str_eq(key->overrides_file, "partners.tsv");
+    const rl_override *o = key->when_overrides[0];
+    cr_assert_eq(o, &key->overrides[0]);
+    cr_assert_eq(o->rate.limit, 10000);
+    cr_assert_eq(o->rate.period_ms, 60000);
+    cr_assert_eq(o->rate.burst, 10000);
+    cr_assert_eq(o->when.n, 1);
+    cr_assert_str_eq(o->when.clauses[0].attr, "plan");
+    cr_assert_eq(o->when.clauses[0].op, RL_WHEN_EQUAL);
+    cr_assert_str_eq(o->when.clauses[0].values[0], "enterprise");
+    o = rl_override_map_find(key->values, "ak_partner2", 11);
+    cr_assert_eq(o, &key->overrides[1]);
+    cr_assert_str_eq(o->name, "partners");
+    cr_assert_eq(o->rate.limit, 1000);
+    o = rl_override_map_find(key->values, "ak_internal_monitor", 19);
+    cr_assert_eq(o, &key->overrides[2]);
+    cr_assert(o->rate.unlimited);
+    o = rl_override_map_find(key->values, "ak_file1", 8);
+    cr_assert_eq(o, &key->overrides[3]);
+    cr_assert_eq(o->line, 2);
+    cr_assert_eq(o->order, 3);
+    cr_assert_eq(o->rate.limit, 500);
+    cr_assert_eq(o->rate.burst, 500);
+    o = rl_override_map_find(key->values, "ak_file2", 8);
+    cr_assert_eq(o->line, 4);
+    cr_assert_eq(o->rate.limit, 50);
+    cr_assert_eq(o->rate.period_ms, 10000);
+    cr_assert_eq(o->rate.burst, 80);
+    cr_assert_null(rl_override_map_find(key->values, "ak_other", 8));
+    char label[RL_OVERRIDE_NAME_MAX + 1];
+    rl_override_label(key, &key->overrides[2], label, sizeof label);
+    cr_assert_str_eq(label, "overrides[2]");
+    rl_override_label(key, &key->overrides[1], label, sizeof label);
+    cr_assert_str_eq(label, "partners");
+    rl_override_label(key, &key->overrides[4], label, sizeof label);
+    cr_assert_str_eq(label, "partners.tsv:4");
+    rl_override_label(key, NULL, label, sizeof label);
+    cr_assert_str_eq(label, "default");
+
+    const rl_rule *login = &cfg->rules[1];
+    cr_assert_eq(login->when.n, 2);
+    cr_assert_str_eq(login->when.clauses[1].attr, "path");
+    cr_assert_str_eq(login->when.clauses[1].values[0], "/v1/login");
+    cr_assert_null(login->values);
+    cr_assert_eq(login->n_overrides, 0);
+
+    const rl_rule *route = &cfg->rules[2];
+    cr_assert_eq(route->n_parts, 2);
+    cr_assert_str_eq(route->parts[0], "api_key");
+    cr_assert_str_eq(route->parts[1], "route");
+    cr_assert_str_eq(route->match, "api_key,route");
+    cr_assert_eq(route->hash_tag, 0);
+    cr_assert_str_eq(route->key_prefix, "rl:key_route:");
+    cr_assert_not(route->shadow);
+
+    const rl_rule *cap = &cfg->rules[3];
+    cr_assert(cap->shadow);
+    cr_assert_eq(cap->when.clauses[0].op, RL_WHEN_PREFIX);
+    cr_assert_str_eq(cap->when.clauses[0].values[0], "/v1/");
+    cr_assert_eq(cap->when.clauses[1].op, RL_WHEN_ANY);
+    cr_assert_eq(cap->when.clauses[1].n_values, 2);
+    cr_assert_str_eq(cap->when.clauses[1].values[1], "web");
+    cr_assert_eq(cap->overrides[0].rate.burst, 6000);
+    rl_config_free(cfg);
+}
+
+Test(config, global_shadow_puts_every_rule_in_shadow)
+{
+    rl_config *cfg = load_ok("shadow: true\n"
+                             "rules:\n"
+                             "  - {name: a, match: ip, limit: 1, period: 1s}\n"
+                             "  - {name: b, match: api_key, limit: 1, "
+                             "period: 1s, shadow: false}\n");
+    cr_assert(cfg->shadow);
+    cr_assert(cfg->rules[0].shadow);
+    cr_assert(cfg->rules[1].shadow);
+    rl_config_free(cfg);
+    cfg = load_ok("rules:\n"
+                  "  - {name: a, match: ip, limit: 1, period: 1s}\n");
+    cr_assert_not(cfg->shadow);
+    cr_assert_not(cfg->rules[0].shadow);
+    rl_config_free(cfg);
+}
+
+Test(config, an_inline_config_reads_its_overrides_file_from_the_cwd)
+{
+    char dir[] = "/tmp/rl-config-XXXXXX", old[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_not_null(getcwd(old, sizeof old));
+    cr_assert_eq(chdir(dir), 0);
+    FILE *f = fopen("o.tsv", "w");
+    fputs("v1 7 1s\n", f);
+    fclose(f);
+    rl_config *cfg = load_ok("rules:\n"
+                             "  - {name: a, match: ip, limit: 1, period: 1s, "
+                             "overrides_file: o.tsv}\n");
+    cr_assert_str_eq(cfg->dir, "");
+    const rl_override *o = rl_override_map_find(cfg->rules[0].values, "v1", 2);
+    cr_assert_not_null(o);
+    cr_assert_eq(o->rate.limit, 7);
+    rl_config_free(cfg);
+    unlink("o.tsv");
+    cr_assert_eq(chdir(old), 0);
+    rmdir(dir);
+}
+
+Test(config, a_composite_key_prefix_joins_short_names)
+{
+    rl_config *cfg = load_ok("rules:\n"
+                             "  - {name: a, match: [tenant, api_key, ip], "
+                             "limit: 1, period: 1s}\n"
+                             "  - {name: b, match: [ip], limit: 1, "
+                             "period: 1s, key_prefix: 'b:'}\n");
+    cr_assert_str_eq(cfg->rules[0].key_prefix, "rl:tenant_key_ip:");
+    cr_assert_str_eq(cfg->rules[0].match, "tenant,api_key,ip");
+    cr_assert_eq(cfg->rules[1].n_parts, 1);
+    cr_assert_str_eq(cfg->rules[1].match, "ip");
+    rl_config_free(cfg);
+}
+
+Test(config, an_unknown_when_attribute_suggests_the_near_one)
+{
+    expect_refused("rules:\n"
+                   "  - name: a\n"
+                   "    match: ip\n"
+                   "    limit: 1\n"
+                   "    period: 1s\n"
+                   "    when: {metod: POST}\n",
+                   "<test>:6:12: rules[0].when.metod (rule \"a\"): unknown "
+                   "attribute 'metod' in when (did you mean 'method'? known "
+                   "are the gateway's ip, api_key, tenant, plan, method, "
+                   "path, host, route and any attribute a rule matches; list "
+                   "any other under the top-level attributes:)");
+    /* Named by a rule's match, or listed: known. */
+    rl_config_free(load_ok("attributes: [x-team]\n"
+                           "rules:\n"
+                           "  - {name: a, match: ip, limit: 1, period: 1s, "
+                           "when: {x-team: red, customer: [a]}}\n"
+                           "  - {name: b, match: customer, limit: 1, "
+                           "period: 1s}\n"));
 }
 
 struct bad_file {
