@@ -78,6 +78,42 @@ Test(config, example_holds_the_seeds_three_rules)
     rl_config_free(cfg);
 }
 
+/* The example's commented-out block of newer features is a config of its
+ * own once uncommented: it must stay one that loads. */
+Test(config, the_examples_commented_out_in_the_example_load)
+{
+    char path[512], line[512];
+    test_path(path, sizeof path, "RL_TEST_EXAMPLES", "rules.example.yaml");
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char *yaml = calloc(1, 65536);
+    size_t len = 0;
+    bool in = false;
+    int lines = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strstr(line, "---8<--- examples") != NULL) {
+            in = true;
+        } else if (strstr(line, "--->8--- examples") != NULL) {
+            in = false;
+        } else if (in) {
+            cr_assert(line[0] == '#', "%s", line);
+            const char *text = line[1] == ' ' ? line + 2 : line + 1;
+            len += (size_t)snprintf(yaml + len, 65536 - len, "%s", text);
+            lines++;
+        }
+    }
+    fclose(f);
+    cr_assert_gt(lines, 40);
+    rl_config *cfg = load_ok(yaml);
+    cr_assert_eq(cfg->n_rules, 4);
+    cr_assert_eq(cfg->rules[0].n_overrides, 3);
+    cr_assert_str_eq(cfg->rules[2].key_prefix, "rl:key_route:");
+    cr_assert(cfg->rules[3].shadow);
+    cr_assert_eq(cfg->gateway.n_routes, 2);
+    rl_config_free(cfg);
+    free(yaml);
+}
+
 Test(config, local_rules_and_the_gateway_section)
 {
     rl_config *cfg = load_ok("local: {max_keys: 5000}\n"
