@@ -426,6 +426,75 @@ Test(config, an_unknown_when_attribute_suggests_the_near_one)
                            "period: 1s}\n"));
 }
 
+/* A temp dir holding rules.yaml (one rule, overrides_file o.tsv). */
+static void overrides_dir(char *dir, char *config, size_t cap)
+{
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(config, cap, "%s/rules.yaml", dir);
+    FILE *f = fopen(config, "w");
+    cr_assert_not_null(f);
+    fputs("rules:\n"
+          "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
+          "overrides_file: o.tsv}\n", f);
+    fclose(f);
+}
+
+Test(config, a_hundred_thousand_line_overrides_file_loads)
+{
+    char dir[] = "/tmp/rl-overrides-XXXXXX", config[64], tsv[64];
+    overrides_dir(dir, config, sizeof config);
+    snprintf(tsv, sizeof tsv, "%s/o.tsv", dir);
+    FILE *f = fopen(tsv, "w");
+    for (int i = 0; i < 100000; i++)
+        fprintf(f, "ak_%08d\t%d\t1m\n", i, 1000 + i);
+    fclose(f);
+    rl_config *cfg = NULL;
+    rl_error err;
+    cr_assert_eq(rl_config_load(config, &cfg, &err), RL_OK, "%s",
+                 err.message);
+    const rl_rule *r = &cfg->rules[0];
+    cr_assert_eq(r->n_values, 100000);
+    cr_assert_eq(r->n_overrides, 100000);
+    cr_assert_eq(r->n_file_overrides, 100000);
+    const rl_override *o = rl_override_map_find(r->values, "ak_00099999", 11);
+    cr_assert_not_null(o);
+    cr_assert_eq(o->rate.limit, 100999);
+    cr_assert_eq(o->line, 100000);
+    cr_assert_null(rl_override_map_find(r->values, "ak_00100000", 11));
+    /* What the docs quote: the map, and the overrides it points into. */
+    size_t map = rl_override_map_bytes(r->values);
+    size_t all = map + r->n_overrides * sizeof *r->overrides;
+    cr_log_info("100,000 file overrides: map %zu bytes, with the overrides "
+                "%zu bytes", map, all);
+    cr_assert_lt(all, (size_t)16 << 20);
+    rl_config_free(cfg);
+    unlink(tsv);
+    unlink(config);
+    rmdir(dir);
+}
+
+Test(config, an_overrides_file_over_the_byte_cap_is_refused_unread)
+{
+    char dir[] = "/tmp/rl-overrides-XXXXXX", config[64], tsv[64],
+         expected[RL_ERROR_MAX];
+    overrides_dir(dir, config, sizeof config);
+    snprintf(tsv, sizeof tsv, "%s/o.tsv", dir);
+    FILE *f = fopen(tsv, "w");
+    cr_assert_eq(ftruncate(fileno(f), (off_t)RL_OVERRIDES_FILE_MAX + 1), 0);
+    fclose(f);
+    rl_config *cfg = (rl_config *)1;
+    rl_error err;
+    cr_assert_eq(rl_config_load(config, &cfg, &err), RL_ECONFIG);
+    cr_assert_null(cfg);
+    snprintf(expected, sizeof expected, "%s:2:77: rules[0].overrides_file "
+             "(rule \"per-key\"): '%s' is %u bytes, over the %u-byte limit",
+             config, tsv, RL_OVERRIDES_FILE_MAX + 1, RL_OVERRIDES_FILE_MAX);
+    cr_assert_str_eq(err.message, expected);
+    unlink(tsv);
+    unlink(config);
+    rmdir(dir);
+}
+
 struct bad_file {
     const char *file;
     /* after the path; or, starting with "../", a message about a file the
