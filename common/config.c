@@ -791,7 +791,13 @@ static int parse_in(const char *yaml, size_t len, const char *name,
     /* libcyaml read it, so libyaml does too: the document is for match,
      * when and the overrides' when, and for the lines of messages. */
     ld.have_doc = rl_yaml_doc_load(yaml, len, &ld.doc);
-    rl_config *cfg = calloc(1, sizeof *cfg);
+    rl_config *cfg = NULL;
+    if (!ld.have_doc) {
+        rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory while parsing",
+                          name);
+        goto fail;
+    }
+    cfg = calloc(1, sizeof *cfg);
     if (cfg == NULL) {
         rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory", name);
         goto fail;

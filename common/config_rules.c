@@ -51,6 +51,31 @@ static yaml_node_t *seq_item(yaml_document_t *doc, const yaml_node_t *n,
     return yaml_document_get_node(doc, n->data.sequence.items.start[i]);
 }
 
+/* libcyaml skips the fields it ignores without noticing one given twice,
+ * and libyaml keeps both: refuse a second `key` in the mapping at path, as
+ * libcyaml does for its own fields. */
+static int given_once(struct loader *ld, const char *path, const char *key)
+{
+    char shown[192];
+    yaml_node_t *map = rl_yaml_at(&ld->doc, NULL, path, false);
+    if (map == NULL || map->type != YAML_MAPPING_NODE)
+        return RL_OK;
+    bool seen = false;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(&ld->doc, p->key);
+        if (k == NULL || k->type != YAML_SCALAR_NODE
+            || strcmp(scalar(k), key) != 0)
+            continue;
+        if (seen) {
+            snprintf(shown, sizeof shown, "%s.%s", path, key);
+            return bad_node(ld, k, shown, "field '%s' is given twice", key);
+        }
+        seen = true;
+    }
+    return RL_OK;
+}
+
 /* Appends ".step" to a dotted path (cut short, never overflowed). */
 static void path_join(char *out, size_t cap, const char *base,
                       const char *fmt, ...)
@@ -86,6 +111,11 @@ int rl_config_load_match(struct loader *ld, size_t i, const rl_raw_rule *raw,
                          rl_rule *rule)
 {
     char path[96], item[112];
+    snprintf(item, sizeof item, "rules.%zu", i);
+    int rc0;
+    if ((rc0 = given_once(ld, item, "match")) != RL_OK
+        || (rc0 = given_once(ld, item, "when")) != RL_OK)
+        return rc0;
     snprintf(path, sizeof path, "rules.%zu.match", i);
     yaml_node_t *node = rl_yaml_at(&ld->doc, NULL, path, false);
     if (node == NULL) {
@@ -327,6 +357,9 @@ static int load_inline(struct loader *ld, const rl_config *cfg,
     char field[160], why[512];
     const char *at;
     bool unlimited = false;
+    int rc = given_once(ld, path, "when");
+    if (rc != RL_OK)
+        return rc;
     path_join(field, sizeof field, path, "when");
     bool has_when = rl_yaml_at(&ld->doc, NULL, field, false) != NULL;
     if (has_when && raw->values != NULL)
@@ -348,7 +381,7 @@ static int load_inline(struct loader *ld, const rl_config *cfg,
         return bad(ld, field, "the list is empty: give at least one value");
     }
     path_join(field, sizeof field, path, "unlimited");
-    int rc = rl_config_parse_bool(ld, field, raw->unlimited, &unlimited);
+    rc = rl_config_parse_bool(ld, field, raw->unlimited, &unlimited);
     if (rc != RL_OK)
         return rc;
     if (unlimited) {
