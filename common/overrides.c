@@ -183,3 +183,15 @@ void rl_override_map_free(rl_override_map *m)
     free(m->bytes);
     free(m);
 }
+
+void rl_override_map_each(const rl_override_map *m,
+                          bool (*fn)(const char *value, size_t len,
+                                     const rl_override *o, void *arg),
+                          void *arg)
+{
+    for (size_t i = 0; m != NULL && i < m->n; i++) {
+        const struct entry *e = &m->entries[i];
+        if (!fn(m->bytes + e->off, e->len, e->o, arg))
+            return;
+    }
+}
