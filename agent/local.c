@@ -7,8 +7,8 @@
  *
  * A bucket keeps the rate it was last spent at (an override's, or the
  * rule's own): a request at another rate (another override matched, or a
- * reload changed the limit) carries its tokens over to the new rate at
- * once, and a full bucket is one full at its own rate.
+ * reload changed the limit) moves it to the new rate at once, keeping its
+ * time to full; a full bucket is one full at its own rate.
  *
  * Memory: a bucket that has refilled to full says nothing a new one would
  * not; such buckets are dropped when their shard grows, and when the key
@@ -177,16 +177,17 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     return e;
 }
 
-/* The bucket moves to another rate with the tokens it holds (as many as
- * the new capacity takes): a new limit applies at once, to the same
- * bucket. */
+/* The bucket moves to another rate keeping its time to full, as the Redis
+ * script does (it keeps the bucket as that time): an empty bucket stays
+ * empty and refills at the new rate, a half-full one is half full when
+ * burst follows limit. A new limit applies at once, to the same bucket. */
 static void retune(rl_local_entry *e, const rl_limit *rate)
 {
-    uint64_t tokens_units = e->level / e->rate.period_ms * rate->period_ms
-                            + e->level % e->rate.period_ms
-                                  * rate->period_ms / e->rate.period_ms;
+    uint64_t missing = capacity(&e->rate) - e->level;
+    unsigned __int128 scaled = (unsigned __int128)missing * rate->limit
+                               / e->rate.limit;
     uint64_t cap = capacity(rate);
-    e->level = tokens_units < cap ? tokens_units : cap;
+    e->level = scaled >= cap ? 0 : cap - (uint64_t)scaled;
     e->rate = *rate;
 }
 
