@@ -246,7 +246,7 @@ static const struct bad_file bad_files[] = {
     {"limit-negative.yaml", ":5:12: rules[0].limit (rule \"per-key\"): must be a whole number from 1 to 9007199254740991, got '-5'"},
     {"limit-not-integer.yaml", ":5:12: rules[0].limit (rule \"per-key\"): must be a whole number from 1 to 9007199254740991, got 'hundred'"},
     {"limit-zero.yaml", ":5:12: rules[0].limit (rule \"per-key\"): must be a whole number from 1 to 9007199254740991, got '0'"},
-    {"match-is-a-list.yaml", ":4:12: rules[0].match: expected a plain value, got a list"},
+    {"match-repeated-attribute.yaml", ":4:29: rules[0].match[2] (rule \"per-key-route\"): attribute 'api_key' is named twice: a key part repeated adds nothing but length"},
     {"missing-limit.yaml", ":3:5: rules[0].limit: missing required field 'limit'"},
     {"missing-rules.yaml", ":2:1: rules: missing required field 'rules'"},
     {"name-too-long.yaml", ":3:11: rules[0].name: longer than 64 bytes"},
