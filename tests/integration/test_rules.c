@@ -494,6 +494,8 @@ TEST_BOTH_MODES(rules, shadow_rules_are_charged_counted_and_named_never_reject)
     char ak[96], kak[128];
     unique(ak, sizeof ak, "shadow-ak");
     snprintf(kak, sizeof kak, "api_key=%s", ak);
+    /* The warm-up's shared value may have been rejected already. */
+    uint64_t before = rule_counter(t.agent, 1, 0);
     for (int i = 0; i < 6; i++) {
         rl_decision d = check_on(t.agent, kak, kv, NULL, NULL);
         cr_assert(d.allowed, "a shadow rule rejected");
@@ -506,7 +508,7 @@ TEST_BOTH_MODES(rules, shadow_rules_are_charged_counted_and_named_never_reject)
         cr_assert_gt(rl_format_headers(&d, h, sizeof h), 0);
         cr_assert_null(strstr(h, "per-ip"), "%s", h);
     }
-    cr_assert_eq(rule_counter(t.agent, 1, 0), 4);
+    cr_assert_eq(rule_counter(t.agent, 1, 0) - before, 4);
     cr_assert_eq(rule_counter(t.agent, 1, 1), 0);
     /* Charged as if enforced: its bucket is in Redis. */
     snprintf(key, sizeof key, "rl:ip:%s", ip);
