@@ -91,7 +91,7 @@ static int rule_applies(const rl_agent *a, size_t index, const rl_attr *attrs,
 {
     const rl_config *cfg = a->config;
     const rl_rule *r = &cfg->rules[index];
-    if (a->args[index].plain && !cfg->shadow) {
+    if (a->args[index].plain) {
         const rl_attr *attr = find_attr(attrs, n, r->match);
         *applies = attr != NULL;
         if (attr == NULL)
@@ -111,7 +111,8 @@ static int rule_applies(const rl_agent *a, size_t index, const rl_attr *attrs,
         *applies = false;
         return RL_OK;
     }
-    *out = (applied){value, len, o, rate, r->shadow || cfg->shadow};
+    /* A global `shadow: true` is in every rule's shadow (config.c). */
+    *out = (applied){value, len, o, rate, r->shadow};
     return RL_OK;
 }
 
@@ -392,8 +393,6 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
     const rl_attr *values[LOCAL_RULES_MAX];
     size_t index[LOCAL_RULES_MAX];
     int k = 0;
-    if (cfg->shadow)
-        return decide_locally_rules(a, attrs, n, cost, out, rc);
     for (size_t i = 0; i < cfg->n_rules; i++) {
         if (!a->args[i].plain)
             return decide_locally_rules(a, attrs, n, cost, out, rc);

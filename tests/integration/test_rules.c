@@ -661,3 +661,38 @@ Test(rules, local_overrides_apply_at_once_to_the_same_bucket)
     rl_agent_close(a);
     rl_config_free(cfg);
 }
+
+/* --- A global shadow: every rule counted, none rejects. ----------------- */
+
+Test(rules, a_global_shadow_puts_every_rule_in_shadow)
+{
+    const char yaml[] =
+        "shadow: true\n"
+        "rules:\n"
+        "  - {name: per-key, match: api_key, limit: 2, period: 1h, "
+        "mode: local}\n"
+        "  - {name: per-ip, match: ip, limit: 3, period: 1h, mode: local}\n";
+    rl_error err;
+    rl_config *cfg;
+    cr_assert_eq(rl_config_parse(yaml, strlen(yaml), "shadow.yaml", &cfg,
+                                 &err), RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    for (int i = 0; i < 6; i++) {
+        rl_decision d = check_on(a, "api_key=k", "ip=10.1.1.1", NULL, NULL);
+        cr_assert(d.allowed);
+        cr_assert_str_eq(d.rule, "");
+        cr_assert_eq(d.shadow_rejected, (unsigned)((i >= 2) + (i >= 3)),
+                     "check %d", i);
+        if (i >= 3) {
+            cr_assert_str_eq(d.shadow_rules[0], "per-key");
+            cr_assert_str_eq(d.shadow_rules[1], "per-ip");
+        }
+    }
+    cr_assert_eq(rule_counter(a, 0, 0), 4);
+    cr_assert_eq(rule_counter(a, 1, 0), 3);
+    cr_assert_eq(rule_counter(a, 0, 1) + rule_counter(a, 1, 1), 0);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
