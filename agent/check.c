@@ -307,35 +307,36 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 /* One rule whose on_error decides (its key over the cap): decided from
  * the reply already had. Spending again through the general path would
  * count the refused key twice. */
-static void decide_one_degraded(rl_agent *a, const rl_rule *rule,
+static void decide_one_degraded(rl_agent *a, const rl_rule_state *rs,
                                 const rl_bucket_reply *reply,
                                 rl_decision *out)
 {
-    rl_rule_state state = {.rule = rule, .reply = *reply,
-                           .outcome = RL_OUTCOME_FAILED};
+    rl_rule_state state = *rs;
+    state.reply = *reply;
+    state.outcome = RL_OUTCOME_FAILED;
     rl_decide(&state, 1, out);
     rl_stats_count(&a->stats, &state, 1, out, a->config->rules);
 }
 
-/* The common case, one rule: decided and counted without the general
+/* One enforced rule at rs's rate: decided and counted without the general
  * machinery. */
-static void decide_one_here(rl_agent *a, size_t index, const char *value,
-                            size_t len, uint32_t cost, rl_decision *out,
-                            int *rc)
+static void decide_one(rl_agent *a, const rl_rule_state *rs,
+                       const char *value, size_t len, uint32_t cost,
+                       rl_decision *out, int *rc)
 {
-    const rl_rule *rule = &a->config->rules[index];
     rl_bucket_reply reply;
     bool degraded;
-    *rc = spend_here(a, rule, &rule->own, value, len, cost, &reply,
+    *rc = spend_here(a, rs->rule, rs->rate, value, len, cost, &reply,
                      &degraded);
     if (*rc != RL_OK)
         return;
     if (degraded) {
-        decide_one_degraded(a, rule, &reply, out);
+        decide_one_degraded(a, rs, &reply, out);
         return;
     }
-    rl_decide_one(rule, NULL, &rule->own, &reply, out);
-    rl_stats_count_one(&a->stats, index, reply.allowed);
+    rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);
+    rl_stats_count_one(&a->stats, (size_t)(rs->rule - a->config->rules),
+                       reply.allowed);
 }
 
 /* decide_locally for requests some rule of issue 15's kind applies to (a
@@ -346,35 +347,34 @@ decide_locally_rules(rl_agent *a, const rl_attr *attrs, size_t n,
                      uint32_t cost, rl_decision *out, int *rc)
 {
     const rl_config *cfg = a->config;
-    char bufs[LOCAL_RULES_MAX][RL_VALUE_MAX + 1];
-    applied aps[LOCAL_RULES_MAX];
+    /* Room for two composite values: a small frame (no stack probes) on
+     * a path every request of such rules takes. More composite rules, or
+     * more than LOCAL_RULES_MAX rules, go the general way. */
+    char arena[2][RL_VALUE_MAX + 1];
+    int composites = 0;
+    applied aps[LOCAL_RULES_MAX + 1]; /* the last: one rule too many */
     rl_rule_state states[LOCAL_RULES_MAX];
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
         bool applies;
-        if (k == LOCAL_RULES_MAX) {
-            /* One more that applies sends it all the general way. */
-            char buf[RL_VALUE_MAX + 1];
-            applied ap;
-            if ((*rc = rule_applies(a, i, attrs, n, buf, &ap, &applies))
-                != RL_OK)
-                return true;
-            if (applies)
-                return false;
-            continue;
-        }
-        if ((*rc = rule_applies(a, i, attrs, n, bufs[k], &aps[k], &applies))
+        char *buf = arena[composites < 2 ? composites : 1];
+        if ((*rc = rule_applies(a, i, attrs, n, buf, &aps[k], &applies))
             != RL_OK)
             return true;
         if (!applies)
             continue;
-        if (cfg->rules[i].mode == RL_MODE_EXACT)
+        if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX
+            || (cfg->rules[i].n_parts > 1 && composites++ == 2))
             return false;
         states[k] = (rl_rule_state){.rule = &cfg->rules[i],
                                     .override = aps[k].override,
                                     .rate = aps[k].rate,
                                     .shadow = aps[k].shadow};
         k++;
+    }
+    if (k == 1 && !states[0].shadow) {
+        decide_one(a, &states[0], aps[0].value, aps[0].len, cost, out, rc);
+        return true;
     }
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, aps[i].value, aps[i].len, cost,
@@ -407,8 +407,10 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
         values[k++] = attr;
     }
     if (k == 1) {
-        decide_one_here(a, index[0], values[0]->value, values[0]->value_len,
-                        cost, out, rc);
+        const rl_rule *r = &cfg->rules[index[0]];
+        rl_rule_state one = {.rule = r, .rate = &r->own};
+        decide_one(a, &one, values[0]->value, values[0]->value_len, cost,
+                   out, rc);
         return true;
     }
     rl_rule_state states[LOCAL_RULES_MAX];

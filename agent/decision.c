@@ -61,6 +61,35 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
     return v;
 }
 
+/* rl_override_label's words, without snprintf for a name or a file line
+ * (a third of a synced check's time when the key has an override). */
+static void label(const rl_rule *rule, const rl_override *o, char *buf,
+                  size_t cap)
+{
+    if (o->name != NULL) {
+        size_t n = strlen(o->name);
+        if (n < cap) {
+            memcpy(buf, o->name, n + 1);
+            return;
+        }
+    } else if (o->line != 0) {
+        char digits[12];
+        size_t nd = 0;
+        for (uint32_t v = o->line; v > 0; v /= 10)
+            digits[nd++] = (char)('0' + v % 10);
+        size_t n = strlen(rule->overrides_file);
+        if (n + 1 + nd < cap) {
+            memcpy(buf, rule->overrides_file, n);
+            buf[n++] = ':';
+            while (nd > 0)
+                buf[n++] = digits[--nd];
+            buf[n] = '\0';
+            return;
+        }
+    }
+    rl_override_label(rule, o, buf, cap);
+}
+
 /* The deciding rule into out, whose allowed is already set. */
 static void describe(rl_decision *out, const rl_rule *rule,
                      const rl_override *o, const rl_limit *rate,
@@ -74,7 +103,7 @@ static void describe(rl_decision *out, const rl_rule *rule,
     out->limit = rate->limit;
     out->period_ms = rate->period_ms;
     if (o != NULL)
-        rl_override_label(rule, o, out->override, sizeof out->override);
+        label(rule, o, out->override, sizeof out->override);
     else
         out->override[0] = '\0';
     out->remaining = v->remaining;
