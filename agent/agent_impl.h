@@ -39,7 +39,12 @@ typedef struct rl_request rl_request;
 typedef struct rl_rule_state {
     rl_request *req;
     const rl_rule *rule;        /* set by the caller, then read-only */
-    const rl_bucket_args *args; /* likewise */
+    const rl_bucket_args *args; /* likewise: at the rate that applies */
+    /* Likewise: the override whose rate applies (NULL: the rule's own)
+     * and that rate (NULL also means the rule's own). */
+    const rl_override *override;
+    const rl_limit *rate;
+    bool shadow;                /* likewise: charged, never decides */
     uint32_t key_offset;        /* likewise: into req->keys */
     uint32_t key_len;
     rl_outcome outcome;         /* I/O thread only */
@@ -128,8 +133,10 @@ void rl_request_release(rl_request *req);
 /* decision.c: combine the rules' outcomes into one decision. */
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);
 
-/* The decision of a request one rule applied to, which answered. */
-void rl_decide_one(const rl_rule *rule, const rl_bucket_reply *reply,
+/* The decision of a request one enforced rule applied to, which answered,
+ * at rate (o's, or the rule's own when o is NULL). */
+void rl_decide_one(const rl_rule *rule, const rl_override *o,
+                   const rl_limit *rate, const rl_bucket_reply *reply,
                    rl_decision *out);
 /* The same as if the store had not answered for any of its rules; reads
  * the outcomes of synced rules only (the caller's, fixed before submit),

@@ -13,15 +13,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)
+void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
+                         const rl_limit *rate)
 {
     args->rule = rule;
+    args->rate = *rate;
+    args->plain = false;
     snprintf(args->burst, sizeof args->burst, "%llu",
-             (unsigned long long)rule->burst);
+             (unsigned long long)rate->burst);
     snprintf(args->limit, sizeof args->limit, "%llu",
-             (unsigned long long)rule->limit);
+             (unsigned long long)rate->limit);
     snprintf(args->period, sizeof args->period, "%llu",
-             (unsigned long long)rule->period_ms);
+             (unsigned long long)rate->period_ms);
+}
+
+void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)
+{
+    rl_bucket_args_rate(args, rule, &rule->own);
+    args->plain = rule->n_parts <= 1 && rule->when.n == 0
+                  && rule->n_overrides == 0 && rule->values == NULL
+                  && !rule->shadow && !rule->unlimited;
 }
 
 static uint64_t ceil_div(uint64_t a, uint64_t b)
@@ -29,26 +40,28 @@ static uint64_t ceil_div(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-void rl_bucket_answer(const rl_rule *rule, uint64_t missing, bool allowed,
+void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
                       int64_t cost, rl_bucket_reply *out)
 {
-    uint64_t cap = rule->burst * rule->period_ms;
+    uint64_t cap = rate->burst * rate->period_ms;
     *out = (rl_bucket_reply){.allowed = allowed,
-                             .remaining = (cap - missing) / rule->period_ms,
-                             .reset_ms = ceil_div(missing, rule->limit)};
+                             .remaining = (cap - missing) / rate->period_ms,
+                             .reset_ms = ceil_div(missing, rate->limit)};
     if (allowed)
         return;
-    if (cost > 0 && (uint64_t)cost > rule->burst)
+    if (cost > 0 && (uint64_t)cost > rate->burst)
         out->retry_ms = -1; /* can never pass */
     else
         out->retry_ms = (int64_t)ceil_div(
-            missing + (uint64_t)cost * rule->period_ms - cap, rule->limit);
+            missing + (uint64_t)cost * rate->period_ms - cap, rate->limit);
 }
 
+/* The rate is copied: an override's args live in the request, which may be
+ * gone when a late reply comes. */
 typedef struct pending {
     rl_bucket_fn fn;
     void *arg;
-    const rl_rule *rule;
+    rl_limit rate;
     int64_t cost;
 } pending;
 
@@ -57,8 +70,8 @@ static bool parse(const pending *p, const redisReply *r,
 {
     if (r->type != REDIS_REPLY_INTEGER)
         return false;
-    const rl_rule *rule = p->rule;
-    uint64_t cap = rule->burst * rule->period_ms;
+    const rl_limit *rate = &p->rate;
+    uint64_t cap = rate->burst * rate->period_ms;
     bool allowed = r->integer >= 0;
     long long missing = allowed ? r->integer : -(r->integer + 1);
     if ((unsigned long long)missing > cap)
@@ -66,10 +79,10 @@ static bool parse(const pending *p, const redisReply *r,
     /* A rejection must be one: a cost that fits but did not fit now. */
     if (!allowed && p->cost <= 0)
         return false;
-    if (!allowed && (uint64_t)p->cost <= rule->burst
-        && (uint64_t)missing + (uint64_t)p->cost * rule->period_ms <= cap)
+    if (!allowed && (uint64_t)p->cost <= rate->burst
+        && (uint64_t)missing + (uint64_t)p->cost * rate->period_ms <= cap)
         return false;
-    rl_bucket_answer(rule, (uint64_t)missing, allowed, p->cost, out);
+    rl_bucket_answer(rate, (uint64_t)missing, allowed, p->cost, out);
     return true;
 }
 
@@ -95,7 +108,7 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
         fn(arg, NULL, "out of memory");
         return;
     }
-    *p = (pending){fn, arg, args->rule, cost};
+    *p = (pending){fn, arg, args->rate, cost};
     char cost_text[24];
     snprintf(cost_text, sizeof cost_text, "%lld", (long long)cost);
     const char *argv[] = {"1", key, args->burst, args->limit, args->period,

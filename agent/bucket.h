@@ -19,9 +19,17 @@ typedef struct rl_bucket_reply {
     uint64_t reset_ms;  /* until the bucket is full */
 } rl_bucket_reply;
 
-/* The fixed arguments of a rule's calls, formatted once. */
+/* The fixed arguments of a rule's calls at one rate, formatted once: the
+ * rule's own rate at open, an override's when a request needs it. The
+ * reply is read against the same rate, so the numbers Redis was sent and
+ * the arithmetic on its answer always agree. */
 typedef struct rl_bucket_args {
     const rl_rule *rule;
+    rl_limit rate;
+    /* The rule has nothing of issue 15's per-request work: one attribute,
+     * no when, no overrides, not in shadow. Its checks take the path they
+     * took before, past this one flag test. */
+    bool plain;
     char burst[24];
     char limit[24];
     char period[24];
@@ -32,11 +40,15 @@ typedef struct rl_bucket_args {
 typedef void (*rl_bucket_fn)(void *arg, const rl_bucket_reply *reply,
                              const char *error);
 
+/* The rule's own rate (and its plain flag). */
 void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule);
+/* The same for rate, an override's (plain is false). */
+void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
+                         const rl_limit *rate);
 
-/* rl_bucket_answer fills out for a bucket of rule that is missing units
+/* rl_bucket_answer fills out for a bucket at rate that is missing units
  * (1/period_ms tokens) of full after a call of cost, allowed or not. */
-void rl_bucket_answer(const rl_rule *rule, uint64_t missing, bool allowed,
+void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
                       int64_t cost, rl_bucket_reply *out);
 
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them

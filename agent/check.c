@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "keys.h"
+#include "rules.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -69,44 +70,94 @@ static int check_value(const rl_agent *a, const rl_attr *attr)
     return RL_OK;
 }
 
-/* Synced and local rules are decided on the caller's thread, with no
- * round trip. */
-static int spend_here(rl_agent *a, const rl_rule *rule, const rl_attr *attr,
-                      uint32_t cost, rl_bucket_reply *reply, bool *degraded)
+/* What a rule makes of a request, when it applies: the value its key is
+ * built from, the rate (an override's or its own) and whether it is in
+ * shadow. */
+typedef struct applied {
+    const char *value;
+    size_t len;
+    const rl_override *override;
+    const rl_limit *rate;
+    bool shadow;
+} applied;
+
+/* Whether the rule at index applies to the request, and how. A rule with
+ * nothing but one attribute is found as before issue 15; any other goes
+ * through rules.h (every part present, its when, the override). A rule
+ * whose override is unlimited does not apply: no count, no store call.
+ * buf holds a composite value (RL_VALUE_MAX + 1 bytes). */
+static int rule_applies(const rl_agent *a, size_t index, const rl_attr *attrs,
+                        size_t n, char *buf, applied *out, bool *applies)
 {
-    if (rule->mode == RL_MODE_LOCAL) {
-        rl_local_check(&a->local, rule, attr->value, attr->value_len, cost,
-                       reply, degraded);
+    const rl_config *cfg = a->config;
+    const rl_rule *r = &cfg->rules[index];
+    if (a->args[index].plain) {
+        const rl_attr *attr = find_attr(attrs, n, r->match);
+        *applies = attr != NULL;
+        if (attr == NULL)
+            return RL_OK;
+        *out = (applied){attr->value, attr->value_len, NULL, &r->own, false};
+        return check_value(a, attr);
+    }
+    const char *value;
+    size_t len;
+    int rc = rl_rule_value(r, attrs, n, cfg->max_value_bytes, buf,
+                           RL_VALUE_MAX + 1, &value, &len, applies);
+    if (rc != RL_OK || !*applies)
+        return rc;
+    const rl_override *o = rl_rule_override(r, attrs, n, value, len);
+    const rl_limit *rate = rl_rule_rate(r, o);
+    if (rate->unlimited) {
+        *applies = false;
         return RL_OK;
     }
-    return rl_synced_check(&a->synced, rule, attr->value, attr->value_len,
-                           cost, reply, degraded);
+    /* A global `shadow: true` is in every rule's shadow (config.c). */
+    *out = (applied){value, len, o, rate, r->shadow};
+    return RL_OK;
 }
 
-static int decide_here(rl_agent *a, const rl_attr *attr, uint32_t cost,
-                       rl_rule_state *rs)
+/* Synced and local rules are decided on the caller's thread, with no
+ * round trip. */
+static int spend_here(rl_agent *a, const rl_rule *rule, const rl_limit *rate,
+                      const char *value, size_t len, uint32_t cost,
+                      rl_bucket_reply *reply, bool *degraded)
+{
+    if (rule->mode == RL_MODE_LOCAL) {
+        rl_local_check(&a->local, rule, rate, value, len, cost, reply,
+                       degraded);
+        return RL_OK;
+    }
+    return rl_synced_check(&a->synced, rule, rate, value, len, cost, reply,
+                           degraded);
+}
+
+static int decide_here(rl_agent *a, const char *value, size_t len,
+                       uint32_t cost, rl_rule_state *rs)
 {
     bool degraded;
-    int rc = spend_here(a, rs->rule, attr, cost, &rs->reply, &degraded);
+    int rc = spend_here(a, rs->rule, rs->rate, value, len, cost, &rs->reply,
+                        &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
     return rc;
 }
 
 /* With charge: first_reject, a rejection here means no exact rule is
- * charged. */
-static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
-                         size_t n)
+ * charged; a shadow rule's is not the request's. The value is the key's
+ * tail, after the rule's prefix. */
+static int decide_synced(rl_agent *a, rl_request *req)
 {
     bool rejected = false;
     for (int i = 0; i < req->n_rules; i++) {
         rl_rule_state *rs = &req->rules[i];
         if (rs->rule->mode == RL_MODE_EXACT)
             continue;
-        int rc = decide_here(a, find_attr(attrs, n, rs->rule->match),
-                             req->cost, rs);
+        size_t prefix = strlen(rs->rule->key_prefix);
+        int rc = decide_here(a, req->keys + rs->key_offset + prefix,
+                             rs->key_len - prefix, req->cost, rs);
         if (rc != RL_OK)
             return rc;
-        rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed;
+        rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
+                    && !rs->shadow;
     }
     if (rejected && a->config->charge == RL_CHARGE_FIRST_REJECT) {
         for (int i = 0; i < req->n_rules; i++) {
@@ -117,50 +168,66 @@ static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
     return RL_OK;
 }
 
-/* Builds the request: one allocation holding the rule states and keys.
- * *out is NULL when no rule applies. */
+/* Builds the request: one allocation holding the rule states, the bucket
+ * arguments of the exact rules an override applies to (formatted here,
+ * for this request: an override's rate goes to the script as it is now),
+ * and the keys. *out is NULL when no rule applies. Rules are looked at
+ * twice, to size and then to fill the allocation: the exact path waits a
+ * round trip, a second lookup is nothing beside it. */
 static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
                  rl_request **out)
 {
     const rl_config *cfg = a->config;
-    int n_rules = 0;
+    int n_rules = 0, n_args = 0;
     size_t key_bytes = 0;
+    char buf[RL_VALUE_MAX + 1];
+    applied ap;
+    bool applies;
     *out = NULL;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
-        if (attr == NULL)
-            continue;
-        int rc = check_value(a, attr);
+        int rc = rule_applies(a, i, attrs, n, buf, &ap, &applies);
         if (rc != RL_OK)
             return rc;
+        if (!applies)
+            continue;
         n_rules++;
-        key_bytes += strlen(cfg->rules[i].key_prefix) + attr->value_len + 1;
+        n_args += ap.override != NULL && cfg->rules[i].mode == RL_MODE_EXACT;
+        key_bytes += strlen(cfg->rules[i].key_prefix) + ap.len + 1;
     }
     if (n_rules == 0)
         return RL_OK;
     rl_request *req = calloc(1, sizeof *req + n_rules * sizeof req->rules[0]
+                                    + n_args * sizeof(rl_bucket_args)
                                     + key_bytes);
     if (req == NULL)
         return RL_ENOMEM;
     req->agent = a;
     req->cost = cost;
     req->n_rules = n_rules;
-    req->keys = (char *)&req->rules[n_rules];
+    rl_bucket_args *args = (rl_bucket_args *)&req->rules[n_rules];
+    req->keys = (char *)&args[n_args];
     size_t offset = 0;
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
-        if (attr == NULL)
+        if (rule_applies(a, i, attrs, n, buf, &ap, &applies) != RL_OK
+            || !applies)
             continue;
+        const rl_rule *r = &cfg->rules[i];
+        const rl_bucket_args *ra = &a->args[i];
+        if (ap.override != NULL && r->mode == RL_MODE_EXACT) {
+            rl_bucket_args_rate(args, r, ap.rate);
+            ra = args++;
+        }
         size_t len;
-        rl_key_build(cfg->rules[i].key_prefix, attr->value, attr->value_len,
-                     req->keys + offset, key_bytes - offset, &len);
+        rl_key_build(r->key_prefix, ap.value, ap.len, req->keys + offset,
+                     key_bytes - offset, &len);
         req->rules[k++] = (rl_rule_state){
-            .req = req, .rule = &cfg->rules[i], .args = &a->args[i],
+            .req = req, .rule = r, .args = ra, .override = ap.override,
+            .rate = ap.rate, .shadow = ap.shadow,
             .key_offset = (uint32_t)offset, .key_len = (uint32_t)len};
         offset += len + 1;
     }
-    int rc = decide_synced(a, req, attrs, n);
+    int rc = decide_synced(a, req);
     if (rc != RL_OK) {
         free(req);
         return rc;
@@ -240,33 +307,83 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 /* One rule whose on_error decides (its key over the cap): decided from
  * the reply already had. Spending again through the general path would
  * count the refused key twice. */
-static void decide_one_degraded(rl_agent *a, const rl_rule *rule,
+static void decide_one_degraded(rl_agent *a, const rl_rule_state *rs,
                                 const rl_bucket_reply *reply,
                                 rl_decision *out)
 {
-    rl_rule_state state = {.rule = rule, .reply = *reply,
-                           .outcome = RL_OUTCOME_FAILED};
+    rl_rule_state state = *rs;
+    state.reply = *reply;
+    state.outcome = RL_OUTCOME_FAILED;
     rl_decide(&state, 1, out);
     rl_stats_count(&a->stats, &state, 1, out, a->config->rules);
 }
 
-/* The common case, one rule: decided and counted without the general
+/* One enforced rule at rs's rate: decided and counted without the general
  * machinery. */
-static void decide_one_here(rl_agent *a, size_t index, const rl_attr *attr,
-                            uint32_t cost, rl_decision *out, int *rc)
+static void decide_one(rl_agent *a, const rl_rule_state *rs,
+                       const char *value, size_t len, uint32_t cost,
+                       rl_decision *out, int *rc)
 {
-    const rl_rule *rule = &a->config->rules[index];
     rl_bucket_reply reply;
     bool degraded;
-    *rc = spend_here(a, rule, attr, cost, &reply, &degraded);
+    *rc = spend_here(a, rs->rule, rs->rate, value, len, cost, &reply,
+                     &degraded);
     if (*rc != RL_OK)
         return;
     if (degraded) {
-        decide_one_degraded(a, rule, &reply, out);
+        decide_one_degraded(a, rs, &reply, out);
         return;
     }
-    rl_decide_one(rule, &reply, out);
-    rl_stats_count_one(&a->stats, index, reply.allowed);
+    rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);
+    rl_stats_count_one(&a->stats, (size_t)(rs->rule - a->config->rules),
+                       reply.allowed);
+}
+
+/* decide_locally for requests some rule of issue 15's kind applies to (a
+ * composite key, a when, overrides, shadow): the same, through
+ * rule_applies. Apart, so that the plain path keeps its small frame. */
+static __attribute__((noinline)) bool
+decide_locally_rules(rl_agent *a, const rl_attr *attrs, size_t n,
+                     uint32_t cost, rl_decision *out, int *rc)
+{
+    const rl_config *cfg = a->config;
+    /* Room for two composite values: a small frame (no stack probes) on
+     * a path every request of such rules takes. More composite rules, or
+     * more than LOCAL_RULES_MAX rules, go the general way. */
+    char arena[2][RL_VALUE_MAX + 1];
+    int composites = 0;
+    applied aps[LOCAL_RULES_MAX + 1]; /* the last: one rule too many */
+    rl_rule_state states[LOCAL_RULES_MAX];
+    int k = 0;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        bool applies;
+        char *buf = arena[composites < 2 ? composites : 1];
+        if ((*rc = rule_applies(a, i, attrs, n, buf, &aps[k], &applies))
+            != RL_OK)
+            return true;
+        if (!applies)
+            continue;
+        if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX
+            || (cfg->rules[i].n_parts > 1 && composites++ == 2))
+            return false;
+        states[k] = (rl_rule_state){.rule = &cfg->rules[i],
+                                    .override = aps[k].override,
+                                    .rate = aps[k].rate,
+                                    .shadow = aps[k].shadow};
+        k++;
+    }
+    if (k == 1 && !states[0].shadow) {
+        decide_one(a, &states[0], aps[0].value, aps[0].len, cost, out, rc);
+        return true;
+    }
+    for (int i = 0; i < k; i++) {
+        if ((*rc = decide_here(a, aps[i].value, aps[i].len, cost,
+                               &states[i])) != RL_OK)
+            return true;
+    }
+    rl_decide(states, k, out);
+    rl_stats_count(&a->stats, states, k, out, cfg->rules);
+    return true;
 }
 
 static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
@@ -277,6 +394,8 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
     size_t index[LOCAL_RULES_MAX];
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
+        if (!a->args[i].plain)
+            return decide_locally_rules(a, attrs, n, cost, out, rc);
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
@@ -288,14 +407,18 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
         values[k++] = attr;
     }
     if (k == 1) {
-        decide_one_here(a, index[0], values[0], cost, out, rc);
+        const rl_rule *r = &cfg->rules[index[0]];
+        rl_rule_state one = {.rule = r, .rate = &r->own};
+        decide_one(a, &one, values[0]->value, values[0]->value_len, cost,
+                   out, rc);
         return true;
     }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)
         states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};
     for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, values[i], cost, &states[i])) != RL_OK)
+        if ((*rc = decide_here(a, values[i]->value, values[i]->value_len,
+                               cost, &states[i])) != RL_OK)
             return true;
     }
     rl_decide(states, k, out);

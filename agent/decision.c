@@ -8,10 +8,16 @@
  * bucket, so "allow" shows a full bucket (remaining = burst) and "deny" an
  * empty one with a retry of one second, a pause a client can live with
  * while the store is away.
+ *
+ * A shadow rule is charged like any other but takes no part in the
+ * decision: its would-be rejections (on_error deny included) are counted
+ * and named, nothing more. The deciding rule reports the rate that applied
+ * to it, an override's or its own, and names the override.
  */
 #include "agent_impl.h"
 
 #include "error.h"
+#include "rules.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +32,11 @@ typedef struct verdict {
     uint64_t reset_ms;
     int64_t retry_ms;
 } verdict;
+
+static const rl_limit *rate_of(const rl_rule_state *rs)
+{
+    return rs->rate != NULL ? rs->rate : &rs->rule->own;
+}
 
 static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
 {
@@ -44,22 +55,57 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
     } else if (outcome != RL_OUTCOME_SKIPPED) {
         v.degraded = true;
         v.allowed = rs->rule->on_error == RL_ON_ERROR_ALLOW;
-        v.remaining = v.allowed ? rs->rule->burst : 0;
+        v.remaining = v.allowed ? rate_of(rs)->burst : 0;
         v.retry_ms = v.allowed ? 0 : DEGRADED_RETRY_MS;
     }
     return v;
 }
 
+/* rl_override_label's words, without snprintf for a name or a file line
+ * (a third of a synced check's time when the key has an override). */
+static void label(const rl_rule *rule, const rl_override *o, char *buf,
+                  size_t cap)
+{
+    if (o->name != NULL) {
+        size_t n = strlen(o->name);
+        if (n < cap) {
+            memcpy(buf, o->name, n + 1);
+            return;
+        }
+    } else if (o->line != 0) {
+        char digits[12];
+        size_t nd = 0;
+        for (uint32_t v = o->line; v > 0; v /= 10)
+            digits[nd++] = (char)('0' + v % 10);
+        size_t n = strlen(rule->overrides_file);
+        if (n + 1 + nd < cap) {
+            memcpy(buf, rule->overrides_file, n);
+            buf[n++] = ':';
+            while (nd > 0)
+                buf[n++] = digits[--nd];
+            buf[n] = '\0';
+            return;
+        }
+    }
+    rl_override_label(rule, o, buf, cap);
+}
+
 /* The deciding rule into out, whose allowed is already set. */
-static void describe(rl_decision *out, const rl_rule *rule, const verdict *v)
+static void describe(rl_decision *out, const rl_rule *rule,
+                     const rl_override *o, const rl_limit *rate,
+                     const verdict *v)
 {
     /* The whole array, NUL and the zeros after it: a fixed size copies in a
      * few moves, and this runs on every check. */
     _Static_assert(sizeof out->rule == sizeof rule->name,
                    "a rule's name fits the decision");
     memcpy(out->rule, rule->name, sizeof out->rule);
-    out->limit = rule->limit;
-    out->period_ms = rule->period_ms;
+    out->limit = rate->limit;
+    out->period_ms = rate->period_ms;
+    if (o != NULL)
+        label(rule, o, out->override, sizeof out->override);
+    else
+        out->override[0] = '\0';
     out->remaining = v->remaining;
     out->reset_ms = v->reset_ms;
     out->retry_after_ms = out->allowed ? 0 : v->retry_ms;
@@ -84,6 +130,15 @@ static void decide(const rl_rule_state *rules, int n, bool unanswered,
         verdict v = verdict_of(&rules[i], unanswered);
         if (!v.counts)
             continue;
+        if (rules[i].shadow) {
+            if (!v.allowed) {
+                if (out->shadow_rejected < RL_SHADOW_NAMES_MAX)
+                    memcpy(out->shadow_rules[out->shadow_rejected],
+                           rules[i].rule->name, sizeof out->shadow_rules[0]);
+                out->shadow_rejected++;
+            }
+            continue;
+        }
         out->degraded |= v.degraded;
         bool better;
         if (!v.allowed) {
@@ -98,20 +153,24 @@ static void decide(const rl_rule_state *rules, int n, bool unanswered,
         }
     }
     if (pick >= 0)
-        describe(out, rules[pick].rule, &chosen);
+        describe(out, rules[pick].rule, rules[pick].override,
+                 rate_of(&rules[pick]), &chosen);
 }
 
-void rl_decide_one(const rl_rule *rule, const rl_bucket_reply *reply,
+void rl_decide_one(const rl_rule *rule, const rl_override *o,
+                   const rl_limit *rate, const rl_bucket_reply *reply,
                    rl_decision *out)
 {
-    /* Every field is written below (the name with its NUL): no memset on
-     * the synced hot path. */
+    /* Every field is written below (the name with its NUL; shadow_rules
+     * mean nothing while shadow_rejected is 0): no memset on the synced
+     * hot path. */
     out->allowed = reply->allowed;
     out->degraded = false;
+    out->shadow_rejected = 0;
     verdict v = {.counts = true, .allowed = reply->allowed,
                  .remaining = reply->remaining, .reset_ms = reply->reset_ms,
                  .retry_ms = reply->allowed ? 0 : reply->retry_ms};
-    describe(out, rule, &v);
+    describe(out, rule, o, rate, &v);
 }
 
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out)

@@ -145,13 +145,15 @@ static int next_pending(const rl_request *req, int from)
 }
 
 /* charge: first_reject goes on to the next rule only while every rule so
- * far has let the request through. */
+ * far has let the request through; a shadow rule's rejection is not the
+ * request's. */
 static bool send_next_in_order(rl_agent *a, rl_request *req,
                                const rl_rule_state *last)
 {
-    bool passed = last->outcome == RL_OUTCOME_ANSWERED
-                      ? last->reply.allowed
-                      : last->rule->on_error == RL_ON_ERROR_ALLOW;
+    bool passed = last->shadow
+                  || (last->outcome == RL_OUTCOME_ANSWERED
+                          ? last->reply.allowed
+                          : last->rule->on_error == RL_ON_ERROR_ALLOW);
     int next = next_pending(req, req->next_rule);
     if (!passed || next >= req->n_rules) {
         for (int i = next; i < req->n_rules; i++) {

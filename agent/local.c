@@ -5,6 +5,11 @@
  * holds at most burst * period_ms units (below 2^53, checked by the
  * config), so "100 a minute" is exact and nothing is lost to rounding.
  *
+ * A bucket keeps the rate it was last spent at (an override's, or the
+ * rule's own): a request at another rate (another override matched, or a
+ * reload changed the limit) moves it to the new rate at once, keeping its
+ * time to full; a full bucket is one full at its own rate.
+ *
  * Memory: a bucket that has refilled to full says nothing a new one would
  * not; such buckets are dropped when their shard grows, and when the key
  * cap is reached, before a new key is refused.
@@ -20,8 +25,9 @@
 struct rl_local_entry {
     rl_local_entry *next;
     const rl_rule *rule;
+    rl_limit rate;    /* the rate it was last spent at */
     uint64_t hash;
-    uint64_t level;   /* tokens x period_ms */
+    uint64_t level;   /* tokens x rate.period_ms */
     uint64_t at_ms;   /* when level was right */
     uint16_t value_len;
     char value[];
@@ -54,7 +60,7 @@ void rl_local_fini(rl_local *l)
     }
 }
 
-static uint64_t capacity(const rl_rule *r)
+static uint64_t capacity(const rl_limit *r)
 {
     return r->burst * r->period_ms;
 }
@@ -62,17 +68,17 @@ static uint64_t capacity(const rl_rule *r)
 /* The level now: what it was plus what flowed in since, up to capacity. */
 static uint64_t refilled(const rl_local_entry *e, uint64_t now_ms)
 {
-    uint64_t cap = capacity(e->rule);
+    uint64_t cap = capacity(&e->rate);
     uint64_t elapsed = now_ms > e->at_ms ? now_ms - e->at_ms : 0;
     uint64_t room = cap - e->level;
-    if (elapsed >= (room + e->rule->limit - 1) / e->rule->limit)
+    if (elapsed >= (room + e->rate.limit - 1) / e->rate.limit)
         return cap;
-    return e->level + elapsed * e->rule->limit;
+    return e->level + elapsed * e->rate.limit;
 }
 
 static bool is_full(const rl_local_entry *e, uint64_t now_ms)
 {
-    return refilled(e, now_ms) == capacity(e->rule);
+    return refilled(e, now_ms) == capacity(&e->rate);
 }
 
 /* Drops the shard's full buckets; returns how many. */
@@ -142,8 +148,9 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
 
 /* A new, full bucket; NULL when the cap holds or memory is out. */
 static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
-                              const rl_rule *rule, uint64_t hash,
-                              const char *value, size_t len, uint64_t now_ms)
+                              const rl_rule *rule, const rl_limit *rate,
+                              uint64_t hash, const char *value, size_t len,
+                              uint64_t now_ms)
 {
     if (atomic_load(&l->n_entries) >= l->max_keys
         && sweep(l, sh, now_ms) == 0)
@@ -158,8 +165,8 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     rl_local_entry *e = malloc(sizeof *e + len);
     if (e == NULL)
         return NULL;
-    *e = (rl_local_entry){.rule = rule, .hash = hash,
-                          .level = capacity(rule), .at_ms = now_ms,
+    *e = (rl_local_entry){.rule = rule, .rate = *rate, .hash = hash,
+                          .level = capacity(rate), .at_ms = now_ms,
                           .value_len = (uint16_t)len};
     memcpy(e->value, value, len);
     size_t at = (hash / RL_LOCAL_SHARDS) & (sh->n_heads - 1);
@@ -170,13 +177,30 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     return e;
 }
 
-/* Spends from one bucket, as the Redis script does. */
-static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
-                  rl_bucket_reply *out)
+/* The bucket moves to another rate keeping its time to full, as the Redis
+ * script does (it keeps the bucket as that time): an empty bucket stays
+ * empty and refills at the new rate, a half-full one is half full when
+ * burst follows limit. A new limit applies at once, to the same bucket. */
+static void retune(rl_local_entry *e, const rl_limit *rate)
 {
-    const rl_rule *r = e->rule;
+    uint64_t missing = capacity(&e->rate) - e->level;
+    unsigned __int128 scaled = (unsigned __int128)missing * rate->limit
+                               / e->rate.limit;
+    uint64_t cap = capacity(rate);
+    e->level = scaled >= cap ? 0 : cap - (uint64_t)scaled;
+    e->rate = *rate;
+}
+
+/* Spends from one bucket, as the Redis script does. */
+static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
+                  uint64_t now_ms, rl_bucket_reply *out)
+{
+    const rl_limit *r = &e->rate;
     e->level = refilled(e, now_ms);
     e->at_ms = now_ms > e->at_ms ? now_ms : e->at_ms;
+    if (r->limit != rate->limit || r->period_ms != rate->period_ms
+        || r->burst != rate->burst)
+        retune(e, rate);
     bool allowed = cost <= r->burst
                    && e->level >= (uint64_t)cost * r->period_ms;
     if (allowed)
@@ -184,7 +208,8 @@ static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
     rl_bucket_answer(r, capacity(r) - e->level, allowed, cost, out);
 }
 
-void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
+void rl_local_check_at(rl_local *l, const rl_rule *rule,
+                       const rl_limit *rate, const char *value,
                        size_t value_len, uint32_t cost, uint64_t now_ms,
                        rl_bucket_reply *out, bool *degraded)
 {
@@ -193,10 +218,10 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
     pthread_mutex_lock(&sh->lock);
     rl_local_entry *e = find(sh, rule, hash, value, value_len);
     if (e == NULL)
-        e = insert(l, sh, rule, hash, value, value_len, now_ms);
+        e = insert(l, sh, rule, rate, hash, value, value_len, now_ms);
     *degraded = e == NULL;
     if (e != NULL)
-        spend(e, cost, now_ms, out);
+        spend(e, rate, cost, now_ms, out);
     pthread_mutex_unlock(&sh->lock);
     if (e == NULL) {
         atomic_fetch_add(&l->keys_refused, 1);
@@ -204,12 +229,13 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
     }
 }
 
-void rl_local_check(rl_local *l, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded)
+void rl_local_check(rl_local *l, const rl_rule *rule, const rl_limit *rate,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    rl_local_check_at(l, rule, value, value_len, cost, now_ms, out, degraded);
+    rl_local_check_at(l, rule, rate, value, value_len, cost, now_ms, out,
+                      degraded);
 }

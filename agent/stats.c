@@ -113,7 +113,13 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
         bool allowed = failed ? rs->rule->on_error == RL_ON_ERROR_ALLOW
                               : rs->reply.allowed;
         size_t index = (size_t)(rs->rule - cfg_rules);
-        count_row(mine + (1 + index) * RL_COUNTS, own, allowed, failed);
+        atomic_uint_least64_t *row = mine + (1 + index) * RL_COUNTS;
+        if (rs->shadow && !allowed) {
+            own ? bump(&row[RL_COUNT_SHADOW_REJECTED])
+                : add(&row[RL_COUNT_SHADOW_REJECTED]);
+            allowed = true;
+        }
+        count_row(row, own, allowed, failed);
     }
 }
 
@@ -207,5 +213,6 @@ void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
         rules[i].rejected = sum(s, 1 + i, RL_COUNT_REJECTED);
         rules[i].checks = rules[i].allowed + rules[i].rejected;
         rules[i].degraded = sum(s, 1 + i, RL_COUNT_DEGRADED);
+        rules[i].shadow_rejected = sum(s, 1 + i, RL_COUNT_SHADOW_REJECTED);
     }
 }

@@ -23,7 +23,10 @@ typedef struct rl_rule_state rl_rule_state;
 /* Threads with a slot count in blocks of their own; others share one. */
 #define RL_STATS_SLOTS RL_THREAD_SLOTS
 
-enum { RL_COUNT_ALLOWED, RL_COUNT_REJECTED, RL_COUNT_DEGRADED, RL_COUNTS };
+/* A shadow rule's would-be rejections count as allowed (it let them
+ * through) and as shadow-rejected. */
+enum { RL_COUNT_ALLOWED, RL_COUNT_REJECTED, RL_COUNT_DEGRADED,
+       RL_COUNT_SHADOW_REJECTED, RL_COUNTS };
 
 /* A block is [1 + n_rules][RL_COUNTS]: row 0 is the requests, then one
  * row per rule. A thread's own block is written by that thread alone (a

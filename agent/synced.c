@@ -139,14 +139,16 @@ static void first_mark(rl_synced *s, rl_synced_entry *e)
     uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
                                            memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
-    atomic_init(&e->mark, (e->rule->limit + a - 1) / a);
-    atomic_init(&e->room, e->rule->limit);
+    uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
+    atomic_init(&e->mark, (limit + a - 1) / a);
+    atomic_init(&e->room, limit);
     atomic_init(&e->reset_ms, e->rule->period_ms);
     atomic_init(&e->retry_ms, e->rule->period_ms);
 }
 
 static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
-                               const char *value, size_t len, uint64_t h)
+                               uint64_t limit, const char *value, size_t len,
+                               uint64_t h)
 {
     pthread_mutex_lock(&s->insert_lock);
     rl_synced_table *t = atomic_load(&s->table);
@@ -164,6 +166,7 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     if (e != NULL) {
         memset(e, 0, bytes);
         e->rule = rule;
+        atomic_init(&e->limit, limit);
         e->hash = h;
         e->value_len = (uint16_t)len;
         memcpy(e->value, value, len);
@@ -175,9 +178,37 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     return e;
 }
 
-int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded)
+/* The key is now checked at limit instead of old: its room and this
+ * agent's mark move by the difference (its share of it), at once; the
+ * next totals work the mark out afresh from the new limit. Rare (a reload,
+ * or a key whose override depends on other attributes), so a CAS loop. */
+static void retune(rl_synced *s, rl_synced_entry *e, uint64_t old,
+                   uint64_t limit)
+{
+    if (!atomic_compare_exchange_strong(&e->limit, &old, limit))
+        return; /* another thread did it */
+    size_t index = (size_t)(e->rule - s->config->rules);
+    uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
+                                           memory_order_relaxed);
+    uint64_t a = agents > 0 ? agents : 1;
+    bool up = limit > old;
+    uint64_t diff = up ? limit - old : old - limit;
+    uint64_t step = (diff + a - 1) / a;
+    uint64_t m = atomic_load(&e->mark);
+    while (!atomic_compare_exchange_weak(&e->mark, &m,
+                                         up ? m + step
+                                            : (m > step ? m - step : 0)))
+        ;
+    uint64_t r = atomic_load(&e->room);
+    while (!atomic_compare_exchange_weak(&e->room, &r,
+                                         up ? r + diff
+                                            : (r > diff ? r - diff : 0)))
+        ;
+}
+
+int rl_synced_check(rl_synced *s, const rl_rule *rule, const rl_limit *rate,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded)
 {
     uint64_t h = rl_key_hash((uintptr_t)rule, value, value_len);
     size_t unused;
@@ -185,7 +216,7 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
                                                     memory_order_acquire),
                                h, rule, value, value_len, &unused);
     if (e == NULL)
-        e = insert(s, rule, value, value_len, h);
+        e = insert(s, rule, rate->limit, value, value_len, h);
     if (e == NULL) {
         /* The key cap is reached (or memory is out): on_error decides. */
         *out = (rl_bucket_reply){0};
@@ -193,6 +224,9 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
         return atomic_load(&s->n_entries) >= s->max_keys ? RL_OK : RL_ENOMEM;
     }
     *degraded = false;
+    uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
+    if (limit != rate->limit)
+        retune(s, e, limit, rate->limit);
     uint64_t counted = rl_synced_counted(e);
     uint64_t mark = atomic_load_explicit(&e->mark, memory_order_acquire);
     out->reset_ms = atomic_load_explicit(&e->reset_ms, memory_order_relaxed);
@@ -276,7 +310,9 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                                     : (double)(period - ahead) / (double)period;
     double used = (double)e->previous * weight + (double)e->current
                   + (double)(counted - e->acked);
-    double room = (double)r->limit - used;
+    double room = (double)atomic_load_explicit(&e->limit,
+                                               memory_order_relaxed)
+                  - used;
     size_t index = (size_t)(r - s->config->rules);
     uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
                                            memory_order_relaxed);
@@ -320,8 +356,8 @@ static void carry_over(rl_synced *s, rl_synced_entry *old)
     uint64_t late = rl_synced_counted(old) - old->reported;
     if (late == 0)
         return;
-    rl_synced_entry *e = insert(s, old->rule, old->value, old->value_len,
-                                old->hash);
+    rl_synced_entry *e = insert(s, old->rule, atomic_load(&old->limit),
+                                old->value, old->value_len, old->hash);
     if (e != NULL)
         atomic_fetch_add(&e->counts[RL_THREAD_SLOT_SHARED], late);
 }

@@ -45,6 +45,10 @@ typedef struct rl_synced_entry {
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
                                                    counted + cost <= mark */
     atomic_uint_least64_t retry_ms;   /* when full: wait hint */
+    /* The limit the key was last checked at (an override's or the rule's
+     * own; synced overrides keep the rule's period): marks are worked out
+     * from it, not from the rule's. */
+    atomic_uint_least64_t limit;
     const rl_rule *rule;
     uint64_t hash;
     uint16_t value_len;
@@ -82,14 +86,15 @@ typedef struct rl_synced {
 int rl_synced_init(rl_synced *s, const rl_config *config);
 void rl_synced_fini(rl_synced *s);
 
-/* rl_synced_check decides one synced rule for a value, counting cost when
- * it allows. Lock-free once the key exists; the first sighting of a key
+/* rl_synced_check decides one synced rule for a value at rate (the rule's
+ * own, or an override's), counting cost when it allows. A key last checked
+ * at another limit moves its mark by the difference at once. Lock-free once the key exists; the first sighting of a key
  * takes a lock and allocates. Returns RL_OK with *out filled in (a full
  * table makes the rule decide as if the store were away: on_error), or
  * RL_ENOMEM. */
-int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded);
+int rl_synced_check(rl_synced *s, const rl_rule *rule, const rl_limit *rate,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded);
 
 /* I/O thread: Redis's clock as the aggregator last told it. */
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);

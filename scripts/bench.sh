@@ -61,6 +61,8 @@ section exact "$runner" -- "$build/bench/bench-exact"
 echo "bench: synced path"
 section synced "$runner" -- "$build/bench/bench-synced" \
     "$build/bin/rl-aggregator"
+echo "bench: per-value overrides, 0 against 100,000"
+section overrides "$runner" -- "$build/bench/bench-overrides"
 
 # The ten-agent test, as `make test` runs it, and beside it the same load on
 # ten agents that each count alone (bench-alone: a local rule, no Redis).
@@ -161,7 +163,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced fleet cluster; do
+    for name in exact synced overrides fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo
