@@ -4,6 +4,7 @@
  * (exact: the Redis key; synced and local: the agent's entries), removed
  * rules stop, a bad config changes nothing, and no synced count is lost.
  */
+#include "agent_impl.h"
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_aggregator.h"
@@ -307,6 +308,76 @@ Test(reload, a_removed_synced_rule_loses_no_count)
     rl_agent_close(a);
     rl_config_free(first);
     test_aggregator_stop(&agg);
+}
+
+/* --- Retired rules are freed once unused, not before. ------------------ */
+
+static size_t retired(rl_agent *a)
+{
+    pthread_mutex_lock(&a->reload_lock);
+    size_t n = a->n_retired;
+    pthread_mutex_unlock(&a->reload_lock);
+    return n;
+}
+
+static void on_decision(const rl_decision *d, void *arg)
+{
+    atomic_store((atomic_int *)arg, d->allowed && !d->degraded ? 1 : 2);
+}
+
+Test(reload, a_generation_in_use_is_kept_until_let_go)
+{
+    char k[64];
+    fresh(k, sizeof k, "k");
+    rl_config *first = config_of(NULL,
+        "  - {name: per-key, match: api_key, limit: 100, period: 1m}\n");
+    rl_agent *a = open_on(first);
+    cr_assert(check1(a, "api_key", k).allowed);
+    /* Redis holds every command for half a second: the check below waits
+     * at the I/O thread, holding the rules it was built under. */
+    redisContext *c = test_redis_connect(NULL);
+    freeReplyObject(test_redis_command(c, "CLIENT PAUSE 500"));
+    atomic_int answered = 0;
+    rl_attr attr = {"api_key", k, strlen(k)};
+    cr_assert_eq(rl_check_async(a, &attr, 1, 1, on_decision, &answered),
+                 RL_OK);
+    reload_to(a, config_of(NULL,
+        "  - {name: per-key, match: api_key, limit: 50, period: 1m}\n"));
+    cr_assert_eq(atomic_load(&answered), 0, "Redis was not paused");
+    cr_assert_eq(retired(a), 1, "the first rules were freed while a check "
+                 "built under them was in flight");
+    uint64_t start = test_now_ms();
+    while (atomic_load(&answered) == 0 && test_now_ms() - start < 3000)
+        test_sleep_ms(10);
+    cr_assert_eq(atomic_load(&answered), 1, "the check in flight failed");
+    reload_to(a, config_of(NULL,
+        "  - {name: per-key, match: api_key, limit: 40, period: 1m}\n"));
+    cr_assert_eq(retired(a), 0, "retired rules were never freed");
+    redisFree(c);
+    rl_agent_close(a);
+    rl_config_free(first);
+}
+
+Test(reload, identities_of_removed_rules_are_freed)
+{
+    rl_config *first = config_of(NULL,
+        "  - {name: kept, match: ip, limit: 5, period: 1m, mode: local}\n");
+    rl_agent *a = open_on(first);
+    for (int n = 0; n < 50; n++) {
+        char rules[256];
+        snprintf(rules, sizeof rules,
+                 "  - {name: kept, match: ip, limit: 5, period: 1m, "
+                 "mode: local}\n"
+                 "  - {name: gone-%d, match: tenant, limit: 5, period: 1m, "
+                 "mode: local}\n", n);
+        reload_to(a, config_of(NULL, rules));
+    }
+    pthread_mutex_lock(&a->reload_lock);
+    size_t n = rl_idents_count(&a->idents);
+    pthread_mutex_unlock(&a->reload_lock);
+    cr_assert_leq(n, 3, "%zu identities kept for 2 rules", n);
+    rl_agent_close(a);
+    rl_config_free(first);
 }
 
 /* --- Under load: 8 threads check while the rules change 100 times. ------ */
