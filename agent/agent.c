@@ -28,8 +28,12 @@ static void on_wakeup(uv_async_t *handle)
     a->queue_head = NULL;
     a->queue_tail = &a->queue_head;
     bool closing = atomic_load(&a->closing);
-    if (closing)
+    /* Once closing, a reload can no longer make a sync (reload.c). */
+    rl_sync *sync = closing ? a->sync : NULL;
+    if (closing) {
         a->queue_closed = true;
+        a->sync = NULL;
+    }
     pthread_mutex_unlock(&a->queue_lock);
     if (next_gen != NULL)
         rl_agent_io_apply(a, next_gen, closing);
@@ -49,11 +53,10 @@ static void on_wakeup(uv_async_t *handle)
         rl_exact_finalize_all(a);
         rl_store_close(a->store);
         a->store = NULL;
-        if (a->sync != NULL && rl_sync_started(a->sync))
-            rl_sync_stop(a->sync);
+        if (sync != NULL && rl_sync_started(sync))
+            rl_sync_stop(sync);
         else
-            rl_sync_free(a->sync);
-        a->sync = NULL;
+            rl_sync_free(sync);
         uv_close((uv_handle_t *)&a->wakeup, NULL);
         uv_close((uv_handle_t *)&a->deadline_timer, NULL);
         return;
@@ -64,14 +67,16 @@ static void on_wakeup(uv_async_t *handle)
 static void io_thread(void *arg)
 {
     rl_agent *a = arg;
-    if (a->has_exact) {
+    /* Its own generation's modes: a reload may be adding others (the
+     * I/O thread makes those when it takes the generation up). */
+    if (a->io_gen->has_exact) {
         a->store = rl_store_new(&a->loop, &a->store_config,
                                 &rl_bucket_scripts, &a->store_counters,
                                 &a->log);
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
-    if (a->sync != NULL)
+    if (a->io_gen->has_synced)
         rl_sync_start(a->sync, &a->loop);
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }

@@ -126,7 +126,6 @@ struct rl_agent {
     /* Local rules: a bucket per key in this process. */
     bool has_local;
     rl_local local;
-    bool has_exact;               /* only then is there a store */
 
     rl_stats stats;
 };

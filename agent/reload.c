@@ -64,10 +64,14 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
-    if (!quiet && a->sync != NULL) {
-        rl_sync_set_rules(a->sync, c, g->idents);
-        if (!rl_sync_started(a->sync))
-            rl_sync_start(a->sync, &a->loop);
+    /* Made by a reload's thread, under the queue lock. */
+    pthread_mutex_lock(&a->queue_lock);
+    rl_sync *sync = a->sync;
+    pthread_mutex_unlock(&a->queue_lock);
+    if (!quiet && sync != NULL) {
+        rl_sync_set_rules(sync, c, g->idents);
+        if (!rl_sync_started(sync))
+            rl_sync_start(sync, &a->loop);
     }
     if (!quiet && a->has_synced && old != NULL && old != g) {
         /* A changed limit applies at once to the keys it had. */
@@ -93,18 +97,30 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
         rl_local_init(&a->local, a->config->local_max_keys);
         a->has_local = true;
     }
-    a->has_exact |= g->has_exact;
     if (!g->has_synced || a->has_synced)
         return RL_OK;
     /* The aggregator settings are those the agent was opened with. */
     if (rl_synced_init(&a->synced, a->config) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "out of memory");
-    a->sync = rl_sync_new(&a->synced, a->config, &a->log, err);
-    if (a->sync == NULL) {
+    rl_sync *sync = rl_sync_new(&a->synced, a->config, &a->log, err);
+    if (sync == NULL) {
         rl_synced_fini(&a->synced);
         return err->code;
     }
-    rl_sync_set_rules(a->sync, g->config, g->idents);
+    rl_sync_set_rules(sync, g->config, g->idents);
+    /* The I/O thread starts it when it takes g up; once it has closed
+     * the queue it never would. */
+    pthread_mutex_lock(&a->queue_lock);
+    bool closed = a->queue_closed || atomic_load(&a->closing);
+    if (!closed)
+        a->sync = sync;
+    pthread_mutex_unlock(&a->queue_lock);
+    if (closed) {
+        rl_sync_free(sync);
+        rl_synced_fini(&a->synced);
+        return rl_error_set(err, RL_ECLOSED, "rl_agent_reload: the agent "
+                            "is shut down");
+    }
     a->has_synced = true;
     return RL_OK;
 }
