@@ -9,6 +9,10 @@
  * reconnecting, say), the caller stops waiting and decides on its own by
  * on_error: rl_check never blocks much past its deadline. Synced and local
  * rules never reach the I/O thread: they are decided here.
+ *
+ * A check reads the agent's current rule generation once, after entering,
+ * and uses only it: a reload meanwhile changes nothing for it. A request
+ * handed to the I/O thread holds a reference to its generation.
  */
 #define _GNU_SOURCE /* sem_clockwait: a deadline on the monotonic clock */
 #include "agent_impl.h"
@@ -32,6 +36,7 @@ void rl_request_release(rl_request *req)
         return;
     if (req->callback == NULL)
         sem_destroy(&req->done);
+    rl_gen_unref(req->gen);
     free(req);
 }
 
@@ -61,9 +66,9 @@ static const rl_attr *find_attr(const rl_attr *attrs, size_t n,
 }
 
 /* Checks the value a rule applies to; the key is built from it later. */
-static int check_value(const rl_agent *a, const rl_attr *attr)
+static int check_value(const rl_gen *g, const rl_attr *attr)
 {
-    if (attr->value_len > a->config->max_value_bytes)
+    if (attr->value_len > g->config->max_value_bytes)
         return RL_ETOOLONG;
     if (attr->value_len == 0 || rl_key_has_nul(attr->value, attr->value_len))
         return RL_EINVAL;
@@ -86,18 +91,18 @@ typedef struct applied {
  * through rules.h (every part present, its when, the override). A rule
  * whose override is unlimited does not apply: no count, no store call.
  * buf holds a composite value (RL_VALUE_MAX + 1 bytes). */
-static int rule_applies(const rl_agent *a, size_t index, const rl_attr *attrs,
+static int rule_applies(const rl_gen *g, size_t index, const rl_attr *attrs,
                         size_t n, char *buf, applied *out, bool *applies)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     const rl_rule *r = &cfg->rules[index];
-    if (a->args[index].plain) {
+    if (g->args[index].plain) {
         const rl_attr *attr = find_attr(attrs, n, r->match);
         *applies = attr != NULL;
         if (attr == NULL)
             return RL_OK;
         *out = (applied){attr->value, attr->value_len, NULL, &r->own, false};
-        return check_value(a, attr);
+        return check_value(g, attr);
     }
     const char *value;
     size_t len;
@@ -118,25 +123,32 @@ static int rule_applies(const rl_agent *a, size_t index, const rl_attr *attrs,
 
 /* Synced and local rules are decided on the caller's thread, with no
  * round trip. */
-static int spend_here(rl_agent *a, const rl_rule *rule, const rl_limit *rate,
-                      const char *value, size_t len, uint32_t cost,
+static int spend_here(rl_agent *a, const rl_rule *rule, rl_ident *id,
+                      const rl_limit *rate, const char *value, size_t len,
+                      uint32_t cost,
                       rl_bucket_reply *reply, bool *degraded)
 {
     if (rule->mode == RL_MODE_LOCAL) {
-        rl_local_check(&a->local, rule, rate, value, len, cost, reply,
+        rl_local_check(&a->local, rule, id, rate, value, len, cost, reply,
                        degraded);
         return RL_OK;
     }
-    return rl_synced_check(&a->synced, rule, rate, value, len, cost, reply,
-                           degraded);
+    return rl_synced_check(&a->synced, rule, id, rate, value, len, cost,
+                           reply, degraded);
 }
 
-static int decide_here(rl_agent *a, const char *value, size_t len,
-                       uint32_t cost, rl_rule_state *rs)
+/* The identity of a rule of generation g. */
+static rl_ident *ident_of(const rl_gen *g, const rl_rule *rule)
+{
+    return g->idents[rule - g->config->rules];
+}
+
+static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
+                       size_t len, uint32_t cost, rl_rule_state *rs)
 {
     bool degraded;
-    int rc = spend_here(a, rs->rule, rs->rate, value, len, cost, &rs->reply,
-                        &degraded);
+    int rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
+                        len, cost, &rs->reply, &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
     return rc;
 }
@@ -144,7 +156,7 @@ static int decide_here(rl_agent *a, const char *value, size_t len,
 /* With charge: first_reject, a rejection here means no exact rule is
  * charged; a shadow rule's is not the request's. The value is the key's
  * tail, after the rule's prefix. */
-static int decide_synced(rl_agent *a, rl_request *req)
+static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
 {
     bool rejected = false;
     for (int i = 0; i < req->n_rules; i++) {
@@ -152,14 +164,14 @@ static int decide_synced(rl_agent *a, rl_request *req)
         if (rs->rule->mode == RL_MODE_EXACT)
             continue;
         size_t prefix = strlen(rs->rule->key_prefix);
-        int rc = decide_here(a, req->keys + rs->key_offset + prefix,
+        int rc = decide_here(a, g, req->keys + rs->key_offset + prefix,
                              rs->key_len - prefix, req->cost, rs);
         if (rc != RL_OK)
             return rc;
         rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
                     && !rs->shadow;
     }
-    if (rejected && a->config->charge == RL_CHARGE_FIRST_REJECT) {
+    if (rejected && g->config->charge == RL_CHARGE_FIRST_REJECT) {
         for (int i = 0; i < req->n_rules; i++) {
             if (req->rules[i].outcome == RL_OUTCOME_PENDING)
                 req->rules[i].outcome = RL_OUTCOME_SKIPPED;
@@ -174,10 +186,10 @@ static int decide_synced(rl_agent *a, rl_request *req)
  * and the keys. *out is NULL when no rule applies. Rules are looked at
  * twice, to size and then to fill the allocation: the exact path waits a
  * round trip, a second lookup is nothing beside it. */
-static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
-                 rl_request **out)
+static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
+                 uint32_t cost, rl_request **out)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     int n_rules = 0, n_args = 0;
     size_t key_bytes = 0;
     char buf[RL_VALUE_MAX + 1];
@@ -185,7 +197,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     bool applies;
     *out = NULL;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        int rc = rule_applies(a, i, attrs, n, buf, &ap, &applies);
+        int rc = rule_applies(g, i, attrs, n, buf, &ap, &applies);
         if (rc != RL_OK)
             return rc;
         if (!applies)
@@ -202,6 +214,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL)
         return RL_ENOMEM;
     req->agent = a;
+    req->gen = g;
     req->cost = cost;
     req->n_rules = n_rules;
     rl_bucket_args *args = (rl_bucket_args *)&req->rules[n_rules];
@@ -209,11 +222,11 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     size_t offset = 0;
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        if (rule_applies(a, i, attrs, n, buf, &ap, &applies) != RL_OK
+        if (rule_applies(g, i, attrs, n, buf, &ap, &applies) != RL_OK
             || !applies)
             continue;
         const rl_rule *r = &cfg->rules[i];
-        const rl_bucket_args *ra = &a->args[i];
+        const rl_bucket_args *ra = &g->args[i];
         if (ap.override != NULL && r->mode == RL_MODE_EXACT) {
             rl_bucket_args_rate(args, r, ap.rate);
             ra = args++;
@@ -227,7 +240,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
             .key_offset = (uint32_t)offset, .key_len = (uint32_t)len};
         offset += len + 1;
     }
-    int rc = decide_synced(a, req);
+    int rc = decide_synced(a, g, req);
     if (rc != RL_OK) {
         free(req);
         return rc;
@@ -256,15 +269,17 @@ static void leave(rl_agent *a)
     rl_calls_leave(&a->calls);
 }
 
-/* Validates the call and builds its request (NULL when no rule applies).
- * On RL_OK the caller counts as active until it calls leave(). */
+/* Validates the call and builds its request (NULL when no rule applies)
+ * under the current rules, *g. On RL_OK the caller counts as active until
+ * it calls leave(). */
 static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
-                 rl_request **req)
+                 rl_request **req, rl_gen **g)
 {
     int rc = enter(a, attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    rc = build(a, attrs, n, cost, req);
+    *g = rl_agent_rules(a);
+    rc = build(a, *g, attrs, n, cost, req);
     if (rc != RL_OK)
         leave(a);
     return rc;
@@ -307,7 +322,7 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 /* One rule whose on_error decides (its key over the cap): decided from
  * the reply already had. Spending again through the general path would
  * count the refused key twice. */
-static void decide_one_degraded(rl_agent *a, const rl_rule_state *rs,
+static void decide_one_degraded(rl_gen *g, const rl_rule_state *rs,
                                 const rl_bucket_reply *reply,
                                 rl_decision *out)
 {
@@ -315,27 +330,28 @@ static void decide_one_degraded(rl_agent *a, const rl_rule_state *rs,
     state.reply = *reply;
     state.outcome = RL_OUTCOME_FAILED;
     rl_decide(&state, 1, out);
-    rl_stats_count(&a->stats, &state, 1, out, a->config->rules);
+    rl_stats_count(&g->stats, &state, 1, out, g->config->rules);
 }
 
 /* One enforced rule at rs's rate: decided and counted without the general
  * machinery. */
-static void decide_one(rl_agent *a, const rl_rule_state *rs,
+static void decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
                        const char *value, size_t len, uint32_t cost,
                        rl_decision *out, int *rc)
 {
     rl_bucket_reply reply;
     bool degraded;
-    *rc = spend_here(a, rs->rule, rs->rate, value, len, cost, &reply,
+    *rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
+                     len, cost, &reply,
                      &degraded);
     if (*rc != RL_OK)
         return;
     if (degraded) {
-        decide_one_degraded(a, rs, &reply, out);
+        decide_one_degraded(g, rs, &reply, out);
         return;
     }
     rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);
-    rl_stats_count_one(&a->stats, (size_t)(rs->rule - a->config->rules),
+    rl_stats_count_one(&g->stats, (size_t)(rs->rule - g->config->rules),
                        reply.allowed);
 }
 
@@ -343,10 +359,10 @@ static void decide_one(rl_agent *a, const rl_rule_state *rs,
  * composite key, a when, overrides, shadow): the same, through
  * rule_applies. Apart, so that the plain path keeps its small frame. */
 static __attribute__((noinline)) bool
-decide_locally_rules(rl_agent *a, const rl_attr *attrs, size_t n,
+decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
                      uint32_t cost, rl_decision *out, int *rc)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     /* Room for two composite values: a small frame (no stack probes) on
      * a path every request of such rules takes. More composite rules, or
      * more than LOCAL_RULES_MAX rules, go the general way. */
@@ -358,7 +374,7 @@ decide_locally_rules(rl_agent *a, const rl_attr *attrs, size_t n,
     for (size_t i = 0; i < cfg->n_rules; i++) {
         bool applies;
         char *buf = arena[composites < 2 ? composites : 1];
-        if ((*rc = rule_applies(a, i, attrs, n, buf, &aps[k], &applies))
+        if ((*rc = rule_applies(g, i, attrs, n, buf, &aps[k], &applies))
             != RL_OK)
             return true;
         if (!applies)
@@ -373,35 +389,35 @@ decide_locally_rules(rl_agent *a, const rl_attr *attrs, size_t n,
         k++;
     }
     if (k == 1 && !states[0].shadow) {
-        decide_one(a, &states[0], aps[0].value, aps[0].len, cost, out, rc);
+        decide_one(a, g, &states[0], aps[0].value, aps[0].len, cost, out, rc);
         return true;
     }
     for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, aps[i].value, aps[i].len, cost,
+        if ((*rc = decide_here(a, g, aps[i].value, aps[i].len, cost,
                                &states[i])) != RL_OK)
             return true;
     }
     rl_decide(states, k, out);
-    rl_stats_count(&a->stats, states, k, out, cfg->rules);
+    rl_stats_count(&g->stats, states, k, out, cfg->rules);
     return true;
 }
 
-static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
-                           uint32_t cost, rl_decision *out, int *rc)
+static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
+                           size_t n, uint32_t cost, rl_decision *out, int *rc)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     const rl_attr *values[LOCAL_RULES_MAX];
     size_t index[LOCAL_RULES_MAX];
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        if (!a->args[i].plain)
-            return decide_locally_rules(a, attrs, n, cost, out, rc);
+        if (!g->args[i].plain)
+            return decide_locally_rules(a, g, attrs, n, cost, out, rc);
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
         if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
             return false;
-        if ((*rc = check_value(a, attr)) != RL_OK)
+        if ((*rc = check_value(g, attr)) != RL_OK)
             return true;
         index[k] = i;
         values[k++] = attr;
@@ -409,7 +425,7 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
     if (k == 1) {
         const rl_rule *r = &cfg->rules[index[0]];
         rl_rule_state one = {.rule = r, .rate = &r->own};
-        decide_one(a, &one, values[0]->value, values[0]->value_len, cost,
+        decide_one(a, g, &one, values[0]->value, values[0]->value_len, cost,
                    out, rc);
         return true;
     }
@@ -417,12 +433,12 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
     for (int i = 0; i < k; i++)
         states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};
     for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, values[i]->value, values[i]->value_len,
+        if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
                                cost, &states[i])) != RL_OK)
             return true;
     }
     rl_decide(states, k, out);
-    rl_stats_count(&a->stats, states, k, out, cfg->rules);
+    rl_stats_count(&g->stats, states, k, out, cfg->rules);
     return true;
 }
 
@@ -444,12 +460,13 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     int rc = enter(a, attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    if (decide_locally(a, attrs, n, cost, out, &rc)) {
+    rl_gen *g = rl_agent_rules(a);
+    if (decide_locally(a, g, attrs, n, cost, out, &rc)) {
         leave(a);
         return rc;
     }
     rl_request *req;
-    rc = build(a, attrs, n, cost, &req);
+    rc = build(a, g, attrs, n, cost, &req);
     if (rc != RL_OK) {
         leave(a);
         return rc;
@@ -457,21 +474,23 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;
-        rl_stats_count(&a->stats, NULL, 0, out, a->config->rules);
+        rl_stats_count(&g->stats, NULL, 0, out, g->config->rules);
     } else if (!needs_store(req)) {
         rl_decide(req->rules, req->n_rules, out);
-        rl_stats_count(&a->stats, req->rules, req->n_rules, out,
-                       a->config->rules);
+        rl_stats_count(&g->stats, req->rules, req->n_rules, out,
+                       g->config->rules);
         free(req);
     } else {
         sem_init(&req->done, 0, 0);
         atomic_init(&req->owner, RL_OWNER_PENDING);
         atomic_init(&req->refs, 2);
+        rl_gen_ref(g);
         rc = rl_agent_submit(a, req);
         if (rc == RL_OK) {
             wait_for_decision(req, out);
             rl_request_release(req);
         } else {
+            rl_gen_unref(g);
             sem_destroy(&req->done);
             free(req);
         }
@@ -484,25 +503,32 @@ int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
                    uint32_t cost, rl_check_fn callback, void *arg)
 {
     rl_request *req;
-    int rc = callback != NULL ? begin(a, attrs, n, cost, &req) : RL_EINVAL;
+    rl_gen *g;
+    int rc = callback != NULL ? begin(a, attrs, n, cost, &req, &g)
+                              : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
     if (req == NULL) {
         /* No rule applies: still answered from the I/O thread, as the
          * contract says, through an empty request. */
         req = calloc(1, sizeof *req);
-        if (req == NULL)
+        if (req == NULL) {
             rc = RL_ENOMEM;
-        else
+        } else {
             req->agent = a;
+            req->gen = g;
+        }
     }
     if (rc == RL_OK) {
         req->callback = callback;
         req->callback_arg = arg;
         atomic_init(&req->refs, 1);
+        rl_gen_ref(g);
         rc = rl_agent_submit(a, req);
-        if (rc != RL_OK)
+        if (rc != RL_OK) {
+            rl_gen_unref(g);
             free(req);
+        }
     }
     leave(a);
     return rc;

@@ -5,10 +5,12 @@
  * holds at most burst * period_ms units (below 2^53, checked by the
  * config), so "100 a minute" is exact and nothing is lost to rounding.
  *
- * A bucket keeps the rate it was last spent at (an override's, or the
- * rule's own): a request at another rate (another override matched, or a
- * reload changed the limit) moves it to the new rate at once, keeping its
- * time to full; a full bucket is one full at its own rate.
+ * A bucket belongs to its rule's identity (it survives a reload that keeps
+ * the rule) and keeps the rate it was last spent at (an override's, or the
+ * rule's own; a sweep judges it by that, with no config at hand): a
+ * request at another rate (another override matched, or a reload changed
+ * the limit) moves it to the new rate at once, keeping its time to full;
+ * a full bucket is one full at its own rate.
  *
  * Memory: a bucket that has refilled to full says nothing a new one would
  * not; such buckets are dropped when their shard grows, and when the key
@@ -24,7 +26,8 @@
 
 struct rl_local_entry {
     rl_local_entry *next;
-    const rl_rule *rule;
+    const void *key;  /* its identity (or rule, without one) */
+    rl_ident *ident;
     rl_limit rate;    /* the rate it was last spent at */
     uint64_t hash;
     uint64_t level;   /* tokens x rate.period_ms */
@@ -34,6 +37,13 @@ struct rl_local_entry {
 };
 
 #define INITIAL_HEADS 16
+
+static void free_entry(rl_local_entry *e)
+{
+    if (e->ident != NULL)
+        rl_ident_unref(e->ident);
+    free(e);
+}
 
 void rl_local_init(rl_local *l, size_t max_keys)
 {
@@ -51,7 +61,7 @@ void rl_local_fini(rl_local *l)
             rl_local_entry *e = sh->heads[h];
             while (e != NULL) {
                 rl_local_entry *next = e->next;
-                free(e);
+                free_entry(e);
                 e = next;
             }
         }
@@ -91,7 +101,7 @@ static size_t sweep(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
             rl_local_entry *e = *p;
             if (is_full(e, now_ms)) {
                 *p = e->next;
-                free(e);
+                free_entry(e);
                 dropped++;
             } else {
                 p = &e->next;
@@ -131,7 +141,7 @@ static void grow(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
     sh->n_heads = n;
 }
 
-static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
+static rl_local_entry *find(rl_local_shard *sh, const void *key,
                             uint64_t hash, const char *value, size_t len)
 {
     if (sh->n_heads == 0)
@@ -139,7 +149,7 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
     rl_local_entry *e = sh->heads[(hash / RL_LOCAL_SHARDS)
                                   & (sh->n_heads - 1)];
     for (; e != NULL; e = e->next) {
-        if (e->hash == hash && e->rule == rule && e->value_len == len
+        if (e->hash == hash && e->key == key && e->value_len == len
             && rl_key_equal(e->value, value, len))
             return e;
     }
@@ -148,9 +158,9 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
 
 /* A new, full bucket; NULL when the cap holds or memory is out. */
 static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
-                              const rl_rule *rule, const rl_limit *rate,
-                              uint64_t hash, const char *value, size_t len,
-                              uint64_t now_ms)
+                              const rl_rule *rule, rl_ident *id,
+                              const rl_limit *rate, uint64_t hash,
+                              const char *value, size_t len, uint64_t now_ms)
 {
     if (atomic_load(&l->n_entries) >= l->max_keys
         && sweep(l, sh, now_ms) == 0)
@@ -165,9 +175,14 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     rl_local_entry *e = malloc(sizeof *e + len);
     if (e == NULL)
         return NULL;
-    *e = (rl_local_entry){.rule = rule, .rate = *rate, .hash = hash,
-                          .level = capacity(rate), .at_ms = now_ms,
+    *e = (rl_local_entry){.key = id != NULL ? (const void *)id
+                                            : (const void *)rule,
+                          .ident = id, .rate = *rate, .hash = hash,
+                          .at_ms = now_ms,
                           .value_len = (uint16_t)len};
+    e->level = capacity(&e->rate);
+    if (id != NULL)
+        rl_ident_ref(id);
     memcpy(e->value, value, len);
     size_t at = (hash / RL_LOCAL_SHARDS) & (sh->n_heads - 1);
     e->next = sh->heads[at];
@@ -205,20 +220,22 @@ static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
                    && e->level >= (uint64_t)cost * r->period_ms;
     if (allowed)
         e->level -= (uint64_t)cost * r->period_ms;
-    rl_bucket_answer(r, capacity(r) - e->level, allowed, cost, out);
+    rl_bucket_answer(r, capacity(&e->rate) - e->level, allowed, cost, out);
 }
 
-void rl_local_check_at(rl_local *l, const rl_rule *rule,
+void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                        const rl_limit *rate, const char *value,
                        size_t value_len, uint32_t cost, uint64_t now_ms,
                        rl_bucket_reply *out, bool *degraded)
 {
-    uint64_t hash = rl_key_hash((uintptr_t)rule, value, value_len);
+    /* No identity (unit tests): the rule itself is the key. */
+    const void *key = id != NULL ? (const void *)id : (const void *)rule;
+    uint64_t hash = rl_key_hash((uintptr_t)key, value, value_len);
     rl_local_shard *sh = &l->shards[hash % RL_LOCAL_SHARDS];
     pthread_mutex_lock(&sh->lock);
-    rl_local_entry *e = find(sh, rule, hash, value, value_len);
+    rl_local_entry *e = find(sh, key, hash, value, value_len);
     if (e == NULL)
-        e = insert(l, sh, rule, rate, hash, value, value_len, now_ms);
+        e = insert(l, sh, rule, id, rate, hash, value, value_len, now_ms);
     *degraded = e == NULL;
     if (e != NULL)
         spend(e, rate, cost, now_ms, out);
@@ -229,13 +246,14 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule,
     }
 }
 
-void rl_local_check(rl_local *l, const rl_rule *rule, const rl_limit *rate,
+void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,
+                    const rl_limit *rate,
                     const char *value, size_t value_len, uint32_t cost,
                     rl_bucket_reply *out, bool *degraded)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    rl_local_check_at(l, rule, rate, value, value_len, cost, now_ms, out,
+    rl_local_check_at(l, rule, id, rate, value, value_len, cost, now_ms, out,
                       degraded);
 }

@@ -38,6 +38,7 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
 
 #define cr_assert(c, ...) TSAN_CHECK(true, !!(c), #c, __VA_ARGS__)
 #define cr_expect(c, ...) TSAN_CHECK(false, !!(c), #c, __VA_ARGS__)
+#define cr_assert_not(c, ...) TSAN_CHECK(true, !(c), "!(" #c ")", __VA_ARGS__)
 #define cr_assert_fail(...) TSAN_CHECK(true, false, "failed", __VA_ARGS__)
 #define cr_assert_eq(a, b, ...) \
     TSAN_CHECK(true, (a) == (b), #a " == " #b, __VA_ARGS__)
