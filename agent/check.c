@@ -431,7 +431,8 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
     }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)
-        states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};
+        states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]],
+                                    .rate = &cfg->rules[index[i]].own};
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
                                cost, &states[i])) != RL_OK)
