@@ -68,6 +68,14 @@ int rl_override_map_add(rl_override_map *m, const char *value, size_t len,
                         const rl_override *o, const rl_override **existing);
 const rl_override *rl_override_map_find(const rl_override_map *m,
                                         const char *value, size_t len);
+/* rl_override_map_each calls fn for every value the map holds (value, its
+ * len bytes, its override), in no particular order, until fn returns
+ * false. For what must list values: the reload diff (common/config_diff.c)
+ * and rlctl. The map must not change meanwhile. */
+void rl_override_map_each(const rl_override_map *m,
+                          bool (*fn)(const char *value, size_t len,
+                                     const rl_override *o, void *arg),
+                          void *arg);
 /* Bytes the map holds, for the docs' memory figures and rlctl. */
 size_t rl_override_map_bytes(const rl_override_map *m);
 void rl_override_map_free(rl_override_map *m);
