@@ -238,6 +238,11 @@ static bool walk_value(const char *value, size_t len, const rl_override *o,
     return w->rc == RL_OK;
 }
 
+static int by_text(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 /* The summary goes before the value lines: the lines are collected into a
  * second diff and appended after it. */
 static int diff_values(rl_config_diff *d, const rl_rule *a, const rl_rule *b)
@@ -260,9 +265,11 @@ static int diff_values(rl_config_diff *d, const rl_rule *a, const rl_rule *b)
                       "removed, %zu changed)", b->name, a->n_values,
                       b->n_values, w.counts[V_ADDED], w.counts[V_REMOVED],
                       w.counts[V_CHANGED]);
-    for (size_t i = 0; i < lines.n && rc == RL_OK; i++) {
+    /* The map's order is its hash's: sorted, the same change reads the
+     * same every time (by value, as the lines start alike). */
+    qsort(lines.lines, lines.n, sizeof *lines.lines, by_text);
+    for (size_t i = 0; i < lines.n && rc == RL_OK; i++)
         rc = add_line(d, "%s", lines.lines[i]);
-    }
     for (int k = 0; k < V_KINDS && rc == RL_OK; k++) {
         if (w.counts[k] > RL_DIFF_VALUES_SHOWN)
             rc = add_line(d, "rule %s: ... and %zu more values %s", b->name,
