@@ -7,9 +7,11 @@
  */
 #include "config.h"
 
+#include "config_loader.h"
 #include "config_yaml.h"
 #include "duration.h"
 #include "error.h"
+#include "rules.h"
 #include "wire.h"
 #include "yaml_locate.h"
 
@@ -21,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml.h>
 
 #define RL_CONFIG_FILE_MAX (4u << 20)
 
@@ -47,29 +50,20 @@ const char *rl_on_error_name(rl_on_error o) { return on_error_names[o]; }
 const char *rl_charge_name(rl_charge c) { return charge_names[c]; }
 const char *rl_scripts_name(rl_scripts s) { return scripts_names[s]; }
 
-/* Where validation is: the text (to find lines in), its name for messages,
- * and the rule being checked, if any, so that messages can name it. */
-struct loader {
-    const char *yaml;
-    size_t len;
-    const char *name;
-    const char *rule;
-    rl_error *err;
-};
-
-/* Reports a problem with the value at path (dotted, as yaml_locate takes
- * it) and returns RL_ECONFIG. */
-__attribute__((format(printf, 3, 4)))
-static int bad(struct loader *ld, const char *path, const char *fmt, ...)
+/* Reports a problem at the node at path (or at node, when given) and
+ * returns RL_ECONFIG: see config_loader.h. */
+int rl_config_vbad(struct loader *ld, const yaml_node_t *node,
+                   const char *path, bool at_key, const char *fmt,
+                   va_list ap)
 {
-    char what[512], shown[256], where[64] = "", rule[RL_NAME_MAX + 16] = "";
-    va_list ap;
-    va_start(ap, fmt);
+    char what[768], shown[256], where[64] = "", rule[RL_NAME_MAX + 16] = "";
     vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    unsigned line, column;
-    if (rl_yaml_locate(ld->yaml, ld->len, path, false, &line, &column))
-        snprintf(where, sizeof where, ":%u:%u", line, column);
+    if (node == NULL && ld->have_doc)
+        node = rl_yaml_at(&ld->doc, NULL, path, at_key);
+    if (node != NULL)
+        snprintf(where, sizeof where, ":%u:%u",
+                 (unsigned)node->start_mark.line + 1,
+                 (unsigned)node->start_mark.column + 1);
     if (ld->rule != NULL)
         snprintf(rule, sizeof rule, " (rule \"%s\")", ld->rule);
     rl_config_path_display(path, shown, sizeof shown);
@@ -117,20 +111,46 @@ static int choose(struct loader *ld, const char *path, const char *text,
 }
 
 /* Reads a decimal integer from min to max: digits only, so that "5.5",
- * "0x10" and "-1" are errors rather than 5, 16 and a wrapped number. */
-static int parse_int(struct loader *ld, const char *path, const char *text,
-                     uint64_t min, uint64_t max, uint64_t *out)
+ * "0x10" and "-1" are errors rather than 5, 16 and a wrapped number. On a
+ * bad number writes why into why (cap bytes) and returns false. */
+bool rl_config_parse_u64(const char *text, uint64_t min, uint64_t max,
+                         uint64_t *out, char *why, size_t cap)
 {
     uint64_t n = 0;
     const char *p = text;
     for (; *p >= '0' && *p <= '9' && n <= max; p++)
         n = n * 10 + (uint64_t)(*p - '0');
-    if (p == text || *p != '\0' || n < min || n > max)
-        return bad(ld, path, "must be a whole number from %llu to %llu, got "
-                   "'%s'", (unsigned long long)min, (unsigned long long)max,
-                   text);
+    if (p == text || *p != '\0' || n < min || n > max) {
+        snprintf(why, cap, "must be a whole number from %llu to %llu, got "
+                 "'%s'", (unsigned long long)min, (unsigned long long)max,
+                 text);
+        return false;
+    }
     *out = n;
+    return true;
+}
+
+static int parse_int(struct loader *ld, const char *path, const char *text,
+                     uint64_t min, uint64_t max, uint64_t *out)
+{
+    char why[512];
+    if (!rl_config_parse_u64(text, min, max, out, why, sizeof why))
+        return bad(ld, path, "%s", why);
     return RL_OK;
+}
+
+/* true or false, nothing else: "yes" and "on" are YAML 1.1 spellings a
+ * reader may not expect to be booleans. */
+int rl_config_parse_bool(struct loader *ld, const char *path,
+                         const char *text, bool *out)
+{
+    if (text == NULL)
+        return RL_OK;
+    if (strcmp(text, "true") == 0 || strcmp(text, "false") == 0) {
+        *out = text[0] == 't';
+        return RL_OK;
+    }
+    return bad(ld, path, "must be true or false, got '%s'", text);
 }
 
 /* Names appear in response headers and JSON bodies; keep them plain. */
@@ -147,6 +167,24 @@ static bool is_plain_name(const char *s, const char *extra)
     return true;
 }
 
+/* config_rules.c reads with the same words. */
+int rl_config_parse_int(struct loader *ld, const char *path,
+                        const char *text, uint64_t min, uint64_t max,
+                        uint64_t *out)
+{
+    return parse_int(ld, path, text, min, max, out);
+}
+
+bool rl_config_plain_name(const char *s, const char *extra)
+{
+    return is_plain_name(s, extra);
+}
+
+int rl_config_oom(struct loader *ld)
+{
+    return out_of_memory(ld);
+}
+
 static bool is_printable_word(const char *s)
 {
     if (*s == '\0')
@@ -159,34 +197,54 @@ static bool is_printable_word(const char *s)
     return true;
 }
 
-/* The seed's keys: rl:ip:..., rl:key:..., rl:tenant:... */
-static void default_prefix(const char *match, char *out, size_t cap)
+/* The seed's keys: rl:ip:..., rl:key:..., rl:tenant:...; a composite
+ * key's prefix names its parts: rl:key_route:... Returns false when that
+ * is longer than a key prefix may be. */
+static bool default_prefix(const rl_rule *rule, char *out, size_t cap)
 {
-    const char *short_name = strcmp(match, "api_key") == 0 ? "key" : match;
-    snprintf(out, cap, "rl:%s:", short_name);
+    size_t n = (size_t)snprintf(out, cap, "rl:");
+    for (size_t i = 0; i < rule->n_parts && n < cap; i++) {
+        const char *part = rule->parts[i];
+        const char *short_name = strcmp(part, "api_key") == 0 ? "key" : part;
+        n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? "_" : "",
+                              short_name);
+    }
+    if (n < cap)
+        n += (size_t)snprintf(out + n, cap - n, ":");
+    return n < cap;
+}
+
+/* The scripts count in 1/period_ms tokens so that refills are whole
+ * numbers; Redis's doubles keep them exact up to 2^53. */
+bool rl_config_rate_countable(const rl_limit *rate, char *why, size_t cap)
+{
+    if (rate->unlimited || rate->burst <= RL_LIMIT_MAX / rate->period_ms)
+        return true;
+    snprintf(why, cap, "burst %llu (the bucket's capacity, limit unless set) "
+             "over a period of %llu ms is more than rl can count exactly: "
+             "burst x period in ms must stay below 2^53; shorten the period "
+             "or lower the burst", (unsigned long long)rate->burst,
+             (unsigned long long)rate->period_ms);
+    return false;
 }
 
 static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
-                     rl_rule *rule)
+                     const rl_config *cfg, rl_rule *rule)
 {
-    char path[64];
+    char path[64], why[512];
     int rc, choice;
 #define FIELD(f) (snprintf(path, sizeof path, "rules.%zu.%s", i, f), path)
 
     ld->rule = NULL;
+    rule->hash_tag = -1;
     if (!is_plain_name(raw->name, "_.:-"))
         return bad(ld, FIELD("name"), "'%s' is not a valid rule name (use "
                    "letters, digits and _ . : -)", raw->name);
     snprintf(rule->name, sizeof rule->name, "%s", raw->name);
     ld->rule = rule->name;
 
-    if (!is_plain_name(raw->match, "_.-"))
-        return bad(ld, FIELD("match"), "'%s' is not a valid attribute name "
-                   "(use letters, digits and _ . -)", raw->match);
-    snprintf(rule->match, sizeof rule->match, "%s", raw->match);
-    snprintf(rule->parts[0], sizeof rule->parts[0], "%s", raw->match);
-    rule->n_parts = 1;
-    rule->hash_tag = -1;
+    if ((rc = rl_config_load_match(ld, i, raw, rule)) != RL_OK)
+        return rc;
 
     if ((rc = parse_int(ld, FIELD("limit"), raw->limit, 1, RL_LIMIT_MAX,
                         &rule->limit)) != RL_OK)
@@ -202,17 +260,8 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
         && (rc = parse_int(ld, FIELD("burst"), raw->burst, 1, RL_LIMIT_MAX,
                            &rule->burst)) != RL_OK)
         return rc;
-
-    /* The scripts count in 1/period_ms tokens so that refills are whole
-     * numbers; Redis's doubles keep them exact up to 2^53. */
-    if (rule->burst > RL_LIMIT_MAX / rule->period_ms)
-        return bad(ld, FIELD(raw->burst ? "burst" : "limit"), "burst %llu "
-                   "(the bucket's capacity, limit unless set) over a period "
-                   "of %llu ms "
-                   "is more than rl can count exactly: burst x period in ms "
-                   "must stay below 2^53; shorten the period or lower the "
-                   "burst", (unsigned long long)rule->burst,
-                   (unsigned long long)rule->period_ms);
+    if (!rl_config_rate_countable(&rule->own, why, sizeof why))
+        return bad(ld, FIELD(raw->burst ? "burst" : "limit"), "%s", why);
 
     choice = RL_MODE_EXACT;
     if ((rc = choose(ld, FIELD("mode"), raw->mode, mode_names, &choice)))
@@ -230,7 +279,10 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
     rule->on_error = (rl_on_error)choice;
 
     if (raw->key_prefix == NULL) {
-        default_prefix(rule->parts[0], rule->key_prefix, sizeof rule->key_prefix);
+        if (!default_prefix(rule, rule->key_prefix, sizeof rule->key_prefix))
+            return bad(ld, FIELD("match"), "the default key prefix (rl: and "
+                       "the attributes' names) would be over %d bytes: give "
+                       "the rule a shorter key_prefix", RL_PREFIX_MAX);
     } else if (!is_printable_word(raw->key_prefix)) {
         return bad(ld, FIELD("key_prefix"), "'%s' is not a valid key prefix "
                    "(no spaces or control characters, not empty)",
@@ -239,8 +291,22 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
         snprintf(rule->key_prefix, sizeof rule->key_prefix, "%s",
                  raw->key_prefix);
     }
+    /* Redis Cluster hashes on what lies between a key's first '{' and the
+     * '}' after it: with a hash tag, that must be the tagged part. */
+    if (rule->hash_tag >= 0 && strchr(rule->key_prefix, '{') != NULL)
+        return bad(ld, FIELD("key_prefix"), "'%s' holds a '{': with "
+                   "hash_tag, the key's first '{' must open the tag; take "
+                   "the '{' out", rule->key_prefix);
+
+    rule->shadow = cfg->shadow;
+    if ((rc = rl_config_parse_bool(ld, FIELD("shadow"), raw->shadow,
+                                   &rule->shadow)) != RL_OK)
+        return rc;
+    /* The global switch wins over a rule's own shadow: false, so that
+     * "every rule in shadow" holds whatever the rules say. */
+    rule->shadow = rule->shadow || cfg->shadow;
 #undef FIELD
-    return RL_OK;
+    return rl_config_load_overrides(ld, i, raw, cfg, rule);
 }
 
 /* Two rules with one name could not be told apart in headers; two rules with
@@ -279,11 +345,13 @@ static int load_rules(struct loader *ld, const rl_raw_config *raw,
         return out_of_memory(ld);
     cfg->n_rules = raw->rules_count;
     for (size_t i = 0; i < cfg->n_rules; i++) {
-        int rc = load_rule(ld, i, &raw->rules[i], &cfg->rules[i]);
+        int rc = load_rule(ld, i, &raw->rules[i], cfg, &cfg->rules[i]);
         if (rc != RL_OK)
             return rc;
     }
     int rc = check_rules_distinct(ld, cfg);
+    if (rc == RL_OK)
+        rc = rl_config_check_attributes(ld, cfg);
     ld->rule = NULL;
     return rc;
 }
@@ -577,15 +645,86 @@ static int load_local(struct loader *ld, const rl_raw_local *raw,
     return rc;
 }
 
+/* Longest prefix first, so that the first route whose prefix a path
+ * starts with is the longest. Among prefixes of one length at most one can
+ * start a given path (duplicates are refused): their order is the text's,
+ * only so that it does not depend on qsort. */
+static int route_longer(const void *a, const void *b)
+{
+    const rl_route *x = a, *y = b;
+    size_t lx = strlen(x->prefix), ly = strlen(y->prefix);
+    if (lx != ly)
+        return lx > ly ? -1 : 1;
+    return strcmp(x->prefix, y->prefix);
+}
+
+static int load_routes(struct loader *ld, const rl_raw_gateway *raw,
+                       rl_gateway_config *gw)
+{
+    char path[64];
+    gw->routes = calloc(raw->routes_count, sizeof *gw->routes);
+    if (gw->routes == NULL && raw->routes_count > 0)
+        return out_of_memory(ld);
+    for (size_t i = 0; i < raw->routes_count; i++) {
+        const rl_raw_route *r = &raw->routes[i];
+        snprintf(path, sizeof path, "gateway.routes.%zu.prefix", i);
+        if (r->prefix[0] != '/' || !is_printable_word(r->prefix))
+            return bad(ld, path, "'%s' is not a path prefix: it starts with "
+                       "'/' and holds no spaces", r->prefix);
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(raw->routes[j].prefix, r->prefix) == 0)
+                return bad(ld, path, "prefix '%s' is given twice: "
+                           "gateway.routes[%zu] has it already", r->prefix, j);
+        }
+        snprintf(path, sizeof path, "gateway.routes.%zu.route", i);
+        if (!is_printable_word(r->route))
+            return bad(ld, path, "'%s' is not a valid route name (no spaces "
+                       "or control characters, not empty)", r->route);
+        gw->routes[i].prefix = strdup(r->prefix);
+        gw->routes[i].name = strdup(r->route);
+        gw->n_routes = i + 1;
+        if (gw->routes[i].prefix == NULL || gw->routes[i].name == NULL)
+            return out_of_memory(ld);
+    }
+    qsort(gw->routes, gw->n_routes, sizeof *gw->routes, route_longer);
+    return RL_OK;
+}
+
 static int load_gateway(struct loader *ld, const rl_raw_gateway *raw,
                         rl_gateway_config *gw)
 {
-    if (raw == NULL || raw->tenant_map == NULL)
+    if (raw == NULL)
+        return RL_OK;
+    if (raw->routes != NULL) {
+        int rc = load_routes(ld, raw, gw);
+        if (rc != RL_OK)
+            return rc;
+    }
+    if (raw->tenant_map == NULL)
         return RL_OK;
     if (raw->tenant_map[0] == '\0')
         return bad(ld, "gateway.tenant_map", "the path is empty; leave the "
                    "field out for no map");
     snprintf(gw->tenant_map, sizeof gw->tenant_map, "%s", raw->tenant_map);
+    return RL_OK;
+}
+
+/* Attributes the host supplies that no rule matches but a `when` may
+ * name (headers the gateway passes on). */
+static int load_attributes(struct loader *ld, const rl_raw_config *raw,
+                           rl_config *cfg)
+{
+    char path[64];
+    for (size_t i = 0; i < raw->attributes_count; i++) {
+        snprintf(path, sizeof path, "attributes.%zu", i);
+        if (!is_plain_name(raw->attributes[i], "_.-"))
+            return bad(ld, path, "'%s' is not a valid attribute name (use "
+                       "letters, digits and _ . -)", raw->attributes[i]);
+        cfg->attributes_extra[i] = strdup(raw->attributes[i]);
+        if (cfg->attributes_extra[i] == NULL)
+            return out_of_memory(ld);
+        cfg->n_attributes_extra = i + 1;
+    }
     return RL_OK;
 }
 
@@ -602,6 +741,10 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
                != RL_OK)
         return rc;
     cfg->charge = (rl_charge)choice;
+    if ((rc = rl_config_parse_bool(ld, "shadow", raw->shadow, &cfg->shadow))
+            != RL_OK
+        || (rc = load_attributes(ld, raw, cfg)) != RL_OK)
+        return rc;
     choice = RL_LOG_INFO;
     if ((rc = choose(ld, "log_level", raw->log_level, log_level_names,
                      &choice)) != RL_OK)
@@ -618,8 +761,10 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
     return load_rules(ld, raw, cfg);
 }
 
-int rl_config_parse(const char *yaml, size_t len, const char *name,
-                    rl_config **out, rl_error *err)
+/* Parses a config whose relative file names (overrides_file) are
+ * relative to dir ("" for the working directory). */
+static int parse_in(const char *yaml, size_t len, const char *name,
+                    const char *dir, rl_config **out, rl_error *err)
 {
     if (out == NULL)
         return rl_error_set(err, RL_EINVAL, "rl_config_parse: out is NULL");
@@ -641,22 +786,43 @@ int rl_config_parse(const char *yaml, size_t len, const char *name,
                             "NUL byte, which no rl field can carry", name,
                             line, column);
     }
-    rl_config *cfg = calloc(1, sizeof *cfg);
+    struct loader ld = {.yaml = yaml, .len = len, .name = name, .dir = dir,
+                        .err = err};
+    /* libcyaml read it, so libyaml does too: the document is for match,
+     * when and the overrides' when, and for the lines of messages. */
+    ld.have_doc = rl_yaml_doc_load(yaml, len, &ld.doc);
+    rl_config *cfg = NULL;
+    if (!ld.have_doc) {
+        rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory while parsing",
+                          name);
+        goto fail;
+    }
+    cfg = calloc(1, sizeof *cfg);
     if (cfg == NULL) {
         rc = rl_error_set(err, RL_ENOMEM, "%s: out of memory", name);
         goto fail;
     }
-    struct loader ld = {.yaml = yaml, .len = len, .name = name, .err = err};
+    snprintf(cfg->dir, sizeof cfg->dir, "%s", dir);
     if ((rc = load_config(&ld, raw, cfg)) != RL_OK)
         goto fail;
     rl_config_yaml_free(raw);
+    if (ld.have_doc)
+        yaml_document_delete(&ld.doc);
     rl_error_clear(err);
     *out = cfg;
     return RL_OK;
 fail:
     rl_config_yaml_free(raw);
+    if (ld.have_doc)
+        yaml_document_delete(&ld.doc);
     rl_config_free(cfg);
     return rc;
+}
+
+int rl_config_parse(const char *yaml, size_t len, const char *name,
+                    rl_config **out, rl_error *err)
+{
+    return parse_in(yaml, len, name, "", out, err);
 }
 
 /* Reads a whole file of at most RL_CONFIG_FILE_MAX bytes. */
@@ -727,7 +893,13 @@ int rl_config_load(const char *path, rl_config **out, rl_error *err)
     int rc = read_file(path, &text, &len, err);
     if (rc != RL_OK)
         return rc;
-    rc = rl_config_parse(text, len, path, out, err);
+    /* Files the config names are relative to its directory. */
+    char dir[RL_PATH_MAX + 1] = "";
+    const char *slash = strrchr(path, '/');
+    if (slash != NULL)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1
+                                                 : slash - path), path);
+    rc = parse_in(text, len, path, dir, out, err);
     free(text);
     return rc;
 }
@@ -736,7 +908,16 @@ void rl_config_free(rl_config *cfg)
 {
     if (cfg == NULL)
         return;
+    for (size_t i = 0; i < cfg->n_rules; i++)
+        rl_config_rule_fini(&cfg->rules[i]);
     free(cfg->rules);
+    for (size_t i = 0; i < cfg->n_attributes_extra; i++)
+        free(cfg->attributes_extra[i]);
+    for (size_t i = 0; i < cfg->gateway.n_routes; i++) {
+        free(cfg->gateway.routes[i].prefix);
+        free(cfg->gateway.routes[i].name);
+    }
+    free(cfg->gateway.routes);
     free(cfg->store.nodes);
     free(cfg->store.username);
     if (cfg->store.password != NULL) {

@@ -56,6 +56,8 @@ typedef struct rl_limit {
 #define RL_WHEN_MAX 16        /* conditions in one when */
 #define RL_WHEN_VALUES_MAX 1024 /* values in one condition's list */
 #define RL_OVERRIDES_MAX 1000000 /* overrides of one rule, file lines too */
+#define RL_OVERRIDES_FILE_MAX (64u << 20) /* bytes of one overrides_file */
+#define RL_ROUTES_MAX 4096    /* entries of gateway.routes */
 
 typedef enum rl_when_op {
     RL_WHEN_EQUAL,  /* attr: value */

@@ -18,9 +18,42 @@
 #define STR_FIELD(key, flags, type, member, max) \
     CYAML_FIELD_STRING_PTR(key, CYAML_FLAG_POINTER | (flags), type, member, 0, max)
 
+static const cyaml_schema_value_t value_schema = {
+    CYAML_VALUE_STRING(CYAML_FLAG_POINTER, char, 0, RL_VALUE_MAX),
+};
+
+static const cyaml_schema_value_t name_schema = {
+    CYAML_VALUE_STRING(CYAML_FLAG_POINTER, char, 0, RL_NAME_MAX),
+};
+
+/* `when` is a mapping of attribute names the user picks: config.c walks
+ * it in the YAML document. */
+static const cyaml_schema_field_t override_fields[] = {
+    CYAML_FIELD_IGNORE("when", CYAML_FLAG_OPTIONAL),
+    CYAML_FIELD_SEQUENCE("values", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                         rl_raw_override, values, &value_schema, 0,
+                         RL_OVERRIDES_MAX),
+    STR_FIELD("limit", CYAML_FLAG_OPTIONAL, rl_raw_override, limit, 32),
+    STR_FIELD("period", CYAML_FLAG_OPTIONAL, rl_raw_override, period, 32),
+    STR_FIELD("burst", CYAML_FLAG_OPTIONAL, rl_raw_override, burst, 32),
+    STR_FIELD("unlimited", CYAML_FLAG_OPTIONAL, rl_raw_override, unlimited,
+              32),
+    STR_FIELD("name", CYAML_FLAG_OPTIONAL, rl_raw_override, name,
+              RL_NAME_MAX),
+    CYAML_FIELD_END,
+};
+
+static const cyaml_schema_value_t override_schema = {
+    CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, rl_raw_override, override_fields),
+};
+
+/* `match` is a string or a list and `when` a mapping of the user's
+ * attribute names: libcyaml has no type for either, so they are skipped
+ * here and config.c reads them from the YAML document. */
 static const cyaml_schema_field_t rule_fields[] = {
     STR_FIELD("name", 0, rl_raw_rule, name, RL_NAME_MAX),
-    STR_FIELD("match", 0, rl_raw_rule, match, RL_NAME_MAX),
+    CYAML_FIELD_IGNORE("match", CYAML_FLAG_OPTIONAL),
+    CYAML_FIELD_IGNORE("when", CYAML_FLAG_OPTIONAL),
     STR_FIELD("limit", 0, rl_raw_rule, limit, 32),
     STR_FIELD("period", 0, rl_raw_rule, period, 32),
     STR_FIELD("mode", CYAML_FLAG_OPTIONAL, rl_raw_rule, mode, 32),
@@ -29,6 +62,14 @@ static const cyaml_schema_field_t rule_fields[] = {
     STR_FIELD("key_prefix", CYAML_FLAG_OPTIONAL, rl_raw_rule, key_prefix,
               RL_PREFIX_MAX),
     STR_FIELD("on_error", CYAML_FLAG_OPTIONAL, rl_raw_rule, on_error, 32),
+    STR_FIELD("hash_tag", CYAML_FLAG_OPTIONAL, rl_raw_rule, hash_tag,
+              RL_NAME_MAX),
+    STR_FIELD("shadow", CYAML_FLAG_OPTIONAL, rl_raw_rule, shadow, 32),
+    STR_FIELD("overrides_file", CYAML_FLAG_OPTIONAL, rl_raw_rule,
+              overrides_file, RL_PATH_MAX),
+    CYAML_FIELD_SEQUENCE("overrides", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                         rl_raw_rule, overrides, &override_schema, 0,
+                         RL_OVERRIDES_MAX),
     CYAML_FIELD_END,
 };
 
@@ -97,9 +138,22 @@ static const cyaml_schema_field_t local_fields[] = {
     CYAML_FIELD_END,
 };
 
+static const cyaml_schema_field_t route_fields[] = {
+    STR_FIELD("prefix", 0, rl_raw_route, prefix, RL_VALUE_MAX),
+    STR_FIELD("route", 0, rl_raw_route, route, RL_VALUE_MAX),
+    CYAML_FIELD_END,
+};
+
+static const cyaml_schema_value_t route_schema = {
+    CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, rl_raw_route, route_fields),
+};
+
 static const cyaml_schema_field_t gateway_fields[] = {
     STR_FIELD("tenant_map", CYAML_FLAG_OPTIONAL, rl_raw_gateway, tenant_map,
               RL_PATH_MAX),
+    CYAML_FIELD_SEQUENCE("routes", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                         rl_raw_gateway, routes, &route_schema, 0,
+                         RL_ROUTES_MAX),
     CYAML_FIELD_END,
 };
 
@@ -115,6 +169,11 @@ static const cyaml_schema_field_t top_fields[] = {
                             CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_config, gateway, gateway_fields),
     STR_FIELD("charge", CYAML_FLAG_OPTIONAL, rl_raw_config, charge, 32),
+    STR_FIELD("shadow", CYAML_FLAG_OPTIONAL, rl_raw_config, shadow, 32),
+    CYAML_FIELD_SEQUENCE("attributes",
+                         CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                         rl_raw_config, attributes, &name_schema, 0,
+                         RL_ATTRS_MAX),
     STR_FIELD("log_level", CYAML_FLAG_OPTIONAL, rl_raw_config, log_level, 32),
     STR_FIELD("max_value_bytes", CYAML_FLAG_OPTIONAL, rl_raw_config,
               max_value_bytes, 32),

@@ -11,9 +11,23 @@
 
 #include <stddef.h>
 
+/* One entry of a rule's overrides. Its `when` is read from the YAML
+ * document by config.c (libcyaml cannot read a mapping whose keys are the
+ * user's). */
+typedef struct rl_raw_override {
+    char **values;
+    unsigned values_count;
+    char *limit;         /* NULL when absent, as every field here */
+    char *period;
+    char *burst;
+    char *unlimited;
+    char *name;
+} rl_raw_override;
+
+/* `match` (a string or a list) and `when` are not here: config.c reads
+ * them from the YAML document. */
 typedef struct rl_raw_rule {
     char *name;
-    char *match;
     char *limit;
     char *period;
     char *mode;          /* optional fields are NULL when absent */
@@ -21,6 +35,11 @@ typedef struct rl_raw_rule {
     char *burst;
     char *key_prefix;
     char *on_error;
+    char *hash_tag;
+    char *shadow;
+    char *overrides_file;
+    rl_raw_override *overrides;
+    unsigned overrides_count;
 } rl_raw_rule;
 
 typedef struct rl_raw_store {
@@ -60,8 +79,15 @@ typedef struct rl_raw_local {
     char *max_keys;
 } rl_raw_local;
 
+typedef struct rl_raw_route {
+    char *prefix;
+    char *route;
+} rl_raw_route;
+
 typedef struct rl_raw_gateway {
     char *tenant_map;
+    rl_raw_route *routes;
+    unsigned routes_count;
 } rl_raw_gateway;
 
 typedef struct rl_raw_config {
@@ -72,6 +98,9 @@ typedef struct rl_raw_config {
     char *log_level;
     char *max_value_bytes;
     char *charge;
+    char *shadow;
+    char **attributes;
+    unsigned attributes_count;
     rl_raw_rule *rules;
     unsigned rules_count;
 } rl_raw_config;

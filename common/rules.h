@@ -8,8 +8,11 @@
  * A composite key's value encodes each part as <length>:<bytes>, parts
  * joined by ':', e.g. api_key "ak:1" and route "/v1" make "4:ak:1:3:/v1":
  * no two lists of byte strings share an encoding. The part named by the
- * rule's hash_tag is wrapped in braces ("{4:ak:1}:3:/v1"), so that on a
- * Redis Cluster every key holding it lands on one slot.
+ * rule's hash_tag comes first, wrapped in braces ("{4:ak:1}:3:/v1" for
+ * match [api_key, route] and hash_tag api_key; "{3:/v1}:4:ak:1" for
+ * hash_tag route), so that its '{' is the key's first whatever bytes the
+ * other parts hold, and on a Redis Cluster every key holding it lands on
+ * one slot. (config.c refuses a '{' in such a rule's key_prefix.)
  */
 #ifndef RL_COMMON_RULES_H
 #define RL_COMMON_RULES_H

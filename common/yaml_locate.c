@@ -36,34 +36,46 @@ static yaml_node_t *child(yaml_document_t *doc, yaml_node_t *node,
     return NULL;
 }
 
-bool rl_yaml_locate(const char *yaml, size_t len, const char *path,
-                    bool at_key, unsigned *line, unsigned *column)
+bool rl_yaml_doc_load(const char *yaml, size_t len, yaml_document_t *doc)
 {
     yaml_parser_t parser;
-    yaml_document_t doc;
-    bool found = false;
     if (!yaml_parser_initialize(&parser))
         return false;
     yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        yaml_parser_delete(&parser);
-        return false;
-    }
-    yaml_node_t *node = yaml_document_get_root_node(&doc);
+    bool ok = yaml_parser_load(&parser, doc) != 0;
+    yaml_parser_delete(&parser);
+    return ok;
+}
+
+yaml_node_t *rl_yaml_at(yaml_document_t *doc, yaml_node_t *node,
+                        const char *path, bool at_key)
+{
+    if (node == NULL)
+        node = yaml_document_get_root_node(doc);
     const char *step = path;
     while (node != NULL && *step != '\0') {
         const char *dot = strchr(step, '.');
         size_t step_len = dot != NULL ? (size_t)(dot - step) : strlen(step);
-        node = child(&doc, node, step, step_len, at_key && dot == NULL);
+        node = child(doc, node, step, step_len, at_key && dot == NULL);
         step = dot != NULL ? dot + 1 : step + step_len;
     }
+    return node;
+}
+
+bool rl_yaml_locate(const char *yaml, size_t len, const char *path,
+                    bool at_key, unsigned *line, unsigned *column)
+{
+    yaml_document_t doc;
+    bool found = false;
+    if (!rl_yaml_doc_load(yaml, len, &doc))
+        return false;
+    yaml_node_t *node = rl_yaml_at(&doc, NULL, path, at_key);
     if (node != NULL) {
         *line = (unsigned)node->start_mark.line + 1;
         *column = (unsigned)node->start_mark.column + 1;
         found = true;
     }
     yaml_document_delete(&doc);
-    yaml_parser_delete(&parser);
     return found;
 }
 
