@@ -3,7 +3,7 @@
  * thread), the submission queue into the I/O thread, shutdown and close.
  * The I/O thread owns the libuv loop, the store connection and every
  * request once submitted; gateway threads only take the queue's lock for
- * the moment it takes to link a request in.
+ * the moment it takes to link a request in. Reloads are in reload.c.
  */
 #include "agent_impl.h"
 
@@ -20,6 +20,10 @@ static void on_wakeup(uv_async_t *handle)
 {
     rl_agent *a = handle->data;
     pthread_mutex_lock(&a->queue_lock);
+    /* A new generation first: requests built under it may follow. */
+    rl_gen *next_gen = a->io_next;
+    uint64_t seq = a->io_posted;
+    a->io_next = NULL;
     rl_request *req = a->queue_head;
     a->queue_head = NULL;
     a->queue_tail = &a->queue_head;
@@ -27,6 +31,14 @@ static void on_wakeup(uv_async_t *handle)
     if (closing)
         a->queue_closed = true;
     pthread_mutex_unlock(&a->queue_lock);
+    if (next_gen != NULL)
+        rl_agent_io_apply(a, next_gen, closing);
+    if (next_gen != NULL || closing) {
+        pthread_mutex_lock(&a->queue_lock);
+        a->io_applied = seq;
+        pthread_cond_broadcast(&a->io_applied_cond);
+        pthread_mutex_unlock(&a->queue_lock);
+    }
 
     while (req != NULL) {
         rl_request *next = req->next;
@@ -37,8 +49,10 @@ static void on_wakeup(uv_async_t *handle)
         rl_exact_finalize_all(a);
         rl_store_close(a->store);
         a->store = NULL;
-        if (a->sync != NULL)
+        if (a->sync != NULL && rl_sync_started(a->sync))
             rl_sync_stop(a->sync);
+        else
+            rl_sync_free(a->sync);
         a->sync = NULL;
         uv_close((uv_handle_t *)&a->wakeup, NULL);
         uv_close((uv_handle_t *)&a->deadline_timer, NULL);
@@ -118,44 +132,39 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
                                 "%u is over 60000", o->timeout_ms);
         a->store_config.timeout_ms = o->timeout_ms;
     }
-    a->args = calloc(a->config->n_rules, sizeof *a->args);
-    if (a->args == NULL
-        || rl_stats_init(&a->stats, a->config->n_rules) != RL_OK)
+    /* The agent's own counters: exact latency and store errors. Checks
+     * count in their generation's. */
+    rl_gen *g;
+    if (rl_stats_init(&a->stats, 0) != RL_OK
+        || rl_gen_new(a->config, NULL, &a->idents, &g) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
-    for (size_t i = 0; i < a->config->n_rules; i++)
-        rl_bucket_args_init(&a->args[i], &a->config->rules[i]);
+    atomic_init(&a->gen, g);
+    /* The I/O thread's, from the start. */
+    rl_gen_ref(g);
+    a->io_gen = g;
+    rl_agent_io_apply(a, g, true);
     return RL_OK;
-}
-
-/* Synced rules need their counters and the link to the aggregators; local
- * rules their buckets; only exact rules need the store. */
-static int take_modes(rl_agent *a, rl_error *err)
-{
-    for (size_t i = 0; i < a->config->n_rules; i++) {
-        rl_mode m = a->config->rules[i].mode;
-        a->has_synced |= m == RL_MODE_SYNCED;
-        a->has_local |= m == RL_MODE_LOCAL;
-        a->has_exact |= m == RL_MODE_EXACT;
-    }
-    if (a->has_local)
-        rl_local_init(&a->local, a->config->local_max_keys);
-    if (!a->has_synced)
-        return RL_OK;
-    if (rl_synced_init(&a->synced, a->config) != RL_OK)
-        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
-    a->sync = rl_sync_new(&a->synced, a->config, &a->log, err);
-    return a->sync != NULL ? RL_OK : err->code;
 }
 
 static void free_agent(rl_agent *a)
 {
+    /* Entries first: they hold their identities. */
     if (a->has_synced)
         rl_synced_fini(&a->synced);
     if (a->has_local)
         rl_local_fini(&a->local);
-    rl_stats_fini(&a->stats);
+    rl_gen_free(atomic_load(&a->gen));
+    while (a->retired != NULL) {
+        rl_gen *g = a->retired;
+        a->retired = g->next;
+        rl_gen_free(g);
+    }
+    rl_idents_sweep(&a->idents, true);
+    if (a->stats.shared != NULL)
+        rl_stats_fini(&a->stats);
     rl_node_batches_fini(&a->store_counters.batches);
-    free(a->args);
+    pthread_mutex_destroy(&a->reload_lock);
+    pthread_cond_destroy(&a->io_applied_cond);
     rl_config_free(a->owned_config);
     free(a);
 }
@@ -202,13 +211,19 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
     rl_calls_setup();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
+    pthread_mutex_init(&a->reload_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->io_applied_cond, &ca);
+    pthread_condattr_destroy(&ca);
     rl_node_batches_init(&a->store_counters.batches);
     rl_error local = {0};
     if (err == NULL)
         err = &local;
     int rc = take_config(a, o, err);
     if (rc == RL_OK)
-        rc = take_modes(a, err);
+        rc = rl_agent_take_modes(a, atomic_load(&a->gen), err);
     if (rc == RL_OK)
         rc = start_io(a, err);
     if (rc != RL_OK) {
@@ -244,6 +259,9 @@ void rl_agent_close(rl_agent *a)
         return;
     }
     rl_agent_shutdown(a);
+    /* A reload under way ends (it sees closing) before the agent goes. */
+    pthread_mutex_lock(&a->reload_lock);
+    pthread_mutex_unlock(&a->reload_lock);
     /* Callers still inside rl_check* return promptly once shut down. */
     rl_calls_wait_idle(&a->calls);
     uv_thread_join(&a->thread);
@@ -258,9 +276,9 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
     if (a == NULL || out == NULL || (rules == NULL && cap > 0))
         return RL_EINVAL;
     memset(out, 0, sizeof *out);
-    rl_stats_read(&a->stats, out, rules, cap);
-    for (size_t i = 0; i < a->config->n_rules && i < cap; i++)
-        rules[i].rule = a->config->rules[i].name;
+    rl_stats_read(&a->stats, out, NULL, 0);
+    pthread_mutex_lock(&a->reload_lock);
+    rl_agent_rule_stats(a, out, rules, cap);
     const rl_node_batches *b = &a->store_counters.batches;
     out->store_batches = atomic_load_explicit(&b->batches,
                                               memory_order_relaxed);
@@ -273,6 +291,7 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
         out->local_keys = atomic_load(&a->local.n_entries);
         out->local_keys_refused = atomic_load(&a->local.keys_refused);
     }
+    pthread_mutex_unlock(&a->reload_lock);
     return RL_OK;
 }
 

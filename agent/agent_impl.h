@@ -14,6 +14,8 @@
 #include "log.h"
 #include "bucket.h"
 #include "calls.h"
+#include "gen.h"
+#include "ident.h"
 #include "local.h"
 #include "stats.h"
 #include "store.h"
@@ -54,6 +56,7 @@ struct rl_request {
     rl_request *next;             /* submission queue */
     rl_request *live_prev, *live_next; /* I/O thread: by deadline */
     rl_agent *agent;
+    rl_gen *gen;                  /* the rules it was built under: held */
     atomic_int refs;              /* the caller's (sync) and the I/O thread's */
     atomic_int owner;             /* RL_OWNER_*, blocking checks only */
     sem_t done;                   /* blocking checks only */
@@ -71,10 +74,11 @@ struct rl_request {
 };
 
 struct rl_agent {
+    /* The config it was opened with: its store, aggregator and local
+     * settings are the agent's for life (a reload changes the rules). */
     rl_config *owned_config;      /* NULL when the config is borrowed */
     const rl_config *config;
     rl_store_config store_config; /* the config's, with overrides */
-    rl_bucket_args *args;         /* one per rule, by rule index */
     rl_logger log;
     unsigned forks;               /* rl_forks() when it was opened */
 
@@ -85,6 +89,24 @@ struct rl_agent {
     atomic_bool closing;
     rl_calls calls;               /* callers inside rl_check* */
 
+    /* The rules checks start with (gen.h). A check loads it once after
+     * entering (rl_agent_rules) and keeps it to its end. */
+    _Atomic(rl_gen *) gen;
+    /* Reloads, one at a time; also held by rl_agent_stats and close. */
+    pthread_mutex_t reload_lock;
+    rl_gen *retired;              /* replaced, not yet freed */
+    size_t n_retired;
+    rl_ident *idents;             /* every identity a generation or an
+                                   * entry still uses */
+    rl_agent_counters retired_counts; /* requests of generations freed */
+    uint64_t reloads;
+    /* The I/O thread's generation: the next one under queue_lock, with
+     * its sequence number; the one it applied last, signalled. */
+    rl_gen *io_next;
+    uint64_t io_posted, io_applied;
+    pthread_cond_t io_applied_cond;
+    rl_gen *io_gen;               /* I/O thread only */
+
     /* I/O thread. */
     uv_thread_t thread;
     uv_loop_t loop;
@@ -94,7 +116,9 @@ struct rl_agent {
     rl_store_counters store_counters; /* read by tests from any thread */
     rl_request *live_head, *live_tail;
 
-    /* Synced rules: local counters, and the sync with the aggregators. */
+    /* Synced rules: local counters, and the sync with the aggregators.
+     * The has_ flags say what exists; set before a generation that needs
+     * it is published, never cleared while open. */
     bool has_synced;
     rl_synced synced;
     rl_sync *sync;
@@ -111,6 +135,28 @@ struct rl_agent {
  * before; an agent opened at another count belongs to another process.
  * A plain load: no system call on the hot path (getpid() is one). */
 unsigned rl_forks(void);
+
+/* check.c: the current rules, for a caller inside rl_calls. */
+static inline rl_gen *rl_agent_rules(rl_agent *a)
+{
+    /* Sequentially consistent: ordered after entering (calls.c). */
+    return atomic_load(&a->gen);
+}
+
+/* reload.c: makes what generation g needs that the agent lacks: local
+ * buckets, synced counters and the link to the aggregators (an exact
+ * rule's store is made by the I/O thread, rl_agent_io_apply). Under the
+ * reload lock (or at open). */
+int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err);
+
+/* reload.c, the I/O thread (or open, before it runs: started false): serve
+ * generation g from now on; drops the reference to the one before. */
+void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool started);
+
+/* reload.c: the counters of the current rules, their earlier generations
+ * included, and the requests of every generation. Under the reload lock. */
+void rl_agent_rule_stats(rl_agent *a, rl_agent_counters *out,
+                         rl_rule_counters *rules, size_t cap);
 
 /* exact.c: the I/O thread's side of a check. */
 void rl_exact_start(rl_agent *agent, rl_request *req);

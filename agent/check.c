@@ -9,6 +9,10 @@
  * reconnecting, say), the caller stops waiting and decides on its own by
  * on_error: rl_check never blocks much past its deadline. Synced and local
  * rules never reach the I/O thread: they are decided here.
+ *
+ * A check reads the agent's current rule generation once, after entering,
+ * and uses only it: a reload meanwhile changes nothing for it. A request
+ * handed to the I/O thread holds a reference to its generation.
  */
 #define _GNU_SOURCE /* sem_clockwait: a deadline on the monotonic clock */
 #include "agent_impl.h"
@@ -31,6 +35,7 @@ void rl_request_release(rl_request *req)
         return;
     if (req->callback == NULL)
         sem_destroy(&req->done);
+    rl_gen_unref(req->gen);
     free(req);
 }
 
@@ -60,9 +65,9 @@ static const rl_attr *find_attr(const rl_attr *attrs, size_t n,
 }
 
 /* Checks the value a rule applies to; the key is built from it later. */
-static int check_value(const rl_agent *a, const rl_attr *attr)
+static int check_value(const rl_gen *g, const rl_attr *attr)
 {
-    if (attr->value_len > a->config->max_value_bytes)
+    if (attr->value_len > g->config->max_value_bytes)
         return RL_ETOOLONG;
     if (attr->value_len == 0 || rl_key_has_nul(attr->value, attr->value_len))
         return RL_EINVAL;
@@ -71,44 +76,52 @@ static int check_value(const rl_agent *a, const rl_attr *attr)
 
 /* Synced and local rules are decided on the caller's thread, with no
  * round trip. */
-static int spend_here(rl_agent *a, const rl_rule *rule, const rl_attr *attr,
-                      uint32_t cost, rl_bucket_reply *reply, bool *degraded)
+static int spend_here(rl_agent *a, const rl_rule *rule, rl_ident *id,
+                      const rl_attr *attr, uint32_t cost,
+                      rl_bucket_reply *reply, bool *degraded)
 {
     if (rule->mode == RL_MODE_LOCAL) {
-        rl_local_check(&a->local, rule, attr->value, attr->value_len, cost,
-                       reply, degraded);
+        rl_local_check(&a->local, rule, id, attr->value, attr->value_len,
+                       cost, reply, degraded);
         return RL_OK;
     }
-    return rl_synced_check(&a->synced, rule, attr->value, attr->value_len,
-                           cost, reply, degraded);
+    return rl_synced_check(&a->synced, rule, id, attr->value,
+                           attr->value_len, cost, reply, degraded);
 }
 
-static int decide_here(rl_agent *a, const rl_attr *attr, uint32_t cost,
-                       rl_rule_state *rs)
+/* The identity of a rule of generation g. */
+static rl_ident *ident_of(const rl_gen *g, const rl_rule *rule)
+{
+    return g->idents[rule - g->config->rules];
+}
+
+static int decide_here(rl_agent *a, const rl_gen *g, const rl_attr *attr,
+                       uint32_t cost, rl_rule_state *rs)
 {
     bool degraded;
-    int rc = spend_here(a, rs->rule, attr, cost, &rs->reply, &degraded);
+    int rc = spend_here(a, rs->rule, ident_of(g, rs->rule), attr, cost,
+                        &rs->reply, &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
     return rc;
 }
 
 /* With charge: first_reject, a rejection here means no exact rule is
  * charged. */
-static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
-                         size_t n)
+static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req,
+                         const rl_attr *attrs, size_t n)
 {
     bool rejected = false;
     for (int i = 0; i < req->n_rules; i++) {
         rl_rule_state *rs = &req->rules[i];
         if (rs->rule->mode == RL_MODE_EXACT)
             continue;
-        int rc = decide_here(a, find_attr(attrs, n, rs->rule->match),
+        int rc = decide_here(a, g, find_attr(attrs, n, rs->rule->match),
                              req->cost, rs);
         if (rc != RL_OK)
             return rc;
         rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed;
     }
-    if (rejected && a->config->charge == RL_CHARGE_FIRST_REJECT) {
+    if (rejected && g->config->charge == RL_CHARGE_FIRST_REJECT) {
         for (int i = 0; i < req->n_rules; i++) {
             if (req->rules[i].outcome == RL_OUTCOME_PENDING)
                 req->rules[i].outcome = RL_OUTCOME_SKIPPED;
@@ -119,10 +132,10 @@ static int decide_synced(rl_agent *a, rl_request *req, const rl_attr *attrs,
 
 /* Builds the request: one allocation holding the rule states and keys.
  * *out is NULL when no rule applies. */
-static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
-                 rl_request **out)
+static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
+                 uint32_t cost, rl_request **out)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     int n_rules = 0;
     size_t key_bytes = 0;
     *out = NULL;
@@ -130,7 +143,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
-        int rc = check_value(a, attr);
+        int rc = check_value(g, attr);
         if (rc != RL_OK)
             return rc;
         n_rules++;
@@ -143,6 +156,7 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL)
         return RL_ENOMEM;
     req->agent = a;
+    req->gen = g;
     req->cost = cost;
     req->n_rules = n_rules;
     req->keys = (char *)&req->rules[n_rules];
@@ -156,11 +170,11 @@ static int build(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
         rl_key_build(cfg->rules[i].key_prefix, attr->value, attr->value_len,
                      req->keys + offset, key_bytes - offset, &len);
         req->rules[k++] = (rl_rule_state){
-            .req = req, .rule = &cfg->rules[i], .args = &a->args[i],
+            .req = req, .rule = &cfg->rules[i], .args = &g->args[i],
             .key_offset = (uint32_t)offset, .key_len = (uint32_t)len};
         offset += len + 1;
     }
-    int rc = decide_synced(a, req, attrs, n);
+    int rc = decide_synced(a, g, req, attrs, n);
     if (rc != RL_OK) {
         free(req);
         return rc;
@@ -189,15 +203,17 @@ static void leave(rl_agent *a)
     rl_calls_leave(&a->calls);
 }
 
-/* Validates the call and builds its request (NULL when no rule applies).
- * On RL_OK the caller counts as active until it calls leave(). */
+/* Validates the call and builds its request (NULL when no rule applies)
+ * under the current rules, *g. On RL_OK the caller counts as active until
+ * it calls leave(). */
 static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
-                 rl_request **req)
+                 rl_request **req, rl_gen **g)
 {
     int rc = enter(a, attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    rc = build(a, attrs, n, cost, req);
+    *g = rl_agent_rules(a);
+    rc = build(a, *g, attrs, n, cost, req);
     if (rc != RL_OK)
         leave(a);
     return rc;
@@ -240,39 +256,41 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 /* One rule whose on_error decides (its key over the cap): decided from
  * the reply already had. Spending again through the general path would
  * count the refused key twice. */
-static void decide_one_degraded(rl_agent *a, const rl_rule *rule,
+static void decide_one_degraded(rl_gen *g, const rl_rule *rule,
                                 const rl_bucket_reply *reply,
                                 rl_decision *out)
 {
     rl_rule_state state = {.rule = rule, .reply = *reply,
                            .outcome = RL_OUTCOME_FAILED};
     rl_decide(&state, 1, out);
-    rl_stats_count(&a->stats, &state, 1, out, a->config->rules);
+    rl_stats_count(&g->stats, &state, 1, out, g->config->rules);
 }
 
 /* The common case, one rule: decided and counted without the general
  * machinery. */
-static void decide_one_here(rl_agent *a, size_t index, const rl_attr *attr,
-                            uint32_t cost, rl_decision *out, int *rc)
+static void decide_one_here(rl_agent *a, rl_gen *g, size_t index,
+                            const rl_attr *attr, uint32_t cost,
+                            rl_decision *out, int *rc)
 {
-    const rl_rule *rule = &a->config->rules[index];
+    const rl_rule *rule = &g->config->rules[index];
     rl_bucket_reply reply;
     bool degraded;
-    *rc = spend_here(a, rule, attr, cost, &reply, &degraded);
+    *rc = spend_here(a, rule, g->idents[index], attr, cost, &reply,
+                     &degraded);
     if (*rc != RL_OK)
         return;
     if (degraded) {
-        decide_one_degraded(a, rule, &reply, out);
+        decide_one_degraded(g, rule, &reply, out);
         return;
     }
     rl_decide_one(rule, &reply, out);
-    rl_stats_count_one(&a->stats, index, reply.allowed);
+    rl_stats_count_one(&g->stats, index, reply.allowed);
 }
 
-static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
-                           uint32_t cost, rl_decision *out, int *rc)
+static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
+                           size_t n, uint32_t cost, rl_decision *out, int *rc)
 {
-    const rl_config *cfg = a->config;
+    const rl_config *cfg = g->config;
     const rl_attr *values[LOCAL_RULES_MAX];
     size_t index[LOCAL_RULES_MAX];
     int k = 0;
@@ -282,24 +300,25 @@ static bool decide_locally(rl_agent *a, const rl_attr *attrs, size_t n,
             continue;
         if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
             return false;
-        if ((*rc = check_value(a, attr)) != RL_OK)
+        if ((*rc = check_value(g, attr)) != RL_OK)
             return true;
         index[k] = i;
         values[k++] = attr;
     }
     if (k == 1) {
-        decide_one_here(a, index[0], values[0], cost, out, rc);
+        decide_one_here(a, g, index[0], values[0], cost, out, rc);
         return true;
     }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)
         states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]]};
     for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, values[i], cost, &states[i])) != RL_OK)
+        if ((*rc = decide_here(a, g, values[i], cost, &states[i]))
+            != RL_OK)
             return true;
     }
     rl_decide(states, k, out);
-    rl_stats_count(&a->stats, states, k, out, cfg->rules);
+    rl_stats_count(&g->stats, states, k, out, cfg->rules);
     return true;
 }
 
@@ -321,12 +340,13 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     int rc = enter(a, attrs, n, cost);
     if (rc != RL_OK)
         return rc;
-    if (decide_locally(a, attrs, n, cost, out, &rc)) {
+    rl_gen *g = rl_agent_rules(a);
+    if (decide_locally(a, g, attrs, n, cost, out, &rc)) {
         leave(a);
         return rc;
     }
     rl_request *req;
-    rc = build(a, attrs, n, cost, &req);
+    rc = build(a, g, attrs, n, cost, &req);
     if (rc != RL_OK) {
         leave(a);
         return rc;
@@ -334,21 +354,23 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (req == NULL) {
         memset(out, 0, sizeof *out);
         out->allowed = true;
-        rl_stats_count(&a->stats, NULL, 0, out, a->config->rules);
+        rl_stats_count(&g->stats, NULL, 0, out, g->config->rules);
     } else if (!needs_store(req)) {
         rl_decide(req->rules, req->n_rules, out);
-        rl_stats_count(&a->stats, req->rules, req->n_rules, out,
-                       a->config->rules);
+        rl_stats_count(&g->stats, req->rules, req->n_rules, out,
+                       g->config->rules);
         free(req);
     } else {
         sem_init(&req->done, 0, 0);
         atomic_init(&req->owner, RL_OWNER_PENDING);
         atomic_init(&req->refs, 2);
+        rl_gen_ref(g);
         rc = rl_agent_submit(a, req);
         if (rc == RL_OK) {
             wait_for_decision(req, out);
             rl_request_release(req);
         } else {
+            rl_gen_unref(g);
             sem_destroy(&req->done);
             free(req);
         }
@@ -361,25 +383,32 @@ int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
                    uint32_t cost, rl_check_fn callback, void *arg)
 {
     rl_request *req;
-    int rc = callback != NULL ? begin(a, attrs, n, cost, &req) : RL_EINVAL;
+    rl_gen *g;
+    int rc = callback != NULL ? begin(a, attrs, n, cost, &req, &g)
+                              : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
     if (req == NULL) {
         /* No rule applies: still answered from the I/O thread, as the
          * contract says, through an empty request. */
         req = calloc(1, sizeof *req);
-        if (req == NULL)
+        if (req == NULL) {
             rc = RL_ENOMEM;
-        else
+        } else {
             req->agent = a;
+            req->gen = g;
+        }
     }
     if (rc == RL_OK) {
         req->callback = callback;
         req->callback_arg = arg;
         atomic_init(&req->refs, 1);
+        rl_gen_ref(g);
         rc = rl_agent_submit(a, req);
-        if (rc != RL_OK)
+        if (rc != RL_OK) {
+            rl_gen_unref(g);
             free(req);
+        }
     }
     leave(a);
     return rc;

@@ -9,6 +9,9 @@
  * second call the caller does not wait for: on the same connection, so any
  * later call of this agent sees it.
  *
+ * A request is served under the rules it was built with (req->gen): its
+ * charge, its rules' bucket arguments and counters.
+ *
  * Live requests are kept in deadline order; one timer fires at the first
  * deadline.
  */
@@ -89,8 +92,8 @@ static void deliver(rl_request *req)
  * store (the deadline is timeout_ms after the request was built). */
 static void count(rl_agent *a, const rl_request *req)
 {
-    rl_stats_count(&a->stats, req->rules, req->n_rules, &req->decision,
-                   a->config->rules);
+    rl_stats_count(&req->gen->stats, req->rules, req->n_rules,
+                   &req->decision, req->gen->config->rules);
     for (int i = 0; i < req->n_rules; i++) {
         if (req->rules[i].rule->mode != RL_MODE_EXACT)
             continue;
@@ -111,7 +114,8 @@ static void finalize(rl_agent *a, rl_request *req)
     }
     rl_decide(req->rules, req->n_rules, &req->decision);
     count(a, req);
-    if (!req->decision.allowed && a->config->charge == RL_CHARGE_REFUND
+    if (!req->decision.allowed
+        && req->gen->config->charge == RL_CHARGE_REFUND
         && a->store != NULL)
         refund(a, req);
     req->finalized = true;
@@ -186,7 +190,7 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
         rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered",
                "rule=%s reason=\"%s\"", rs->rule->name, error);
     }
-    if (a->config->charge == RL_CHARGE_FIRST_REJECT
+    if (req->gen->config->charge == RL_CHARGE_FIRST_REJECT
         && send_next_in_order(a, req, rs))
         return;
     if (req->outstanding == 0)
@@ -201,7 +205,7 @@ void rl_exact_start(rl_agent *a, rl_request *req)
         finalize(a, req);
         return;
     }
-    if (a->config->charge == RL_CHARGE_FIRST_REJECT) {
+    if (req->gen->config->charge == RL_CHARGE_FIRST_REJECT) {
         req->next_rule = first + 1;
         send_rule(a, &req->rules[first]);
         return;

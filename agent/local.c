@@ -5,6 +5,11 @@
  * holds at most burst * period_ms units (below 2^53, checked by the
  * config), so "100 a minute" is exact and nothing is lost to rounding.
  *
+ * A bucket belongs to its rule's identity and keeps the rate it was last
+ * spent at (a sweep judges it by that, with no config at hand): a reload
+ * that keeps the rule keeps the bucket, and the new rate applies to it at
+ * its next spend.
+ *
  * Memory: a bucket that has refilled to full says nothing a new one would
  * not; such buckets are dropped when their shard grows, and when the key
  * cap is reached, before a new key is refused.
@@ -19,7 +24,9 @@
 
 struct rl_local_entry {
     rl_local_entry *next;
-    const rl_rule *rule;
+    const void *key;  /* its identity (or rule, without one) */
+    rl_ident *ident;
+    uint64_t limit, period_ms, burst; /* the rate it was last spent at */
     uint64_t hash;
     uint64_t level;   /* tokens x period_ms */
     uint64_t at_ms;   /* when level was right */
@@ -28,6 +35,13 @@ struct rl_local_entry {
 };
 
 #define INITIAL_HEADS 16
+
+static void free_entry(rl_local_entry *e)
+{
+    if (e->ident != NULL)
+        rl_ident_unref(e->ident);
+    free(e);
+}
 
 void rl_local_init(rl_local *l, size_t max_keys)
 {
@@ -45,7 +59,7 @@ void rl_local_fini(rl_local *l)
             rl_local_entry *e = sh->heads[h];
             while (e != NULL) {
                 rl_local_entry *next = e->next;
-                free(e);
+                free_entry(e);
                 e = next;
             }
         }
@@ -54,25 +68,25 @@ void rl_local_fini(rl_local *l)
     }
 }
 
-static uint64_t capacity(const rl_rule *r)
+static uint64_t capacity(const rl_local_entry *e)
 {
-    return r->burst * r->period_ms;
+    return e->burst * e->period_ms;
 }
 
 /* The level now: what it was plus what flowed in since, up to capacity. */
 static uint64_t refilled(const rl_local_entry *e, uint64_t now_ms)
 {
-    uint64_t cap = capacity(e->rule);
+    uint64_t cap = capacity(e);
     uint64_t elapsed = now_ms > e->at_ms ? now_ms - e->at_ms : 0;
     uint64_t room = cap - e->level;
-    if (elapsed >= (room + e->rule->limit - 1) / e->rule->limit)
+    if (elapsed >= (room + e->limit - 1) / e->limit)
         return cap;
-    return e->level + elapsed * e->rule->limit;
+    return e->level + elapsed * e->limit;
 }
 
 static bool is_full(const rl_local_entry *e, uint64_t now_ms)
 {
-    return refilled(e, now_ms) == capacity(e->rule);
+    return refilled(e, now_ms) == capacity(e);
 }
 
 /* Drops the shard's full buckets; returns how many. */
@@ -85,7 +99,7 @@ static size_t sweep(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
             rl_local_entry *e = *p;
             if (is_full(e, now_ms)) {
                 *p = e->next;
-                free(e);
+                free_entry(e);
                 dropped++;
             } else {
                 p = &e->next;
@@ -125,7 +139,7 @@ static void grow(rl_local *l, rl_local_shard *sh, uint64_t now_ms)
     sh->n_heads = n;
 }
 
-static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
+static rl_local_entry *find(rl_local_shard *sh, const void *key,
                             uint64_t hash, const char *value, size_t len)
 {
     if (sh->n_heads == 0)
@@ -133,7 +147,7 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
     rl_local_entry *e = sh->heads[(hash / RL_LOCAL_SHARDS)
                                   & (sh->n_heads - 1)];
     for (; e != NULL; e = e->next) {
-        if (e->hash == hash && e->rule == rule && e->value_len == len
+        if (e->hash == hash && e->key == key && e->value_len == len
             && rl_key_equal(e->value, value, len))
             return e;
     }
@@ -142,7 +156,8 @@ static rl_local_entry *find(rl_local_shard *sh, const rl_rule *rule,
 
 /* A new, full bucket; NULL when the cap holds or memory is out. */
 static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
-                              const rl_rule *rule, uint64_t hash,
+                              const rl_rule *rule, rl_ident *id,
+                              uint64_t hash,
                               const char *value, size_t len, uint64_t now_ms)
 {
     if (atomic_load(&l->n_entries) >= l->max_keys
@@ -158,9 +173,15 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     rl_local_entry *e = malloc(sizeof *e + len);
     if (e == NULL)
         return NULL;
-    *e = (rl_local_entry){.rule = rule, .hash = hash,
-                          .level = capacity(rule), .at_ms = now_ms,
+    *e = (rl_local_entry){.key = id != NULL ? (const void *)id
+                                            : (const void *)rule,
+                          .ident = id, .limit = rule->limit,
+                          .period_ms = rule->period_ms, .burst = rule->burst,
+                          .hash = hash, .at_ms = now_ms,
                           .value_len = (uint16_t)len};
+    e->level = capacity(e);
+    if (id != NULL)
+        rl_ident_ref(id);
     memcpy(e->value, value, len);
     size_t at = (hash / RL_LOCAL_SHARDS) & (sh->n_heads - 1);
     e->next = sh->heads[at];
@@ -170,33 +191,53 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
     return e;
 }
 
-/* Spends from one bucket, as the Redis script does. */
-static void spend(rl_local_entry *e, uint32_t cost, uint64_t now_ms,
-                  rl_bucket_reply *out)
+/* A rate changed by a reload: the tokens the bucket holds stay (up to
+ * the new burst), measured in the new period's units. */
+static void take_rate(rl_local_entry *e, const rl_rule *r)
 {
-    const rl_rule *r = e->rule;
+    if (e->limit == r->limit && e->period_ms == r->period_ms
+        && e->burst == r->burst)
+        return;
+    uint64_t tokens = e->level / e->period_ms;
+    uint64_t frac = e->level % e->period_ms;
+    e->limit = r->limit;
+    e->burst = r->burst;
+    if (r->period_ms != e->period_ms)
+        frac = frac * r->period_ms / e->period_ms;
+    e->period_ms = r->period_ms;
+    e->level = tokens >= e->burst ? capacity(e)
+                                  : tokens * e->period_ms + frac;
+}
+
+/* Spends from one bucket, as the Redis script does. */
+static void spend(rl_local_entry *e, const rl_rule *r, uint32_t cost,
+                  uint64_t now_ms, rl_bucket_reply *out)
+{
     e->level = refilled(e, now_ms);
     e->at_ms = now_ms > e->at_ms ? now_ms : e->at_ms;
+    take_rate(e, r);
     bool allowed = cost <= r->burst
                    && e->level >= (uint64_t)cost * r->period_ms;
     if (allowed)
         e->level -= (uint64_t)cost * r->period_ms;
-    rl_bucket_answer(r, capacity(r) - e->level, allowed, cost, out);
+    rl_bucket_answer(r, capacity(e) - e->level, allowed, cost, out);
 }
 
-void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
-                       size_t value_len, uint32_t cost, uint64_t now_ms,
-                       rl_bucket_reply *out, bool *degraded)
+void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
+                       const char *value, size_t value_len, uint32_t cost,
+                       uint64_t now_ms, rl_bucket_reply *out, bool *degraded)
 {
-    uint64_t hash = rl_key_hash((uintptr_t)rule, value, value_len);
+    /* No identity (unit tests): the rule itself is the key. */
+    const void *key = id != NULL ? (const void *)id : (const void *)rule;
+    uint64_t hash = rl_key_hash((uintptr_t)key, value, value_len);
     rl_local_shard *sh = &l->shards[hash % RL_LOCAL_SHARDS];
     pthread_mutex_lock(&sh->lock);
-    rl_local_entry *e = find(sh, rule, hash, value, value_len);
+    rl_local_entry *e = find(sh, key, hash, value, value_len);
     if (e == NULL)
-        e = insert(l, sh, rule, hash, value, value_len, now_ms);
+        e = insert(l, sh, rule, id, hash, value, value_len, now_ms);
     *degraded = e == NULL;
     if (e != NULL)
-        spend(e, cost, now_ms, out);
+        spend(e, rule, cost, now_ms, out);
     pthread_mutex_unlock(&sh->lock);
     if (e == NULL) {
         atomic_fetch_add(&l->keys_refused, 1);
@@ -204,12 +245,13 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
     }
 }
 
-void rl_local_check(rl_local *l, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded)
+void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    rl_local_check_at(l, rule, value, value_len, cost, now_ms, out, degraded);
+    rl_local_check_at(l, rule, id, value, value_len, cost, now_ms, out,
+                      degraded);
 }

@@ -12,6 +12,7 @@
 
 #include "bucket.h"
 #include "config.h"
+#include "ident.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,17 +40,19 @@ typedef struct rl_local {
 void rl_local_init(rl_local *l, size_t max_keys);
 void rl_local_fini(rl_local *l);
 
-/* rl_local_check spends cost tokens from the bucket of (rule, value) if it
- * holds them, on the monotonic clock. A key first seen when max_keys full
+/* rl_local_check spends cost tokens from the bucket of (id, value) at
+ * rule's rate, if it holds them, on the monotonic clock. id is the rule's
+ * identity, which outlives reloads (NULL: the rule itself keys the
+ * bucket). A key first seen when max_keys full
  * buckets are already tracked, or when memory runs out, is not counted:
  * *degraded is set and the rule's on_error decides. */
-void rl_local_check(rl_local *l, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded);
+void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded);
 
 /* The same at a given time, in ms on any clock that does not go back. */
-void rl_local_check_at(rl_local *l, const rl_rule *rule, const char *value,
-                       size_t value_len, uint32_t cost, uint64_t now_ms,
-                       rl_bucket_reply *out, bool *degraded);
+void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
+                       const char *value, size_t value_len, uint32_t cost,
+                       uint64_t now_ms, rl_bucket_reply *out, bool *degraded);
 
 #endif

@@ -254,7 +254,8 @@ RL_API int rl_check_async(rl_agent *agent, const rl_attr *attrs, size_t n,
 
 /* One rule's counters since the agent was opened. */
 typedef struct rl_rule_counters {
-    const char *rule;   /* the rule's name; valid while the agent is open */
+    const char *rule;   /* the rule's name; valid until the agent is
+                         * reloaded or closed */
     uint64_t checks;    /* requests the rule applied to */
     uint64_t allowed;   /* ...that it let through (on_error included) */
     uint64_t rejected;  /* ...that it rejected (on_error: deny included) */

@@ -12,6 +12,11 @@
  * Totals come on an nng SUB socket subscribed to the synced rules' topics;
  * each TOTALS message gives every key of its rule a fresh share of what is
  * left. nng's threads only queue what they received and wake the loop.
+ *
+ * The rules are those of the I/O thread's current generation
+ * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
+ * rule no longer there are dropped. Keys of a rule reloaded away are still
+ * reported until their counts are acknowledged: no count is lost.
  */
 #include "sync.h"
 
@@ -37,7 +42,9 @@ typedef enum req_state { REQ_IDLE, REQ_SENDING, REQ_WAITING } req_state;
 
 struct rl_sync {
     rl_synced *synced;
-    const rl_config *config;
+    const rl_config *config;    /* the aggregator settings */
+    const rl_config *rules;     /* the I/O thread's generation's rules */
+    rl_ident *const *idents;    /* and their identities, by index */
     const rl_logger *log;
     uv_loop_t *loop;
     nng_socket req, sub;
@@ -146,7 +153,7 @@ static bool build_report(rl_sync *s)
         rl_synced_entry *e = atomic_load(&t->slots[i]);
         if (e == NULL || rl_synced_counted(e) <= e->reported)
             continue;
-        bytes += strlen(e->rule->name) + e->value_len + 32;
+        bytes += strlen(e->ident->name) + e->value_len + 32;
         if (bytes > agg->max_message_bytes)
             break;
         n++;
@@ -167,7 +174,7 @@ static bool build_report(rl_sync *s)
         if (counted <= e->reported)
             continue;
         uint64_t delta = counted - e->reported;
-        rl_wire_put_count(s->pending, e->rule->name, e->value, e->value_len,
+        rl_wire_put_count(s->pending, e->ident->name, e->value, e->value_len,
                           delta);
         e->reported = counted;
         e->in_report = delta;
@@ -191,6 +198,16 @@ static void send_pending(rl_sync *s)
     nng_send_aio(s->req, s->req_aio);
 }
 
+/* The identity of the synced rule named by len bytes off the wire in the
+ * current rules, or NULL. */
+static rl_ident *synced_ident(rl_sync *s, const char *name, size_t len)
+{
+    const rl_rule *rule = s->rules != NULL
+                              ? rl_config_synced_rule(s->rules, name, len)
+                              : NULL;
+    return rule != NULL ? s->idents[rule - s->rules->rules] : NULL;
+}
+
 static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
 {
     for (size_t i = 0; i < s->n_in_report; i++) {
@@ -207,10 +224,9 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
         rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
     for (size_t i = 0; i < ack->n_entries; i++) {
         const rl_wire_entry *t = &ack->entries[i];
-        const rl_rule *rule = rl_config_synced_rule(s->config, t->rule.ptr,
-                                                    t->rule.len);
-        rl_synced_entry *e = rule != NULL
-                                 ? rl_synced_find(s->synced, rule,
+        rl_ident *id = synced_ident(s, t->rule.ptr, t->rule.len);
+        rl_synced_entry *e = id != NULL
+                                 ? rl_synced_find(s->synced, id,
                                                   t->value.ptr, t->value.len)
                                  : NULL;
         if (e != NULL) {
@@ -284,15 +300,13 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
         return;
     }
-    const rl_rule *rule = rl_config_synced_rule(s->config, t.rule.ptr,
-                                                t.rule.len);
+    rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     uint64_t loop_ms = now_ms(s);
-    if (rule != NULL) {
+    if (id != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);
-        size_t index = (size_t)(rule - s->config->rules);
-        atomic_store(&s->synced->rules[index].agents, t.agents);
+        atomic_store(&id->agents, t.agents);
         for (size_t i = 0; i < t.n_entries; i++) {
-            rl_synced_entry *e = rl_synced_find(s->synced, rule,
+            rl_synced_entry *e = rl_synced_find(s->synced, id,
                                                 t.entries[i].value.ptr,
                                                 t.entries[i].value.len);
             if (e != NULL)
@@ -303,7 +317,7 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_synced_table *table = atomic_load(&s->synced->table);
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
-            if (e != NULL && e->rule == rule)
+            if (e != NULL && e->ident == id)
                 rl_synced_rebalance(s->synced, e, loop_ms, true);
         }
     }
@@ -389,7 +403,8 @@ static void on_tick(uv_timer_t *t)
             e->active_ms = loop_ms;
         e->last_counted = counted;
         /* A new window: a fresh share of a fresh window. */
-        bool rolled = now != 0 && now / e->rule->period_ms != e->window;
+        const rl_rule *r = e->ident->io_rule;
+        bool rolled = r != NULL && now != 0 && now / r->period_ms != e->window;
         rl_synced_rebalance(s->synced, e, loop_ms, rolled);
     }
     if (s->state == REQ_IDLE) {
@@ -422,13 +437,6 @@ static int open_sockets(rl_sync *s, rl_error *err)
     nng_socket_set_ms(s->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_size(s->sub, NNG_OPT_RECVMAXSZ,
                         s->config->aggregator.max_message_bytes);
-    for (size_t i = 0; i < s->config->n_rules; i++) {
-        const rl_rule *r = &s->config->rules[i];
-        char topic[RL_NAME_MAX + 2];
-        size_t n = rl_wire_topic(r->name, topic, sizeof topic);
-        if (r->mode == RL_MODE_SYNCED)
-            nng_socket_set(s->sub, NNG_OPT_SUB_SUBSCRIBE, topic, n);
-    }
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
     char why[512];
@@ -468,6 +476,42 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
         return NULL;
     }
     return s;
+}
+
+/* Whether cfg has a synced rule of that name. */
+static bool has_synced(const rl_config *cfg, const char *name)
+{
+    return cfg != NULL
+           && rl_config_synced_rule(cfg, name, strlen(name)) != NULL;
+}
+
+/* Subscribes to the topics of from's synced rules that to lacks (or
+ * unsubscribes, with opt). */
+static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
+                   const char *opt)
+{
+    for (size_t i = 0; from != NULL && i < from->n_rules; i++) {
+        const rl_rule *r = &from->rules[i];
+        if (r->mode != RL_MODE_SYNCED || has_synced(to, r->name))
+            continue;
+        char topic[RL_NAME_MAX + 2];
+        size_t n = rl_wire_topic(r->name, topic, sizeof topic);
+        nng_socket_set(s->sub, opt, topic, n);
+    }
+}
+
+void rl_sync_set_rules(rl_sync *s, const rl_config *rules,
+                       rl_ident *const *idents)
+{
+    follow(s, rules, s->rules, NNG_OPT_SUB_SUBSCRIBE);
+    follow(s, s->rules, rules, NNG_OPT_SUB_UNSUBSCRIBE);
+    s->rules = rules;
+    s->idents = idents;
+}
+
+bool rl_sync_started(const rl_sync *s)
+{
+    return s->loop != NULL;
 }
 
 void rl_sync_start(rl_sync *s, uv_loop_t *loop)

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "ident.h"
 #include "log.h"
 #include "synced.h"
 
@@ -19,6 +20,17 @@ typedef struct rl_sync rl_sync;
  * failure (a malformed URL, say). */
 rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
                      const rl_logger *log, rl_error *err);
+
+/* rl_sync_set_rules makes rules (and their identities, by rule index) the
+ * ones reported and subscribed to: topics of synced rules new in it are
+ * subscribed, those of rules gone are dropped. Before rl_sync_start, or
+ * on the loop's thread after; both must stay valid until the next call or
+ * the close. */
+void rl_sync_set_rules(rl_sync *s, const rl_config *rules,
+                       rl_ident *const *idents);
+
+/* Whether rl_sync_start ran. */
+bool rl_sync_started(const rl_sync *s);
 
 /* rl_sync_start begins reporting every interval on loop (its thread). */
 void rl_sync_start(rl_sync *s, uv_loop_t *loop);

@@ -17,6 +17,11 @@
  * Check-then-count is not one atomic step: threads of one agent racing on
  * one key can pass together, at most one request each beyond the mark.
  *
+ * Entries belong to the rule's identity, not to one config's rule: a
+ * reload that keeps the rule keeps its keys and counts, and the I/O thread
+ * reads the rule's numbers through the identity (io_rule) as its current
+ * generation has them.
+ *
  * Keys idle for two periods are forgotten: the I/O thread rebuilds the
  * table without them and swaps it in; the old table and entries are freed
  * ten seconds later (a check holds them for microseconds), and any count a
@@ -61,19 +66,22 @@ int rl_synced_init(rl_synced *s, const rl_config *config)
     memset(s, 0, sizeof *s);
     s->config = config;
     s->max_keys = config->aggregator.max_keys;
-    s->rules = calloc(config->n_rules, sizeof *s->rules);
     rl_synced_table *t = table_new(table_cap(s->max_keys));
-    if (s->rules == NULL || t == NULL) {
-        free(s->rules);
-        free(t);
+    if (t == NULL)
         return RL_ENOMEM;
-    }
     atomic_init(&s->table, t);
     pthread_mutex_init(&s->insert_lock, NULL);
     return RL_OK;
 }
 
 static void free_graves(rl_synced *s, bool all, uint64_t now);
+
+static void free_entry(rl_synced_entry *e)
+{
+    if (e != NULL)
+        rl_ident_unref(e->ident);
+    free(e);
+}
 
 void rl_synced_fini(rl_synced *s)
 {
@@ -82,9 +90,8 @@ void rl_synced_fini(rl_synced *s)
         return;
     free_graves(s, true, 0);
     for (size_t i = 0; i < t->cap; i++)
-        free(atomic_load(&t->slots[i]));
+        free_entry(atomic_load(&t->slots[i]));
     free(t);
-    free(s->rules);
     pthread_mutex_destroy(&s->insert_lock);
 }
 
@@ -99,15 +106,15 @@ uint64_t rl_synced_counted(const rl_synced_entry *e)
     return n;
 }
 
-static bool same_key(const rl_synced_entry *e, uint64_t h, const rl_rule *r,
-                     const char *value, size_t len)
+static bool same_key(const rl_synced_entry *e, uint64_t h,
+                     const rl_ident *id, const char *value, size_t len)
 {
-    return e->hash == h && e->rule == r && e->value_len == len
+    return e->hash == h && e->ident == id && e->value_len == len
            && rl_key_equal(e->value, value, len);
 }
 
 static inline rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
-                                     const rl_rule *rule, const char *value,
+                                     const rl_ident *id, const char *value,
                                      size_t len, size_t *free_slot)
 {
     size_t mask = t->cap - 1;
@@ -118,40 +125,44 @@ static inline rl_synced_entry *probe(rl_synced_table *t, uint64_t h,
             *free_slot = i;
             return NULL;
         }
-        if (same_key(e, h, rule, value, len))
+        if (same_key(e, h, id, value, len))
             return e;
     }
 }
 
-rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
+rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                                 const char *value, size_t value_len)
 {
     size_t unused;
     return probe(atomic_load_explicit(&s->table, memory_order_acquire),
-                 rl_key_hash((uintptr_t)rule, value, value_len), rule,
+                 rl_key_hash((uintptr_t)id, value, value_len), id,
                  value, value_len, &unused);
 }
 
-/* Before any totals: this agent's share of the whole limit. */
-static void first_mark(rl_synced *s, rl_synced_entry *e)
+/* Before any totals: this agent's share of the whole limit. A rule no
+ * generation has any more (a late count carried over) admits nothing. */
+static void first_mark(rl_synced_entry *e, const rl_rule *rule)
 {
-    size_t index = (size_t)(e->rule - s->config->rules);
-    uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
+    uint64_t agents = atomic_load_explicit(&e->ident->agents,
                                            memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
-    atomic_init(&e->mark, (e->rule->limit + a - 1) / a);
-    atomic_init(&e->room, e->rule->limit);
-    atomic_init(&e->reset_ms, e->rule->period_ms);
-    atomic_init(&e->retry_ms, e->rule->period_ms);
+    uint64_t limit = rule != NULL ? rule->limit : 0;
+    uint64_t period = rule != NULL ? rule->period_ms : 0;
+    atomic_store_explicit(&e->mark, (limit + a - 1) / a,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->room, limit, memory_order_relaxed);
+    atomic_store_explicit(&e->reset_ms, period, memory_order_relaxed);
+    atomic_store_explicit(&e->retry_ms, period, memory_order_relaxed);
 }
 
 static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
-                               const char *value, size_t len, uint64_t h)
+                               rl_ident *id, const char *value, size_t len,
+                               uint64_t h)
 {
     pthread_mutex_lock(&s->insert_lock);
     rl_synced_table *t = atomic_load(&s->table);
     size_t slot;
-    rl_synced_entry *e = probe(t, h, rule, value, len, &slot);
+    rl_synced_entry *e = probe(t, h, id, value, len, &slot);
     if (e != NULL || atomic_load(&s->n_entries) >= s->max_keys) {
         if (e == NULL)
             atomic_fetch_add(&s->keys_refused, 1);
@@ -163,11 +174,12 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     e = aligned_alloc(RL_CACHE_LINE, bytes);
     if (e != NULL) {
         memset(e, 0, bytes);
-        e->rule = rule;
+        e->ident = id;
+        rl_ident_ref(id);
         e->hash = h;
         e->value_len = (uint16_t)len;
         memcpy(e->value, value, len);
-        first_mark(s, e);
+        first_mark(e, rule);
         atomic_store_explicit(&t->slots[slot], e, memory_order_release);
         atomic_fetch_add(&s->n_entries, 1);
     }
@@ -175,17 +187,17 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
     return e;
 }
 
-int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
-                    size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded)
+int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded)
 {
-    uint64_t h = rl_key_hash((uintptr_t)rule, value, value_len);
+    uint64_t h = rl_key_hash((uintptr_t)id, value, value_len);
     size_t unused;
     rl_synced_entry *e = probe(atomic_load_explicit(&s->table,
                                                     memory_order_acquire),
-                               h, rule, value, value_len, &unused);
+                               h, id, value, value_len, &unused);
     if (e == NULL)
-        e = insert(s, rule, value, value_len, h);
+        e = insert(s, rule, id, value, value_len, h);
     if (e == NULL) {
         /* The key cap is reached (or memory is out): on_error decides. */
         *out = (rl_bucket_reply){0};
@@ -257,12 +269,14 @@ static void roll_to(rl_synced_entry *e, uint64_t w)
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share)
 {
-    const rl_rule *r = e->rule;
+    const rl_rule *r = e->ident->io_rule;
+    if (r == NULL)
+        return; /* a rule reloaded away: nobody checks it */
     uint64_t now = rl_synced_now(s, loop_ms);
     uint64_t counted = rl_synced_counted(e);
     if (now == 0) {
         if (fresh_share)
-            first_mark(s, e);
+            first_mark(e, r);
         return;
     }
     uint64_t period = r->period_ms;
@@ -277,8 +291,7 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     double used = (double)e->previous * weight + (double)e->current
                   + (double)(counted - e->acked);
     double room = (double)r->limit - used;
-    size_t index = (size_t)(r - s->config->rules);
-    uint64_t agents = atomic_load_explicit(&s->rules[index].agents,
+    uint64_t agents = atomic_load_explicit(&e->ident->agents,
                                            memory_order_relaxed);
     double a = agents > 0 ? (double)agents : 1.0;
     uint64_t share = room > 0 ? (uint64_t)ceil(room / a) : 0;
@@ -320,8 +333,8 @@ static void carry_over(rl_synced *s, rl_synced_entry *old)
     uint64_t late = rl_synced_counted(old) - old->reported;
     if (late == 0)
         return;
-    rl_synced_entry *e = insert(s, old->rule, old->value, old->value_len,
-                                old->hash);
+    rl_synced_entry *e = insert(s, old->ident->io_rule, old->ident,
+                                old->value, old->value_len, old->hash);
     if (e != NULL)
         atomic_fetch_add(&e->counts[RL_THREAD_SLOT_SHARED], late);
 }
@@ -338,17 +351,20 @@ static void free_graves(rl_synced *s, bool all, uint64_t now)
         *link = g->next;
         if (g->entry != NULL && !all)
             carry_over(s, g->entry);
-        free(g->entry);
+        free_entry(g->entry);
         free(g->table);
         free(g);
     }
 }
 
+/* A rule reloaded away keeps its keys only until their counts are
+ * acknowledged. */
 static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms)
 {
+    const rl_rule *r = e->ident->io_rule;
     return e->in_report == 0 && rl_synced_counted(e) == e->acked
            && e->active_ms != 0
-           && loop_ms - e->active_ms > 2 * e->rule->period_ms;
+           && (r == NULL || loop_ms - e->active_ms > 2 * r->period_ms);
 }
 
 void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)

@@ -10,6 +10,7 @@
 
 #include "bucket.h"
 #include "config.h"
+#include "ident.h"
 #include "thread_slot.h"
 
 #include <pthread.h>
@@ -45,7 +46,7 @@ typedef struct rl_synced_entry {
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t mark; /* admit while
                                                    counted + cost <= mark */
     atomic_uint_least64_t retry_ms;   /* when full: wait hint */
-    const rl_rule *rule;
+    rl_ident *ident;     /* the rule's: stable across reloads */
     uint64_t hash;
     uint16_t value_len;
     char value[];
@@ -60,19 +61,13 @@ typedef struct rl_synced_table {
     _Atomic(rl_synced_entry *) slots[];
 } rl_synced_table;
 
-/* What a rule knows that is not per key. */
-typedef struct rl_synced_rule {
-    atomic_uint_least64_t agents; /* from the last totals; 0: not yet */
-} rl_synced_rule;
-
 typedef struct rl_synced {
-    const rl_config *config;
+    const rl_config *config;            /* the aggregator settings only */
     _Atomic(rl_synced_table *) table;
     pthread_mutex_t insert_lock;        /* first sightings and rebuilds */
     atomic_size_t n_entries;
     size_t max_keys;
     atomic_uint_least64_t keys_refused; /* the cap was hit */
-    rl_synced_rule *rules;              /* by rule index */
     /* Server (Redis) time as of the last message, on the loop's clock. */
     uint64_t server_ms, server_at_loop_ms;
     /* Tables and entries retired by a rebuild, freed a while later. */
@@ -83,11 +78,12 @@ int rl_synced_init(rl_synced *s, const rl_config *config);
 void rl_synced_fini(rl_synced *s);
 
 /* rl_synced_check decides one synced rule for a value, counting cost when
- * it allows. Lock-free once the key exists; the first sighting of a key
+ * it allows; id is the rule's identity (entries are found by it). Lock-free once the key exists; the first sighting of a key
  * takes a lock and allocates. Returns RL_OK with *out filled in (a full
  * table makes the rule decide as if the store were away: on_error), or
  * RL_ENOMEM. */
-int rl_synced_check(rl_synced *s, const rl_rule *rule, const char *value,
+int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                    const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
                     bool *degraded);
 
@@ -96,7 +92,7 @@ void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);
 uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms);
 
 /* I/O thread: find an entry (no insert). */
-rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
+rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                                 const char *value, size_t value_len);
 
 /* I/O thread: new totals for an entry (the largest count of a window
@@ -104,9 +100,11 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_rule *rule,
 void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
                            uint64_t current, uint64_t previous);
 
-/* I/O thread: work out a key's room again. With fresh_share the key gets
- * a new share of what is left (once per totals interval); without, its mark
- * can only come down. */
+/* I/O thread: work out a key's room again, by its rule as the I/O
+ * thread's generation has it (nothing for a rule no longer there). With
+ * fresh_share the key gets a new share of what is left (once per totals
+ * interval, and when a reload changed the rule); without, its mark can
+ * only come down. */
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
 

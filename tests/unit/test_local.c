@@ -25,7 +25,7 @@ static rl_bucket_reply spend_at(rl_local *l, const rl_rule *r,
 {
     rl_bucket_reply out;
     bool degraded;
-    rl_local_check_at(l, r, value, strlen(value), cost, now_ms, &out,
+    rl_local_check_at(l, r, NULL, value, strlen(value), cost, now_ms, &out,
                       &degraded);
     cr_assert(!degraded, "a key under the cap was refused");
     return out;
@@ -90,7 +90,7 @@ Test(local, the_key_cap_refuses_new_keys_until_buckets_refill)
     spend_at(&l, &r, "b", 1, 0);
     rl_bucket_reply out;
     bool degraded;
-    rl_local_check_at(&l, &r, "c", 1, 1, 10, &out, &degraded);
+    rl_local_check_at(&l, &r, NULL, "c", 1, 1, 10, &out, &degraded);
     cr_assert(degraded, "a third key was tracked over a cap of two");
     cr_assert_eq(atomic_load(&l.keys_refused), 1);
     /* Once a and b have refilled they say nothing: a new key takes a
@@ -105,7 +105,7 @@ Test(local, the_key_cap_refuses_new_keys_until_buckets_refill)
             == a_shard)
             break;
     }
-    rl_local_check_at(&l, &r, v, strlen(v), 1, 1000, &out, &degraded);
+    rl_local_check_at(&l, &r, NULL, v, strlen(v), 1, 1000, &out, &degraded);
     cr_assert(!degraded, "full buckets were never dropped for a new key");
     cr_assert(out.allowed);
     cr_assert_leq(atomic_load(&l.n_entries), 2);

@@ -118,7 +118,8 @@ Test(thread_slot, many_more_threads_than_slots_count_every_check)
                  (unsigned long long)c.allowed);
     cr_assert_eq(r[0].allowed, (uint64_t)THREADS * CHECKS);
     /* The key's own count, which the reports to the aggregator carry. */
-    rl_synced_entry *e = rl_synced_find(&a->synced, &a->config->rules[0],
+    rl_synced_entry *e = rl_synced_find(&a->synced,
+                                        atomic_load(&a->gen)->idents[0],
                                         "org_many", 8);
     cr_assert_not_null(e);
     cr_assert_eq(rl_synced_counted(e), (uint64_t)THREADS * CHECKS);

@@ -1,0 +1,279 @@
+/*
+ * reload.c: swapping an agent's rules while it checks. A reload builds a
+ * new generation (gen.h) of the new config, makes what it needs that the
+ * agent lacks (local buckets, synced counters and the aggregator link),
+ * hands it to the I/O thread and waits for the I/O thread to take it up
+ * (so that an exact request built under it meets a thread that knows its
+ * rules, and synced keys whose rate changed get a fresh share), then
+ * publishes it to checks with one atomic exchange. The generation it
+ * replaces is retired: freed once every call that began before the
+ * exchange has left and nothing holds a reference to it, at this reload or
+ * a later one (or at close).
+ *
+ * What a kept rule keeps: its identity (ident.h), and with it its synced
+ * and local entries; exact buckets are Redis keys named by key_prefix and
+ * value, kept as they are. Removed rules stop at once for new checks;
+ * their synced keys are still reported until acknowledged.
+ *
+ * Checks never wait for a reload: they take no lock it holds. A reload
+ * waits for the I/O thread (at most RELOAD_IO_WAIT_MS) and, when more than
+ * RETIRED_MAX generations are still held, for the oldest to be let go.
+ */
+#include "agent_impl.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RELOAD_IO_WAIT_MS 1000
+/* Retired generations kept waiting at most; a reload past it waits. */
+#define RETIRED_MAX 4
+/* How long a reload gives the generation it retired to be let go before
+ * leaving it to a later reload. */
+#define RETIRE_WAIT_US 20000
+
+static bool same_rate(const rl_rule *a, const rl_rule *b)
+{
+    return a->limit == b->limit && a->period_ms == b->period_ms
+           && a->burst == b->burst;
+}
+
+void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
+{
+    rl_gen *old = a->io_gen;
+    const rl_config *c = g->config;
+    for (size_t i = 0; i < c->n_rules; i++) {
+        rl_ident *id = g->idents[i];
+        id->io_changed = id->io_rule == NULL
+                         || !same_rate(id->io_rule, &c->rules[i]);
+    }
+    if (old != NULL && old != g) {
+        for (size_t i = 0; i < old->config->n_rules; i++)
+            old->idents[i]->io_rule = NULL;
+    }
+    for (size_t i = 0; i < c->n_rules; i++)
+        g->idents[i]->io_rule = &c->rules[i];
+    if (!quiet && g->has_exact && a->store == NULL) {
+        a->store = rl_store_new(&a->loop, &a->store_config,
+                                &rl_bucket_scripts, &a->store_counters,
+                                &a->log);
+        if (a->store == NULL)
+            rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    }
+    if (!quiet && a->sync != NULL) {
+        rl_sync_set_rules(a->sync, c, g->idents);
+        if (!rl_sync_started(a->sync))
+            rl_sync_start(a->sync, &a->loop);
+    }
+    if (!quiet && a->has_synced && old != NULL && old != g) {
+        /* A changed limit applies at once to the keys it had. */
+        rl_synced_table *t = atomic_load(&a->synced.table);
+        uint64_t now = uv_now(&a->loop);
+        for (size_t i = 0; i < t->cap; i++) {
+            rl_synced_entry *e = atomic_load(&t->slots[i]);
+            if (e != NULL && e->ident->io_rule != NULL
+                && e->ident->io_changed)
+                rl_synced_rebalance(&a->synced, e, now, true);
+        }
+    }
+    if (old != g) {
+        a->io_gen = g;
+        if (old != NULL)
+            rl_gen_unref(old);
+    }
+}
+
+int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
+{
+    if (g->has_local && !a->has_local) {
+        rl_local_init(&a->local, a->config->local_max_keys);
+        a->has_local = true;
+    }
+    a->has_exact |= g->has_exact;
+    if (!g->has_synced || a->has_synced)
+        return RL_OK;
+    /* The aggregator settings are those the agent was opened with. */
+    if (rl_synced_init(&a->synced, a->config) != RL_OK)
+        return rl_error_set(err, RL_ENOMEM, "out of memory");
+    a->sync = rl_sync_new(&a->synced, a->config, &a->log, err);
+    if (a->sync == NULL) {
+        rl_synced_fini(&a->synced);
+        return err->code;
+    }
+    rl_sync_set_rules(a->sync, g->config, g->idents);
+    a->has_synced = true;
+    return RL_OK;
+}
+
+/* Frees the retired generations nothing uses any more, their counters
+ * kept. */
+static void reclaim(rl_agent *a)
+{
+    rl_gen **link = &a->retired;
+    while (*link != NULL) {
+        rl_gen *g = *link;
+        if (atomic_load_explicit(&g->refs, memory_order_acquire) != 0
+            || !rl_calls_passed(&a->calls, &g->retired_at)) {
+            link = &g->next;
+            continue;
+        }
+        *link = g->next;
+        a->n_retired--;
+        rl_gen_fold_stats(g, &a->retired_counts);
+        rl_gen_free(g);
+    }
+    rl_idents_sweep(&a->idents, false);
+}
+
+/* Hands g to the I/O thread and waits until it serves it (or closes, or a
+ * second passes: then its requests still find it first, on_wakeup). */
+static int hand_to_io(rl_agent *a, rl_gen *g)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += RELOAD_IO_WAIT_MS / 1000;
+    pthread_mutex_lock(&a->queue_lock);
+    if (a->queue_closed || atomic_load(&a->closing)) {
+        pthread_mutex_unlock(&a->queue_lock);
+        return RL_ECLOSED;
+    }
+    rl_gen_ref(g);
+    rl_gen *skipped = a->io_next;
+    a->io_next = g;
+    uint64_t seq = ++a->io_posted;
+    uv_async_send(&a->wakeup);
+    if (skipped != NULL)
+        rl_gen_unref(skipped);
+    while (a->io_applied < seq && !a->queue_closed
+           && pthread_cond_timedwait(&a->io_applied_cond, &a->queue_lock,
+                                     &until) != ETIMEDOUT)
+        ;
+    pthread_mutex_unlock(&a->queue_lock);
+    return RL_OK;
+}
+
+static int reload_locked(rl_agent *a, rl_config *cfg, rl_error *err)
+{
+    if (atomic_load(&a->closing))
+        return rl_error_set(err, RL_ECLOSED, "rl_agent_reload: the agent is "
+                            "shut down");
+    rl_gen *g;
+    if (rl_gen_new(cfg, cfg, &a->idents, &g) != RL_OK) {
+        rl_idents_sweep(&a->idents, false);
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_reload: out of "
+                            "memory");
+    }
+    int rc = rl_agent_take_modes(a, g, err);
+    if (rc == RL_OK && (rc = hand_to_io(a, g)) != RL_OK)
+        rl_error_set(err, rc, "rl_agent_reload: the agent is shut down");
+    if (rc != RL_OK) {
+        g->owned = NULL; /* the caller's still */
+        rl_gen_free(g);
+        rl_idents_sweep(&a->idents, false);
+        return rc;
+    }
+    rl_gen *old = atomic_exchange(&a->gen, g);
+    rl_calls_mark_now(&a->calls, &old->retired_at);
+    old->next = a->retired;
+    a->retired = old;
+    a->n_retired++;
+    a->reloads++;
+    reclaim(a);
+    for (unsigned waited = 0;
+         a->n_retired > RETIRED_MAX
+         || (a->retired == old && waited < RETIRE_WAIT_US);
+         waited += 200) {
+        usleep(200);
+        reclaim(a);
+    }
+    return RL_OK;
+}
+
+int rl_agent_reload_config(rl_agent *a, rl_config *cfg, rl_error *err)
+{
+    rl_error local = {0};
+    if (err == NULL)
+        err = &local;
+    if (a == NULL || cfg == NULL)
+        return rl_error_set(err, RL_EINVAL, "rl_agent_reload: agent and "
+                            "config must not be NULL");
+    if (a->forks != rl_forks())
+        return rl_error_set(err, RL_EFORKED, "rl_agent_reload: the agent "
+                            "was opened in another process");
+    pthread_mutex_lock(&a->reload_lock);
+    int rc = reload_locked(a, cfg, err);
+    pthread_mutex_unlock(&a->reload_lock);
+    if (rc == RL_OK)
+        rl_error_clear(err);
+    return rc;
+}
+
+int rl_agent_reload(rl_agent *a, const char *path, rl_error *err)
+{
+    if (a == NULL || path == NULL)
+        return rl_error_set(err, RL_EINVAL, "rl_agent_reload: agent and "
+                            "config_path must not be NULL");
+    rl_config *cfg;
+    int rc = rl_config_load(path, &cfg, err);
+    if (rc != RL_OK)
+        return rc;
+    rc = rl_agent_reload_config(a, cfg, err);
+    if (rc != RL_OK)
+        rl_config_free(cfg);
+    return rc;
+}
+
+static void add_counters(rl_rule_counters *into, const rl_rule_counters *c)
+{
+    into->checks += c->checks;
+    into->allowed += c->allowed;
+    into->rejected += c->rejected;
+    into->degraded += c->degraded;
+    into->shadow_rejected += c->shadow_rejected;
+}
+
+/* Adds generation g's counters into out, and into rules[i] those of its
+ * rules whose identity is cur's rule i. */
+static void add_gen(const rl_gen *g, const rl_gen *cur, rl_agent_counters *out,
+                    rl_rule_counters *rules, size_t cap)
+{
+    size_t n = g->config->n_rules;
+    rl_rule_counters *mine = calloc(n > 0 ? n : 1, sizeof *mine);
+    rl_agent_counters c;
+    memset(&c, 0, sizeof c);
+    rl_stats_read(&g->stats, &c, mine, mine != NULL ? n : 0);
+    out->requests += c.requests;
+    out->allowed += c.allowed;
+    out->rejected += c.rejected;
+    out->degraded += c.degraded;
+    for (size_t i = 0; mine != NULL && i < n; i++) {
+        for (size_t j = 0; j < cur->config->n_rules && j < cap; j++) {
+            if (cur->idents[j] == g->idents[i])
+                add_counters(&rules[j], &mine[i]);
+        }
+    }
+    free(mine);
+}
+
+void rl_agent_rule_stats(rl_agent *a, rl_agent_counters *out,
+                         rl_rule_counters *rules, size_t cap)
+{
+    const rl_gen *cur = atomic_load(&a->gen);
+    out->requests = a->retired_counts.requests;
+    out->allowed = a->retired_counts.allowed;
+    out->rejected = a->retired_counts.rejected;
+    out->degraded = a->retired_counts.degraded;
+    out->n_rules = cur->config->n_rules;
+    out->reloads = a->reloads;
+    for (size_t i = 0; i < cur->config->n_rules && i < cap; i++) {
+        rules[i] = cur->idents[i]->retired;
+        rules[i].rule = cur->idents[i]->name;
+    }
+    add_gen(cur, cur, out, rules, cap);
+    for (const rl_gen *g = a->retired; g != NULL; g = g->next)
+        add_gen(g, cur, out, rules, cap);
+}
