@@ -173,8 +173,8 @@ Test(gateway_rules, a_route_scoped_composite_rule_counts_per_key_per_route)
 {
     const char *cfg = write_file("routes.yaml",
         "gateway:\n  routes:\n"
-        "    - {prefix: /v1/orders, name: orders}\n"
-        "    - {prefix: /v1/orders/export, name: export}\n"
+        "    - {prefix: /v1/orders, route: orders}\n"
+        "    - {prefix: /v1/orders/export, route: export}\n"
         "rules:\n"
         "  - {name: per-key-per-route, match: [api_key, route], limit: 2, "
         "period: 1h, mode: local}\n");
