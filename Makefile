@@ -48,7 +48,8 @@ LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
 RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
              aggregator/rlctl_view.c aggregator/rlctl_totals.c \
              aggregator/rlctl_agents.c aggregator/rlctl_json.c \
-             aggregator/rlctl_watch.c
+             aggregator/rlctl_watch.c aggregator/rlctl_explain.c \
+             aggregator/rlctl_config.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c aggregator/metrics.c \
              aggregator/agents.c

@@ -8,11 +8,17 @@
  * Signals: SIGTERM/SIGINT stop taking reports, let the ones in flight reach
  * Redis and be acknowledged, publish once more and exit 0. SIGHUP reloads
  * the config; an invalid one is logged and the old one kept (the listen
- * URLs and the store are not changed by a reload).
+ * URLs and the store are not changed by a reload). The synced rules follow
+ * the new config: reports for a rule added are taken, for a rule removed
+ * refused (unknown_rule), shadow synced rules are summed like any other
+ * (a shadow rule is enforced nowhere, but counted everywhere); what
+ * changed is logged one line each, as rl-gateway does.
  */
 #include "aggregator.h"
 
 #include "windows.h"
+
+#include "config_diff.h"
 
 #include "nng_tls.h"
 
@@ -132,14 +138,37 @@ static void on_reload(uv_signal_t *s, int signum)
         rl_service_reloaded(&agg->service);
         return;
     }
+    rl_config_diff diff;
+    bool have_diff = rl_config_diff_make(agg->config, fresh, &diff) == RL_OK;
+    /* The totals noted so far are kept by rule index in the old config:
+     * they go out now, under the rules they were counted for, rather than
+     * be dropped with the old table. */
+    if (!agg->stopping)
+        rl_broadcast_publish(agg);
     /* The rules change; the store and the sockets keep the settings they
-     * started with, from the first config, which stays loaded for them. */
+     * started with, from the first config, which stays loaded for them.
+     * Reports in flight look their rule up again by name when Redis
+     * answers (ingest.c), so none holds on to the old config. */
     if (agg->config != agg->boot_config)
         rl_config_free(agg->config);
     agg->config = fresh;
     rl_broadcast_free(agg->broadcast);
     agg->broadcast = rl_broadcast_new();
-    rl_log(&agg->log, RL_LOG_INFO, "reloaded", "rules=%zu", fresh->n_rules);
+    size_t synced = 0;
+    for (size_t i = 0; i < fresh->n_rules; i++)
+        synced += fresh->rules[i].mode == RL_MODE_SYNCED;
+    if (have_diff) {
+        for (size_t i = 0; i < diff.n; i++)
+            rl_log(&agg->log, RL_LOG_INFO, "reload_change", "change=\"%s\"",
+                   diff.lines[i]);
+        rl_log(&agg->log, RL_LOG_INFO, "reloaded", "rules=%zu synced=%zu "
+               "added=%zu removed=%zu changed=%zu", fresh->n_rules, synced,
+               diff.rules_added, diff.rules_removed, diff.rules_changed);
+        rl_config_diff_fini(&diff);
+    } else {
+        rl_log(&agg->log, RL_LOG_INFO, "reloaded", "rules=%zu synced=%zu "
+               "changes=unknown (out of memory)", fresh->n_rules, synced);
+    }
     rl_service_reloaded(&agg->service);
 }
 

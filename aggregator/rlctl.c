@@ -8,7 +8,10 @@
 #include "config.h"
 #include "duration.h"
 #include "rl.h"
+#include "config_diff.h"
 #include "rlctl_agents.h"
+#include "rlctl_config.h"
+#include "rlctl_explain.h"
 #include "rlctl_json.h"
 #include "rlctl_store.h"
 #include "rlctl_totals.h"
@@ -27,6 +30,7 @@
 #define EXIT_UNREACHABLE 2
 #define EXIT_BAD_CONFIG 3
 #define EXIT_REJECTED 4
+#define EXIT_CHANGES 5 /* config --diff: a reload would change something */
 
 #define DEFAULT_CONFIG "/etc/rl/rl.yaml"
 #define ARGS_MAX 64
@@ -35,14 +39,18 @@ static const char usage[] =
     "usage: rlctl [--config FILE] [--json] COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
-    "  config                  validate the config and show the rules\n"
+    "  config [--diff NEW]     validate the config and show the rules, their\n"
+    "                          overrides and shadow rules; --diff: what a\n"
+    "                          reload to NEW would change (exit 5 if any)\n"
     "  bucket RULE VALUE       a bucket's tokens (or a synced rule's window\n"
     "                          counts), time to full and TTL; spends nothing\n"
     "  reset RULE VALUE [--yes]\n"
     "                          forget a bucket or a client's window counts\n"
     "  check --attr NAME=VALUE... [--cost N] [--dry-run]\n"
     "                          what the rules decide for that request, rule\n"
-    "                          by rule; --dry-run reads without spending\n"
+    "                          by rule: the override that set each rate,\n"
+    "                          why each rule applies or not (its when);\n"
+    "                          --dry-run reads without spending\n"
     "  totals [--rule R] [--top N]\n"
     "                          clients of synced rules by their count in the\n"
     "                          current window (default top 20)\n"
@@ -58,9 +66,11 @@ static const char usage[] =
     "  --help         show this text (COMMAND --help: the same)\n"
     "  --version      show rl's version\n"
     "\n"
-    "exit codes: 0 ok, 1 usage error (bad arguments, unknown rule, reset not\n"
-    "confirmed), 2 store unreachable or refused, 3 invalid or unreadable\n"
-    "config, 4 check: the request is (or would be) rejected\n";
+    "exit codes: 0 ok (config --diff: no change), 1 usage error (bad\n"
+    "arguments, unknown rule, reset not confirmed), 2 store unreachable or\n"
+    "refused, 3 invalid or unreadable config (--diff: either one), 4 check:\n"
+    "the request is (or would be) rejected, 5 config --diff: a reload would\n"
+    "change something\n";
 
 typedef struct cli {
     const char *config_path;
@@ -71,6 +81,7 @@ typedef struct cli {
     const char *attrs[RL_ATTRS_MAX];
     int n_attrs;
     const char *rule;
+    const char *diff;           /* config --diff NEW */
     unsigned long top, cost, interval, count;
     rl_config *cfg;
 } cli;
@@ -108,9 +119,25 @@ static void print_store(const rl_store_config *s)
            s->password != NULL ? ", with password" : "");
 }
 
+static int cmd_diff(cli *c)
+{
+    rl_config *next;
+    rl_error err;
+    if (rl_config_load(c->diff, &next, &err) != RL_OK)
+        return fail(EXIT_BAD_CONFIG, "%s", err.message);
+    int changed = rlctl_config_diff(c->cfg, c->config_path, next, c->diff,
+                                    c->json);
+    rl_config_free(next);
+    if (changed < 0)
+        return EXIT_UNREACHABLE;
+    return changed ? EXIT_CHANGES : EXIT_OK;
+}
+
 static int cmd_config(cli *c)
 {
     const rl_config *cfg = c->cfg;
+    if (c->diff != NULL)
+        return cmd_diff(c);
     if (c->json) {
         printf("{\"config\":");
         rlctl_json_string(c->config_path);
@@ -129,6 +156,7 @@ static int cmd_config(cli *c)
                    rl_algorithm_name(r->algorithm),
                    rl_on_error_name(r->on_error));
             rlctl_json_string(r->key_prefix);
+            rlctl_config_json_overrides(cfg, r);
             printf("}");
         }
         printf("]}\n");
@@ -154,6 +182,7 @@ static int cmd_config(cli *c)
                rl_algorithm_name(r->algorithm), rl_on_error_name(r->on_error),
                r->key_prefix);
     }
+    rlctl_config_print_overrides(cfg);
     return EXIT_OK;
 }
 
@@ -365,23 +394,17 @@ static int parse_attrs(cli *c, attr_arg *out, rl_attr *attrs)
     return EXIT_OK;
 }
 
-static const char *value_for(const attr_arg *a, int n, const char *name)
-{
-    for (int i = 0; i < n; i++) {
-        if (strcmp(a[i].name, name) == 0)
-            return a[i].value;
-    }
-    return NULL;
-}
-
-/* What each rule holds and would decide, before anything is spent. */
+/* What each rule holds and would decide, before anything is spent: why
+ * it applies (or not) and at which rate (ex), and its bucket at that
+ * rate (view). */
 typedef struct verdict {
+    rlctl_explain ex;
     rlctl_view view;
-    bool applies, readable, allowed;
+    bool applies, unlimited, readable, allowed;
     long long retry_ms;
 } verdict;
 
-static int read_verdicts(cli *c, const attr_arg *a, verdict *v)
+static int read_verdicts(cli *c, const rl_attr *attrs, verdict *v)
 {
     rlctl_store s;
     unsigned long long now;
@@ -390,13 +413,16 @@ static int read_verdicts(cli *c, const attr_arg *a, verdict *v)
         return rc;
     for (size_t i = 0; i < c->cfg->n_rules; i++) {
         const rl_rule *r = &c->cfg->rules[i];
-        const char *value = value_for(a, c->n_attrs, r->match);
-        v[i] = (verdict){.applies = value != NULL};
-        v[i].view.rule = r;
-        if (!v[i].applies || r->mode == RL_MODE_LOCAL)
+        v[i] = (verdict){0};
+        rlctl_explain_rule(c->cfg, r, attrs, (size_t)c->n_attrs, &v[i].ex);
+        v[i].applies = v[i].ex.applies;
+        v[i].unlimited = v[i].ex.applies && v[i].ex.effective.unlimited;
+        v[i].view.rule = &v[i].ex.effective;
+        if (!v[i].applies || v[i].unlimited || r->mode == RL_MODE_LOCAL)
             continue;
         char err[512];
-        if (rlctl_view_read(&s, r, value, now, &v[i].view, err, sizeof err)
+        if (rlctl_view_read(&s, &v[i].ex.effective, v[i].ex.value, now,
+                            &v[i].view, err, sizeof err)
             != 0) {
             rlctl_store_close(&s);
             return fail(EXIT_UNREACHABLE, "%s", err);
@@ -409,26 +435,44 @@ static int read_verdicts(cli *c, const attr_arg *a, verdict *v)
     return EXIT_OK;
 }
 
-static void print_verdicts(const cli *c, const verdict *v)
+/* The verdict's word: a shadow rule's reject is "reject (shadow)", it
+ * never decides. */
+static const char *verdict_word(const verdict *v)
+{
+    if (v->unlimited)
+        return "unlimited";
+    if (!v->readable)
+        return "in each gateway";
+    if (v->allowed)
+        return "allow";
+    return v->ex.shadow ? "reject (shadow)" : "reject";
+}
+
+static void print_verdicts(const cli *c, const rl_attr *attrs,
+                           const verdict *v)
 {
     if (!c->json)
-        printf("%-20s %-7s %-40s %12s  %s\n", "RULE", "MODE", "KEY",
-               "LEFT", "VERDICT");
+        printf("%-20s %-7s %-16s %-40s %12s  %s\n", "RULE", "MODE",
+               "OVERRIDE", "KEY", "LEFT", "VERDICT");
     bool first = true;
     for (size_t i = 0; i < c->cfg->n_rules; i++) {
         const rl_rule *r = v[i].view.rule;
         if (!v[i].applies)
             continue;
-        uint64_t left = r->mode == RL_MODE_SYNCED
+        uint64_t left = v[i].unlimited ? 0
+                        : r->mode == RL_MODE_SYNCED
                             ? (v[i].view.estimate < r->limit
                                    ? r->limit - v[i].view.estimate : 0)
                             : v[i].view.tokens;
-        const char *word = !v[i].readable ? "in each gateway"
-                              : v[i].allowed ? "allow" : "reject";
+        const char *word = verdict_word(&v[i]);
         if (c->json) {
             printf("%s{\"rule\":", first ? "" : ",");
             rlctl_json_string(r->name);
-            printf(",\"mode\":\"%s\",\"key\":", rl_mode_name(r->mode));
+            printf(",\"mode\":\"%s\",\"override\":", rl_mode_name(r->mode));
+            rlctl_json_string(v[i].ex.label);
+            printf(",\"limit\":%llu,\"period_ms\":%llu,\"key\":",
+                   (unsigned long long)r->limit,
+                   (unsigned long long)r->period_ms);
             rlctl_json_string(v[i].view.key);
             printf(",\"left\":%llu,\"verdict\":\"%s\",\"retry_after_ms\":"
                    "%lld}", (unsigned long long)left, word,
@@ -439,12 +483,31 @@ static void print_verdicts(const cli *c, const verdict *v)
                 snprintf(retry, sizeof retry, v[i].retry_ms < 0
                          ? " (never: cost over the burst)"
                          : " (retry in %lld ms)", v[i].retry_ms);
-            printf("%-20s %-7s %-40s %12llu  %s%s\n", r->name,
-                   rl_mode_name(r->mode),
+            printf("%-20s %-7s %-16s %-40s %12llu  %s%s\n", r->name,
+                   rl_mode_name(r->mode), v[i].ex.label,
                    v[i].readable ? v[i].view.key : "-",
                    (unsigned long long)left, word, retry);
         }
         first = false;
+    }
+    /* Why each rule applies or not: every rule, in config order. */
+    if (c->json) {
+        printf("],\"why\":[");
+        for (size_t i = 0; i < c->cfg->n_rules; i++) {
+            printf("%s{\"rule\":", i ? "," : "");
+            rlctl_json_string(c->cfg->rules[i].name);
+            putchar(',');
+            rlctl_explain_json(&v[i].ex, attrs, (size_t)c->n_attrs);
+            putchar('}');
+        }
+        return;
+    }
+    printf("\nwhy:\n");
+    char why[1024];
+    for (size_t i = 0; i < c->cfg->n_rules; i++) {
+        rlctl_explain_why(&v[i].ex, attrs, (size_t)c->n_attrs, why,
+                          sizeof why);
+        printf("  %-20s %s\n", c->cfg->rules[i].name, why);
     }
 }
 
@@ -457,7 +520,7 @@ static bool predicted(const cli *c, const verdict *v, const rl_rule **rule,
     *rule = NULL;
     *retry = 0;
     for (size_t i = 0; i < c->cfg->n_rules; i++) {
-        if (!v[i].readable || v[i].allowed)
+        if (!v[i].readable || v[i].allowed || v[i].ex.shadow)
             continue;
         bool longer = allowed || v[i].retry_ms < 0
                       || (*retry >= 0 && v[i].retry_ms > *retry);
@@ -470,26 +533,77 @@ static bool predicted(const cli *c, const verdict *v, const rl_rule **rule,
     return allowed;
 }
 
-static int report_decision(const cli *c, bool allowed, const char *rule,
-                           long long retry, bool degraded, bool dry)
+/* The decision, the override that set its rule's rate (the decision's
+ * own "" is the rule's: "default") and the shadow rules that would have
+ * rejected. */
+static int report_decision(const cli *c, const rl_decision *d, bool dry)
 {
+    const char *rule = d->rule;
+    const char *override = d->override[0] ? d->override : "default";
+    unsigned named = d->shadow_rejected < RL_SHADOW_NAMES_MAX
+                         ? d->shadow_rejected : RL_SHADOW_NAMES_MAX;
+    long long retry = d->retry_after_ms;
     if (c->json) {
         printf("],\"dry_run\":%s,\"allowed\":%s,\"rule\":",
-               dry ? "true" : "false", allowed ? "true" : "false");
+               dry ? "true" : "false", d->allowed ? "true" : "false");
         rlctl_json_string(rule);
-        printf(",\"retry_after_ms\":%lld,\"degraded\":%s}\n", retry,
-               degraded ? "true" : "false");
+        printf(",\"override\":");
+        rlctl_json_string(rule[0] ? override : "");
+        printf(",\"retry_after_ms\":%lld,\"degraded\":%s,"
+               "\"shadow_rejected\":%u,\"shadow_rules\":[", retry,
+               d->degraded ? "true" : "false", d->shadow_rejected);
+        for (unsigned i = 0; i < named; i++) {
+            printf("%s", i ? "," : "");
+            rlctl_json_string(d->shadow_rules[i]);
+        }
+        printf("]}\n");
     } else {
-        printf("\ndecision:    %s%s%s%s%s\n",
-               dry ? "would be " : "", allowed ? "allowed" : "rejected",
-               rule[0] ? " (rule " : "", rule, rule[0] ? ")" : "");
-        if (!allowed && retry >= 0)
+        printf("\ndecision:    %s%s", dry ? "would be " : "",
+               d->allowed ? "allowed" : "rejected");
+        if (rule[0] != '\0' && d->override[0] != '\0')
+            printf(" (rule %s, override %s)", rule, override);
+        else if (rule[0] != '\0')
+            printf(" (rule %s)", rule);
+        printf("\n");
+        if (!d->allowed && retry >= 0)
             printf("retry after: %lld ms\n", retry);
-        if (degraded)
+        if (d->degraded)
             printf("degraded:    the store did not answer; on_error "
                    "decided\n");
+        if (d->shadow_rejected > 0) {
+            printf("shadow:      %u shadow rule%s would have rejected:",
+                   d->shadow_rejected, d->shadow_rejected == 1 ? "" : "s");
+            for (unsigned i = 0; i < named; i++)
+                printf(" %s", d->shadow_rules[i]);
+            printf("\n");
+        }
     }
-    return allowed ? EXIT_OK : EXIT_REJECTED;
+    return d->allowed ? EXIT_OK : EXIT_REJECTED;
+}
+
+/* The dry run's decision, as rl_decision says it. */
+static void predicted_decision(const cli *c, const verdict *v,
+                               rl_decision *d)
+{
+    const rl_rule *rule;
+    long long retry;
+    *d = (rl_decision){.allowed = predicted(c, v, &rule, &retry)};
+    d->retry_after_ms = retry;
+    for (size_t i = 0; i < c->cfg->n_rules; i++) {
+        if (rule != NULL && v[i].view.rule == rule) {
+            snprintf(d->rule, sizeof d->rule, "%s", rule->name);
+            if (v[i].ex.override != NULL)
+                snprintf(d->override, sizeof d->override, "%s",
+                         v[i].ex.label);
+        }
+        if (v[i].readable && !v[i].allowed && v[i].ex.shadow) {
+            if (d->shadow_rejected < RL_SHADOW_NAMES_MAX)
+                snprintf(d->shadow_rules[d->shadow_rejected],
+                         sizeof d->shadow_rules[0], "%s",
+                         v[i].ex.rule->name);
+            d->shadow_rejected++;
+        }
+    }
 }
 
 static int spend(cli *c, const rl_attr *attrs, rl_decision *d)
@@ -519,7 +633,7 @@ static int cmd_check(cli *c)
     verdict *v = calloc(c->cfg->n_rules + 1, sizeof *v);
     if (v == NULL)
         return fail(EXIT_UNREACHABLE, "out of memory");
-    if ((rc = read_verdicts(c, a, v)) != EXIT_OK) {
+    if ((rc = read_verdicts(c, attrs, v)) != EXIT_OK) {
         free(v);
         return rc;
     }
@@ -530,17 +644,10 @@ static int cmd_check(cli *c)
     }
     if (c->json)
         printf("{\"rules\":[");
-    print_verdicts(c, v);
-    if (c->dry_run) {
-        const rl_rule *rule;
-        long long retry;
-        bool allowed = predicted(c, v, &rule, &retry);
-        rc = report_decision(c, allowed, rule ? rule->name : "", retry,
-                             false, true);
-    } else {
-        rc = report_decision(c, d.allowed, d.rule, d.retry_after_ms,
-                             d.degraded, false);
-    }
+    print_verdicts(c, attrs, v);
+    if (c->dry_run)
+        predicted_decision(c, v, &d);
+    rc = report_decision(c, &d, c->dry_run);
     free(v);
     return rc;
 }
@@ -618,6 +725,8 @@ static int parse(int argc, char **argv, cli *c, bool *help)
             c->config_path = a + 9;
         else if (strcmp(a, "--rule") == 0 && more)
             c->rule = argv[++i];
+        else if (strcmp(a, "--diff") == 0 && more)
+            c->diff = argv[++i];
         else if (strcmp(a, "--top") == 0 && more)
             rc = number(argv[++i], "--top", 100000, &c->top);
         else if (strcmp(a, "--cost") == 0 && more)
@@ -648,9 +757,13 @@ static void command_help(const char *command)
     static const struct {
         const char *name, *text;
     } helps[] = {
-        {"config", "usage: rlctl [--config FILE] [--json] config\n"
+        {"config", "usage: rlctl [--config FILE] [--json] config [--diff "
+                   "NEW]\n"
                    "Validates the config and shows the rules as rl reads "
-                   "them.\n"},
+                   "them, their\noverrides (an overrides_file as its count) "
+                   "and the shadow rules.\n--diff NEW: what a reload from "
+                   "FILE to NEW would change, one line\neach; exit 0 when "
+                   "nothing, 5 when something would.\n"},
         {"bucket", "usage: rlctl [--config FILE] [--json] bucket RULE VALUE\n"
                    "An exact rule's bucket (tokens, time to full, TTL, "
                    "state) or a synced\nrule's window counts, read without "
@@ -676,8 +789,8 @@ static void command_help(const char *command)
         if (command != NULL && strcmp(command, helps[i].name) == 0) {
             fputs(helps[i].text, stdout);
             fputs("\nexit codes: 0 ok, 1 usage, 2 store or aggregator "
-                  "unreachable, 3 invalid\nconfig, 4 check: rejected\n",
-                  stdout);
+                  "unreachable, 3 invalid\nconfig, 4 check: rejected, 5 "
+                  "config --diff: changes\n", stdout);
             return;
         }
     }

@@ -285,6 +285,7 @@ void gw_conn_take_decisions(gw_server *srv)
     while (c != NULL) {
         gw_conn *next = c->next_decided;
         c->busy = false;
+        gw_shadow_note(srv, &c->decision, c->peer_ip);
         if (c->closing)
             maybe_free(c);
         else

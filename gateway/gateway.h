@@ -60,6 +60,8 @@ typedef struct gw_message {
     gw_buf body;
     size_t body_max;
     bool skip_body;         /* a response to HEAD: no body follows */
+    int method;             /* a request's enum http_method; -1 for a
+                             * response */
     int error_status;       /* an HTTP status to refuse it with, or 0 */
     const char *error;      /* and why */
     bool complete;
@@ -82,6 +84,21 @@ typedef struct gw_counts {
     uint64_t upstream_errors;  /* 502 and 504 */
 } gw_counts;
 
+/* Shadow rejections logged per rule: one line a second at most, carrying
+ * how many were not logged since (shadow.c). */
+typedef struct gw_shadow_entry {
+    char rule[RL_RULE_NAME_MAX + 1];
+    uint64_t last_ms;     /* loop time of its last line; 0: none yet */
+    uint64_t suppressed;  /* rejections since, not logged */
+} gw_shadow_entry;
+
+typedef struct gw_shadow_log {
+    gw_shadow_entry *entries;
+    size_t n, cap;
+    uint64_t unnamed_suppressed; /* past a decision's RL_SHADOW_NAMES_MAX */
+    uint64_t unnamed_last_ms;
+} gw_shadow_log;
+
 struct gw_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
@@ -89,14 +106,24 @@ struct gw_server {
     bool has_metrics;
     gw_counts counts;
     rl_agent *agent;
+    /* The config the agent was opened with (borrowed by it, so kept until
+     * exit), and the one in force: the last reloaded one, which the agent
+     * owns (rl_agent_reload_config) and which stays readable until the
+     * next reload. */
+    rl_config *boot_config;
     rl_config *config;
+    const char *config_path;
     rl_logger log;
     gw_tenant_map *tenants;
+    uint64_t reloads, reloads_failed;
+    gw_shadow_log shadow;
     bool trust_forwarded_for;
     bool has_upstream;
     struct sockaddr_storage upstream;
     char upstream_host[300];    /* Host: header for the upstream */
-    const char *attr_names[RL_ATTRS_MAX]; /* what the rules match on */
+    /* The attributes the rules name (match parts, when, overrides' when,
+     * `attributes:`) that come from headers: not the built-ins. */
+    const char *attr_names[RL_ATTRS_MAX];
     size_t n_attr_names;
 
     /* Decisions from the agent's thread, handed to the loop. */
@@ -104,8 +131,9 @@ struct gw_server {
     pthread_mutex_t decided_lock;
     gw_conn *decided_head;
 
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     uv_timer_t drain_timer;
+    uv_timer_t shadow_timer;    /* logs what the limiter held back */
     bool draining;
     gw_conn *conns;             /* every open connection */
     size_t n_conns;
@@ -122,8 +150,8 @@ void gw_conn_close_all(gw_server *srv);
 void gw_server_conn_gone(gw_server *srv);
 
 /* attrs.c: the request's attributes for the rules. Values point into the
- * message, the tenant map, peer_ip or out itself: they live as long as
- * those. A header that is present but empty counts as absent. */
+ * message, the tenant map, the config, peer_ip or out itself: they live as
+ * long as those. A header that is present but empty counts as absent. */
 typedef struct gw_attrs {
     rl_attr attrs[RL_ATTRS_MAX];
     size_t n;
@@ -133,11 +161,43 @@ typedef struct gw_attrs {
 
 void gw_attrs_of(const gw_server *srv, const gw_message *req,
                  const char *peer_ip, gw_attrs *out);
+/* Whether name is an attribute the gateway supplies itself (ip, api_key,
+ * tenant, plan, method, path, host, route), never from a header of that
+ * name. */
+bool gw_attr_builtin(const char *name);
+/* Sets srv->attr_names from srv->config. */
+void gw_attrs_collect(gw_server *srv);
+/* The path of a request target: before '?' (and '#'); of an absolute-form
+ * target, the part after the authority ("/" if none). */
+void gw_attrs_path(const char *url, size_t url_len, const char **path,
+                   size_t *len);
+/* The route of a path: the name of the longest gateway.routes prefix it
+ * starts with, else NULL. */
+const char *gw_attrs_route(const rl_config *cfg, const char *path,
+                           size_t len);
 
-/* tenant_map.c: api_key -> tenant, from a file of "api_key tenant" lines. */
+/* shadow.c: one log line per rule per second at most for the shadow
+ * rejections in a decision; the timer logs what was held back. */
+void gw_shadow_note(gw_server *srv, const rl_decision *d,
+                    const char *peer_ip);
+void gw_shadow_flush(gw_server *srv, bool all);
+void gw_shadow_free(gw_server *srv);
+
+/* reload.c: SIGHUP: the config and the tenant map again, through
+ * rl_agent_reload_config; an invalid one is logged and the old one kept. */
+int gw_load_tenants(const rl_config *cfg, const char *config_path,
+                    gw_tenant_map **out, char *err, size_t errlen);
+void gw_reload(gw_server *srv);
+
+/* tenant_map.c: api_key -> tenant and plan, from a file of "api_key tenant
+ * [plan]" lines. */
 int gw_tenant_map_load(const char *path, gw_tenant_map **out, char *err,
                        size_t errlen);
-const char *gw_tenant_map_find(const gw_tenant_map *map, const char *api_key);
+/* The key's tenant and plan (NULL when its line has none); false (both
+ * NULL) when the key is not in the map or map is NULL. */
+bool gw_tenant_map_find(const gw_tenant_map *map, const char *api_key,
+                        const char **tenant, const char **plan);
+size_t gw_tenant_map_size(const gw_tenant_map *map);
 void gw_tenant_map_free(gw_tenant_map *map);
 
 /* respond.c: the gateway's own responses. */

@@ -5,7 +5,9 @@
  *
  * Signals: SIGTERM/SIGINT stop accepting, close idle connections, let the
  * requests in flight be answered (10 s at most), close the agent (which
- * sends its last synced counts) and exit 0.
+ * sends its last synced counts) and exit 0. SIGHUP reloads the config and
+ * its tenant map (reload.c): what changed is logged, an invalid config is
+ * logged and the old one kept, no connection is dropped.
  */
 #include "gateway.h"
 
@@ -39,6 +41,9 @@ static const char usage[] =
     "                         elsewhere need it)\n"
     "  --log-level LEVEL      debug, info, warn or error (default: the\n"
     "                         config's log_level, info if unset)\n"
+    "\n"
+    "SIGHUP reloads the config and the tenant map (an invalid one is\n"
+    "logged and the old one kept); SIGTERM drains and exits.\n"
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config, 4 cannot run (listen,\n"
     "upstream address, tenant map)\n";
@@ -138,34 +143,11 @@ static int set_upstream(gw_server *srv, const char *url)
     return 0;
 }
 
-/* The attribute names the rules match on, each once. */
-static void collect_attr_names(gw_server *srv)
+static int load_tenants(gw_server *srv)
 {
-    for (size_t i = 0; i < srv->config->n_rules; i++) {
-        const char *m = srv->config->rules[i].match;
-        bool seen = false;
-        for (size_t j = 0; j < srv->n_attr_names; j++)
-            seen |= strcmp(srv->attr_names[j], m) == 0;
-        if (!seen && srv->n_attr_names < RL_ATTRS_MAX)
-            srv->attr_names[srv->n_attr_names++] = m;
-    }
-}
-
-/* A relative tenant map path is relative to the config file's folder. */
-static int load_tenants(gw_server *srv, const char *config_path)
-{
-    const char *map = srv->config->gateway.tenant_map;
-    if (map[0] == '\0')
-        return 0;
-    char path[RL_PATH_MAX * 2 + 2];
-    const char *slash = strrchr(config_path, '/');
-    if (map[0] == '/' || slash == NULL)
-        snprintf(path, sizeof path, "%s", map);
-    else
-        snprintf(path, sizeof path, "%.*s/%s", (int)(slash - config_path),
-                 config_path, map);
     char err[512];
-    if (gw_tenant_map_load(path, &srv->tenants, err, sizeof err) != 0) {
+    if (gw_load_tenants(srv->config, srv->config_path, &srv->tenants, err,
+                        sizeof err) != 0) {
         fprintf(stderr, "rl-gateway: %s\n", err);
         return EXIT_RUNTIME;
     }
@@ -199,7 +181,9 @@ static void stop_loop(gw_server *srv)
      * SIGTERM while the agent closes must not cut its last report short. */
     uv_unref((uv_handle_t *)&srv->sigterm);
     uv_unref((uv_handle_t *)&srv->sigint);
+    uv_unref((uv_handle_t *)&srv->sighup);
     close_handle((uv_handle_t *)&srv->drain_timer);
+    close_handle((uv_handle_t *)&srv->shadow_timer);
     close_handle((uv_handle_t *)&srv->decided);
 }
 
@@ -233,6 +217,19 @@ static void on_stop_signal(uv_signal_t *s, int signum)
     gw_server_conn_gone(srv);
 }
 
+static void on_reload_signal(uv_signal_t *s, int signum)
+{
+    gw_server *srv = s->data;
+    (void)signum;
+    if (!srv->draining && srv->agent != NULL)
+        gw_reload(srv);
+}
+
+static void on_shadow_timer(uv_timer_t *t)
+{
+    gw_shadow_flush(t->data, false);
+}
+
 static int listen_on(uv_tcp_t *listener, const char *option,
                      const char *text)
 {
@@ -263,17 +260,24 @@ static void init_handles(gw_server *srv)
     srv->listener.data = srv->metrics_listener.data = srv;
     uv_async_init(srv->loop, &srv->decided, on_decided);
     uv_timer_init(srv->loop, &srv->drain_timer);
+    uv_timer_init(srv->loop, &srv->shadow_timer);
     uv_signal_init(srv->loop, &srv->sigterm);
     uv_signal_init(srv->loop, &srv->sigint);
+    uv_signal_init(srv->loop, &srv->sighup);
     srv->decided.data = srv->drain_timer.data = srv;
-    srv->sigterm.data = srv->sigint.data = srv;
+    srv->shadow_timer.data = srv;
+    srv->sigterm.data = srv->sigint.data = srv->sighup.data = srv;
     uv_signal_start(&srv->sigterm, on_stop_signal, SIGTERM);
     uv_signal_start(&srv->sigint, on_stop_signal, SIGINT);
+    uv_signal_start(&srv->sighup, on_reload_signal, SIGHUP);
+    /* The shadow log's held-back counts; never what keeps the loop up. */
+    uv_timer_start(&srv->shadow_timer, on_shadow_timer, 1000, 1000);
+    uv_unref((uv_handle_t *)&srv->shadow_timer);
 }
 
 static int open_agent(gw_server *srv)
 {
-    rl_options o = {.config = srv->config, .log = rl_log_to_stderr,
+    rl_options o = {.config = srv->boot_config, .log = rl_log_to_stderr,
                     .log_level = srv->log.level};
     rl_error err;
     if (rl_agent_open(&srv->agent, &o, &err) != RL_OK) {
@@ -290,7 +294,7 @@ static int run(gw_server *srv, const args *a)
     if (a->upstream != NULL)
         rc = set_upstream(srv, a->upstream);
     if (rc == 0)
-        rc = load_tenants(srv, a->config);
+        rc = load_tenants(srv);
     if (rc == 0 && a->metrics != NULL)
         rc = listen_on(&srv->metrics_listener, "--metrics", a->metrics);
     if (rc == 0 && (rc = listen_on(&srv->listener, "--listen", a->listen)) == 0
@@ -301,6 +305,7 @@ static int run(gw_server *srv, const args *a)
         uv_run(srv->loop, UV_RUN_DEFAULT);
         /* Decisions still owed arrive before the agent's thread ends. */
         rl_agent_close(srv->agent);
+        gw_shadow_flush(srv, true);
         rl_log(&srv->log, RL_LOG_INFO, "stopped", "%s", "");
     } else {
         /* Start failed: close what was opened so the loop can end. */
@@ -324,19 +329,23 @@ int main(int argc, char **argv)
         return rc;
     gw_server srv = {.loop = uv_default_loop(),
                      .log = {rl_log_to_stderr, NULL, a.level},
-                     .trust_forwarded_for = a.trust_forwarded_for};
+                     .trust_forwarded_for = a.trust_forwarded_for,
+                     .config_path = a.config};
     rl_error err;
-    if (rl_config_load(a.config, &srv.config, &err) != RL_OK) {
+    if (rl_config_load(a.config, &srv.boot_config, &err) != RL_OK) {
         fprintf(stderr, "rl-gateway: %s\n", err.message);
         return EXIT_CONFIG;
     }
+    srv.config = srv.boot_config;
     if (!a.level_given)
         srv.log.level = srv.config->log_level;
-    collect_attr_names(&srv);
+    gw_attrs_collect(&srv);
     pthread_mutex_init(&srv.decided_lock, NULL);
     rc = run(&srv, &a);
     gw_tenant_map_free(srv.tenants);
-    rl_config_free(srv.config);
+    gw_shadow_free(&srv);
+    /* Reloaded configs were the agent's and went with it. */
+    rl_config_free(srv.boot_config);
     pthread_mutex_destroy(&srv.decided_lock);
     return rc;
 }

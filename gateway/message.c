@@ -79,6 +79,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
 static int on_headers_complete(http_parser *p)
 {
     gw_message *m = p->data;
+    m->method = p->type == HTTP_REQUEST ? (int)p->method : -1;
     for (int i = 0; i < m->n_headers; i++) {
         if (m->headers[i].value.data == NULL
             && gw_buf_append(&m->headers[i].value, "", 0, 1) != 0)

@@ -35,6 +35,12 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
                       "verdict=\"rejected\"} %llu\n", rules[i].rule,
                       (unsigned long long)rules[i].allowed, rules[i].rule,
                       (unsigned long long)rules[i].rejected);
+    family(b, "rl_rule_shadow_rejected_total", "counter",
+           "Requests a shadow rule would have rejected, by rule.");
+    for (size_t i = 0; i < n; i++)
+        gw_buf_printf(b, "rl_rule_shadow_rejected_total{rule=\"%s\"} %llu\n",
+                      rules[i].rule,
+                      (unsigned long long)rules[i].shadow_rejected);
     family(b, "rl_rule_degraded_total", "counter",
            "Requests a rule's on_error decided, by rule.");
     for (size_t i = 0; i < n; i++)
@@ -97,6 +103,12 @@ static void gateway_metrics(gw_buf *b, const gw_server *srv)
            "Allowed requests the upstream failed (502, 504).");
     gw_buf_printf(b, "rl_gateway_upstream_errors_total %llu\n",
                   (unsigned long long)srv->counts.upstream_errors);
+    family(b, "rl_gateway_reloads_total", "counter",
+           "SIGHUP reloads, by result (failed: the old config was kept).");
+    gw_buf_printf(b, "rl_gateway_reloads_total{result=\"ok\"} %llu\n"
+                  "rl_gateway_reloads_total{result=\"failed\"} %llu\n",
+                  (unsigned long long)srv->reloads,
+                  (unsigned long long)srv->reloads_failed);
     family(b, "rl_gateway_connections", "gauge", "Open connections.");
     gw_buf_printf(b, "rl_gateway_connections %zu\n", srv->n_conns);
 }
@@ -116,7 +128,10 @@ void gw_respond_metrics(gw_buf *out, gw_server *srv, const char *path,
     if (rules != NULL
         && rl_agent_stats(srv->agent, &s, rules, srv->config->n_rules)
                == RL_OK) {
-        agent_metrics(&body, &s, rules, srv->config->n_rules);
+        /* The agent's rules are the config's, reloads included. */
+        agent_metrics(&body, &s, rules,
+                      s.n_rules < srv->config->n_rules
+                          ? s.n_rules : srv->config->n_rules);
         shard_metrics(&body, srv->agent);
         gateway_metrics(&body, srv);
     }

@@ -3,7 +3,9 @@
  * Content-Length (keep-alive needs it) and says whether the connection
  * stays open. Decisions carry librl's RateLimit headers; a rejection is a
  * 429 with Retry-After and a JSON body naming the rule, or a 503 when the
- * store did not answer and the rule's on_error is deny.
+ * store did not answer and the rule's on_error is deny. The body names the
+ * rule, the limit and period that applied and the override that set them
+ * ("default": the rule's own).
  */
 #include "gateway.h"
 
@@ -74,6 +76,11 @@ static void decision_body(gw_buf *body, const rl_decision *d, int *status)
     gw_buf_printf(body, "{\"error\":\"%s\",\"rule\":",
                   d->degraded ? "rate_limiter_unavailable" : "rate_limited");
     json_string(body, d->rule);
+    /* The limit that applied (an override's, when one did) and which. */
+    gw_buf_printf(body, ",\"limit\":%llu,\"period_ms\":%llu,\"override\":",
+                  (unsigned long long)d->limit,
+                  (unsigned long long)d->period_ms);
+    json_string(body, d->override[0] != '\0' ? d->override : "default");
     if (d->retry_after_ms < 0)
         gw_buf_printf(body, ",\"retry_after_s\":null}\n");
     else

@@ -1,7 +1,8 @@
 /*
- * tenant_map.c: which tenant an API key belongs to, for gateways whose
- * clients do not send X-Tenant. The file has one "api_key tenant" pair per
- * line (blanks and tabs between); '#' starts a comment. Read once at start.
+ * tenant_map.c: which tenant (and plan) an API key belongs to, for gateways
+ * whose clients do not send X-Tenant, and for rules whose `when` names a
+ * plan. The file has one "api_key tenant [plan]" line per key (blanks and
+ * tabs between); '#' starts a comment. Read at start and on SIGHUP.
  */
 #include "gateway.h"
 
@@ -14,7 +15,7 @@
 #define MAP_LINE_MAX 1024
 
 typedef struct gw_tenant_entry {
-    char *api_key, *tenant;
+    char *api_key, *tenant, *plan; /* plan NULL on a two-word line */
 } gw_tenant_entry;
 
 struct gw_tenant_map {
@@ -28,9 +29,9 @@ static int by_key(const void *a, const void *b)
                   ((const gw_tenant_entry *)b)->api_key);
 }
 
-/* One line into key and tenant; 0 for a blank or comment line, 1 for a
- * pair, -1 for anything else. */
-static int split(char *line, char **key, char **tenant)
+/* One line into key, tenant and plan (NULL if not given); 0 for a blank
+ * or comment line, 1 for an entry, -1 for anything else. */
+static int split(char *line, char **key, char **tenant, char **plan)
 {
     static const char space[] = " \t\r\n";
     line[strcspn(line, "#")] = '\0';
@@ -38,14 +39,16 @@ static int split(char *line, char **key, char **tenant)
     if (*key == NULL)
         return 0;
     *tenant = strtok(NULL, space);
-    if (*tenant == NULL || strtok(NULL, space) != NULL)
+    *plan = *tenant != NULL ? strtok(NULL, space) : NULL;
+    if (*tenant == NULL || (*plan != NULL && strtok(NULL, space) != NULL))
         return -1;
     return strlen(*key) <= RL_VALUE_MAX && strlen(*tenant) <= RL_VALUE_MAX
+                   && (*plan == NULL || strlen(*plan) <= RL_VALUE_MAX)
                ? 1 : -1;
 }
 
 static int add(gw_tenant_map *map, size_t *cap, const char *key,
-               const char *tenant)
+               const char *tenant, const char *plan)
 {
     if (map->n == *cap) {
         size_t grown = *cap ? *cap * 2 : 64;
@@ -58,9 +61,12 @@ static int add(gw_tenant_map *map, size_t *cap, const char *key,
     gw_tenant_entry *e = &map->entries[map->n];
     e->api_key = strdup(key);
     e->tenant = strdup(tenant);
-    if (e->api_key == NULL || e->tenant == NULL) {
+    e->plan = plan != NULL ? strdup(plan) : NULL;
+    if (e->api_key == NULL || e->tenant == NULL
+        || (plan != NULL && e->plan == NULL)) {
         free(e->api_key);
         free(e->tenant);
+        free(e->plan);
         return -1;
     }
     map->n++;
@@ -78,11 +84,12 @@ static int read_lines(FILE *f, const char *path, gw_tenant_map *map,
                      MAP_LINE_MAX);
             return -1;
         }
-        char *key, *tenant;
-        int kind = split(line, &key, &tenant);
+        char *key, *tenant, *plan;
+        int kind = split(line, &key, &tenant, &plan);
         if (kind < 0) {
-            snprintf(err, errlen, "%s:%u: expected 'api_key tenant' (two "
-                     "words of at most %d bytes)", path, no, RL_VALUE_MAX);
+            snprintf(err, errlen, "%s:%u: expected 'api_key tenant [plan]' "
+                     "(two or three words of at most %d bytes)", path, no,
+                     RL_VALUE_MAX);
             return -1;
         }
         if (kind == 0)
@@ -92,7 +99,7 @@ static int read_lines(FILE *f, const char *path, gw_tenant_map *map,
                      MAP_ENTRIES_MAX);
             return -1;
         }
-        if (add(map, &cap, key, tenant) != 0) {
+        if (add(map, &cap, key, tenant, plan) != 0) {
             snprintf(err, errlen, "%s: out of memory", path);
             return -1;
         }
@@ -133,14 +140,25 @@ int gw_tenant_map_load(const char *path, gw_tenant_map **out, char *err,
     return 0;
 }
 
-const char *gw_tenant_map_find(const gw_tenant_map *map, const char *api_key)
+bool gw_tenant_map_find(const gw_tenant_map *map, const char *api_key,
+                        const char **tenant, const char **plan)
 {
+    *tenant = *plan = NULL;
     if (map == NULL)
-        return NULL;
+        return false;
     gw_tenant_entry key = {.api_key = (char *)api_key};
     const gw_tenant_entry *e = bsearch(&key, map->entries, map->n,
                                        sizeof *map->entries, by_key);
-    return e != NULL ? e->tenant : NULL;
+    if (e == NULL)
+        return false;
+    *tenant = e->tenant;
+    *plan = e->plan;
+    return true;
+}
+
+size_t gw_tenant_map_size(const gw_tenant_map *map)
+{
+    return map != NULL ? map->n : 0;
 }
 
 void gw_tenant_map_free(gw_tenant_map *map)
@@ -150,6 +168,7 @@ void gw_tenant_map_free(gw_tenant_map *map)
     for (size_t i = 0; i < map->n; i++) {
         free(map->entries[i].api_key);
         free(map->entries[i].tenant);
+        free(map->entries[i].plan);
     }
     free(map->entries);
     free(map);

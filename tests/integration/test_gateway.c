@@ -103,7 +103,8 @@ Test(gateway, ten_gateways_share_one_exact_bucket)
                      "application/json");
     char body[256];
     snprintf(body, sizeof body, "{\"error\":\"rate_limited\",\"rule\":"
-             "\"per-key\",\"retry_after_s\":%d}\n", retry_s);
+             "\"per-key\",\"limit\":100,\"period_ms\":3600000,"
+             "\"override\":\"default\",\"retry_after_s\":%d}\n", retry_s);
     last_429.body[last_429.body_len] = '\0';
     cr_assert_str_eq(last_429.body, body);
     for (int i = 0; i < GATEWAYS; i++) {
