@@ -147,7 +147,9 @@ static void describe_override(const rl_rule *r, const rl_override *o,
     rl_config_diff_when(&o->when, when, sizeof when);
     rl_config_diff_rate(&o->rate, rate, sizeof rate);
     (void)r;
-    snprintf(buf, cap, "when %s; %s", when, rate);
+    int n = snprintf(buf, cap, "when %s; %s", when, rate);
+    if (n >= (int)cap && cap > 4)
+        memcpy(buf + cap - 4, "...", 4); /* a cut is never silent */
 }
 
 static const rl_override *when_override_labelled(const rl_rule *r,
