@@ -54,7 +54,19 @@ void rl_gen_free(rl_gen *g)
     free(g);
 }
 
-void rl_gen_fold_stats(rl_gen *g, rl_agent_counters *requests)
+void rl_rule_counters_add(rl_rule_counters *into, const rl_rule_counters *c)
+{
+    into->checks += c->checks;
+    into->allowed += c->allowed;
+    into->rejected += c->rejected;
+    into->degraded += c->degraded;
+    into->shadow_rejected += c->shadow_rejected;
+}
+
+void rl_gen_add_stats(const rl_gen *g, rl_agent_counters *requests,
+                      void (*each)(rl_ident *id, const rl_rule_counters *c,
+                                   void *arg),
+                      void *arg)
 {
     size_t n = g->config->n_rules;
     rl_rule_counters *rules = calloc(n > 0 ? n : 1, sizeof *rules);
@@ -65,13 +77,18 @@ void rl_gen_fold_stats(rl_gen *g, rl_agent_counters *requests)
     requests->allowed += c.allowed;
     requests->rejected += c.rejected;
     requests->degraded += c.degraded;
-    for (size_t i = 0; rules != NULL && i < n; i++) {
-        rl_rule_counters *into = &g->idents[i]->retired;
-        into->checks += rules[i].checks;
-        into->allowed += rules[i].allowed;
-        into->rejected += rules[i].rejected;
-        into->degraded += rules[i].degraded;
-        into->shadow_rejected += rules[i].shadow_rejected;
-    }
+    for (size_t i = 0; rules != NULL && i < n; i++)
+        each(g->idents[i], &rules[i], arg);
     free(rules);
+}
+
+static void keep_in_ident(rl_ident *id, const rl_rule_counters *c, void *arg)
+{
+    (void)arg;
+    rl_rule_counters_add(&id->retired, c);
+}
+
+void rl_gen_fold_stats(rl_gen *g, rl_agent_counters *requests)
+{
+    rl_gen_add_stats(g, requests, keep_in_ident, NULL);
 }

@@ -60,4 +60,12 @@ static inline void rl_gen_unref(rl_gen *g)
  * the request counts into *requests. */
 void rl_gen_fold_stats(rl_gen *g, rl_agent_counters *requests);
 
+/* Adds g's request counts into requests and hands each rule's counters,
+ * with the rule's identity, to each. */
+void rl_gen_add_stats(const rl_gen *g, rl_agent_counters *requests,
+                      void (*each)(rl_ident *id, const rl_rule_counters *c,
+                                   void *arg),
+                      void *arg);
+void rl_rule_counters_add(rl_rule_counters *into, const rl_rule_counters *c);
+
 #endif

@@ -243,36 +243,22 @@ int rl_agent_reload(rl_agent *a, const char *path, rl_error *err)
     return rc;
 }
 
-static void add_counters(rl_rule_counters *into, const rl_rule_counters *c)
-{
-    into->checks += c->checks;
-    into->allowed += c->allowed;
-    into->rejected += c->rejected;
-    into->degraded += c->degraded;
-    into->shadow_rejected += c->shadow_rejected;
-}
+/* Where a generation's rule counters go: to the current rule with the
+ * same identity, if any. */
+struct into_current {
+    const rl_gen *cur;
+    rl_rule_counters *rules;
+    size_t cap;
+};
 
-/* Adds generation g's counters into out, and into rules[i] those of its
- * rules whose identity is cur's rule i. */
-static void add_gen(const rl_gen *g, const rl_gen *cur, rl_agent_counters *out,
-                    rl_rule_counters *rules, size_t cap)
+static void add_to_current(rl_ident *id, const rl_rule_counters *c,
+                           void *arg)
 {
-    size_t n = g->config->n_rules;
-    rl_rule_counters *mine = calloc(n > 0 ? n : 1, sizeof *mine);
-    rl_agent_counters c;
-    memset(&c, 0, sizeof c);
-    rl_stats_read(&g->stats, &c, mine, mine != NULL ? n : 0);
-    out->requests += c.requests;
-    out->allowed += c.allowed;
-    out->rejected += c.rejected;
-    out->degraded += c.degraded;
-    for (size_t i = 0; mine != NULL && i < n; i++) {
-        for (size_t j = 0; j < cur->config->n_rules && j < cap; j++) {
-            if (cur->idents[j] == g->idents[i])
-                add_counters(&rules[j], &mine[i]);
-        }
+    struct into_current *t = arg;
+    for (size_t j = 0; j < t->cur->config->n_rules && j < t->cap; j++) {
+        if (t->cur->idents[j] == id)
+            rl_rule_counters_add(&t->rules[j], c);
     }
-    free(mine);
 }
 
 void rl_agent_rule_stats(rl_agent *a, rl_agent_counters *out,
@@ -289,7 +275,8 @@ void rl_agent_rule_stats(rl_agent *a, rl_agent_counters *out,
         rules[i] = cur->idents[i]->retired;
         rules[i].rule = cur->idents[i]->name;
     }
-    add_gen(cur, cur, out, rules, cap);
+    struct into_current t = {cur, rules, cap};
+    rl_gen_add_stats(cur, out, add_to_current, &t);
     for (const rl_gen *g = a->retired; g != NULL; g = g->next)
-        add_gen(g, cur, out, rules, cap);
+        rl_gen_add_stats(g, out, add_to_current, &t);
 }

@@ -37,20 +37,6 @@ void rlctl_explain_rule(const rl_config *cfg, const rl_rule *rule,
     out->effective.own = *rl_rule_rate(rule, out->override);
 }
 
-static void append(char *buf, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void append(char *buf, size_t cap, const char *fmt, ...)
-{
-    size_t used = strlen(buf);
-    if (used + 1 >= cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, cap - used, fmt, ap);
-    va_end(ap);
-}
-
 /* One clause as the config writes it, as config_diff does. */
 static void clause_text(const rl_when_clause *c, char *buf, size_t cap)
 {
@@ -66,16 +52,16 @@ static void clauses(const rl_when *w, const rl_attr *attrs, size_t n,
         const rl_when_clause *c = &w->clauses[i];
         clause_text(c, text, sizeof text);
         bool held = rl_when_clause_holds(c, attrs, n);
-        append(buf, cap, "%swhen %s: %s", i ? "; " : "", text,
+        rl_config_diff_append(buf, cap, "%swhen %s: %s", i ? "; " : "", text,
                held ? "held" : "not held");
         if (!held) {
             const rl_attr *a = rl_attr_find(attrs, n, c->attr);
             if (a != NULL)
-                append(buf, cap, " (%s=%.*s)", c->attr,
+                rl_config_diff_append(buf, cap, " (%s=%.*s)", c->attr,
                        (int)(a->value_len > 128 ? 128 : a->value_len),
                        a->value);
             else
-                append(buf, cap, " (no %s)", c->attr);
+                rl_config_diff_append(buf, cap, " (no %s)", c->attr);
         }
     }
 }
@@ -86,33 +72,35 @@ void rlctl_explain_why(const rlctl_explain *e, const rl_attr *attrs,
     buf[0] = '\0';
     const rl_rule *r = e->rule;
     if (e->missing != NULL) {
-        append(buf, cap, "not applied: no %s in the request", e->missing);
+        rl_config_diff_append(buf, cap, "not applied: no %s in the request",
+                              e->missing);
         return;
     }
     if (e->rc != RL_OK) {
-        append(buf, cap, "refused: %s", rl_strerror(e->rc));
+        rl_config_diff_append(buf, cap, "refused: %s", rl_strerror(e->rc));
         return;
     }
     if (!e->applies) {
-        append(buf, cap, "not applied: ");
+        rl_config_diff_append(buf, cap, "not applied: ");
         clauses(&r->when, attrs, n, buf, cap);
         return;
     }
-    append(buf, cap, "applies");
+    rl_config_diff_append(buf, cap, "applies");
     if (r->when.n > 0) {
-        append(buf, cap, " (");
+        rl_config_diff_append(buf, cap, " (");
         clauses(&r->when, attrs, n, buf, cap);
-        append(buf, cap, ")");
+        rl_config_diff_append(buf, cap, ")");
     }
-    append(buf, cap, ", override %s", e->label);
+    rl_config_diff_append(buf, cap, ", override %s", e->label);
     if (e->override != NULL && e->override->when.n > 0) {
-        append(buf, cap, " (");
+        rl_config_diff_append(buf, cap, " (");
         clauses(&e->override->when, attrs, n, buf, cap);
-        append(buf, cap, ")");
+        rl_config_diff_append(buf, cap, ")");
     }
     char rate[96];
     rl_config_diff_rate(rl_rule_rate(r, e->override), rate, sizeof rate);
-    append(buf, cap, ": %s%s", rate, e->shadow ? ", shadow" : "");
+    rl_config_diff_append(buf, cap, ": %s%s", rate,
+                          e->shadow ? ", shadow" : "");
 }
 
 void rlctl_explain_json(const rlctl_explain *e, const rl_attr *attrs,

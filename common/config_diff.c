@@ -60,12 +60,7 @@ void rl_config_diff_rate(const rl_limit *r, char *buf, size_t cap)
                  period);
 }
 
-/* Appends to buf (cap bytes, NUL-terminated); cut short silently, the
- * caller's line ends in "..." when it is. */
-static void append(char *buf, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void append(char *buf, size_t cap, const char *fmt, ...)
+void rl_config_diff_append(char *buf, size_t cap, const char *fmt, ...)
 {
     size_t used = strlen(buf);
     if (used + 1 >= cap)
@@ -80,21 +75,22 @@ void rl_config_diff_when(const rl_when *w, char *buf, size_t cap)
 {
     buf[0] = '\0';
     if (w->n == 0) {
-        append(buf, cap, "every request");
+        rl_config_diff_append(buf, cap, "every request");
         return;
     }
     for (size_t i = 0; i < w->n; i++) {
         const rl_when_clause *c = &w->clauses[i];
-        append(buf, cap, "%s%s: ", i ? ", " : "", c->attr);
+        rl_config_diff_append(buf, cap, "%s%s: ", i ? ", " : "", c->attr);
         if (c->op == RL_WHEN_PREFIX) {
-            append(buf, cap, "{prefix: %s}", c->values[0]);
+            rl_config_diff_append(buf, cap, "{prefix: %s}", c->values[0]);
         } else if (c->op == RL_WHEN_EQUAL) {
-            append(buf, cap, "%s", c->values[0]);
+            rl_config_diff_append(buf, cap, "%s", c->values[0]);
         } else {
-            append(buf, cap, "[");
+            rl_config_diff_append(buf, cap, "[");
             for (size_t j = 0; j < c->n_values; j++)
-                append(buf, cap, "%s%s", j ? ", " : "", c->values[j]);
-            append(buf, cap, "]");
+                rl_config_diff_append(buf, cap, "%s%s", j ? ", " : "",
+                                      c->values[j]);
+            rl_config_diff_append(buf, cap, "]");
         }
     }
 }

@@ -53,5 +53,10 @@ void rl_config_diff_fini(rl_config_diff *d);
  * "every request" when empty), for rlctl's listings too. */
 void rl_config_diff_rate(const rl_limit *r, char *buf, size_t cap);
 void rl_config_diff_when(const rl_when *w, char *buf, size_t cap);
+/* Appends printf-style to buf (cap bytes, NUL-terminated); cut short
+ * silently: the caller's line ends in "..." when it is. For the lines of a
+ * diff and rlctl's explanations. */
+void rl_config_diff_append(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -73,36 +73,6 @@ static const char *fresh(char *buf, size_t cap, const char *what)
     return buf;
 }
 
-/* The sum of a synced key's window counts in Redis. */
-static long long redis_total(const char *prefix_value)
-{
-    redisContext *c = test_redis_connect(NULL);
-    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
-static void expect_redis_total(const char *key, long long want,
-                               unsigned timeout_ms)
-{
-    uint64_t start = test_now_ms();
-    long long got;
-    while ((got = redis_total(key)) != want) {
-        cr_assert_lt(test_now_ms() - start, timeout_ms,
-                     "Redis holds %lld for %s, the agent allowed %lld", got,
-                     key, want);
-        test_sleep_ms(50);
-    }
-}
-
 /* --- A changed limit applies at once, to the same bucket. --------------- */
 
 Test(reload, changed_limit_applies_to_the_same_bucket)
@@ -279,7 +249,7 @@ Test(reload, adds_the_first_exact_and_synced_rules)
     for (int n = 0; n < 25; n++)
         cr_assert(check1(a, "tenant", t).allowed);
     snprintf(key, sizeof key, "rl:tenant:%s", t);
-    expect_redis_total(key, 25, 5000);
+    test_expect_window_total(key, 25, 5000);
     rl_agent_close(a);
     rl_config_free(first);
     test_aggregator_stop(&agg);
@@ -304,7 +274,7 @@ Test(reload, a_removed_synced_rule_loses_no_count)
         "mode: synced}\n"));
     cr_assert_eq(check1(a, "tenant", t).rule[0], '\0');
     snprintf(key, sizeof key, "rl:tenant:%s", t);
-    expect_redis_total(key, 40, 5000);
+    test_expect_window_total(key, 40, 5000);
     rl_agent_close(a);
     rl_config_free(first);
     test_aggregator_stop(&agg);
@@ -483,7 +453,7 @@ Test(reload, eight_threads_check_through_a_hundred_reloads)
     /* Every synced count reached Redis, across all the reloads. */
     char key[128];
     snprintf(key, sizeof key, "rl:tenant:%s", tenant);
-    expect_redis_total(key, checks, 10000);
+    test_expect_window_total(key, checks, 10000);
     rl_agent_close(a);
     rl_config_free(first);
     test_aggregator_stop(&agg);

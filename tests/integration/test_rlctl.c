@@ -46,19 +46,6 @@ static const char *redis_config(void)
     return config(store);
 }
 
-/* Runs rlctl with a config and arguments; returns its exit status. */
-static int rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
-{
-    char args[1024], cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s --config %s %s < /dev/null",
-             test_env("RL_TEST_RLCTL"), cfg, args);
-    return test_run(cmd, out, cap);
-}
-
 static void unique(char *buf, size_t cap, const char *stem)
 {
     struct timespec ts;
@@ -72,27 +59,27 @@ Test(rlctl, check_spends_bucket_reads_and_reset_forgets)
     char key[64], out[8192];
     unique(key, sizeof key, "ak");
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "check --attr api_key=%s",
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr api_key=%s",
                            key), 0, "%s", out);
     cr_assert(strstr(out, "decision:    allowed (rule per-key)") != NULL,
               "%s", out);
     for (int i = 0; i < 2; i++) {
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0,
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0,
                      "%s", out);
         cr_assert(strstr(out, "tokens:      97 of 100") != NULL, "%s", out);
     }
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json bucket per-key %s", key),
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json bucket per-key %s", key),
                  0);
     cr_assert(strstr(out, "\"tokens\":97,") != NULL, "%s", out);
     cr_assert(strstr(out, "\"exists\":true") != NULL, "%s", out);
 
     /* reset asks; with stdin not a terminal and no --yes it refuses. */
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "reset per-key %s", key), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "reset per-key %s", key), 1);
     cr_assert(strstr(out, "pass --yes") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "reset per-key %s --yes", key),
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "reset per-key %s --yes", key),
                  0, "%s", out);
     cr_assert(strstr(out, "deleted 1 key") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0);
     cr_assert(strstr(out, "tokens:      100 of 100") != NULL, "%s", out);
     cr_assert(strstr(out, "(none)") != NULL, "%s", out);
 }
@@ -103,20 +90,20 @@ Test(rlctl, a_dry_run_spends_nothing_and_exit_4_means_rejected)
     char user[64], out[8192];
     unique(user, sizeof user, "u");
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "check --attr user=%s",
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr user=%s",
                            user), 0, "%s", out);
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "check --dry-run --attr "
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --dry-run --attr "
                            "user=%s", user), 4, "%s", out);
         cr_assert(strstr(out, "would be rejected (rule tight)") != NULL,
                   "%s", out);
     }
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json check --attr user=%s",
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json check --attr user=%s",
                        user), 4, "%s", out);
     cr_assert(strstr(out, "\"allowed\":false,\"rule\":\"tight\"") != NULL,
               "%s", out);
     cr_assert(strstr(out, "\"verdict\":\"reject\"") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket tight %s", user), 0);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket tight %s", user), 0);
     cr_assert(strstr(out, "tokens:      0 of 2") != NULL, "%s", out);
 }
 
@@ -132,12 +119,12 @@ Test(rlctl, totals_lists_synced_clients_by_their_count)
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 900", b,
                                        w));
     redisFree(c);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "totals --rule per-tenant "
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "totals --rule per-tenant "
                        "--top 100000"), 0, "%s", out);
     char *big = strstr(out, b), *small = strstr(out, a);
     cr_assert(big != NULL && small != NULL && big < small,
               "not sorted by count: %s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json totals --top 1"), 0);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json totals --top 1"), 0);
     cr_assert(strstr(out, "\"rule\":\"per-tenant\"") != NULL, "%s", out);
     /* The top client holds at least the 900 written here (another test's
      * client of the same rule and window may hold more). */
@@ -151,31 +138,31 @@ Test(rlctl, bad_arguments_unknown_rules_and_local_rules_are_usage_errors)
 {
     const char *cfg = redis_config();
     char out[8192];
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket no-such-rule x"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket no-such-rule x"), 1);
     cr_assert(strstr(out, "no rule named \"no-such-rule\"") != NULL, "%s",
               out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket per-key"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket per-ip 1.2.3.4"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-key"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-ip 1.2.3.4"), 1);
     cr_assert(strstr(out, "is local") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "check"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "check --attr nothing"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "totals --top 0"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "frobnicate"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--bogus"), 1);
-    cr_assert_eq(rlctl(out, sizeof out, "/nonexistent.yaml", "bucket a b"),
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr nothing"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "totals --top 0"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "frobnicate"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--bogus"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, "/nonexistent.yaml", "bucket a b"),
                  3);
     static const char *const commands[] = {"config", "bucket", "reset",
                                            "check", "totals", "agents",
                                            "watch"};
     for (size_t i = 0; i < 7; i++) {
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "%s --help", commands[i]), 0);
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "%s --help", commands[i]), 0);
         char want[64];
         snprintf(want, sizeof want, "] %s", commands[i]);
         cr_assert(strstr(out, want) != NULL, "%s --help: %s", commands[i],
                   out);
         cr_assert(strstr(out, "exit codes:") != NULL);
     }
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json config"), 0);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json config"), 0);
     cr_assert(strstr(out, "\"valid\":true") != NULL, "%s", out);
     cr_assert(strstr(out, "{\"name\":\"per-key\",\"match\":\"api_key\","
                      "\"limit\":100,\"period_ms\":3600000") != NULL, "%s",
@@ -186,7 +173,7 @@ Test(rlctl, an_unreachable_store_or_a_wrong_password_exits_2)
 {
     char out[8192];
     const char *dead = config("{url: \"redis://127.0.0.1:1\"}");
-    cr_assert_eq(rlctl(out, sizeof out, dead, "bucket per-key k"), 2);
+    cr_assert_eq(test_rlctl(out, sizeof out, dead, "bucket per-key k"), 2);
     cr_assert(strstr(out, "cannot reach Redis at 127.0.0.1:1") != NULL, "%s",
               out);
     test_redis srv;
@@ -198,7 +185,7 @@ Test(rlctl, an_unreachable_store_or_a_wrong_password_exits_2)
     snprintf(store, sizeof store, "{url: \"redis://127.0.0.1:%u\", "
              "password: wrong-pw}", srv.port);
     const char *wrong = config(store);
-    int rc = rlctl(out, sizeof out, wrong, "--json bucket per-key k");
+    int rc = test_rlctl(out, sizeof out, wrong, "--json bucket per-key k");
     test_redis_stop(&srv);
     cr_assert_eq(rc, 2, "%s", out);
     cr_assert(strstr(out, "refused rlctl") != NULL, "%s", out);
@@ -224,9 +211,9 @@ Test(rlctl, bucket_and_check_follow_a_clusters_slots)
         char stem[16];
         snprintf(stem, sizeof stem, "c%d", k);
         unique(key, sizeof key, stem);
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "check --attr api_key=%s",
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr api_key=%s",
                            key), 0, "%s", out);
-        cr_assert_eq(rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0,
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0,
                      "%s", out);
         cr_assert(strstr(out, "tokens:      99 of 100") != NULL, "%s", out);
     }
@@ -259,10 +246,10 @@ Test(rlctl, agents_lists_the_agents_and_max_agents_turns_new_ones_away)
     report_some(second, "org_second", 3);
     usleep(1200 * 1000);
     char out[8192];
-    cr_assert_eq(rlctl(out, sizeof out, agg.config, "agents"), 0, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, agg.config, "agents"), 0, "%s", out);
     cr_assert(strstr(out, "127.0.0.1:") != NULL, "%s", out);
     cr_assert(strstr(out, "AGENT") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, agg.config, "--json agents"), 0);
+    cr_assert_eq(test_rlctl(out, sizeof out, agg.config, "--json agents"), 0);
     cr_assert(strstr(out, "{\"agents\":[{\"id\":") != NULL, "%s", out);
     cr_assert_null(strstr(out, "},{"), "two agents listed with a cap of "
                    "one: %s", out);
@@ -279,7 +266,7 @@ Test(rlctl, agents_lists_the_agents_and_max_agents_turns_new_ones_away)
     test_aggregator_stop(&agg);
 
     /* Without aggregator.metrics there is nowhere to ask. */
-    cr_assert_eq(rlctl(out, sizeof out, redis_config(), "agents"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, redis_config(), "agents"), 1);
     cr_assert(strstr(out, "aggregator.metrics") != NULL, "%s", out);
 }
 
@@ -296,7 +283,7 @@ Test(rlctl, watch_shows_clients_against_their_limit)
     freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 10", under,
                                        w));
     redisFree(c);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "watch --count 2 --interval 1 "
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "watch --count 2 --interval 1 "
                        "--top 100000"), 0, "%s", out);
     char *line = strstr(out, over);
     cr_assert_not_null(line, "%s", out);
@@ -305,9 +292,9 @@ Test(rlctl, watch_shows_clients_against_their_limit)
     line = strstr(out, under);
     cr_assert_not_null(line);
     cr_assert(strncmp(strchr(line, '\n') - 2, "ok", 2) == 0, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "--json watch --count 1 --top "
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json watch --count 1 --top "
                        "100000"), 0);
     cr_assert(strncmp(out, "{\"at_ms\":", 9) == 0, "%s", out);
     cr_assert(strstr(out, "\"state\":\"LIMITED\"") != NULL, "%s", out);
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "watch --interval 0"), 1);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "watch --interval 0"), 1);
 }

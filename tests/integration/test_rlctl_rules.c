@@ -33,18 +33,6 @@ static const char *write_file(const char *dir, const char *name,
     return p;
 }
 
-static int rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
-{
-    char args[1024], cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s --config %s %s < /dev/null 2>&1",
-             test_env("RL_TEST_RLCTL"), cfg, args);
-    return test_run(cmd, out, cap);
-}
-
 static const char *with_store(const char *dir, const char *rules)
 {
     char yaml[4096];
@@ -83,7 +71,7 @@ Test(rlctl_rules, config_diff_prints_what_a_reload_would_change)
     snprintf(a, sizeof a, "%s", with_store("a", rules_a));
     snprintf(b, sizeof b, "%s", with_store("b", rules_b));
     char out[8192], want[4096];
-    cr_assert_eq(rlctl(out, sizeof out, a, "config --diff %s", b), 5, "%s",
+    cr_assert_eq(test_rlctl(out, sizeof out, a, "config --diff %s", b), 5, "%s",
                  out);
     snprintf(want, sizeof want,
              "diff:        %s -> %s\n"
@@ -102,13 +90,13 @@ Test(rlctl_rules, config_diff_prints_what_a_reload_would_change)
              "3 -> 3\n", a, b);
     cr_assert_str_eq(out, want);
     /* No change: exit 0. */
-    cr_assert_eq(rlctl(out, sizeof out, a, "config --diff %s", a), 0, "%s",
+    cr_assert_eq(test_rlctl(out, sizeof out, a, "config --diff %s", a), 0, "%s",
                  out);
     snprintf(want, sizeof want, "diff:        %s -> %s\nno change: a "
              "reload would keep every rule as it is\n", a, a);
     cr_assert_str_eq(out, want);
     /* JSON carries the same lines. */
-    cr_assert_eq(rlctl(out, sizeof out, b, "--json config --diff %s", a), 5);
+    cr_assert_eq(test_rlctl(out, sizeof out, b, "--json config --diff %s", a), 5);
     cr_assert(strstr(out, "\"changed\":true,\"rules_added\":1,"
                      "\"rules_removed\":2,\"rules_changed\":1,"
                      "\"overrides_before\":3,\"overrides_after\":3,"
@@ -116,7 +104,7 @@ Test(rlctl_rules, config_diff_prints_what_a_reload_would_change)
               != NULL, "%s", out);
     /* An invalid NEW: exit 3 with its message, no diff. */
     const char *bad = write_file("c", "rl.yaml", "rules: [\n");
-    cr_assert_eq(rlctl(out, sizeof out, a, "config --diff %s", bad), 3);
+    cr_assert_eq(test_rlctl(out, sizeof out, a, "config --diff %s", bad), 3);
     cr_assert(strstr(out, "rl.yaml:") != NULL && strstr(out, "diff:") == NULL,
               "%s", out);
 }
@@ -126,7 +114,7 @@ Test(rlctl_rules, config_lists_overrides_and_shadow_rules)
     write_file("l", "partners.tsv", partners_b);
     const char *cfg = with_store("l", rules_b);
     char out[8192];
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "config"), 0, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "config"), 0, "%s", out);
     const char *tail = strstr(out, "\noverrides (first match wins):\n");
     cr_assert_not_null(tail, "%s", out);
     cr_assert_str_eq(tail,
@@ -145,7 +133,7 @@ Test(rlctl_rules, check_names_the_override_and_the_when_clauses)
     write_file("k", "partners.tsv", partners_b);
     const char *cfg = with_store("k", rules_b);
     char out[8192];
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "check --dry-run --attr "
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --dry-run --attr "
                        "ip=192.0.2.1 --attr method=GET --attr path=/v1/login "
                        "--attr api_key=ak_p3 --attr plan=enterprise"), 0,
                  "%s", out);
@@ -164,7 +152,7 @@ Test(rlctl_rules, check_names_the_override_and_the_when_clauses)
               "%s", out);
     /* Without the plan, the file's line sets the rate; a POST to
      * /v1/login brings login-per-ip in. */
-    cr_assert_eq(rlctl(out, sizeof out, cfg, "check --dry-run --attr "
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --dry-run --attr "
                        "ip=192.0.2.1 --attr method=POST --attr "
                        "path=/v1/login --attr api_key=ak_p3"), 0, "%s", out);
     why = strstr(out, "\nwhy:\n");

@@ -32,29 +32,6 @@ static uint64_t uv_hrtime_us(void)
     return uv_hrtime() / 1000;
 }
 
-/* The sum of a key's window counts, all windows, in the Redis at addr
- * (NULL: the shared test Redis). */
-static long long total_at(const char *addr, const char *prefix_value)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
-static long long redis_total(const char *prefix_value)
-{
-    return total_at(NULL, prefix_value);
-}
-
 static uint64_t redis_time_ms(void)
 {
     redisContext *c = test_redis_connect(NULL);
@@ -69,20 +46,6 @@ static bool check_tenant(rl_agent *agent, const char *tenant)
     rl_decision d;
     cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
     return d.allowed;
-}
-
-/* Waits until Redis holds want for the key, or fails after timeout. */
-static void expect_redis_total(const char *key, long long want,
-                               unsigned timeout_ms)
-{
-    uint64_t start = test_now_ms();
-    long long got;
-    while ((got = redis_total(key)) != want) {
-        cr_assert_lt(test_now_ms() - start, timeout_ms,
-                     "Redis holds %lld for %s, agents counted %lld", got, key,
-                     want);
-        test_sleep_ms(50);
-    }
 }
 
 /* --- Counts reach Redis, exactly, with the aggregator away for 5 s. ------ */
@@ -166,7 +129,7 @@ Test(synced, aggregator_away_for_five_seconds_loses_no_count)
     /* Nor does the hot path wait for the thread that talks: the
      * aggregator's absence does not show in how long a check takes. */
     cr_assert_lt(slowest, 50000, "a synced check took %ld us", slowest);
-    expect_redis_total("rl:tenant:org_away", allowed, 5000);
+    test_expect_window_total("rl:tenant:org_away", allowed, 5000);
     for (int i = 0; i < 3; i++) {
         rl_agent_close(s[i].agent);
         rl_config_free(cfg[i]);
@@ -251,7 +214,7 @@ Test(synced, a_resent_report_is_counted_once)
     cr_assert_eq(ack.status, RL_ACK_APPLIED);
     cr_assert_eq(ack.entries[0].current, 10);
     rl_wire_msg_free(&ack);
-    cr_assert_eq(redis_total("rl:tenant:org_resent"), 10);
+    cr_assert_eq(test_window_total(NULL, "rl:tenant:org_resent"), 10);
     nng_close(s);
     test_aggregator_stop(&agg);
 }
@@ -333,7 +296,7 @@ Test(synced, windows_are_numbered_by_redis_clock)
     before = redis_time_ms() - SKEW_MS;
     for (int i = 0; i < 3; i++)
         cr_assert(check_tenant(a, "org_clock_agent"));
-    expect_redis_total("rl:tenant:org_clock_agent", 3, 5000);
+    test_expect_window_total("rl:tenant:org_clock_agent", 3, 5000);
     after = redis_time_ms() + SKEW_MS;
     expect_one_window("org_clock_agent", before / TENANT_PERIOD_MS,
                       after / TENANT_PERIOD_MS, 3);
@@ -533,7 +496,7 @@ Test(synced, two_aggregators_share_one_redis)
         counted += check_tenant(b, "org_two");
     }
     cr_assert_eq(counted, 600);
-    expect_redis_total("rl:tenant:org_two", 600, 5000);
+    test_expect_window_total("rl:tenant:org_two", 600, 5000);
     /* Either aggregator answers with the fleet's total. */
     for (int k = 0; k < 2; k++) {
         nng_socket s = dial_reports(k == 0 ? &one : &two);
@@ -583,10 +546,10 @@ Test(synced, redis_stopped_behind_the_aggregator_loses_no_count)
     long allowed = atomic_load(&s.allowed);
     cr_assert_lt(atomic_load(&s.slowest_us), 50000, "a check waited");
     uint64_t start = test_now_ms();
-    while (total_at(addr, "rl:tenant:org_stall") != allowed) {
+    while (test_window_total(addr, "rl:tenant:org_stall") != allowed) {
         cr_assert_lt(test_now_ms() - start, 10000, "Redis holds %lld, the "
-                     "agent counted %ld", total_at(addr, "rl:tenant:org_stall"),
-                     allowed);
+                     "agent counted %ld",
+                     test_window_total(addr, "rl:tenant:org_stall"), allowed);
         test_sleep_ms(100);
     }
     rl_agent_close(s.agent);
@@ -675,7 +638,7 @@ Test(synced, many_long_keys_fit_under_a_small_message_cap)
     for (int k = 0; k < 2; k++) {
         long_value(value, ends[k]);
         snprintf(key, sizeof key, "rl:tenant:%s", value);
-        expect_redis_total(key, 1, 10000);
+        test_expect_window_total(key, 1, 10000);
     }
     rl_agent_close(a);
     rl_config_free(cfg);

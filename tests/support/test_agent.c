@@ -238,3 +238,32 @@ rl_decision test_check(test_agent *t, ...)
     cr_assert_eq(rc, RL_OK, "rl_check: %s", rl_strerror(rc));
     return d;
 }
+
+long long test_window_total(const char *addr, const char *prefix_value)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+void test_expect_window_total(const char *prefix_value, long long want,
+                              unsigned timeout_ms)
+{
+    uint64_t start = test_now_ms();
+    long long got;
+    while ((got = test_window_total(NULL, prefix_value)) != want) {
+        cr_assert_lt(test_now_ms() - start, timeout_ms,
+                     "Redis holds %lld for %s, the agents counted %lld", got,
+                     prefix_value, want);
+        test_sleep_ms(50);
+    }
+}

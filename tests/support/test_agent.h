@@ -97,6 +97,15 @@ uint64_t test_deadline_latest_us(unsigned deadline_ms, uint64_t overslept_us);
 
 /* Milliseconds, microseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
+
+/* The sum of a synced key's window counts (keys prefix_value:w*) in the
+ * Redis at addr (NULL: the shared test Redis). */
+long long test_window_total(const char *addr, const char *prefix_value);
+
+/* Waits until the shared test Redis holds want for the key, or fails the
+ * test after timeout_ms. */
+void test_expect_window_total(const char *prefix_value, long long want,
+                              unsigned timeout_ms);
 uint64_t test_now_us(void);
 void test_sleep_ms(unsigned ms);
 

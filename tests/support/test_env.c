@@ -62,6 +62,18 @@ const char *test_path(char *buf, size_t cap, const char *env_dir,
     return buf;
 }
 
+int test_rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
+{
+    char args[1024], cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s --config %s %s < /dev/null",
+             test_env("RL_TEST_RLCTL"), cfg, args);
+    return test_run(cmd, out, cap);
+}
+
 int test_run(const char *cmd, char *out, size_t cap)
 {
     char full[2048];

@@ -28,6 +28,11 @@ uint64_t test_redis_time_ms(redisContext *c);
  * in out, and returns its exit status (-1 if it did not exit). */
 int test_run(const char *cmd, char *out, size_t cap);
 
+/* test_rlctl runs RL_TEST_RLCTL with --config cfg and the arguments
+ * (printf-style), stdin closed, like test_run. */
+int test_rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* test_path joins a directory from the environment and a file name. */
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file);

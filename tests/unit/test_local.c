@@ -25,8 +25,8 @@ static rl_bucket_reply spend_at(rl_local *l, const rl_rule *r,
 {
     rl_bucket_reply out;
     bool degraded;
-    rl_local_check_at(l, r, NULL, &r->own, value, strlen(value), cost, now_ms, &out,
-                      &degraded);
+    rl_local_check_at(l, r, NULL, &r->own, value, strlen(value), cost,
+                      now_ms, &out, &degraded);
     cr_assert(!degraded, "a key under the cap was refused");
     return out;
 }
@@ -105,7 +105,8 @@ Test(local, the_key_cap_refuses_new_keys_until_buckets_refill)
             == a_shard)
             break;
     }
-    rl_local_check_at(&l, &r, NULL, &r.own, v, strlen(v), 1, 1000, &out, &degraded);
+    rl_local_check_at(&l, &r, NULL, &r.own, v, strlen(v), 1, 1000, &out,
+                      &degraded);
     cr_assert(!degraded, "full buckets were never dropped for a new key");
     cr_assert(out.allowed);
     cr_assert_leq(atomic_load(&l.n_entries), 2);
