@@ -4,8 +4,10 @@
  * each rule gets at most one line a second ("event=shadow_rejected
  * rule=R ... suppressed=N", N the rejections since its last line, not
  * logged), and a timer writes the count of what was held back once the
- * second is over, so no rejection goes unaccounted for in the log. Runs on
- * the loop thread only.
+ * second is over, so no rejection goes unaccounted for in the log. The
+ * count's line does not restart the second: under steady load a rule
+ * writes its rejection line every second, and the count in between. Runs
+ * on the loop thread only.
  */
 #include "gateway.h"
 
@@ -95,7 +97,6 @@ void gw_shadow_flush(gw_server *srv, bool all)
                "rule=%s count=%llu", e->rule,
                (unsigned long long)e->suppressed);
         e->suppressed = 0;
-        e->last_ms = now;
     }
     gw_shadow_log *log = &srv->shadow;
     if (log->unnamed_suppressed > 0
@@ -104,7 +105,6 @@ void gw_shadow_flush(gw_server *srv, bool all)
                "rule=(unnamed) count=%llu",
                (unsigned long long)log->unnamed_suppressed);
         log->unnamed_suppressed = 0;
-        log->unnamed_last_ms = now;
     }
 }
 
