@@ -566,6 +566,9 @@ Test(aggregator_reload, the_log_names_each_change)
     const char *fmt[] = {
         "level=info event=reload_change change=\"rule lim-%d: limit 1000 "
         "-> 500\"",
+        /* burst defaults to the limit: it changed too */
+        "level=info event=reload_change change=\"rule lim-%d: burst 1000 "
+        "-> 500\"",
         "level=info event=reload_change change=\"rule sh-%d: shadow false "
         "-> true\"",
         "level=info event=reload_change change=\"rule new-%d added: region, "
@@ -577,14 +580,14 @@ Test(aggregator_reload, the_log_names_each_change)
         cr_assert(has_line(agg.log, line), "no line: %s; see %s", line,
                   agg.log);
     }
-    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 4,
+    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 5,
                  "an unchanged rule was named; see %s", agg.log);
     cr_assert(has_line(agg.log, "level=info event=reloaded rules=4 synced=3 "
                                 "added=1 removed=1 changed=2"),
               "see %s", agg.log);
     /* Nothing changed: a summary and no change line. */
     hup(&agg);
-    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 4);
+    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 5);
     cr_assert(has_line(agg.log, "level=info event=reloaded rules=4 synced=3 "
                                 "added=0 removed=0 changed=0"),
               "see %s", agg.log);
