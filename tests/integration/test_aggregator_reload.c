@@ -375,6 +375,12 @@ Test(aggregator_reload, a_removed_synced_rule_stops_and_no_other_count_is_lost)
         tenant_admitted++;
     }
     expect_redis_total(tkey, tenant_admitted, 5000);
+    /* A report of the removed rule's counts alone: dropped, acknowledged
+     * (refused, the agent would resend it forever, its later counts
+     * behind it). */
+    for (int n = 0; n < 10; n++)
+        cr_assert(check(f.agents[0], "org", org).allowed);
+    test_sleep_ms(3 * INTERVAL_MS);
     for (int i = 0; i < N_AGENTS; i++) {
         rl_error err;
         cr_assert_eq(rl_agent_reload(f.agents[i], f.agg.config, &err), RL_OK,
