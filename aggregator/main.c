@@ -11,8 +11,8 @@
  * URLs and the store are not changed by a reload). The synced rules follow
  * the new config: reports for a rule added are taken; counts for a rule
  * removed are dropped, not counted, and the rest of their report applied
- * (an agent not yet reloaded still sends them); shadow synced rules are summed like any other
- * (a shadow rule is enforced nowhere, but counted everywhere); what
+ * (an agent not yet reloaded still sends them); shadow synced rules are
+ * summed like any other (a shadow rule is enforced nowhere, but counted everywhere); what
  * changed is logged one line each, as rl-gateway does.
  */
 #include "aggregator.h"

@@ -41,8 +41,9 @@ typedef struct fleet {
 } fleet;
 
 /* The aggregator's config file, with the settings test_aggregator_start
- * wrote and these rules. */
-static void write_rules(const test_aggregator *agg, const char *rules)
+ * wrote, more aggregator lines (indented) and these rules. */
+static void write_config(const test_aggregator *agg, const char *extra,
+                         const char *rules)
 {
     FILE *f = fopen(agg->config, "w");
     cr_assert_not_null(f);
@@ -52,11 +53,16 @@ static void write_rules(const test_aggregator *agg, const char *rules)
             "  reports: \"%s\"\n"
             "  totals: \"%s\"\n"
             "  metrics: \"127.0.0.1:%u\"\n"
-            "  sync_interval_ms: %u\n"
+            "  sync_interval_ms: %u\n%s"
             "rules:\n%s",
             test_env("RL_TEST_REDIS"), agg->reports, agg->totals,
-            agg->metrics, INTERVAL_MS, rules);
+            agg->metrics, INTERVAL_MS, extra, rules);
     fclose(f);
+}
+
+static void write_rules(const test_aggregator *agg, const char *rules)
+{
+    write_config(agg, "", rules);
 }
 
 static void fleet_start(fleet *f, const char *rules)
@@ -684,4 +690,34 @@ Test(aggregator_reload, totals_noted_before_a_reload_are_published)
     rl_agent_close(a);
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
+}
+
+/* --- aggregator.* is not reloaded (docs/operations.md). -----------------
+ * A file that lowers max_entries to 1 is taken for its rules only: the agents keep their settings too, and go on
+ * sending reports of several entries, which must still be applied. */
+
+Test(aggregator_reload, aggregator_settings_are_not_reloaded)
+{
+    enum { TENANTS = 6 };
+    char rule[200], tenants[TENANTS][96], key[640];
+    snprintf(rule, sizeof rule,
+             "  - {name: settings-%d, match: tenant, limit: 1000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    fleet f;
+    fleet_start(&f, rule);
+    write_config(&f.agg, "  max_entries: 1\n", rule);
+    hup(&f.agg);
+    cr_assert_eq(count_lines(f.agg.log, "event=reload_failed"), 0);
+    for (int i = 0; i < TENANTS; i++) {
+        fresh(tenants[i], sizeof tenants[i], "t");
+        for (int n = 0; n <= i; n++)
+            cr_assert(check(f.agents[0], "tenant", tenants[i]).allowed);
+    }
+    for (int i = 0; i < TENANTS; i++) {
+        snprintf(key, sizeof key, "rl:tenant:%s", tenants[i]);
+        expect_redis_total(key, i + 1, 3000);
+    }
+    fleet_stop(&f);
+    cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
+                 "see %s", f.agg.log);
 }
