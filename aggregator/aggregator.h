@@ -96,6 +96,12 @@ struct rl_aggregator {
     int in_flight;                 /* reports waiting for Redis */
     uint64_t interval;             /* publish count: the log limiter's clock */
     rl_complaint complaints[RL_COMPLAINT_PEERS];
+    /* Names of rules synced under an earlier config and not now: an agent
+     * that counted them before its own reload still reports those counts,
+     * and refusing its report whole would hold back every other count in
+     * it, forever (it resends the same report until acknowledged). */
+    char **retired;
+    size_t n_retired;
 };
 
 /* agents.c: the agents heard from (at most aggregator.max_agents). */
@@ -129,6 +135,12 @@ void rl_broadcast_free(rl_broadcast *b);
 void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
                        const char *value, size_t value_len, uint64_t window,
                        uint64_t current, uint64_t previous, uint64_t agents);
+/* After a reload (agg->config is the new config, agg->broadcast new and
+ * empty): each rule kept by name keeps the agent count from `from`, the
+ * broadcast under `old`, so that the next heartbeat does not say 0 agents
+ * (an agent would then take the whole room as its share). */
+void rl_broadcast_carry(rl_aggregator *agg, const rl_config *old,
+                        const rl_broadcast *from);
 /* Publishes every rule's changed keys (and a heartbeat for the others). */
 void rl_broadcast_publish(rl_aggregator *agg);
 /* Keys waiting for the next publish; the lag of the last publish. */
@@ -138,5 +150,7 @@ uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg);
 /* The synced rule named by bytes, or NULL. */
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
                                   rl_wire_bytes name);
+/* Whether name was a synced rule under an earlier config (and is not now). */
+bool rl_aggregator_retired(const rl_aggregator *agg, rl_wire_bytes name);
 
 #endif

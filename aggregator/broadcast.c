@@ -129,6 +129,19 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
     n->previous = previous;
 }
 
+void rl_broadcast_carry(rl_aggregator *agg, const rl_config *old,
+                        const rl_broadcast *from)
+{
+    for (size_t i = 0; from != NULL && i < from->n_rules; i++) {
+        const char *name = old->rules[i].name;
+        const rl_rule *rule = rl_config_synced_rule(agg->config, name,
+                                                    strlen(name));
+        rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
+        if (c != NULL)
+            c->agents = from->rules[i].agents;
+    }
+}
+
 static void send_totals(rl_aggregator *agg, const rl_rule *rule,
                         rl_wire_writer *w)
 {
@@ -147,7 +160,7 @@ static void send_totals(rl_aggregator *agg, const rl_rule *rule,
 static size_t chunk(const rl_aggregator *agg, const rule_changes *c,
                     size_t from, size_t *end)
 {
-    size_t budget = agg->config->aggregator.max_message_bytes - 1024;
+    size_t budget = agg->boot_config->aggregator.max_message_bytes - 1024;
     size_t count = 0, bytes = 0, j = from;
     for (; c != NULL && j < c->cap; j++) {
         const noted *n = &c->slots[j];

@@ -7,7 +7,9 @@
  *
  * What comes off the wire is never trusted: size is capped by the socket
  * (RL_WIRE_MESSAGE_MAX), the decoder checks every field, and a report
- * naming a rule this aggregator does not have as synced is refused whole.
+ * naming a rule this aggregator does not have as synced is refused whole,
+ * unless a reload removed that rule: then its counts are dropped and the
+ * rest of the report applied.
  * A refused report gets no answer (its peer's REQ resends it later, and is
  * refused again); it is counted and logged with the peer's address, at most
  * once per peer per interval.
@@ -197,7 +199,7 @@ static void handle_report(rl_ingest_worker *w)
         refuse(w, RL_REJECT_MALFORMED, "not a report");
         return;
     }
-    if (w->report.n_entries > agg->config->aggregator.max_entries) {
+    if (w->report.n_entries > agg->boot_config->aggregator.max_entries) {
         refuse(w, RL_REJECT_MALFORMED, "more entries than "
                "aggregator.max_entries");
         return;
@@ -208,15 +210,23 @@ static void handle_report(rl_ingest_worker *w)
         refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
         return;
     }
+    /* Counts for a rule a reload removed are dropped, the rest applied:
+     * the agent that counted them may not have reloaded yet. */
+    size_t kept = 0;
     for (size_t i = 0; i < m->n_entries; i++) {
-        rules[i] = rl_aggregator_rule(agg, m->entries[i].rule);
-        if (rules[i] == NULL) {
+        const rl_rule *rule = rl_aggregator_rule(agg, m->entries[i].rule);
+        if (rule == NULL && rl_aggregator_retired(agg, m->entries[i].rule))
+            continue;
+        if (rule == NULL) {
             free(rules);
             refuse(w, RL_REJECT_UNKNOWN_RULE,
                    "a count for a rule that is not a synced rule here");
             return;
         }
+        w->report.entries[kept] = m->entries[i];
+        rules[kept++] = rule;
     }
+    w->report.n_entries = kept;
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
     if (rl_agents_note(agg, m, w->peer, now) != 0) {

@@ -9,9 +9,10 @@
  * Redis and be acknowledged, publish once more and exit 0. SIGHUP reloads
  * the config; an invalid one is logged and the old one kept (the listen
  * URLs and the store are not changed by a reload). The synced rules follow
- * the new config: reports for a rule added are taken, for a rule removed
- * refused (unknown_rule), shadow synced rules are summed like any other
- * (a shadow rule is enforced nowhere, but counted everywhere); what
+ * the new config: reports for a rule added are taken; counts for a rule
+ * removed are dropped, not counted, and the rest of their report applied
+ * (an agent not yet reloaded still sends them); shadow synced rules are
+ * summed like any other (a shadow rule is enforced nowhere, but counted everywhere); what
  * changed is logged one line each, as rl-gateway does.
  */
 #include "aggregator.h"
@@ -63,7 +64,8 @@ static void on_wakeup(uv_async_t *h)
  * at its start, so a totals message covers the reports just made. */
 static uint64_t until_next_publish(const rl_aggregator *agg)
 {
-    uint64_t interval = agg->config->aggregator.sync_interval_ms;
+    /* aggregator.* is not reloaded: the agents keep theirs too. */
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
     uint64_t now = rl_store_now_ms(agg->store);
     if (now == 0)
         return interval;
@@ -125,6 +127,65 @@ static void on_stop_signal(uv_signal_t *s, int signum)
     uv_timer_start(&agg->publish_timer, on_publish, 0, 0);
 }
 
+bool rl_aggregator_retired(const rl_aggregator *agg, rl_wire_bytes name)
+{
+    for (size_t i = 0; i < agg->n_retired; i++) {
+        if (strlen(agg->retired[i]) == name.len
+            && memcmp(agg->retired[i], name.ptr, name.len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The retired names after a reload from old to fresh: old's synced rules
+ * that fresh does not sync join them, fresh's synced rules leave them.
+ * Returns -1 when out of memory (nothing changed then). */
+static int retire(rl_aggregator *agg, const rl_config *old,
+                  const rl_config *fresh)
+{
+    size_t cap = agg->n_retired + old->n_rules + 1;
+    char **names = calloc(cap, sizeof *names);
+    if (names == NULL)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < agg->n_retired; i++)
+        names[n++] = agg->retired[i];
+    for (size_t i = 0; i < old->n_rules; i++) {
+        const rl_rule *r = &old->rules[i];
+        rl_wire_bytes name = {r->name, strlen(r->name)};
+        if (r->mode != RL_MODE_SYNCED || rl_aggregator_retired(agg, name)
+            || rl_config_synced_rule(fresh, name.ptr, name.len) != NULL)
+            continue;
+        if ((names[n] = strdup(r->name)) == NULL) {
+            for (size_t k = agg->n_retired; k < n; k++)
+                free(names[k]);
+            free(names);
+            return -1;
+        }
+        n++;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rl_config_synced_rule(fresh, names[i], strlen(names[i])) != NULL)
+            free(names[i]);
+        else
+            names[kept++] = names[i];
+    }
+    free(agg->retired);
+    agg->retired = names;
+    agg->n_retired = kept;
+    return 0;
+}
+
+static void free_retired(rl_aggregator *agg)
+{
+    for (size_t i = 0; i < agg->n_retired; i++)
+        free(agg->retired[i]);
+    free(agg->retired);
+    agg->retired = NULL;
+    agg->n_retired = 0;
+}
+
 static void on_reload(uv_signal_t *s, int signum)
 {
     rl_aggregator *agg = s->data;
@@ -135,6 +196,15 @@ static void on_reload(uv_signal_t *s, int signum)
     if (rl_config_load(agg->config_path, &fresh, &err) != RL_OK) {
         rl_log(&agg->log, RL_LOG_ERROR, "reload_failed",
                "reason=\"%s\" kept=old", err.message);
+        rl_service_reloaded(&agg->service);
+        return;
+    }
+    rl_broadcast *broadcast = rl_broadcast_new();
+    if (broadcast == NULL || retire(agg, agg->config, fresh) != 0) {
+        rl_log(&agg->log, RL_LOG_ERROR, "reload_failed",
+               "reason=\"out of memory\" kept=old");
+        rl_broadcast_free(broadcast);
+        rl_config_free(fresh);
         rl_service_reloaded(&agg->service);
         return;
     }
@@ -149,11 +219,14 @@ static void on_reload(uv_signal_t *s, int signum)
      * started with, from the first config, which stays loaded for them.
      * Reports in flight look their rule up again by name when Redis
      * answers (ingest.c), so none holds on to the old config. */
-    if (agg->config != agg->boot_config)
-        rl_config_free(agg->config);
+    rl_config *old = agg->config;
+    rl_broadcast *old_broadcast = agg->broadcast;
     agg->config = fresh;
-    rl_broadcast_free(agg->broadcast);
-    agg->broadcast = rl_broadcast_new();
+    agg->broadcast = broadcast;
+    rl_broadcast_carry(agg, old, old_broadcast);
+    rl_broadcast_free(old_broadcast);
+    if (old != agg->boot_config)
+        rl_config_free(old);
     size_t synced = 0;
     for (size_t i = 0; i < fresh->n_rules; i++)
         synced += fresh->rules[i].mode == RL_MODE_SYNCED;
@@ -278,6 +351,7 @@ int main(int argc, char **argv)
     uv_run(&loop, UV_RUN_NOWAIT);
     uv_loop_close(&loop);
     rl_broadcast_free(agg.broadcast);
+    free_retired(&agg);
     if (agg.config != agg.boot_config)
         rl_config_free(agg.config);
     rl_config_free(agg.boot_config);

@@ -1,0 +1,723 @@
+/*
+ * rl-aggregator's SIGHUP, end to end: a real redis-server, a real
+ * rl-aggregator process and two real agents (librl) that reload the same
+ * file with rl_agent_reload. The aggregator follows the agents' rules:
+ * a synced rule added is summed and broadcast, one removed stops being
+ * summed without holding back any other count, a changed limit applies
+ * within the synced bound (docs/design.md: at most 2 x (limit + agents)
+ * per window), shadow rules are summed and never reject, a bad file is
+ * refused and logged with the old rules kept, and the log names each
+ * change (aggregator/main.c's reload_change and reloaded lines).
+ *
+ * Rule names carry the test's pid: the aggregator's agent sets
+ * (rl:agg:agents:<rule>:w<window>) live an hour here, and another run's
+ * agents in them would change every share.
+ */
+#include "config.h"
+#include "test_agent.h"
+#include "test_aggregator.h"
+#include "test_env.h"
+#include "test_process.h"
+#include "wire.h"
+
+#include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define INTERVAL_MS 100
+#define N_AGENTS 2
+/* One window for the whole test: no window edge to reason about. */
+#define PERIOD "1h"
+
+typedef struct fleet {
+    test_aggregator agg;
+    rl_agent *agents[N_AGENTS];
+    rl_config *configs[N_AGENTS];
+} fleet;
+
+/* The aggregator's config file, with the settings test_aggregator_start
+ * wrote, more aggregator lines (indented) and these rules. */
+static void write_config(const test_aggregator *agg, const char *extra,
+                         const char *rules)
+{
+    FILE *f = fopen(agg->config, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "store: {url: \"redis://%s\"}\n"
+            "aggregator:\n"
+            "  reports: \"%s\"\n"
+            "  totals: \"%s\"\n"
+            "  metrics: \"127.0.0.1:%u\"\n"
+            "  sync_interval_ms: %u\n%s"
+            "rules:\n%s",
+            test_env("RL_TEST_REDIS"), agg->reports, agg->totals,
+            agg->metrics, INTERVAL_MS, extra, rules);
+    fclose(f);
+}
+
+static void write_rules(const test_aggregator *agg, const char *rules)
+{
+    write_config(agg, "", rules);
+}
+
+static void fleet_start(fleet *f, const char *rules)
+{
+    memset(f, 0, sizeof *f);
+    test_aggregator_start(&f->agg, NULL, rules, INTERVAL_MS, NULL);
+    test_aggregator_wait_ready(&f->agg);
+    for (int i = 0; i < N_AGENTS; i++)
+        f->agents[i] = test_synced_agent(&f->agg, &f->configs[i]);
+}
+
+static void fleet_stop(fleet *f)
+{
+    for (int i = 0; i < N_AGENTS; i++) {
+        rl_agent_close(f->agents[i]);
+        rl_config_free(f->configs[i]);
+    }
+    test_aggregator_stop(&f->agg);
+}
+
+/* Lines of the log holding needle. */
+static int count_lines(const char *log, const char *needle)
+{
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f, "cannot read %s", log);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Whether the log has this exact line (without its newline). */
+static bool has_line(const char *log, const char *want)
+{
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f, "cannot read %s", log);
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        found = strcmp(line, want) == 0;
+    }
+    fclose(f);
+    return found;
+}
+
+/* SIGHUP, and waits until the aggregator has logged the outcome: a
+ * `reloaded` or a `reload_failed` line more than before. */
+static void hup(test_aggregator *agg)
+{
+    int before = count_lines(agg->log, "event=reloaded ")
+                 + count_lines(agg->log, "event=reload_failed ");
+    cr_assert_eq(kill(agg->pid, SIGHUP), 0);
+    uint64_t start = test_now_ms();
+    while (count_lines(agg->log, "event=reloaded ")
+               + count_lines(agg->log, "event=reload_failed ")
+           == before) {
+        if (test_now_ms() - start > 5000) {
+            test_show_log(agg->log);
+            cr_assert_fail("no reload logged 5 s after SIGHUP");
+        }
+        test_sleep_ms(20);
+    }
+}
+
+/* The aggregator (SIGHUP) and then every agent reload the file. */
+static void reload_all(fleet *f, const char *rules)
+{
+    write_rules(&f->agg, rules);
+    hup(&f->agg);
+    cr_assert_eq(count_lines(f->agg.log, "event=reload_failed"), 0,
+                 "the aggregator refused a good config; see %s", f->agg.log);
+    for (int i = 0; i < N_AGENTS; i++) {
+        rl_error err;
+        cr_assert_eq(rl_agent_reload(f->agents[i], f->agg.config, &err),
+                     RL_OK, "%s", err.message);
+    }
+}
+
+static long long redis_total(const char *prefix_value)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s",
+                                           keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+/* Waits until Redis holds want for the key: the agents' counts all
+ * arrived. */
+static void expect_redis_total(const char *key, long long want,
+                               unsigned timeout_ms)
+{
+    uint64_t start = test_now_ms();
+    long long got;
+    while ((got = redis_total(key)) != want) {
+        cr_assert_lt(test_now_ms() - start, timeout_ms,
+                     "Redis holds %lld for %s, the agents counted %lld", got,
+                     key, want);
+        test_sleep_ms(50);
+    }
+}
+
+/* The same, and that it stays so for a while (nothing more arrives). */
+static void expect_redis_total_stays(const char *key, long long want)
+{
+    expect_redis_total(key, want, 5000);
+    test_sleep_ms(5 * INTERVAL_MS);
+    cr_assert_eq(redis_total(key), want, "%s moved past %lld", key, want);
+}
+
+/* A value no other run used. */
+static const char *fresh(char *buf, size_t cap, const char *what)
+{
+    static int serial;
+    snprintf(buf, cap, "%s-%d-%d-%llu", what, (int)getpid(), ++serial,
+             (unsigned long long)test_now_us());
+    return buf;
+}
+
+static rl_decision check(rl_agent *agent, const char *attr,
+                         const char *value)
+{
+    rl_attr a = {attr, value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
+    return d;
+}
+
+/* What an offer of load did. */
+typedef struct offered {
+    long checks, admitted[N_AGENTS], admitted_sum;
+    long shadow_rejected;  /* decisions naming a shadow rejection */
+} offered;
+
+/* One check per agent every ms for ms milliseconds. */
+static offered offer(fleet *f, const char *attr, const char *value,
+                     unsigned ms)
+{
+    offered o = {0};
+    uint64_t start = test_now_ms();
+    for (uint64_t round = 1; test_now_ms() - start < ms; round++) {
+        for (int i = 0; i < N_AGENTS; i++) {
+            rl_decision d = check(f->agents[i], attr, value);
+            o.checks++;
+            o.admitted[i] += d.allowed;
+            o.admitted_sum += d.allowed;
+            o.shadow_rejected += d.shadow_rejected > 0;
+        }
+        uint64_t due = start + round, now = test_now_ms();
+        if (due > now)
+            test_sleep_ms((unsigned)(due - now));
+    }
+    return o;
+}
+
+/* A subscriber to the aggregator's totals for one rule. */
+static nng_socket subscribe(const test_aggregator *agg, const char *rule)
+{
+    nng_socket s;
+    cr_assert_eq(nng_sub0_open(&s), 0);
+    cr_assert_eq(nng_socket_set(s, NNG_OPT_SUB_SUBSCRIBE, rule,
+                                strlen(rule) + 1), 0);
+    cr_assert_eq(nng_dial(s, agg->totals, NULL, 0), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 200);
+    return s;
+}
+
+/* The next TOTALS message on s, decoded (type 0 if none came in
+ * timeout_ms). The caller frees it with rl_wire_msg_free. */
+static rl_wire_msg next_totals(nng_socket s, unsigned timeout_ms)
+{
+    rl_wire_msg t = {0};
+    uint64_t start = test_now_ms();
+    while (test_now_ms() - start < timeout_ms) {
+        nng_msg *m;
+        if (nng_recvmsg(s, &m, 0) != 0)
+            continue;
+        const char *body = nng_msg_body(m);
+        size_t len = nng_msg_len(m);
+        const char *nul = memchr(body, '\0', len);
+        const char *why;
+        cr_assert_not_null(nul, "a totals message without a topic");
+        cr_assert_eq(rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body),
+                                    &t, &why), 0, "%s", why);
+        nng_msg_free(m);
+        cr_assert_eq(t.type, RL_WIRE_TOTALS);
+        return t;
+    }
+    return t;
+}
+
+/* Waits for a totals message of the rule carrying value with current
+ * total want: the aggregator summed the new rule's counts and broadcast
+ * them. */
+static void expect_broadcast(nng_socket s, const char *value, long long want)
+{
+    uint64_t start = test_now_ms();
+    long long last = -1;
+    while (test_now_ms() - start < 5000) {
+        rl_wire_msg t = next_totals(s, 500);
+        for (size_t i = 0; i < t.n_entries; i++) {
+            const rl_wire_entry *e = &t.entries[i];
+            if (e->value.len == strlen(value)
+                && memcmp(e->value.ptr, value, e->value.len) == 0)
+                last = (long long)e->current;
+        }
+        rl_wire_msg_free(&t);
+        if (last == want)
+            return;
+    }
+    cr_assert_fail("no totals message of %lld for %s (last seen %lld)", want,
+                   value, last);
+}
+
+/* --- (1) A synced rule added by a reload is counted and broadcast. ------
+ * Before the reload nothing applies to an org; after it, the two agents
+ * offered 10 x the limit each are held, together, to between the limit
+ * and the stated worst case 2 x (limit + agents), every admitted request
+ * reaches Redis, and the totals go out on the PUB socket. */
+
+Test(aggregator_reload, an_added_synced_rule_is_summed_and_broadcast)
+{
+    enum { LIMIT = 100 };
+    char base[128], added[128], rules[512], org[96], key[160];
+    snprintf(base, sizeof base,
+             "  - {name: base-%d, match: tenant, limit: 1000000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    snprintf(added, sizeof added,
+             "  - {name: added-%d, match: org, limit: %d, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid(), LIMIT);
+    fleet f;
+    fleet_start(&f, base);
+    fresh(org, sizeof org, "org");
+    snprintf(key, sizeof key, "rl:org:%s", org);
+    cr_assert_eq(check(f.agents[0], "org", org).rule[0], '\0',
+                 "a rule applied to an org before the reload");
+
+    char name[64];
+    snprintf(name, sizeof name, "added-%d", (int)getpid());
+    nng_socket sub = subscribe(&f.agg, name);
+    snprintf(rules, sizeof rules, "%s%s", base, added);
+    reload_all(&f, rules);
+    offered o = offer(&f, "org", org, 2000);
+    fprintf(stderr, "aggregator reload: added rule, limit %d, offered %ld: "
+            "admitted %ld (%ld, %ld)\n", LIMIT, o.checks, o.admitted_sum,
+            o.admitted[0], o.admitted[1]);
+    cr_expect_geq(o.admitted_sum, LIMIT);
+    cr_expect_leq(o.admitted_sum, 2 * (LIMIT + N_AGENTS),
+                  "over the synced bound 2 x (limit + agents)");
+    for (int i = 0; i < N_AGENTS; i++)
+        cr_expect_gt(o.admitted[i], 0, "agent %d admitted nothing", i);
+    expect_redis_total_stays(key, o.admitted_sum);
+    expect_broadcast(sub, org, o.admitted_sum);
+    nng_close(sub);
+    fleet_stop(&f);
+    cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
+                 "see %s", f.agg.log);
+}
+
+/* --- (2) A synced rule removed stops; no other count is lost. -----------
+ * The aggregator reloads first: the agents, not reloaded yet, go on
+ * counting the removed rule next to the kept one, in the same reports.
+ * Those reports must still be applied for the kept rule (an agent resends
+ * a refused report forever: every count behind it would be stuck), and
+ * the removed rule's counts must not be added any more. */
+
+Test(aggregator_reload, a_removed_synced_rule_stops_and_no_other_count_is_lost)
+{
+    char keep[128], gone[128], both[300], tenant[96], org[96];
+    char tkey[160], okey[160];
+    snprintf(keep, sizeof keep,
+             "  - {name: keep-%d, match: tenant, limit: 1000000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    snprintf(gone, sizeof gone,
+             "  - {name: gone-%d, match: org, limit: 1000000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    snprintf(both, sizeof both, "%s%s", keep, gone);
+    fleet f;
+    fleet_start(&f, both);
+    fresh(tenant, sizeof tenant, "t");
+    fresh(org, sizeof org, "o");
+    snprintf(tkey, sizeof tkey, "rl:tenant:%s", tenant);
+    snprintf(okey, sizeof okey, "rl:org:%s", org);
+    long tenant_admitted = 0, org_counted = 0;
+    rl_attr attrs[2] = {{"tenant", tenant, strlen(tenant)},
+                        {"org", org, strlen(org)}};
+    for (int n = 0; n < 30; n++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(f.agents[n % N_AGENTS], attrs, 2, 1, &d),
+                     RL_OK);
+        cr_assert(d.allowed);
+        tenant_admitted++;
+        org_counted++;
+    }
+    expect_redis_total(okey, org_counted, 5000);
+
+    write_rules(&f.agg, keep);
+    hup(&f.agg);
+    /* The agents still have both rules: their next reports carry both. */
+    for (int n = 0; n < 40; n++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(f.agents[n % N_AGENTS], attrs, 2, 1, &d),
+                     RL_OK);
+        cr_assert(d.allowed);
+        tenant_admitted++;
+    }
+    expect_redis_total(tkey, tenant_admitted, 5000);
+    /* A report of the removed rule's counts alone: dropped, acknowledged
+     * (refused, the agent would resend it forever, its later counts
+     * behind it). */
+    for (int n = 0; n < 10; n++)
+        cr_assert(check(f.agents[0], "org", org).allowed);
+    test_sleep_ms(3 * INTERVAL_MS);
+    for (int i = 0; i < N_AGENTS; i++) {
+        rl_error err;
+        cr_assert_eq(rl_agent_reload(f.agents[i], f.agg.config, &err), RL_OK,
+                     "%s", err.message);
+    }
+    for (int n = 0; n < 20; n++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(f.agents[n % N_AGENTS], attrs, 2, 1, &d),
+                     RL_OK);
+        cr_assert(d.allowed);
+        tenant_admitted++;
+    }
+    expect_redis_total_stays(tkey, tenant_admitted);
+    /* Not one count of the removed rule was added after the reload. */
+    expect_redis_total_stays(okey, org_counted);
+    fleet_stop(&f);
+    cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
+                 "reports refused; see %s", f.agg.log);
+    cr_assert_eq(count_lines(f.agg.log, "level=error"), 0, "see %s",
+                 f.agg.log);
+    cr_assert_eq(count_lines(f.agg.log, "level=warn"), 0, "see %s",
+                 f.agg.log);
+}
+
+/* --- (3) A changed limit applies within the synced bound. ---------------
+ * 1,000 at first; a few requests; then 50. Offered 10 x the new limit per
+ * agent for two seconds, the two agents admit in the window (the
+ * requests before the reload included) at most 2 x (50 + 2) = 104: under
+ * the old limit they would have admitted over 1,000. */
+
+Test(aggregator_reload, a_changed_limit_applies_within_the_synced_bound)
+{
+    enum { OLD = 1000, NEW = 50, BEFORE = 10 };
+    char rule[160], team[96], key[160];
+    const char *fmt = "  - {name: lim-%d, match: team, limit: %d, "
+                      "period: " PERIOD ", mode: synced}\n";
+    snprintf(rule, sizeof rule, fmt, (int)getpid(), OLD);
+    fleet f;
+    fleet_start(&f, rule);
+    fresh(team, sizeof team, "team");
+    snprintf(key, sizeof key, "rl:team:%s", team);
+    long admitted = 0;
+    for (int n = 0; n < BEFORE; n++)
+        admitted += check(f.agents[n % N_AGENTS], "team", team).allowed;
+    cr_assert_eq(admitted, BEFORE);
+    expect_redis_total(key, BEFORE, 5000);
+
+    snprintf(rule, sizeof rule, fmt, (int)getpid(), NEW);
+    reload_all(&f, rule);
+    rl_decision d = check(f.agents[0], "team", team);
+    cr_assert_eq(d.limit, NEW, "the agent decides with limit %llu",
+                 (unsigned long long)d.limit);
+    admitted += d.allowed;
+    offered o = offer(&f, "team", team, 2000);
+    admitted += o.admitted_sum;
+    fprintf(stderr, "aggregator reload: limit %d -> %d, offered %ld after: "
+            "admitted %ld in the window (%ld, %ld after)\n", OLD, NEW,
+            o.checks, admitted, o.admitted[0], o.admitted[1]);
+    cr_expect_geq(admitted, NEW);
+    cr_expect_leq(admitted, 2 * (NEW + N_AGENTS),
+                  "over the synced bound 2 x (limit + agents)");
+    expect_redis_total_stays(key, admitted);
+    fleet_stop(&f);
+}
+
+/* --- (4) Shadow synced rules are summed and never reject. ---------------
+ * A shadow rule added by a reload, offered far over its limit: every
+ * request is let through, the would-be rejections are named, and Redis
+ * holds exactly what the rule counted (what it would have let through:
+ * charged as if enforced). Then the same rule enforced by another reload
+ * rejects: it was the shadow that held it back, not the limit's absence. */
+
+Test(aggregator_reload, a_shadow_synced_rule_is_summed_and_never_rejects)
+{
+    enum { LIMIT = 20 };
+    char base[160], shadow[200], rules[400], org[96], key[160], name[64];
+    snprintf(base, sizeof base,
+             "  - {name: base-%d, match: tenant, limit: 1000000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    snprintf(name, sizeof name, "shadow-%d", (int)getpid());
+    snprintf(shadow, sizeof shadow,
+             "  - {name: %s, match: org, limit: %d, period: " PERIOD ", "
+             "mode: synced, shadow: true}\n", name, LIMIT);
+    fleet f;
+    fleet_start(&f, base);
+    fresh(org, sizeof org, "org");
+    snprintf(key, sizeof key, "rl:org:%s", org);
+    nng_socket sub = subscribe(&f.agg, name);
+    snprintf(rules, sizeof rules, "%s%s", base, shadow);
+    reload_all(&f, rules);
+
+    offered o = offer(&f, "org", org, 1000);
+    long counted = o.checks - o.shadow_rejected;
+    fprintf(stderr, "aggregator reload: shadow rule, limit %d, offered %ld: "
+            "admitted %ld, would have admitted %ld\n", LIMIT, o.checks,
+            o.admitted_sum, counted);
+    cr_assert_eq(o.admitted_sum, o.checks, "a shadow rule rejected");
+    cr_assert_gt(o.shadow_rejected, 0, "no would-be rejection named");
+    cr_assert_geq(counted, LIMIT);
+    cr_assert_leq(counted, 2 * (LIMIT + N_AGENTS));
+    expect_redis_total_stays(key, counted);
+    expect_broadcast(sub, org, counted);
+    nng_close(sub);
+
+    snprintf(shadow, sizeof shadow,
+             "  - {name: %s, match: org, limit: %d, period: " PERIOD ", "
+             "mode: synced}\n", name, LIMIT);
+    snprintf(rules, sizeof rules, "%s%s", base, shadow);
+    reload_all(&f, rules);
+    char line[256];
+    snprintf(line, sizeof line, "level=info event=reload_change "
+             "change=\"rule %s: shadow true -> false\"", name);
+    cr_assert(has_line(f.agg.log, line), "no line: %s", line);
+    cr_assert_not(check(f.agents[0], "org", org).allowed,
+                  "the rule enforced let a request over its limit through");
+    fleet_stop(&f);
+}
+
+/* --- (5) An invalid file is refused, logged, and the old rules work. ---- */
+
+Test(aggregator_reload, an_invalid_config_is_refused_and_the_old_rules_stay)
+{
+    char rule[200], bad[400], tenant[96], key[160];
+    snprintf(rule, sizeof rule,
+             "  - {name: stay-%d, match: tenant, limit: 1000000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    fleet f;
+    fleet_start(&f, rule);
+    fresh(tenant, sizeof tenant, "t");
+    snprintf(key, sizeof key, "rl:tenant:%s", tenant);
+    /* Valid YAML, a bad rule: an attribute in `when` nothing supplies. */
+    snprintf(bad, sizeof bad,
+             "%s  - {name: typo-%d, match: org, limit: 5, period: 1m, "
+             "mode: synced, when: {metod: POST}}\n", rule, (int)getpid());
+    write_rules(&f.agg, bad);
+    hup(&f.agg);
+    cr_assert_eq(count_lines(f.agg.log, "level=error event=reload_failed "
+                             "reason=\""), 1, "see %s", f.agg.log);
+    cr_assert_eq(count_lines(f.agg.log, "unknown attribute 'metod' in "
+                             "when"), 1, "the reason is not the config "
+                             "error; see %s", f.agg.log);
+    cr_assert_eq(count_lines(f.agg.log, "\" kept=old"), 1, "see %s",
+                 f.agg.log);
+    cr_assert_eq(count_lines(f.agg.log, "event=reloaded"), 0);
+    cr_assert_eq(count_lines(f.agg.log, "event=reload_change"), 0);
+    /* The agents refuse the same file with the same message. */
+    rl_error err;
+    cr_assert_eq(rl_agent_reload(f.agents[0], f.agg.config, &err),
+                 RL_ECONFIG);
+    cr_assert_not_null(strstr(err.message, "unknown attribute 'metod'"),
+                       "%s", err.message);
+
+    offered o = offer(&f, "tenant", tenant, 300);
+    cr_assert_eq(o.admitted_sum, o.checks);
+    expect_redis_total_stays(key, o.admitted_sum);
+    fleet_stop(&f);
+    cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
+                 "the old rule was dropped; see %s", f.agg.log);
+}
+
+/* --- (6) The log names every change, as aggregator/main.c writes it. ---- */
+
+Test(aggregator_reload, the_log_names_each_change)
+{
+    int pid = (int)getpid();
+    char before[800], after[800], line[300];
+    snprintf(before, sizeof before,
+             "  - {name: lim-%d, match: tenant, limit: 1000, period: 1m, "
+             "mode: synced}\n"
+             "  - {name: sh-%d, match: team, limit: 10, period: 1m, "
+             "mode: synced}\n"
+             "  - {name: gone-%d, match: org, limit: 10, period: 1m, "
+             "mode: synced}\n"
+             "  - {name: ex-%d, match: ip, limit: 10, period: 1s}\n",
+             pid, pid, pid, pid);
+    snprintf(after, sizeof after,
+             "  - {name: lim-%d, match: tenant, limit: 500, period: 1m, "
+             "mode: synced}\n"
+             "  - {name: sh-%d, match: team, limit: 10, period: 1m, "
+             "mode: synced, shadow: true}\n"
+             "  - {name: ex-%d, match: ip, limit: 10, period: 1s}\n"
+             "  - {name: new-%d, match: region, limit: 100, period: 1h, "
+             "mode: synced, shadow: true}\n",
+             pid, pid, pid, pid);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, before, INTERVAL_MS, NULL);
+    write_rules(&agg, after);
+    hup(&agg);
+    const char *fmt[] = {
+        "level=info event=reload_change change=\"rule lim-%d: limit 1000 "
+        "-> 500\"",
+        /* burst defaults to the limit: it changed too */
+        "level=info event=reload_change change=\"rule lim-%d: burst 1000 "
+        "-> 500\"",
+        "level=info event=reload_change change=\"rule sh-%d: shadow false "
+        "-> true\"",
+        "level=info event=reload_change change=\"rule new-%d added: region, "
+        "100 per 1h, synced, shadow\"",
+        "level=info event=reload_change change=\"rule gone-%d removed\"",
+    };
+    for (size_t i = 0; i < sizeof fmt / sizeof fmt[0]; i++) {
+        snprintf(line, sizeof line, fmt[i], pid);
+        cr_assert(has_line(agg.log, line), "no line: %s; see %s", line,
+                  agg.log);
+    }
+    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 5,
+                 "an unchanged rule was named; see %s", agg.log);
+    cr_assert(has_line(agg.log, "level=info event=reloaded rules=4 synced=3 "
+                                "added=1 removed=1 changed=2"),
+              "see %s", agg.log);
+    /* Nothing changed: a summary and no change line. */
+    hup(&agg);
+    cr_assert_eq(count_lines(agg.log, "event=reload_change"), 5);
+    cr_assert(has_line(agg.log, "level=info event=reloaded rules=4 synced=3 "
+                                "added=0 removed=0 changed=0"),
+              "see %s", agg.log);
+    test_aggregator_stop(&agg);
+}
+
+/* --- A reload keeps each kept rule's agent count in the totals. ---------
+ * A totals message with no change for a rule still carries its agent
+ * count, by which agents split the room (ceil(room / agents)); one saying
+ * 0 would give every agent the whole room (docs/design.md, "Shares, not
+ * the whole limit"). No agent reports across the reload here, so the
+ * next heartbeats carry what the aggregator knew before it. */
+
+Test(aggregator_reload, the_agent_count_survives_a_reload)
+{
+    char rule[200], name[64], tenant[96], key[160];
+    snprintf(name, sizeof name, "count-%d", (int)getpid());
+    snprintf(rule, sizeof rule,
+             "  - {name: %s, match: tenant, limit: 1000, period: " PERIOD
+             ", mode: synced}\n", name);
+    fleet f;
+    fleet_start(&f, rule);
+    fresh(tenant, sizeof tenant, "t");
+    snprintf(key, sizeof key, "rl:tenant:%s", tenant);
+    for (int i = 0; i < N_AGENTS; i++)
+        cr_assert(check(f.agents[i], "tenant", tenant).allowed);
+    expect_redis_total(key, N_AGENTS, 5000);
+    nng_socket sub = subscribe(&f.agg, name);
+    /* Past the totals that carried the counts: heartbeats now. */
+    rl_wire_msg t = next_totals(sub, 2000);
+    cr_assert_eq(t.type, RL_WIRE_TOTALS, "no totals for %s", name);
+    rl_wire_msg_free(&t);
+    for (int k = 0; k < 3; k++) {
+        t = next_totals(sub, 2000);
+        cr_assert_eq(t.agents, N_AGENTS, "before the reload: %llu agents",
+                     (unsigned long long)t.agents);
+        rl_wire_msg_free(&t);
+    }
+    write_rules(&f.agg, rule);
+    hup(&f.agg);
+    for (int k = 0; k < 3; k++) {
+        t = next_totals(sub, 2000);
+        cr_assert_eq(t.type, RL_WIRE_TOTALS, "no totals after the reload");
+        cr_assert_eq(t.agents, N_AGENTS, "totals %d after the reload say "
+                     "%llu agents", k, (unsigned long long)t.agents);
+        rl_wire_msg_free(&t);
+    }
+    nng_close(sub);
+    fleet_stop(&f);
+}
+
+/* --- Totals noted before a reload are published, not dropped. -----------
+ * The aggregator keeps the totals it will publish by rule index in the
+ * old config; a reload publishes them before switching tables. With a
+ * long interval, an agent's report (sent at an interval's start) is noted
+ * well before the next publish (in its middle): a SIGHUP right after the
+ * report reached Redis comes before that publish, and the totals must
+ * still go out. The other agents learn a key's totals only so. */
+
+Test(aggregator_reload, totals_noted_before_a_reload_are_published)
+{
+    enum { SLOW_INTERVAL_MS = 2000, N = 25 };
+    char rule[200], name[64], tenant[96], key[160];
+    snprintf(name, sizeof name, "noted-%d", (int)getpid());
+    snprintf(rule, sizeof rule,
+             "  - {name: %s, match: tenant, limit: 1000000, period: " PERIOD
+             ", mode: synced}\n", name);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, rule, SLOW_INTERVAL_MS, NULL);
+    test_aggregator_wait_ready(&agg);
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    fresh(tenant, sizeof tenant, "t");
+    snprintf(key, sizeof key, "rl:tenant:%s", tenant);
+    nng_socket sub = subscribe(&agg, name);
+    for (int n = 0; n < N; n++)
+        cr_assert(check(a, "tenant", tenant).allowed);
+    uint64_t start = test_now_ms();
+    while (redis_total(key) != N) {
+        cr_assert_lt(test_now_ms() - start, 5000, "no report in 5 s");
+        test_sleep_ms(10);
+    }
+    /* The same file: a reload that changes nothing but the tables. */
+    cr_assert_eq(kill(agg.pid, SIGHUP), 0);
+    expect_broadcast(sub, tenant, N);
+    nng_close(sub);
+    test_wait_for_log(&agg.pid, agg.log, "event=reloaded ", 5000);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+}
+
+/* --- aggregator.* is not reloaded (docs/operations.md). -----------------
+ * A file that lowers max_entries to 1 is taken for its rules only: the agents keep their settings too, and go on
+ * sending reports of several entries, which must still be applied. */
+
+Test(aggregator_reload, aggregator_settings_are_not_reloaded)
+{
+    enum { TENANTS = 6 };
+    char rule[200], tenants[TENANTS][96], key[640];
+    snprintf(rule, sizeof rule,
+             "  - {name: settings-%d, match: tenant, limit: 1000000, "
+             "period: " PERIOD ", mode: synced}\n", (int)getpid());
+    fleet f;
+    fleet_start(&f, rule);
+    write_config(&f.agg, "  max_entries: 1\n", rule);
+    hup(&f.agg);
+    cr_assert_eq(count_lines(f.agg.log, "event=reload_failed"), 0);
+    for (int i = 0; i < TENANTS; i++) {
+        fresh(tenants[i], sizeof tenants[i], "t");
+        for (int n = 0; n <= i; n++)
+            cr_assert(check(f.agents[0], "tenant", tenants[i]).allowed);
+    }
+    for (int i = 0; i < TENANTS; i++) {
+        snprintf(key, sizeof key, "rl:tenant:%s", tenants[i]);
+        expect_redis_total(key, i + 1, 3000);
+    }
+    fleet_stop(&f);
+    cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
+                 "see %s", f.agg.log);
+}
