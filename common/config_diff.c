@@ -265,7 +265,8 @@ static int diff_values(rl_config_diff *d, const rl_rule *a, const rl_rule *b)
                       w.counts[V_CHANGED]);
     /* The map's order is its hash's: sorted, the same change reads the
      * same every time (by value, as the lines start alike). */
-    qsort(lines.lines, lines.n, sizeof *lines.lines, by_text);
+    if (lines.n > 0)
+        qsort(lines.lines, lines.n, sizeof *lines.lines, by_text);
     for (size_t i = 0; i < lines.n && rc == RL_OK; i++)
         rc = add_line(d, "%s", lines.lines[i]);
     for (int k = 0; k < V_KINDS && rc == RL_OK; k++) {

@@ -241,28 +241,40 @@ static nng_socket subscribe(const test_aggregator *agg, const char *rule)
     return s;
 }
 
-/* The next TOTALS message on s, decoded (type 0 if none came in
- * timeout_ms). The caller frees it with rl_wire_msg_free. */
-static rl_wire_msg next_totals(nng_socket s, unsigned timeout_ms)
+/* A TOTALS message, decoded: t points into m's body, so m lives as long. */
+typedef struct totals {
+    rl_wire_msg t;
+    nng_msg *m;
+} totals;
+
+static void totals_free(totals *x)
 {
-    rl_wire_msg t = {0};
+    rl_wire_msg_free(&x->t);
+    if (x->m != NULL)
+        nng_msg_free(x->m);
+    x->m = NULL;
+}
+
+/* The next TOTALS message on s, decoded (t.type 0 if none came in
+ * timeout_ms). The caller frees it with totals_free. */
+static totals next_totals(nng_socket s, unsigned timeout_ms)
+{
+    totals x = {0};
     uint64_t start = test_now_ms();
     while (test_now_ms() - start < timeout_ms) {
-        nng_msg *m;
-        if (nng_recvmsg(s, &m, 0) != 0)
+        if (nng_recvmsg(s, &x.m, 0) != 0)
             continue;
-        const char *body = nng_msg_body(m);
-        size_t len = nng_msg_len(m);
+        const char *body = nng_msg_body(x.m);
+        size_t len = nng_msg_len(x.m);
         const char *nul = memchr(body, '\0', len);
         const char *why;
         cr_assert_not_null(nul, "a totals message without a topic");
         cr_assert_eq(rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body),
-                                    &t, &why), 0, "%s", why);
-        nng_msg_free(m);
-        cr_assert_eq(t.type, RL_WIRE_TOTALS);
-        return t;
+                                    &x.t, &why), 0, "%s", why);
+        cr_assert_eq(x.t.type, RL_WIRE_TOTALS);
+        return x;
     }
-    return t;
+    return x;
 }
 
 /* Waits for a totals message of the rule carrying value with current
@@ -273,14 +285,14 @@ static void expect_broadcast(nng_socket s, const char *value, long long want)
     uint64_t start = test_now_ms();
     long long last = -1;
     while (test_now_ms() - start < 5000) {
-        rl_wire_msg t = next_totals(s, 500);
-        for (size_t i = 0; i < t.n_entries; i++) {
-            const rl_wire_entry *e = &t.entries[i];
+        totals x = next_totals(s, 500);
+        for (size_t i = 0; i < x.t.n_entries; i++) {
+            const rl_wire_entry *e = &x.t.entries[i];
             if (e->value.len == strlen(value)
                 && memcmp(e->value.ptr, value, e->value.len) == 0)
                 last = (long long)e->current;
         }
-        rl_wire_msg_free(&t);
+        totals_free(&x);
         if (last == want)
             return;
     }
@@ -629,23 +641,23 @@ Test(aggregator_reload, the_agent_count_survives_a_reload)
     expect_redis_total(key, N_AGENTS, 5000);
     nng_socket sub = subscribe(&f.agg, name);
     /* Past the totals that carried the counts: heartbeats now. */
-    rl_wire_msg t = next_totals(sub, 2000);
-    cr_assert_eq(t.type, RL_WIRE_TOTALS, "no totals for %s", name);
-    rl_wire_msg_free(&t);
+    totals x = next_totals(sub, 2000);
+    cr_assert_eq(x.t.type, RL_WIRE_TOTALS, "no totals for %s", name);
+    totals_free(&x);
     for (int k = 0; k < 3; k++) {
-        t = next_totals(sub, 2000);
-        cr_assert_eq(t.agents, N_AGENTS, "before the reload: %llu agents",
-                     (unsigned long long)t.agents);
-        rl_wire_msg_free(&t);
+        x = next_totals(sub, 2000);
+        cr_assert_eq(x.t.agents, N_AGENTS, "before the reload: %llu agents",
+                     (unsigned long long)x.t.agents);
+        totals_free(&x);
     }
     write_rules(&f.agg, rule);
     hup(&f.agg);
     for (int k = 0; k < 3; k++) {
-        t = next_totals(sub, 2000);
-        cr_assert_eq(t.type, RL_WIRE_TOTALS, "no totals after the reload");
-        cr_assert_eq(t.agents, N_AGENTS, "totals %d after the reload say "
-                     "%llu agents", k, (unsigned long long)t.agents);
-        rl_wire_msg_free(&t);
+        x = next_totals(sub, 2000);
+        cr_assert_eq(x.t.type, RL_WIRE_TOTALS, "no totals after the reload");
+        cr_assert_eq(x.t.agents, N_AGENTS, "totals %d after the reload say "
+                     "%llu agents", k, (unsigned long long)x.t.agents);
+        totals_free(&x);
     }
     nng_close(sub);
     fleet_stop(&f);
