@@ -92,6 +92,13 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
                     const rl_limit *rate, const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
                     bool *degraded);
+/* The same for a value whose rl_key_hash_value (keys.h) the caller has
+ * already worked out (to look it up in the rule's overrides). */
+int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                           const rl_limit *rate, const char *value,
+                           size_t value_len, uint64_t value_hash,
+                           uint32_t cost, rl_bucket_reply *out,
+                           bool *degraded);
 
 /* I/O thread: Redis's clock as the aggregator last told it. */
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);

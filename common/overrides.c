@@ -76,7 +76,7 @@ static size_t probe(const rl_override_map *m, const char *value, size_t len,
             return i;
         if ((s & ~0xffffffffULL) == tag) {
             const struct entry *e = &m->entries[(uint32_t)s - 1];
-            if (e->len == len && memcmp(m->bytes + e->off, value, len) == 0)
+            if (e->len == len && rl_key_equal(m->bytes + e->off, value, len))
                 return i;
         }
     }
@@ -160,9 +160,18 @@ int rl_override_map_add(rl_override_map *m, const char *value, size_t len,
 const rl_override *rl_override_map_find(const rl_override_map *m,
                                         const char *value, size_t len)
 {
+    return rl_override_map_find_hashed(m, value, len,
+                                       rl_key_hash_value(value, len));
+}
+
+const rl_override *rl_override_map_find_hashed(const rl_override_map *m,
+                                               const char *value, size_t len,
+                                               uint64_t value_hash)
+{
     if (m == NULL || m->n == 0)
         return NULL;
-    uint64_t s = m->slots[probe(m, value, len, hash(value, len))];
+    uint64_t h = rl_key_hash_salt(value_hash, MAP_SALT);
+    uint64_t s = m->slots[probe(m, value, len, h)];
     return s != 0 ? m->entries[(uint32_t)s - 1].o : NULL;
 }
 
