@@ -437,6 +437,8 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
         uint64_t h = 0;
         if (ra->by_value) {
             h = rl_key_hash_value(attr->value, attr->value_len);
+            if (r->mode == RL_MODE_SYNCED)
+                rl_synced_prefetch(&a->synced, g->idents[i], h);
             o = rl_override_map_find_hashed(r->values, attr->value,
                                             attr->value_len, h);
         }
