@@ -417,8 +417,12 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
                       uint32_t cost, rl_decision *out, int *rc)
 {
     const rl_config *cfg = g->config;
+    /* What applies, in arrays of pointers: rule states are made only when
+     * deciding (filling one in the loop, at a variable index, zeroed the
+     * whole state with `rep stos`: 13% of a check in perf). */
     const rl_attr *values[LOCAL_RULES_MAX];
-    rl_rule_state states[LOCAL_RULES_MAX];
+    const rl_rule *rules[LOCAL_RULES_MAX];
+    const rl_override *overrides[LOCAL_RULES_MAX];
     uint64_t hash = 0;
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
@@ -442,21 +446,29 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             o = rl_override_map_find_hashed(r->values, attr->value,
                                             attr->value_len, h);
         }
-        const rl_limit *rate = rl_rule_rate(r, o);
-        if (rate->unlimited)
+        if (rl_rule_rate(r, o)->unlimited)
             continue; /* not counted, not in the decision */
         hash = h; /* the last rule's that applies: the only one's if k is 1 */
-        states[k] = (rl_rule_state){.rule = r, .override = o, .rate = rate};
+        rules[k] = r;
+        overrides[k] = o;
         values[k++] = attr;
     }
     if (k == 1) {
         const rl_attr *v = values[0];
-        if (!g->args[states[0].rule - cfg->rules].by_value)
+        const rl_rule *r = rules[0];
+        if (!g->args[r - cfg->rules].by_value)
             hash = rl_key_hash_value(v->value, v->value_len);
-        decide_one(a, g, &states[0], v->value, v->value_len, hash, cost, out,
-                   rc);
+        rl_rule_state one = {.rule = r, .override = overrides[0],
+                             .rate = rl_rule_rate(r, overrides[0])};
+        decide_one(a, g, &one, v->value, v->value_len, hash, cost, out, rc);
         return true;
     }
+    rl_rule_state states[LOCAL_RULES_MAX];
+    for (int i = 0; i < k; i++)
+        states[i] = (rl_rule_state){.rule = rules[i],
+                                    .override = overrides[i],
+                                    .rate = rl_rule_rate(rules[i],
+                                                         overrides[i])};
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
                                cost, &states[i])) != RL_OK)
