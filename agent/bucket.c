@@ -19,6 +19,7 @@ void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
     args->rule = rule;
     args->rate = *rate;
     args->plain = false;
+    args->by_value = false;
     snprintf(args->burst, sizeof args->burst, "%llu",
              (unsigned long long)rate->burst);
     snprintf(args->limit, sizeof args->limit, "%llu",
@@ -33,6 +34,9 @@ void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)
     args->plain = rule->n_parts <= 1 && rule->when.n == 0
                   && rule->n_overrides == 0 && rule->values == NULL
                   && !rule->shadow && !rule->unlimited;
+    args->by_value = rule->n_parts <= 1 && rule->when.n == 0
+                     && rule->n_when_overrides == 0 && rule->values != NULL
+                     && !rule->shadow;
 }
 
 static uint64_t ceil_div(uint64_t a, uint64_t b)

@@ -30,6 +30,10 @@ typedef struct rl_bucket_args {
      * no when, no overrides, not in shadow. Its checks take the path they
      * took before, past this one flag test. */
     bool plain;
+    /* Not plain only for its values overrides: one attribute, no when, no
+     * `when` overrides, not in shadow. Its checks look the value up in the
+     * map and otherwise take the plain path (check.c). */
+    bool by_value;
     char burst[24];
     char limit[24];
     char period[24];
@@ -42,7 +46,7 @@ typedef void (*rl_bucket_fn)(void *arg, const rl_bucket_reply *reply,
 
 /* The rule's own rate (and its plain flag). */
 void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule);
-/* The same for rate, an override's (plain is false). */
+/* The same for rate, an override's (plain and by_value are false). */
 void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
                          const rl_limit *rate);
 

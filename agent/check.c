@@ -122,19 +122,20 @@ static int rule_applies(const rl_gen *g, size_t index, const rl_attr *attrs,
 }
 
 /* Synced and local rules are decided on the caller's thread, with no
- * round trip. */
+ * round trip. value_hash is the value's rl_key_hash_value (keys.h), worked
+ * out once per check: a rule with overrides uses it for its map too. */
 static int spend_here(rl_agent *a, const rl_rule *rule, rl_ident *id,
                       const rl_limit *rate, const char *value, size_t len,
-                      uint32_t cost,
+                      uint64_t value_hash, uint32_t cost,
                       rl_bucket_reply *reply, bool *degraded)
 {
     if (rule->mode == RL_MODE_LOCAL) {
-        rl_local_check(&a->local, rule, id, rate, value, len, cost, reply,
-                       degraded);
+        rl_local_check_hashed(&a->local, rule, id, rate, value, len,
+                              value_hash, cost, reply, degraded);
         return RL_OK;
     }
-    return rl_synced_check(&a->synced, rule, id, rate, value, len, cost,
-                           reply, degraded);
+    return rl_synced_check_hashed(&a->synced, rule, id, rate, value, len,
+                                  value_hash, cost, reply, degraded);
 }
 
 /* The identity of a rule of generation g. */
@@ -148,7 +149,8 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
 {
     bool degraded;
     int rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
-                        len, cost, &rs->reply, &degraded);
+                        len, rl_key_hash_value(value, len), cost, &rs->reply,
+                        &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
     return rc;
 }
@@ -334,16 +336,15 @@ static void decide_one_degraded(rl_gen *g, const rl_rule_state *rs,
 }
 
 /* One enforced rule at rs's rate: decided and counted without the general
- * machinery. */
+ * machinery. value_hash is the value's rl_key_hash_value. */
 static void decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
-                       const char *value, size_t len, uint32_t cost,
-                       rl_decision *out, int *rc)
+                       const char *value, size_t len, uint64_t value_hash,
+                       uint32_t cost, rl_decision *out, int *rc)
 {
     rl_bucket_reply reply;
     bool degraded;
     *rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
-                     len, cost, &reply,
-                     &degraded);
+                     len, value_hash, cost, &reply, &degraded);
     if (*rc != RL_OK)
         return;
     if (degraded) {
@@ -389,12 +390,88 @@ decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
         k++;
     }
     if (k == 1 && !states[0].shadow) {
-        decide_one(a, g, &states[0], aps[0].value, aps[0].len, cost, out, rc);
+        decide_one(a, g, &states[0], aps[0].value, aps[0].len,
+                   rl_key_hash_value(aps[0].value, aps[0].len), cost, out,
+                   rc);
         return true;
     }
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, g, aps[i].value, aps[i].len, cost,
                                &states[i])) != RL_OK)
+            return true;
+    }
+    rl_decide(states, k, out);
+    rl_stats_count(&g->stats, states, k, out, cfg->rules);
+    return true;
+}
+
+/* decide_locally for requests plain rules and by_value ones (bucket.h: a
+ * rule whose only per-request work is its values overrides) apply to: the
+ * plain path plus one lookup in the rule's map, with the value hashed once
+ * for the map and the synced table. The general machinery (rule_applies,
+ * its buffers, a second hash) took 1.8 times a plain check with 100,000
+ * overrides on the rule. Any other rule sends the request the general
+ * way. */
+static __attribute__((noinline)) bool
+decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
+                      uint32_t cost, rl_decision *out, int *rc)
+{
+    const rl_config *cfg = g->config;
+    /* What applies, in arrays of pointers: rule states are made only when
+     * deciding (filling one in the loop, at a variable index, zeroed the
+     * whole state with `rep stos`: 13% of a check in perf). */
+    const rl_attr *values[LOCAL_RULES_MAX];
+    const rl_rule *rules[LOCAL_RULES_MAX];
+    const rl_override *overrides[LOCAL_RULES_MAX];
+    uint64_t hash = 0;
+    int k = 0;
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_bucket_args *ra = &g->args[i];
+        if (!ra->plain && !ra->by_value)
+            return decide_locally_rules(a, g, attrs, n, cost, out, rc);
+        const rl_rule *r = &cfg->rules[i];
+        const rl_attr *attr = find_attr(attrs, n, r->match);
+        if (attr == NULL)
+            continue;
+        if (r->mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
+            return false;
+        if ((*rc = check_value(g, attr)) != RL_OK)
+            return true;
+        const rl_override *o = NULL;
+        uint64_t h = 0;
+        if (ra->by_value) {
+            h = rl_key_hash_value(attr->value, attr->value_len);
+            if (r->mode == RL_MODE_SYNCED)
+                rl_synced_prefetch(&a->synced, g->idents[i], h);
+            o = rl_override_map_find_hashed(r->values, attr->value,
+                                            attr->value_len, h);
+        }
+        if (rl_rule_rate(r, o)->unlimited)
+            continue; /* not counted, not in the decision */
+        hash = h; /* the last rule's that applies: the only one's if k is 1 */
+        rules[k] = r;
+        overrides[k] = o;
+        values[k++] = attr;
+    }
+    if (k == 1) {
+        const rl_attr *v = values[0];
+        const rl_rule *r = rules[0];
+        if (!g->args[r - cfg->rules].by_value)
+            hash = rl_key_hash_value(v->value, v->value_len);
+        rl_rule_state one = {.rule = r, .override = overrides[0],
+                             .rate = rl_rule_rate(r, overrides[0])};
+        decide_one(a, g, &one, v->value, v->value_len, hash, cost, out, rc);
+        return true;
+    }
+    rl_rule_state states[LOCAL_RULES_MAX];
+    for (int i = 0; i < k; i++)
+        states[i] = (rl_rule_state){.rule = rules[i],
+                                    .override = overrides[i],
+                                    .rate = rl_rule_rate(rules[i],
+                                                         overrides[i])};
+    for (int i = 0; i < k; i++) {
+        if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
+                               cost, &states[i])) != RL_OK)
             return true;
     }
     rl_decide(states, k, out);
@@ -411,7 +488,9 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
     int k = 0;
     for (size_t i = 0; i < cfg->n_rules; i++) {
         if (!g->args[i].plain)
-            return decide_locally_rules(a, g, attrs, n, cost, out, rc);
+            return g->args[i].by_value
+                       ? decide_locally_values(a, g, attrs, n, cost, out, rc)
+                       : decide_locally_rules(a, g, attrs, n, cost, out, rc);
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
@@ -425,8 +504,9 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
     if (k == 1) {
         const rl_rule *r = &cfg->rules[index[0]];
         rl_rule_state one = {.rule = r, .rate = &r->own};
-        decide_one(a, g, &one, values[0]->value, values[0]->value_len, cost,
-                   out, rc);
+        const rl_attr *v = values[0];
+        decide_one(a, g, &one, v->value, v->value_len,
+                   rl_key_hash_value(v->value, v->value_len), cost, out, rc);
         return true;
     }
     rl_rule_state states[LOCAL_RULES_MAX];
@@ -462,7 +542,8 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (rc != RL_OK)
         return rc;
     rl_gen *g = rl_agent_rules(a);
-    if (decide_locally(a, g, attrs, n, cost, out, &rc)) {
+    if (g->by_value ? decide_locally_values(a, g, attrs, n, cost, out, &rc)
+                    : decide_locally(a, g, attrs, n, cost, out, &rc)) {
         leave(a);
         return rc;
     }

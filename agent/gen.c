@@ -20,15 +20,19 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
     if (g->args == NULL || g->idents == NULL
         || rl_stats_init(&g->stats, n) != RL_OK)
         goto fail;
+    bool other = false;
     for (size_t i = 0; i < n; i++) {
         const rl_rule *r = &config->rules[i];
         rl_bucket_args_init(&g->args[i], r);
+        g->by_value |= g->args[i].by_value;
+        other |= !g->args[i].plain && !g->args[i].by_value;
         if ((g->idents[i] = rl_idents_take(idents, r)) == NULL)
             goto fail;
         g->has_synced |= r->mode == RL_MODE_SYNCED;
         g->has_local |= r->mode == RL_MODE_LOCAL;
         g->has_exact |= r->mode == RL_MODE_EXACT;
     }
+    g->by_value &= !other;
     atomic_init(&g->refs, 0);
     g->owned = owned;
     *out = g;

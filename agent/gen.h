@@ -32,6 +32,9 @@ typedef struct rl_gen {
     rl_ident **idents;            /* likewise */
     rl_stats stats;               /* checks decided under it */
     bool has_synced, has_local, has_exact;
+    /* Every rule plain or by_value (bucket.h), one by_value at least:
+     * checks go straight to check.c's path for such rules. */
+    bool by_value;
     atomic_long refs;
     rl_calls_mark retired_at;     /* the calls begun when it was retired */
 } rl_gen;

@@ -223,14 +223,15 @@ static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
     rl_bucket_answer(r, capacity(&e->rate) - e->level, allowed, cost, out);
 }
 
-void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
-                       const rl_limit *rate, const char *value,
-                       size_t value_len, uint32_t cost, uint64_t now_ms,
-                       rl_bucket_reply *out, bool *degraded)
+/* rl_local_check_at for a value whose rl_key_hash_value is value_hash. */
+static void check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
+                     const rl_limit *rate, const char *value,
+                     size_t value_len, uint64_t value_hash, uint32_t cost,
+                     uint64_t now_ms, rl_bucket_reply *out, bool *degraded)
 {
     /* No identity (unit tests): the rule itself is the key. */
     const void *key = id != NULL ? (const void *)id : (const void *)rule;
-    uint64_t hash = rl_key_hash((uintptr_t)key, value, value_len);
+    uint64_t hash = rl_key_hash_salt(value_hash, (uintptr_t)key);
     rl_local_shard *sh = &l->shards[hash % RL_LOCAL_SHARDS];
     pthread_mutex_lock(&sh->lock);
     rl_local_entry *e = find(sh, key, hash, value, value_len);
@@ -246,14 +247,39 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
     }
 }
 
+void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
+                       const rl_limit *rate, const char *value,
+                       size_t value_len, uint32_t cost, uint64_t now_ms,
+                       rl_bucket_reply *out, bool *degraded)
+{
+    check_at(l, rule, id, rate, value, value_len,
+             rl_key_hash_value(value, value_len), cost, now_ms, out,
+             degraded);
+}
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,
                     const rl_limit *rate,
                     const char *value, size_t value_len, uint32_t cost,
                     rl_bucket_reply *out, bool *degraded)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    rl_local_check_at(l, rule, id, rate, value, value_len, cost, now_ms, out,
-                      degraded);
+    check_at(l, rule, id, rate, value, value_len,
+             rl_key_hash_value(value, value_len), cost, monotonic_ms(), out,
+             degraded);
+}
+
+void rl_local_check_hashed(rl_local *l, const rl_rule *rule, rl_ident *id,
+                           const rl_limit *rate, const char *value,
+                           size_t value_len, uint64_t value_hash,
+                           uint32_t cost, rl_bucket_reply *out,
+                           bool *degraded)
+{
+    check_at(l, rule, id, rate, value, value_len, value_hash, cost,
+             monotonic_ms(), out, degraded);
 }

@@ -52,6 +52,14 @@ void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,
                     const char *value, size_t value_len, uint32_t cost,
                     rl_bucket_reply *out, bool *degraded);
 
+/* The same for a value whose rl_key_hash_value (keys.h) the caller has
+ * already worked out (check.c hashes a value once for all its uses). */
+void rl_local_check_hashed(rl_local *l, const rl_rule *rule, rl_ident *id,
+                           const rl_limit *rate, const char *value,
+                           size_t value_len, uint64_t value_hash,
+                           uint32_t cost, rl_bucket_reply *out,
+                           bool *degraded);
+
 /* The same at a given time, in ms on any clock that does not go back. */
 void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                        const rl_limit *rate, const char *value,

@@ -218,12 +218,13 @@ static void retune(rl_synced_entry *e, uint64_t old,
         ;
 }
 
-int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
-                    const rl_limit *rate,
-                    const char *value, size_t value_len, uint32_t cost,
-                    rl_bucket_reply *out, bool *degraded)
+/* rl_synced_check's body, for a value's hash h: inlined into both entry
+ * points, so that neither pays a call the other does not. */
+static inline __attribute__((always_inline)) int
+check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
+      const char *value, size_t value_len, uint64_t h, uint32_t cost,
+      rl_bucket_reply *out, bool *degraded)
 {
-    uint64_t h = rl_key_hash((uintptr_t)id, value, value_len);
     size_t unused;
     rl_synced_entry *e = probe(atomic_load_explicit(&s->table,
                                                     memory_order_acquire),
@@ -260,6 +261,27 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
     out->remaining = room > since ? room - since : 0;
     out->retry_ms = 0;
     return RL_OK;
+}
+
+int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                    const rl_limit *rate,
+                    const char *value, size_t value_len, uint32_t cost,
+                    rl_bucket_reply *out, bool *degraded)
+{
+    return check(s, rule, id, rate, value, value_len,
+                 rl_key_hash((uintptr_t)id, value, value_len), cost, out,
+                 degraded);
+}
+
+int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                           const rl_limit *rate, const char *value,
+                           size_t value_len, uint64_t value_hash,
+                           uint32_t cost, rl_bucket_reply *out,
+                           bool *degraded)
+{
+    return check(s, rule, id, rate, value, value_len,
+                 rl_key_hash_salt(value_hash, (uintptr_t)id), cost, out,
+                 degraded);
 }
 
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)

@@ -11,6 +11,7 @@
 #include "bucket.h"
 #include "config.h"
 #include "ident.h"
+#include "keys.h"
 #include "thread_slot.h"
 
 #include <pthread.h>
@@ -92,6 +93,25 @@ int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
                     const rl_limit *rate, const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
                     bool *degraded);
+/* The same for a value whose rl_key_hash_value (keys.h) the caller has
+ * already worked out (to look it up in the rule's overrides). */
+int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
+                           const rl_limit *rate, const char *value,
+                           size_t value_len, uint64_t value_hash,
+                           uint32_t cost, rl_bucket_reply *out,
+                           bool *degraded);
+
+/* Starts loading the table slot where the value whose rl_key_hash_value
+ * is value_hash would be, for a check about to look up something else
+ * first (its overrides): the two lookups wait for memory together. */
+static inline void rl_synced_prefetch(rl_synced *s, const rl_ident *id,
+                                      uint64_t value_hash)
+{
+    rl_synced_table *t = atomic_load_explicit(&s->table,
+                                              memory_order_acquire);
+    uint64_t h = rl_key_hash_salt(value_hash, (uintptr_t)id);
+    __builtin_prefetch(&t->slots[h & (t->cap - 1)]);
+}
 
 /* I/O thread: Redis's clock as the aggregator last told it. */
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);

@@ -101,14 +101,17 @@ static inline uint64_t rl_key_mix(uint64_t h, uint64_t word)
 }
 
 /* rl_key_hash hashes an attribute value for the agent's in-process tables,
- * salted with something that tells rules apart: eight bytes at a time, then
- * a final mix so that the low bits (the tables' index) depend on every
- * input bit. Not stable across processes or versions; never stored or
- * sent. Inline: every synced and local check hashes its value. */
-static inline uint64_t rl_key_hash(uintptr_t salt, const char *value,
-                                   size_t len)
+ * salted with something that tells rules apart: eight bytes at a time
+ * (rl_key_hash_value), then the salt and a final mix so that the low bits
+ * (the tables' index) depend on every input bit (rl_key_hash_salt). The
+ * salt goes in last so that one value's rl_key_hash_value serves several
+ * tables: a check of a rule with overrides looks its value up in the
+ * override map and in the synced table for the price of one pass over the
+ * bytes. Not stable across processes or versions; never stored or sent.
+ * Inline: every synced and local check hashes its value. */
+static inline uint64_t rl_key_hash_value(const char *value, size_t len)
 {
-    uint64_t h = rl_key_mix(0xcbf29ce484222325ULL ^ salt, len);
+    uint64_t h = rl_key_mix(0xcbf29ce484222325ULL, len);
     for (; len >= 8; len -= 8, value += 8) {
         uint64_t word;
         memcpy(&word, value, 8);
@@ -125,9 +128,23 @@ static inline uint64_t rl_key_hash(uintptr_t salt, const char *value,
         h = rl_key_mix(h, (uint64_t)u[0] << 16 | (uint64_t)u[len / 2] << 8
                        | u[len - 1]);
     }
+    return h;
+}
+
+/* The hash of a value whose rl_key_hash_value is vh, for one table (salt):
+ * a bijection of vh ^ salt, so one value under two salts never collides. */
+static inline uint64_t rl_key_hash_salt(uint64_t vh, uintptr_t salt)
+{
+    uint64_t h = vh ^ salt;
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ULL;
     return h ^ (h >> 32);
+}
+
+static inline uint64_t rl_key_hash(uintptr_t salt, const char *value,
+                                   size_t len)
+{
+    return rl_key_hash_salt(rl_key_hash_value(value, len), salt);
 }
 
 #endif

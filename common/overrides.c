@@ -28,6 +28,17 @@ struct entry {
 struct rl_override_map {
     uint64_t *slots;       /* 0: empty; else hash's top 32 bits | index + 1 */
     size_t mask;           /* slots - 1, a power of two less one */
+    /* A filter in front of the slots (a Bloom filter whose three bits per
+     * value lie in one word): a value not mapped is nearly always turned
+     * away by one load from a table an eighth the slots' size, and by a
+     * branch that goes the same way for every such value. Probing the
+     * slots instead (a line of a 2 MB table, then a loop of unforeseeable
+     * length) made a synced check of a value not mapped 46 ns against 32
+     * for a rule without overrides; 34 with the filter (one thread, 1,000
+     * keys, 100,000 values). Eight bits per slot, so at least sixteen per
+     * value: about one value in a hundred not mapped gets past it. */
+    uint64_t *filter;
+    size_t filter_mask;    /* words - 1 */
     struct entry *entries;
     size_t n, cap;
     char *bytes;           /* the values, back to back */
@@ -40,6 +51,23 @@ static size_t slots_for(size_t n)
     while (slots < 2 * n)
         slots *= 2;
     return slots;
+}
+
+static size_t filter_words(size_t slots)
+{
+    return slots / 8;
+}
+
+/* The filter's word for a value of hash h, and the bits it sets there. */
+static size_t filter_word(const rl_override_map *m, uint64_t h)
+{
+    return (size_t)(h >> 20) & m->filter_mask;
+}
+
+static uint64_t filter_bits(uint64_t h)
+{
+    return 1ULL << (h >> 40 & 63) | 1ULL << (h >> 46 & 63)
+           | 1ULL << (h >> 52 & 63);
 }
 
 int rl_override_map_new(size_t n_values, rl_override_map **out)
@@ -55,9 +83,12 @@ int rl_override_map_new(size_t n_values, rl_override_map **out)
     m->cap = n_values > 0 ? n_values : 1;
     m->bytes_cap = m->cap * 16;
     m->slots = calloc(slots, sizeof *m->slots);
+    m->filter_mask = filter_words(slots) - 1;
+    m->filter = calloc(filter_words(slots), sizeof *m->filter);
     m->entries = malloc(m->cap * sizeof *m->entries);
     m->bytes = malloc(m->bytes_cap);
-    if (m->slots == NULL || m->entries == NULL || m->bytes == NULL) {
+    if (m->slots == NULL || m->filter == NULL || m->entries == NULL
+        || m->bytes == NULL) {
         rl_override_map_free(m);
         return RL_ENOMEM;
     }
@@ -76,7 +107,7 @@ static size_t probe(const rl_override_map *m, const char *value, size_t len,
             return i;
         if ((s & ~0xffffffffULL) == tag) {
             const struct entry *e = &m->entries[(uint32_t)s - 1];
-            if (e->len == len && memcmp(m->bytes + e->off, value, len) == 0)
+            if (e->len == len && rl_key_equal(m->bytes + e->off, value, len))
                 return i;
         }
     }
@@ -87,16 +118,23 @@ static uint64_t hash(const char *value, size_t len)
     return rl_key_hash(MAP_SALT, value, len);
 }
 
-/* Doubles the slots, keeping the table at most half full. */
+/* Doubles the slots, keeping the table at most half full, and the
+ * filter with them. */
 static int grow_slots(rl_override_map *m)
 {
     size_t slots = (m->mask + 1) * 2;
     uint64_t *old = m->slots;
     size_t old_n = m->mask + 1;
-    if ((m->slots = calloc(slots, sizeof *m->slots)) == NULL) {
+    uint64_t *filter = calloc(filter_words(slots), sizeof *filter);
+    if (filter == NULL
+        || (m->slots = calloc(slots, sizeof *m->slots)) == NULL) {
+        free(filter);
         m->slots = old;
         return RL_ENOMEM;
     }
+    free(m->filter);
+    m->filter = filter;
+    m->filter_mask = filter_words(slots) - 1;
     m->mask = slots - 1;
     for (size_t i = 0; i < old_n; i++) {
         if (old[i] == 0)
@@ -104,6 +142,7 @@ static int grow_slots(rl_override_map *m)
         const struct entry *e = &m->entries[(uint32_t)old[i] - 1];
         uint64_t h = hash(m->bytes + e->off, e->len);
         m->slots[probe(m, m->bytes + e->off, e->len, h)] = old[i];
+        m->filter[filter_word(m, h)] |= filter_bits(h);
     }
     free(old);
     return RL_OK;
@@ -154,15 +193,28 @@ int rl_override_map_add(rl_override_map *m, const char *value, size_t len,
     m->used += len;
     m->n++;
     m->slots[at] = (h & ~0xffffffffULL) | (uint64_t)m->n;
+    m->filter[filter_word(m, h)] |= filter_bits(h);
     return RL_OK;
 }
 
 const rl_override *rl_override_map_find(const rl_override_map *m,
                                         const char *value, size_t len)
 {
+    return rl_override_map_find_hashed(m, value, len,
+                                       rl_key_hash_value(value, len));
+}
+
+const rl_override *rl_override_map_find_hashed(const rl_override_map *m,
+                                               const char *value, size_t len,
+                                               uint64_t value_hash)
+{
     if (m == NULL || m->n == 0)
         return NULL;
-    uint64_t s = m->slots[probe(m, value, len, hash(value, len))];
+    uint64_t h = rl_key_hash_salt(value_hash, MAP_SALT);
+    uint64_t bits = filter_bits(h);
+    if ((m->filter[filter_word(m, h)] & bits) != bits)
+        return NULL;
+    uint64_t s = m->slots[probe(m, value, len, h)];
     return s != 0 ? m->entries[(uint32_t)s - 1].o : NULL;
 }
 
@@ -171,6 +223,7 @@ size_t rl_override_map_bytes(const rl_override_map *m)
     if (m == NULL)
         return 0;
     return sizeof *m + (m->mask + 1) * sizeof *m->slots
+           + (m->filter_mask + 1) * sizeof *m->filter
            + m->cap * sizeof *m->entries + m->bytes_cap;
 }
 
@@ -179,6 +232,7 @@ void rl_override_map_free(rl_override_map *m)
     if (m == NULL)
         return;
     free(m->slots);
+    free(m->filter);
     free(m->entries);
     free(m->bytes);
     free(m);

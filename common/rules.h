@@ -71,6 +71,11 @@ int rl_override_map_add(rl_override_map *m, const char *value, size_t len,
                         const rl_override *o, const rl_override **existing);
 const rl_override *rl_override_map_find(const rl_override_map *m,
                                         const char *value, size_t len);
+/* The same for a value whose rl_key_hash_value (keys.h) is value_hash: a
+ * check hashes its value once for this map and the synced table. */
+const rl_override *rl_override_map_find_hashed(const rl_override_map *m,
+                                               const char *value, size_t len,
+                                               uint64_t value_hash);
 /* rl_override_map_each calls fn for every value the map holds (value, its
  * len bytes, its override), in no particular order, until fn returns
  * false. For what must list values: the reload diff (common/config_diff.c)

@@ -202,12 +202,14 @@ int main(void)
     rl_agent *s1 = open_agent("synced-100k.yaml", &c1, &kib, &map_bytes);
     double load_ms = (bench_now_s() - load_start) * 1e3;
     rl_agent *s0 = open_agent("synced-0.yaml", &c0, NULL, NULL);
-    double n0[MAX_RUNS], n1[MAX_RUNS], n1l[MAX_RUNS], nr[MAX_RUNS];
+    double n0[MAX_RUNS], n1[MAX_RUNS], n1l[MAX_RUNS], nr[MAX_RUNS],
+        nrl[MAX_RUNS];
     for (int r = 0; r < runs; r++) {
         n0[r] = synced_ns(s0, plain_keys);
         n1[r] = synced_ns(s1, plain_keys);
         n1l[r] = synced_ns(s1, listed_keys);
         nr[r] = n1[r] / n0[r];
+        nrl[r] = n1l[r] / n0[r];
     }
     rl_agent_close(s0);
     rl_agent_close(s1);
@@ -240,6 +242,7 @@ int main(void)
         "ns per check");
     row("synced check, 100,000 overrides, key listed", n1l, "ns per check");
     row("synced, 100,000 / none (key not listed)", nr, "x");
+    row("synced, 100,000 / none (key listed)", nrl, "x");
     row("exact check, no overrides", u0, "µs per check");
     row("exact check, 100,000 overrides, key not listed", u1,
         "µs per check");
@@ -254,7 +257,8 @@ int main(void)
     char a[256], b[256];
     snprintf(a, sizeof a, "%.1f / %.1f / %.1f (listed)", median(n0),
              median(n1), median(n1l));
-    snprintf(b, sizeof b, "ratio 100,000 / none: %.2f", median(nr));
+    snprintf(b, sizeof b, "ratio 100,000 / none: %.2f, %.2f (listed)",
+             median(nr), median(nrl));
     bench_figure("synced check ns, 0 / 100,000 overrides", a, b);
     snprintf(a, sizeof a, "%.1f / %.1f / %.1f (listed)", median(u0),
              median(u1), median(u1l));
@@ -264,8 +268,12 @@ int main(void)
     snprintf(b, sizeof b, "RSS growth while loading: %s KiB",
              bench_int((double)kib));
     bench_figure("memory of 100,000 overrides", a, b);
-    bench_target("synced check, 100,000 overrides / none", median(nr), "<=",
-                 1.2, "x");
+    /* Issue 15: as fast with 100,000 overrides as with none, for keys
+     * the file names and keys it does not. */
+    bench_target("synced check, 100,000 overrides / none (key not listed)",
+                 median(nr), "<=", 1.1, "x");
+    bench_target("synced check, 100,000 overrides / none (key listed)",
+                 median(nrl), "<=", 1.1, "x");
     bench_target("exact check, 100,000 overrides / none", median(ur), "<=",
                  1.1, "x");
 

@@ -222,6 +222,103 @@ Test(rules, value_overrides_inline_and_from_a_100000_line_file)
     rl_config_free(cfg);
 }
 
+/* Synced and local rules with nothing but values overrides take a path of
+ * their own (check.c: decide_locally_values, the value hashed once for the
+ * map and the rule's table): the same answers as the general path, alone
+ * and beside a plain rule. */
+static void value_overrides_decided_here(const char *mode)
+{
+    char dir[512], path[700], yaml[1024], stem[64];
+    snprintf(stem, sizeof stem, "values-%s", mode);
+    temp_dir(dir, sizeof dir, stem);
+    write_overrides(dir, "partners.tsv", FILE_LINES);
+    bool synced = strcmp(mode, "synced") == 0;
+    snprintf(yaml, sizeof yaml,
+             "%s"
+             "rules:\n"
+             "  - name: per-key\n"
+             "    match: api_key\n"
+             "    key_prefix: 'rl:vk%s%d:'\n"
+             "    limit: 2\n"
+             "    period: 1h\n"
+             "    mode: %s\n"
+             "    overrides:\n"
+             "      - {values: [ak_partner1, ak_partner2], limit: 5}\n"
+             "      - {values: [ak_internal_monitor], unlimited: true}\n"
+             "      - {values: [ak_gold], limit: 4, name: gold}\n"
+             "    overrides_file: partners.tsv\n"
+             "  - name: per-tenant\n"
+             "    match: tenant\n"
+             "    key_prefix: 'rl:vt%s%d:'\n"
+             "    limit: 100\n"
+             "    period: 1h\n"
+             "    mode: %s\n",
+             synced ? "store: {url: \"redis://127.0.0.1:1\"}\n"
+                      "aggregator: {reports: \"tcp://127.0.0.1:1\", "
+                      "totals: \"tcp://127.0.0.1:2\"}\n"
+                    : "",
+             mode, (int)getpid(), mode, mode, (int)getpid(), mode);
+    write_config(dir, "rules.yaml", yaml, path, sizeof path);
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_load(path, &cfg, &err), RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+
+    cr_assert_eq(offer(a, 20, "per-key", "api_key=ak_partner2", NULL, NULL),
+                 5, "%s", mode);
+    rl_decision d = check_on(a, "api_key=ak_partner2", NULL, NULL, NULL);
+    cr_assert(!d.allowed);
+    cr_assert_eq(d.limit, 5);
+    cr_assert_str_eq(d.override, "overrides[0]");
+    cr_assert_eq(offer(a, 20, "per-key", "api_key=ak_gold", NULL, NULL), 4);
+    d = check_on(a, "api_key=ak_gold", NULL, NULL, NULL);
+    cr_assert_eq(d.limit, 4);
+    cr_assert_str_eq(d.override, "gold");
+    cr_assert_eq(offer(a, 20, "per-key", "api_key=ak_nobody", NULL, NULL),
+                 2);
+    d = check_on(a, "api_key=ak_nobody", NULL, NULL, NULL);
+    cr_assert_eq(d.limit, 2);
+    cr_assert_str_eq(d.override, "");
+    int picks[] = {0, 54321, FILE_LINES - 1};
+    for (int i = 0; i < 3; i++) {
+        char kv[64], label[64];
+        snprintf(kv, sizeof kv, "api_key=ak_f%d", picks[i]);
+        int limit = 3 + picks[i] % 4;
+        cr_assert_eq(offer(a, 20, "per-key", kv, NULL, NULL), limit, "%s",
+                     kv);
+        d = check_on(a, kv, NULL, NULL, NULL);
+        cr_assert_eq(d.limit, (uint64_t)limit);
+        snprintf(label, sizeof label, "partners.tsv:%d", picks[i] + 2);
+        cr_assert_str_eq(d.override, label);
+    }
+    /* Unlimited: the rule does not apply, alone or beside another. */
+    cr_assert_eq(offer(a, 30, "", "api_key=ak_internal_monitor", NULL, NULL),
+                 30);
+    d = check_on(a, "api_key=ak_internal_monitor", NULL, NULL, NULL);
+    cr_assert_str_eq(d.rule, "");
+    d = check_on(a, "api_key=ak_internal_monitor", "tenant=t2", NULL, NULL);
+    cr_assert_str_eq(d.rule, "per-tenant");
+    cr_assert_eq(d.limit, 100);
+    cr_assert_str_eq(d.override, "");
+    /* Two rules: the override's rate still bounds its key. */
+    cr_assert_eq(offer(a, 20, "per-key", "api_key=ak_partner1", "tenant=t1",
+                       NULL), 5);
+    d = check_on(a, "api_key=ak_partner1", "tenant=t1", NULL, NULL);
+    cr_assert_str_eq(d.rule, "per-key");
+    cr_assert_eq(d.limit, 5);
+    cr_assert_str_eq(d.override, "overrides[0]");
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
+
+Test(rules, value_overrides_on_synced_and_local_rules)
+{
+    value_overrides_decided_here("local");
+    value_overrides_decided_here("synced");
+}
+
 /* --- Unlimited: no round trip, even with Redis paused. ------------------ */
 
 static uint64_t store_calls(rl_agent *a)
