@@ -464,8 +464,8 @@ Test(config, a_hundred_thousand_line_overrides_file_loads)
     /* What the docs quote: the map, and the overrides it points into. */
     size_t map = rl_override_map_bytes(r->values);
     size_t all = map + r->n_overrides * sizeof *r->overrides;
-    cr_log_info("100,000 file overrides: map %zu bytes, with the overrides "
-                "%zu bytes", map, all);
+    fprintf(stderr, "config: 100,000 file overrides: map %zu bytes, with "
+            "the overrides %zu bytes\n", map, all);
     cr_assert_lt(all, (size_t)16 << 20);
     rl_config_free(cfg);
     unlink(tsv);

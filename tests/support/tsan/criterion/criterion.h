@@ -52,6 +52,8 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
     TSAN_CHECK(true, (a) > (b), #a " > " #b, __VA_ARGS__)
 #define cr_assert_leq(a, b, ...) \
     TSAN_CHECK(true, (a) <= (b), #a " <= " #b, __VA_ARGS__)
+#define cr_expect_gt(a, b, ...) \
+    TSAN_CHECK(false, (a) > (b), #a " > " #b, __VA_ARGS__)
 #define cr_expect_geq(a, b, ...) \
     TSAN_CHECK(false, (a) >= (b), #a " >= " #b, __VA_ARGS__)
 #define cr_expect_leq(a, b, ...) \
