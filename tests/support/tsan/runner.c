@@ -16,6 +16,7 @@
 
 #define MAX_TESTS 1024
 #define TEST_TIMEOUT_S 300
+#define MAX_JOBS 64
 
 struct test {
     const char *suite, *name;
@@ -55,13 +56,14 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
     expect_failed = true;
 }
 
-static bool run_one(const struct test *t)
+/* A test's process: its result is the exit status. */
+static pid_t start_one(const struct test *t)
 {
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
         perror("tsan runner: fork");
-        return false;
+        return -1;
     }
     if (pid == 0) {
         alarm(TEST_TIMEOUT_S);
@@ -69,8 +71,11 @@ static bool run_one(const struct test *t)
         fflush(NULL);
         _exit(expect_failed ? 1 : 0);
     }
-    int status;
-    waitpid(pid, &status, 0);
+    return pid;
+}
+
+static bool report(const struct test *t, int status)
+{
     bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
         fprintf(stderr, "[----] %s::%s: still running after %d s\n",
@@ -79,22 +84,71 @@ static bool run_one(const struct test *t)
         fprintf(stderr, "[----] %s::%s: crashed with signal %d\n", t->suite,
                 t->name, WTERMSIG(status));
     printf("[%s] %s::%s\n", passed ? "PASS" : "FAIL", t->suite, t->name);
+    fflush(stdout);
     return passed;
+}
+
+/* As many tests at once as there are cores (TSAN_JOBS to choose), as
+ * Criterion runs them in make test: most of a test's time is spent
+ * waiting on servers and timers, and one at a time made the TSan run
+ * the longest part of CI. */
+static long jobs(void)
+{
+    const char *env = getenv("TSAN_JOBS");
+    long n = env != NULL ? atol(env) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        n = 1;
+    return n > MAX_JOBS ? MAX_JOBS : n;
 }
 
 int main(int argc, char **argv)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;
-    size_t passed = 0, failed = 0;
-    for (size_t i = 0; i < n_tests; i++) {
-        char full[512];
-        snprintf(full, sizeof full, "%s::%s", tests[i].suite, tests[i].name);
-        if (filter != NULL && strstr(full, filter) == NULL)
-            continue;
-        if (run_one(&tests[i]))
-            passed++;
-        else
-            failed++;
+    size_t passed = 0, failed = 0, next = 0;
+    long max = jobs(), running = 0;
+    struct {
+        pid_t pid;
+        const struct test *t;
+    } slots[MAX_JOBS] = {{0}};
+    for (;;) {
+        while (running < max && next < n_tests) {
+            const struct test *t = &tests[next++];
+            char full[512];
+            snprintf(full, sizeof full, "%s::%s", t->suite, t->name);
+            if (filter != NULL && strstr(full, filter) == NULL)
+                continue;
+            pid_t pid = start_one(t);
+            if (pid < 0) {
+                failed++;
+                continue;
+            }
+            for (long i = 0; i < max; i++) {
+                if (slots[i].pid == 0) {
+                    slots[i].pid = pid;
+                    slots[i].t = t;
+                    break;
+                }
+            }
+            running++;
+        }
+        if (running == 0)
+            break;
+        int status;
+        pid_t done = waitpid(-1, &status, 0);
+        if (done < 0) {
+            perror("tsan runner: waitpid");
+            return 1;
+        }
+        for (long i = 0; i < max; i++) {
+            if (slots[i].pid != done)
+                continue;
+            if (report(slots[i].t, status))
+                passed++;
+            else
+                failed++;
+            slots[i].pid = 0;
+            running--;
+        }
     }
     printf("tsan: %zu passed, %zu failed\n", passed, failed);
     return failed == 0 && passed > 0 ? 0 : 1;
