@@ -235,10 +235,13 @@ TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_EXAMPLE=$(EXAMPLE) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=
+# What the runner starts besides one redis-server: a Redis Cluster unless
+# told otherwise (make mutants leaves it out for tests that never use one).
+RUNNER_ARGS ?= --cluster
 
 test: all $(TESTS) $(RUNNER)
 	@sh scripts/run-tests.sh $(BUILD)/test.log env $(TEST_ENV) \
-	    $(RUNNER) --cluster -- $(TESTS) $(CRITERION_ARGS)
+	    $(RUNNER) $(RUNNER_ARGS) -- $(TESTS) $(CRITERION_ARGS)
 
 # Sanitizer builds live in their own trees so that they never mix objects
 # with the normal build.

@@ -71,12 +71,34 @@ build() {
         build/tests/with-redis >"$1" 2>&1
 }
 
+# The suites of the test files that use the Redis Cluster the runner can
+# start: starting one takes seconds, most mutants' tests never touch it.
+cluster_suites=$(grep -l RL_TEST_CLUSTER tests/unit/*.c tests/integration/*.c |
+    xargs sed -n 's/^\(Parameterized\)\{0,1\}Test(\([a-z_0-9]*\),.*/\2/p' |
+    sort -u)
+
+# --cluster when a filter (suite/test globs, or @(a|b) of them) may select
+# a test of those suites: the suite part of each glob is matched as a glob.
+runner_args() {
+    local f=${1#@(} alt pattern suite
+    local -a alts
+    IFS='|' read -ra alts <<<"${f%)}"
+    for alt in "${alts[@]}"; do
+        pattern=${alt%%/*}
+        for suite in $cluster_suites; do
+            # shellcheck disable=SC2053 # the pattern is a glob on purpose
+            [[ $suite == $pattern ]] && { echo --cluster; return; }
+        done
+    done
+}
+
 # Runs the tests a filter selects, verbose, so that the log names every
 # test that ran ([PASS]) or failed ([FAIL]). timeout runs them in a process
 # group of their own, which an interrupted run stops (see stop).
 runner=""
 run_tests() {
     timeout -k 20 "$timeout_s" make -C "$tree" LTO= test \
+        RUNNER_ARGS="$(runner_args "$1")" \
         CRITERION_ARGS="--verbose --filter '$1'" >"$2" 2>&1 &
     runner=$!
     wait "$runner"
