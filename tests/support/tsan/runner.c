@@ -88,14 +88,15 @@ static bool report(const struct test *t, int status)
     return passed;
 }
 
-/* As many tests at once as there are cores (TSAN_JOBS to choose), as
- * Criterion runs them in make test: most of a test's time is spent
- * waiting on servers and timers, and one at a time made the TSan run
- * the longest part of CI. */
+/* How many tests run at once: TSAN_JOBS, else one. Several at once
+ * (TSAN_JOBS=2) halves the run here, but one such run saw
+ * reload::eight_threads_check_through_a_hundred_reloads still running
+ * after 300 s, never seen one at a time: until that is understood, CI
+ * runs them one at a time. */
 static long jobs(void)
 {
     const char *env = getenv("TSAN_JOBS");
-    long n = env != NULL ? atol(env) : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = env != NULL ? atol(env) : 1;
     if (n < 1)
         n = 1;
     return n > MAX_JOBS ? MAX_JOBS : n;
