@@ -405,6 +405,22 @@ decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
     return true;
 }
 
+/* Several synced or local rules, their states made: each decided here,
+ * then the request. Always true (decided, or *rc says why not). */
+static bool decide_states(rl_agent *a, rl_gen *g, rl_rule_state *states,
+                          const rl_attr *const *values, int k, uint32_t cost,
+                          rl_decision *out, int *rc)
+{
+    for (int i = 0; i < k; i++) {
+        if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
+                               cost, &states[i])) != RL_OK)
+            return true;
+    }
+    rl_decide(states, k, out);
+    rl_stats_count(&g->stats, states, k, out, g->config->rules);
+    return true;
+}
+
 /* decide_locally for requests plain rules and by_value ones (bucket.h: a
  * rule whose only per-request work is its values overrides) apply to: the
  * plain path plus one lookup in the rule's map, with the value hashed once
@@ -469,14 +485,7 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
                                     .override = overrides[i],
                                     .rate = rl_rule_rate(rules[i],
                                                          overrides[i])};
-    for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
-                               cost, &states[i])) != RL_OK)
-            return true;
-    }
-    rl_decide(states, k, out);
-    rl_stats_count(&g->stats, states, k, out, cfg->rules);
-    return true;
+    return decide_states(a, g, states, values, k, cost, out, rc);
 }
 
 static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
@@ -513,14 +522,7 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
     for (int i = 0; i < k; i++)
         states[i] = (rl_rule_state){.rule = &cfg->rules[index[i]],
                                     .rate = &cfg->rules[index[i]].own};
-    for (int i = 0; i < k; i++) {
-        if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
-                               cost, &states[i])) != RL_OK)
-            return true;
-    }
-    rl_decide(states, k, out);
-    rl_stats_count(&g->stats, states, k, out, cfg->rules);
-    return true;
+    return decide_states(a, g, states, values, k, cost, out, rc);
 }
 
 /* Whether any rule still waits for Redis (synced ones are decided). */

@@ -159,6 +159,24 @@ static void write_config(const char *dir, const char *name, const char *body,
     cr_assert_eq(fclose(f), 0);
 }
 
+/* Lines of write_overrides' file apply, each at its rate and named by
+ * its line: the first, one in the middle, the last. */
+static void expect_file_lines_apply(rl_agent *a)
+{
+    int picks[] = {0, 54321, FILE_LINES - 1};
+    for (int i = 0; i < 3; i++) {
+        char kv[64], label[64];
+        snprintf(kv, sizeof kv, "api_key=ak_f%d", picks[i]);
+        int limit = 3 + picks[i] % 4;
+        cr_assert_eq(offer(a, 20, "per-key", kv, NULL, NULL), limit, "%s",
+                     kv);
+        rl_decision d = check_on(a, kv, NULL, NULL, NULL);
+        cr_assert_eq(d.limit, (uint64_t)limit);
+        snprintf(label, sizeof label, "partners.tsv:%d", picks[i] + 2);
+        cr_assert_str_eq(d.override, label);
+    }
+}
+
 Test(rules, value_overrides_inline_and_from_a_100000_line_file)
 {
     char dir[512], path[700], yaml[1024];
@@ -196,19 +214,7 @@ Test(rules, value_overrides_inline_and_from_a_100000_line_file)
     cr_assert_eq(d.limit, 2);
     cr_assert_str_eq(d.override, "");
 
-    /* File lines: the first, one in the middle, the last. */
-    int picks[] = {0, 54321, FILE_LINES - 1};
-    for (int i = 0; i < 3; i++) {
-        char kv[64], label[64];
-        snprintf(kv, sizeof kv, "api_key=ak_f%d", picks[i]);
-        int limit = 3 + picks[i] % 4;
-        cr_assert_eq(offer(a, 20, "per-key", kv, NULL, NULL), limit, "%s",
-                     kv);
-        d = check_on(a, kv, NULL, NULL, NULL);
-        cr_assert_eq(d.limit, (uint64_t)limit);
-        snprintf(label, sizeof label, "partners.tsv:%d", picks[i] + 2);
-        cr_assert_str_eq(d.override, label);
-    }
+    expect_file_lines_apply(a);
 
     /* Never limited, never counted. */
     cr_assert_eq(offer(a, 50, "", "api_key=ak_internal_monitor", NULL, NULL),
@@ -281,18 +287,7 @@ static void value_overrides_decided_here(const char *mode)
     d = check_on(a, "api_key=ak_nobody", NULL, NULL, NULL);
     cr_assert_eq(d.limit, 2);
     cr_assert_str_eq(d.override, "");
-    int picks[] = {0, 54321, FILE_LINES - 1};
-    for (int i = 0; i < 3; i++) {
-        char kv[64], label[64];
-        snprintf(kv, sizeof kv, "api_key=ak_f%d", picks[i]);
-        int limit = 3 + picks[i] % 4;
-        cr_assert_eq(offer(a, 20, "per-key", kv, NULL, NULL), limit, "%s",
-                     kv);
-        d = check_on(a, kv, NULL, NULL, NULL);
-        cr_assert_eq(d.limit, (uint64_t)limit);
-        snprintf(label, sizeof label, "partners.tsv:%d", picks[i] + 2);
-        cr_assert_str_eq(d.override, label);
-    }
+    expect_file_lines_apply(a);
     /* Unlimited: the rule does not apply, alone or beside another. */
     cr_assert_eq(offer(a, 30, "", "api_key=ak_internal_monitor", NULL, NULL),
                  30);
