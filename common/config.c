@@ -37,9 +37,11 @@
 
 static const char *const log_level_names[] = {"debug", "info", "warn",
                                               "error", NULL};
-static const char *const mode_names[] = {"exact", "synced", "local", NULL};
+static const char *const mode_names[] = {"exact", "synced", "local",
+                                         "leased", NULL};
 static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
-static const char *const on_error_names[] = {"allow", "deny", NULL};
+static const char *const on_error_names[] = {"allow", "deny", "local",
+                                             NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
                                            NULL};
 static const char *const scripts_names[] = {"auto", "function", "eval", NULL};
@@ -277,6 +279,14 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                      &choice)))
         return rc;
     rule->on_error = (rl_on_error)choice;
+    rule->fleet_size = cfg->fleet_size;
+    if (raw->fleet_size != NULL) {
+        uint64_t n;
+        if ((rc = parse_int(ld, FIELD("fleet_size"), raw->fleet_size, 1,
+                            RL_FLEET_MAX, &n)) != RL_OK)
+            return rc;
+        rule->fleet_size = (uint32_t)n;
+    }
 
     if (raw->key_prefix == NULL) {
         if (!default_prefix(rule, rule->key_prefix, sizeof rule->key_prefix))
@@ -745,6 +755,13 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
             != RL_OK
         || (rc = load_attributes(ld, raw, cfg)) != RL_OK)
         return rc;
+    if (raw->fleet_size != NULL) {
+        uint64_t n;
+        if ((rc = parse_int(ld, "fleet_size", raw->fleet_size, 1,
+                            RL_FLEET_MAX, &n)) != RL_OK)
+            return rc;
+        cfg->fleet_size = (uint32_t)n;
+    }
     choice = RL_LOG_INFO;
     if ((rc = choose(ld, "log_level", raw->log_level, log_level_names,
                      &choice)) != RL_OK)

@@ -27,9 +27,14 @@ typedef enum rl_mode {
     RL_MODE_EXACT,  /* one shared bucket in Redis */
     RL_MODE_SYNCED, /* local counts, fleet totals through the aggregator */
     RL_MODE_LOCAL,  /* an in-process bucket per agent, nothing shared */
+    RL_MODE_LEASED, /* the exact bucket, spent locally from leases of tokens */
 } rl_mode;
 typedef enum rl_algorithm { RL_ALGO_TOKEN_BUCKET, RL_ALGO_GCRA } rl_algorithm;
-typedef enum rl_on_error { RL_ON_ERROR_ALLOW, RL_ON_ERROR_DENY } rl_on_error;
+typedef enum rl_on_error {
+    RL_ON_ERROR_ALLOW,
+    RL_ON_ERROR_DENY,
+    RL_ON_ERROR_LOCAL, /* a local bucket of limit / fleet size */
+} rl_on_error;
 typedef enum rl_scripts {
     RL_SCRIPTS_AUTO,     /* a function library on Redis 7+, scripts before */
     RL_SCRIPTS_FUNCTION, /* FUNCTION LOAD + FCALL */
@@ -58,6 +63,7 @@ typedef struct rl_limit {
 #define RL_OVERRIDES_MAX 1000000 /* overrides of one rule, file lines too */
 #define RL_OVERRIDES_FILE_MAX (64u << 20) /* bytes of one overrides_file */
 #define RL_ROUTES_MAX 4096    /* entries of gateway.routes */
+#define RL_FLEET_MAX 100000   /* fleet_size, at most */
 
 typedef enum rl_when_op {
     RL_WHEN_EQUAL,  /* attr: value */
@@ -123,6 +129,8 @@ typedef struct rl_rule {
     rl_mode mode;
     rl_algorithm algorithm;
     rl_on_error on_error;
+    uint32_t fleet_size; /* agents sharing the rule, for on_error: local
+                          * when no aggregator has said; 0: not given */
     bool shadow;         /* counted and charged, never rejects */
     rl_when when;        /* the requests it applies to */
     /* Overrides in first-match order: the `when` ones (few, tried in
@@ -199,6 +207,7 @@ struct rl_config {
     rl_gateway_config gateway;
     rl_charge charge;
     bool shadow;                  /* every rule in shadow */
+    uint32_t fleet_size;          /* every rule's, unless it says; 0: none */
     char *attributes_extra[RL_ATTRS_MAX]; /* `attributes:` the host supplies */
     size_t n_attributes_extra;
     char dir[RL_PATH_MAX + 1];    /* the config file's directory ("" for an

@@ -35,6 +35,7 @@ typedef struct rl_raw_rule {
     char *burst;
     char *key_prefix;
     char *on_error;
+    char *fleet_size;
     char *hash_tag;
     char *shadow;
     char *overrides_file;
@@ -99,6 +100,7 @@ typedef struct rl_raw_config {
     char *max_value_bytes;
     char *charge;
     char *shadow;
+    char *fleet_size;
     char **attributes;
     unsigned attributes_count;
     rl_raw_rule *rules;
