@@ -10,11 +10,13 @@
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_env.h"
+#include "test_gateway.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEADLINE_MS 50
 
@@ -294,4 +296,111 @@ Test(fallback, a_rule_without_fleet_size_is_warned_about_and_gets_all)
     rl_agent_close(a);
     rl_config_free(cfg);
     test_redis_stop(&srv);
+}
+
+/* --- rlctl shows it. --------------------------------------------------- */
+
+Test(fallback, rlctl_config_shows_on_error_local_and_fleet_size)
+{
+    char path[600], other[600], out[8192];
+    snprintf(path, sizeof path, "%s/fallback-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    snprintf(other, sizeof other, "%s/fallback-%d-b.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "fleet_size: 8\n"
+               "rules:\n"
+               "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
+               "on_error: local}\n"
+               "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
+               "on_error: local, fleet_size: 3}\n"
+               "  - {name: per-route, match: route, limit: 100, period: 1m}\n");
+    fclose(f);
+    f = fopen(other, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "rules:\n"
+               "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
+               "on_error: local, fleet_size: 12}\n"
+               "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
+               "on_error: local, fleet_size: 3}\n"
+               "  - {name: per-route, match: route, limit: 100, period: 1m}\n");
+    fclose(f);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "config"), 0, "%s", out);
+    cr_assert(strstr(out, " ON_ERROR FLEET  KEY_PREFIX\n") != NULL, "%s",
+              out);
+    cr_assert(strstr(out, " local    8      rl:key:\n") != NULL,
+              "the top-level fleet_size: %s", out);
+    cr_assert(strstr(out, " local    3      rl:ip:\n") != NULL, "%s", out);
+    cr_assert(strstr(out, " allow    8      rl:route:\n") != NULL,
+              "every rule inherits the top-level fleet_size: %s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, other, "config"), 0, "%s", out);
+    cr_assert(strstr(out, " allow    -      rl:route:\n") != NULL, "%s",
+              out);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "--json config"), 0);
+    cr_assert(strstr(out, "\"on_error\":\"local\",\"key_prefix\":\"rl:key:\","
+                     "\"fleet_size\":8") != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, other, "--json config"), 0);
+    cr_assert(strstr(out, "\"key_prefix\":\"rl:route:\",\"fleet_size\":null")
+              != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "config --diff %s", other),
+                 5, "%s", out);
+    cr_assert(strstr(out, "rule per-key: fleet_size 8 -> 12") != NULL, "%s",
+              out);
+    cr_assert(strstr(out, "rule per-route: fleet_size 8 -> 0") != NULL, "%s",
+              out);
+    cr_assert_null(strstr(out, "rule per-ip:"), "%s", out);
+}
+
+/* --- rl-gateway: the answers and the metrics. --------------------------- */
+
+/* A store that is never there (nothing listens on port 1): rl-gateway's
+ * rule of 4 an hour among fleet_size 2 falls back to 2 per agent. The
+ * fallback's admissions are 200s marked degraded, its rejection a 503
+ * with the fallback bucket's Retry-After, and the metrics count them. */
+Test(fallback, the_gateway_answers_from_the_fallback_and_counts_it)
+{
+    char path[600], metrics[32];
+    snprintf(path, sizeof path, "%s/fallback-gw-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "store: {url: \"redis://127.0.0.1:1\", timeout_ms: 50}\n"
+               "rules:\n"
+               "  - {name: per-ip, match: ip, limit: 4, period: 1h, "
+               "on_error: local, fleet_size: 2}\n");
+    fclose(f);
+    uint16_t port = test_free_port();
+    snprintf(metrics, sizeof metrics, "127.0.0.1:%u", port);
+    test_gateway gw;
+    test_gateway_start(&gw, path, "--metrics", metrics, NULL);
+    test_http_response r;
+    int status[3];
+    for (int i = 0; i < 3; i++) {
+        test_http_get(gw.port, "/", "", &r);
+        status[i] = r.status;
+        cr_assert_not_null(test_http_header(&r, "RateLimit-Degraded"));
+    }
+    cr_assert_eq(status[0], 200);
+    cr_assert_eq(status[1], 200);
+    cr_assert_eq(status[2], 503);
+    /* Half of 4 an hour: a token every 30 minutes. */
+    cr_assert_str_eq(test_http_header(&r, "Retry-After"), "1800");
+    cr_assert_str_eq(test_http_header(&r, "RateLimit-Limit"), "4");
+    test_http_get(port, "/metrics", "", &r);
+    cr_assert_eq(r.status, 200);
+    r.body[r.body_len] = '\0';
+    char text[sizeof r.body + 2] = "\n";
+    strcat(text, r.body);
+    cr_assert_eq(test_prom_sample(text, "rl_rule_fallback_total{rule=\"per-ip\","
+                                  "verdict=\"allowed\"}"), 2, "%s", text);
+    cr_assert_eq(test_prom_sample(text, "rl_rule_fallback_total{rule=\"per-ip\","
+                                  "verdict=\"rejected\"}"), 1, "%s", text);
+    cr_assert_eq(test_prom_sample(text, "rl_rule_degraded_total{rule="
+                                  "\"per-ip\"}"), 3, "%s", text);
+    cr_assert_eq(test_prom_sample(text, "rl_keys{mode=\"fallback\"}"), 1,
+                 "%s", text);
+    cr_assert_eq(test_prom_sample(text, "rl_keys_refused_total{mode="
+                                  "\"fallback\"}"), 0, "%s", text);
+    test_gateway_stop(&gw);
 }
