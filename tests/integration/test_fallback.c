@@ -404,3 +404,69 @@ Test(fallback, the_gateway_answers_from_the_fallback_and_counts_it)
                                   "\"fallback\"}"), 0, "%s", text);
     test_gateway_stop(&gw);
 }
+
+/* --- A synced key over aggregator.max_keys. ----------------------------- */
+
+static rl_decision check_attrs(rl_agent *a, const rl_attr *attrs, size_t n)
+{
+    rl_decision d;
+    cr_assert_eq(rl_check(a, attrs, n, 1, &d), RL_OK);
+    return d;
+}
+
+/* max_keys: 1. The second key is refused by the synced table, so its
+ * rule's on_error decides: local's bucket, 20 an hour among fleet_size 4,
+ * holds 5. Alone on the request (the one-rule path) and beside a second
+ * synced rule (the several-rules path), each counted once. No aggregator
+ * runs: synced checks need none. */
+Test(fallback, a_synced_key_over_the_cap_falls_back)
+{
+    char yaml[1024];
+    int n = snprintf(yaml, sizeof yaml,
+                     "aggregator: {reports: \"ipc:///tmp/rl-nowhere-%d-r\", "
+                     "totals: \"ipc:///tmp/rl-nowhere-%d-t\", max_keys: 1}\n"
+                     "rules:\n"
+                     "  - {name: per-tenant, match: tenant, limit: 20, "
+                     "period: 1h, mode: synced, on_error: local, "
+                     "fleet_size: 4}\n"
+                     "  - {name: per-user, match: user, limit: 1000, "
+                     "period: 1h, mode: synced, on_error: allow}\n",
+                     (int)getpid(), (int)getpid());
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    rl_attr first = {"tenant", "first", 5}, over = {"tenant", "over", 4};
+    rl_decision d = check_attrs(a, &first, 1);
+    cr_assert(d.allowed && !d.degraded);
+    int admitted = 0;
+    for (int i = 0; i < 4; i++) {
+        d = check_attrs(a, &over, 1);
+        cr_assert(d.degraded);
+        cr_assert_str_eq(d.rule, "per-tenant");
+        admitted += d.allowed;
+    }
+    cr_assert_eq(admitted, 4);
+    cr_assert_eq(d.remaining, 1, "the fallback bucket's 5 less 4");
+    /* With per-user too: per-user's own key is over the cap as well (and
+     * allows), per-tenant's fallback has one token left, then none. */
+    rl_attr both[] = {{"tenant", "over", 4}, {"user", "u", 1}};
+    d = check_attrs(a, both, 2);
+    cr_assert(d.allowed && d.degraded);
+    d = check_attrs(a, both, 2);
+    cr_assert(!d.allowed && d.degraded);
+    cr_assert_str_eq(d.rule, "per-tenant");
+    cr_assert_gt(d.retry_after_ms, 0);
+    rl_agent_counters c;
+    rl_rule_counters rules[2];
+    cr_assert_eq(rl_agent_stats(a, &c, rules, 2), RL_OK);
+    cr_assert_eq(rules[0].fallback_allowed, 5);
+    cr_assert_eq(rules[0].fallback_rejected, 1);
+    cr_assert_eq(rules[1].fallback_allowed + rules[1].fallback_rejected, 0);
+    cr_assert_eq(c.fallback_keys, 1);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
