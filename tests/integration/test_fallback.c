@@ -76,8 +76,7 @@ static rl_decision until_answered(test_agent *t, const char *attr)
  * period plus the burst: 200 x 4 + 200 = 1,000 of the 1,600 offered;
  * every agent alone at the whole limit would admit all 1,600, and
  * on_error: deny none. Held to +-20 %. */
-Test(fallback, ten_agents_admit_the_limit_while_redis_is_down,
-     .timeout = 90)
+Test(fallback, ten_agents_admit_the_limit_while_redis_is_down)
 {
     test_redis srv;
     char addr[64];
