@@ -29,16 +29,6 @@ static void private_redis(test_redis *srv, char *addr, size_t cap)
     snprintf(addr, cap, "127.0.0.1:%u", srv->port);
 }
 
-static long long pttl(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *r = test_redis_command(c, "PTTL %s", key);
-    long long ms = r->integer;
-    freeReplyObject(r);
-    redisFree(c);
-    return ms;
-}
-
 static rl_decision timed_check(test_agent *t, const char *attr,
                                uint64_t *took_us)
 {
@@ -173,7 +163,7 @@ Test(fallback, ten_agents_admit_the_limit_while_redis_is_down)
     }
     /* 50 tokens of 200 per 5 s spent: the key lives until they refill
      * (25 ms each), 1,250 ms less what has passed since. */
-    long long ms = pttl(addr, "rl:key:k");
+    long long ms = test_redis_pttl(addr, "rl:key:k");
     uint64_t since = test_now_ms() - back;
     cr_assert_gt(ms, 1000 - (long long)since, "PTTL %lld ms after %llu ms: "
                  "the shared bucket was not charged", ms,
@@ -301,30 +291,24 @@ Test(fallback, a_rule_without_fleet_size_is_warned_about_and_gets_all)
 
 Test(fallback, rlctl_config_shows_on_error_local_and_fleet_size)
 {
-    char path[600], other[600], out[8192];
-    snprintf(path, sizeof path, "%s/fallback-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    snprintf(other, sizeof other, "%s/fallback-%d-b.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "fleet_size: 8\n"
-               "rules:\n"
-               "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
-               "on_error: local}\n"
-               "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
-               "on_error: local, fleet_size: 3}\n"
-               "  - {name: per-route, match: route, limit: 100, period: 1m}\n");
-    fclose(f);
-    f = fopen(other, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "rules:\n"
-               "  - {name: per-key, match: api_key, limit: 100, period: 1m, "
-               "on_error: local, fleet_size: 12}\n"
-               "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
-               "on_error: local, fleet_size: 3}\n"
-               "  - {name: per-route, match: route, limit: 100, period: 1m}\n");
-    fclose(f);
+    char out[8192];
+    const char *path = test_write_config(
+        "fallback", "fleet_size: 8\n"
+                    "rules:\n"
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1m, on_error: local}\n"
+                    "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
+                    "on_error: local, fleet_size: 3}\n"
+                    "  - {name: per-route, match: route, limit: 100, "
+                    "period: 1m}\n");
+    const char *other = test_write_config(
+        "fallback-b", "rules:\n"
+                      "  - {name: per-key, match: api_key, limit: 100, "
+                      "period: 1m, on_error: local, fleet_size: 12}\n"
+                      "  - {name: per-ip, match: ip, limit: 100, period: 1m, "
+                      "on_error: local, fleet_size: 3}\n"
+                      "  - {name: per-route, match: route, limit: 100, "
+                      "period: 1m}\n");
     cr_assert_eq(test_rlctl(out, sizeof out, path, "config"), 0, "%s", out);
     cr_assert(strstr(out, " ON_ERROR FLEET  KEY_PREFIX\n") != NULL, "%s",
               out);
@@ -359,16 +343,13 @@ Test(fallback, rlctl_config_shows_on_error_local_and_fleet_size)
  * with the fallback bucket's Retry-After, and the metrics count them. */
 Test(fallback, the_gateway_answers_from_the_fallback_and_counts_it)
 {
-    char path[600], metrics[32];
-    snprintf(path, sizeof path, "%s/fallback-gw-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://127.0.0.1:1\", timeout_ms: 50}\n"
-               "rules:\n"
-               "  - {name: per-ip, match: ip, limit: 4, period: 1h, "
-               "on_error: local, fleet_size: 2}\n");
-    fclose(f);
+    char metrics[32];
+    const char *path = test_write_config(
+        "fallback-gw", "store: {url: \"redis://127.0.0.1:1\", "
+                       "timeout_ms: 50}\n"
+                       "rules:\n"
+                       "  - {name: per-ip, match: ip, limit: 4, period: 1h, "
+                       "on_error: local, fleet_size: 2}\n");
     uint16_t port = test_free_port();
     snprintf(metrics, sizeof metrics, "127.0.0.1:%u", port);
     test_gateway gw;
