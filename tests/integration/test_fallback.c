@@ -450,3 +450,48 @@ Test(fallback, a_synced_key_over_the_cap_falls_back)
     rl_agent_close(a);
     rl_config_free(cfg);
 }
+
+/* --- charge: first_reject. ---------------------------------------------- */
+
+/* Nothing listens on port 1: every call fails at once. With first_reject
+ * the rules go in config order and stop at the first rejection; a fallback
+ * rejection is one. per-key's share is 1 an hour (fleet_size 2 of 2): its
+ * second request is rejected by the fallback and per-ip, after it, is not
+ * charged. */
+Test(fallback, a_fallback_rejection_stops_first_reject)
+{
+    const char *yaml = "store: {url: \"redis://127.0.0.1:1\", "
+                       "timeout_ms: 50}\n"
+                       "charge: first_reject\n"
+                       "rules:\n"
+                       "  - {name: per-key, match: api_key, limit: 2, "
+                       "period: 1h, on_error: local, fleet_size: 2}\n"
+                       "  - {name: per-ip, match: ip, limit: 100, "
+                       "period: 1h, on_error: local, fleet_size: 2}\n";
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, strlen(yaml), "<test>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    rl_options o = {.config = cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    rl_attr attrs[] = {{"api_key", "k", 1}, {"ip", "1.2.3.4", 7}};
+    rl_decision d;
+    cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
+    cr_assert(d.allowed && d.degraded);
+    cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
+    cr_assert(!d.allowed && d.degraded);
+    cr_assert_str_eq(d.rule, "per-key");
+    cr_assert_eq(d.retry_after_ms, 3600000, "a token an hour: %lld",
+                 (long long)d.retry_after_ms);
+    rl_agent_counters c;
+    rl_rule_counters rules[2];
+    cr_assert_eq(rl_agent_stats(a, &c, rules, 2), RL_OK);
+    cr_assert_eq(rules[0].fallback_allowed, 1);
+    cr_assert_eq(rules[0].fallback_rejected, 1);
+    cr_assert_eq(rules[1].fallback_allowed, 1, "per-ip was charged after "
+                 "per-key's fallback rejected");
+    cr_assert_eq(rules[1].checks, 1);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}

@@ -155,6 +155,34 @@ Test(config, omitted_fields_take_the_documented_defaults)
     rl_config_free(cfg);
 }
 
+/* fleet_size is on_error: local's divisor when no aggregator has said:
+ * a rule's own, else the top level's, else 0 (none: 1). on_error: local
+ * is read on exact and synced rules. */
+Test(config, fleet_size_is_the_rules_own_else_the_top_levels)
+{
+    rl_config *cfg = load_ok(
+        "fleet_size: 8\n"
+        "rules:\n"
+        "  - {name: a, match: api_key, limit: 10, period: 1m, "
+        "on_error: local}\n"
+        "  - {name: b, match: ip, limit: 10, period: 1m, on_error: local, "
+        "fleet_size: 3}\n"
+        "  - {name: c, match: tenant, limit: 10, period: 1m, mode: synced, "
+        "on_error: local, fleet_size: 100000}\n");
+    cr_assert_eq(cfg->fleet_size, 8);
+    cr_assert_eq(cfg->rules[0].fleet_size, 8);
+    cr_assert_eq(cfg->rules[0].on_error, RL_ON_ERROR_LOCAL);
+    cr_assert_eq(cfg->rules[1].fleet_size, 3);
+    cr_assert_eq(cfg->rules[2].fleet_size, 100000);
+    cr_assert_eq(cfg->rules[2].on_error, RL_ON_ERROR_LOCAL);
+    rl_config_free(cfg);
+    cfg = load_ok("rules:\n"
+                  "  - {name: a, match: api_key, limit: 10, period: 1m}\n");
+    cr_assert_eq(cfg->fleet_size, 0);
+    cr_assert_eq(cfg->rules[0].fleet_size, 0);
+    rl_config_free(cfg);
+}
+
 Test(config, every_field_can_be_set)
 {
     rl_config *cfg = load_ok(
