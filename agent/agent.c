@@ -78,6 +78,7 @@ static void io_thread(void *arg)
     }
     if (a->io_gen->has_synced)
         rl_sync_start(a->sync, &a->loop);
+    rl_agent_warn_fleet_unknown(a, a->io_gen);
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 

@@ -169,6 +169,10 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err);
  * generation g from now on; drops the reference to the one before. */
 void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool started);
 
+/* reload.c, the I/O thread: logs fallback_fleet_unknown, once per rule
+ * identity, for g's on_error: local rules without fleet_size. */
+void rl_agent_warn_fleet_unknown(rl_agent *a, const rl_gen *g);
+
 /* reload.c: the counters of the current rules, their earlier generations
  * included, and the requests of every generation. Under the reload lock. */
 void rl_agent_rule_stats(rl_agent *a, rl_agent_counters *out,

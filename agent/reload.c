@@ -46,7 +46,7 @@ static bool same_rate(const rl_rule *a, const rl_rule *b)
  * count of its agents, which may never come (no aggregator runs): said
  * once per rule, when the agent first takes it up, as each agent then
  * falls back to the whole limit. */
-static void warn_fleet_unknown(rl_agent *a, const rl_gen *g)
+void rl_agent_warn_fleet_unknown(rl_agent *a, const rl_gen *g)
 {
     const rl_config *c = g->config;
     for (size_t i = 0; i < c->n_rules; i++) {
@@ -78,7 +78,8 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
     }
     for (size_t i = 0; i < c->n_rules; i++)
         g->idents[i]->io_rule = &c->rules[i];
-    warn_fleet_unknown(a, g);
+    if (!quiet)
+        rl_agent_warn_fleet_unknown(a, g);
     if (!quiet && g->has_exact && a->store == NULL) {
         a->store = rl_store_new(&a->loop, &a->store_config,
                                 &rl_bucket_scripts, &a->store_counters,
