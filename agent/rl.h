@@ -294,8 +294,8 @@ typedef struct rl_agent_counters {
     uint64_t local_keys, local_keys_refused;
     size_t n_rules;        /* rules in the config */
     uint64_t reloads;      /* rl_agent_reload* calls that took effect */
-    /* on_error: local's fallback buckets held, and new keys refused one
-     * for the cap (local.max_keys; such a key's rule allows). */
+    /* on_error: local's fallback buckets held, and new keys refused a
+     * bucket for the cap (local.max_keys; such a key's rule allows). */
     uint64_t fallback_keys, fallback_keys_refused;
 } rl_agent_counters;
 
