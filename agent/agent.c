@@ -78,6 +78,7 @@ static void io_thread(void *arg)
     }
     if (a->io_gen->has_synced)
         rl_sync_start(a->sync, &a->loop);
+    rl_agent_warn_fleet_unknown(a, a->io_gen);
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 
@@ -158,6 +159,8 @@ static void free_agent(rl_agent *a)
         rl_synced_fini(&a->synced);
     if (a->has_local)
         rl_local_fini(&a->local);
+    if (a->has_fallback)
+        rl_local_fini(&a->fallback);
     rl_gen_free(atomic_load(&a->gen));
     while (a->retired != NULL) {
         rl_gen *g = a->retired;
@@ -295,6 +298,10 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
     if (a->has_local) {
         out->local_keys = atomic_load(&a->local.n_entries);
         out->local_keys_refused = atomic_load(&a->local.keys_refused);
+    }
+    if (a->has_fallback) {
+        out->fallback_keys = atomic_load(&a->fallback.n_entries);
+        out->fallback_keys_refused = atomic_load(&a->fallback.keys_refused);
     }
     pthread_mutex_unlock(&a->reload_lock);
     return RL_OK;

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "bucket.h"
 #include "calls.h"
+#include "fallback.h"
 #include "gen.h"
 #include "ident.h"
 #include "local.h"
@@ -51,11 +52,18 @@ typedef struct rl_rule_state {
     uint32_t key_len;
     rl_outcome outcome;         /* I/O thread only */
     rl_bucket_reply reply;      /* I/O thread only */
+    /* FAILED, and the rule's on_error: local bucket decided: reply is
+     * that bucket's answer (fallback.h). Written with outcome. */
+    bool fallback;
 } rl_rule_state;
 
 /* Who completed a blocking check: the I/O thread with a decision, or the
- * caller, which gave up waiting (the I/O thread was stuck). */
-enum { RL_OWNER_PENDING, RL_OWNER_DONE, RL_OWNER_ABANDONED };
+ * caller, which gave up waiting (the I/O thread was stuck). The I/O thread
+ * claims the request (DECIDING) before it decides, so that the fallback
+ * buckets of on_error: local are charged by exactly one of the two; the
+ * caller that finds it claimed waits the few microseconds to DONE. */
+enum { RL_OWNER_PENDING, RL_OWNER_DECIDING, RL_OWNER_DONE,
+       RL_OWNER_ABANDONED };
 
 struct rl_request {
     rl_request *next;             /* submission queue */
@@ -131,6 +139,10 @@ struct rl_agent {
     /* Local rules: a bucket per key in this process. */
     bool has_local;
     rl_local local;
+    /* on_error: local: a bucket per key, at the rule's share of the
+     * fleet's rate, for when the store does not answer (fallback.h). */
+    bool has_fallback;
+    rl_local fallback;
 
     rl_stats stats;
 };
@@ -156,6 +168,10 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err);
 /* reload.c, the I/O thread (or open, before it runs: started false): serve
  * generation g from now on; drops the reference to the one before. */
 void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool started);
+
+/* reload.c, the I/O thread: logs fallback_fleet_unknown, once per rule
+ * identity, for g's on_error: local rules without fleet_size. */
+void rl_agent_warn_fleet_unknown(rl_agent *a, const rl_gen *g);
 
 /* reload.c: the counters of the current rules, their earlier generations
  * included, and the requests of every generation. Under the reload lock. */
@@ -183,10 +199,34 @@ void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);
 void rl_decide_one(const rl_rule *rule, const rl_override *o,
                    const rl_limit *rate, const rl_bucket_reply *reply,
                    rl_decision *out);
+/* The answer of an unanswered rule's fallback bucket (on_error: local),
+ * for rl_decide_unanswered: false when there is none (the rule allows). */
+typedef bool (*rl_fallback_fn)(void *arg, const rl_rule_state *rs,
+                               rl_bucket_reply *out);
 /* The same as if the store had not answered for any of its rules; reads
  * the outcomes of synced rules only (the caller's, fixed before submit),
- * never those of exact rules, which the I/O thread may be writing. */
+ * never those of exact rules, which the I/O thread may be writing: their
+ * fallback answers come from fallback(arg, ...) (NULL: none). */
 void rl_decide_unanswered(const rl_rule_state *rules, int n,
+                          rl_fallback_fn fallback, void *arg,
                           rl_decision *out);
+/* Whether an unanswered rule lets the request through: its fallback
+ * bucket's answer when it has one, else its on_error (local without a
+ * bucket: allow). */
+bool rl_unanswered_allows(const rl_rule_state *rs);
+
+/* fallback.c: rs's rule is unanswered and its on_error is local: its
+ * fallback bucket decides, charged cost for value (the key without the
+ * rule's prefix); sets rs->fallback and rs->reply (left as they are when
+ * no bucket can be had). Any thread that owns rs. */
+void rl_fallback_decide(rl_agent *a, const rl_gen *g, rl_rule_state *rs,
+                        const char *value, size_t len, uint32_t cost);
+/* The same for a rule of a request the I/O thread decides. */
+void rl_fallback_decide_key(rl_agent *a, rl_request *req,
+                            rl_rule_state *rs);
+/* An rl_fallback_fn for a caller that gave up on the I/O thread (arg is
+ * the request): charges rs's fallback bucket without writing rs. */
+bool rl_fallback_answer(void *arg, const rl_rule_state *rs,
+                        rl_bucket_reply *out);
 
 #endif

@@ -152,6 +152,8 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
                         len, rl_key_hash_value(value, len), cost, &rs->reply,
                         &degraded);
     rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
+    if (degraded)
+        rl_fallback_decide(a, g, rs, value, len, cost);
     return rc;
 }
 
@@ -301,11 +303,13 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
                                                   RL_OWNER_ABANDONED)) {
         /* Reads only what this thread wrote before submitting: safe while
          * the I/O thread still holds the request. */
-        rl_decide_unanswered(req->rules, req->n_rules, out);
+        rl_decide_unanswered(req->rules, req->n_rules, rl_fallback_answer,
+                             req, out);
         return;
     }
     if (rc != 0) {
-        /* The I/O thread decided just now; its post is on the way. */
+        /* The I/O thread is deciding (it claimed the request) or decided
+         * just now; its post is on the way. */
         while (sem_wait(&req->done) != 0 && errno == EINTR)
             ;
     }
@@ -322,15 +326,19 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
 #define LOCAL_RULES_MAX 16
 
 /* One rule whose on_error decides (its key over the cap): decided from
- * the reply already had. Spending again through the general path would
- * count the refused key twice. */
-static void decide_one_degraded(rl_gen *g, const rl_rule_state *rs,
+ * the reply already had (or, with on_error: local, its fallback bucket).
+ * Spending again through the general path would count the refused key
+ * twice. */
+static void decide_one_degraded(rl_agent *a, rl_gen *g,
+                                const rl_rule_state *rs,
                                 const rl_bucket_reply *reply,
+                                const char *value, size_t len, uint32_t cost,
                                 rl_decision *out)
 {
     rl_rule_state state = *rs;
     state.reply = *reply;
     state.outcome = RL_OUTCOME_FAILED;
+    rl_fallback_decide(a, g, &state, value, len, cost);
     rl_decide(&state, 1, out);
     rl_stats_count(&g->stats, &state, 1, out, g->config->rules);
 }
@@ -348,7 +356,7 @@ static void decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
     if (*rc != RL_OK)
         return;
     if (degraded) {
-        decide_one_degraded(g, rs, &reply, out);
+        decide_one_degraded(a, g, rs, &reply, value, len, cost, out);
         return;
     }
     rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);

@@ -7,7 +7,10 @@
  * marks the decision degraded. It reports what is known: nothing about its
  * bucket, so "allow" shows a full bucket (remaining = burst) and "deny" an
  * empty one with a retry of one second, a pause a client can live with
- * while the store is away.
+ * while the store is away. "local" reports its fallback bucket's answer
+ * (this agent's share: remaining, reset and retry of that bucket) against
+ * the rule's own limit and period; a rule whose fallback bucket could not
+ * be had allows, as "allow" does.
  *
  * A shadow rule is charged like any other but takes no part in the
  * decision: its would-be rejections (on_error deny included) are counted
@@ -38,23 +41,46 @@ static const rl_limit *rate_of(const rl_rule_state *rs)
     return rs->rate != NULL ? rs->rate : &rs->rule->own;
 }
 
-static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
+bool rl_unanswered_allows(const rl_rule_state *rs)
+{
+    return rs->fallback ? rs->reply.allowed
+                        : rs->rule->on_error != RL_ON_ERROR_DENY;
+}
+
+static void from_reply(verdict *v, const rl_bucket_reply *reply)
+{
+    v->allowed = reply->allowed;
+    v->remaining = reply->remaining;
+    v->reset_ms = reply->reset_ms;
+    v->retry_ms = reply->allowed ? 0 : reply->retry_ms;
+}
+
+/* With unanswered, every store rule counts as unanswered and its fallback
+ * answer, if any, comes from fallback(arg): its state is not ours to
+ * read. */
+static verdict verdict_of(const rl_rule_state *rs, bool unanswered,
+                          rl_fallback_fn fallback, void *arg)
 {
     /* Synced and local rules were decided before the request left the
      * caller, and their states are never written again: they stand even
      * when the store's answers are given up on. */
     bool store_rule = rs->rule->mode == RL_MODE_EXACT;
-    rl_outcome outcome = unanswered && store_rule ? RL_OUTCOME_FAILED
-                                                  : rs->outcome;
+    bool given_up = unanswered && store_rule;
+    rl_outcome outcome = given_up ? RL_OUTCOME_FAILED : rs->outcome;
     verdict v = {.counts = outcome != RL_OUTCOME_SKIPPED};
+    rl_bucket_reply reply;
     if (outcome == RL_OUTCOME_ANSWERED) {
-        v.allowed = rs->reply.allowed;
-        v.remaining = rs->reply.remaining;
-        v.reset_ms = rs->reply.reset_ms;
-        v.retry_ms = rs->reply.allowed ? 0 : rs->reply.retry_ms;
+        from_reply(&v, &rs->reply);
     } else if (outcome != RL_OUTCOME_SKIPPED) {
+        /* on_error: local's bucket answers like the store's, for this
+         * agent's share; the decision is degraded all the same. */
         v.degraded = true;
-        v.allowed = rs->rule->on_error == RL_ON_ERROR_ALLOW;
+        if (given_up ? fallback != NULL && fallback(arg, rs, &reply)
+                     : rs->fallback) {
+            from_reply(&v, given_up ? &reply : &rs->reply);
+            return v;
+        }
+        v.allowed = rs->rule->on_error != RL_ON_ERROR_DENY;
         v.remaining = v.allowed ? rate_of(rs)->burst : 0;
         v.retry_ms = v.allowed ? 0 : DEGRADED_RETRY_MS;
     }
@@ -175,14 +201,14 @@ static bool longer_retry(int64_t a, int64_t b)
 }
 
 static void decide(const rl_rule_state *rules, int n, bool unanswered,
-                   rl_decision *out)
+                   rl_fallback_fn fallback, void *arg, rl_decision *out)
 {
     memset(out, 0, sizeof *out);
     out->allowed = true;
     int pick = -1;
     verdict chosen = {0};
     for (int i = 0; i < n; i++) {
-        verdict v = verdict_of(&rules[i], unanswered);
+        verdict v = verdict_of(&rules[i], unanswered, fallback, arg);
         if (!v.counts)
             continue;
         if (rules[i].shadow) {
@@ -230,13 +256,14 @@ void rl_decide_one(const rl_rule *rule, const rl_override *o,
 
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out)
 {
-    decide(rules, n, false, out);
+    decide(rules, n, false, NULL, NULL, out);
 }
 
 void rl_decide_unanswered(const rl_rule_state *rules, int n,
+                          rl_fallback_fn fallback, void *arg,
                           rl_decision *out)
 {
-    decide(rules, n, true, out);
+    decide(rules, n, true, fallback, arg, out);
 }
 
 static uint64_t seconds_up(uint64_t ms)

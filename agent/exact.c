@@ -75,15 +75,41 @@ static void refund(rl_agent *a, rl_request *req)
     }
 }
 
-static void deliver(rl_request *req)
+/* Whether the decision is the I/O thread's to make: an async request's
+ * always; a blocking one's unless its caller gave up waiting and decided
+ * alone (then the caller charged the fallback buckets, not this thread). */
+static bool claim(rl_request *req)
+{
+    if (req->callback != NULL)
+        return true;
+    int expected = RL_OWNER_PENDING;
+    return atomic_compare_exchange_strong(&req->owner, &expected,
+                                          RL_OWNER_DECIDING);
+}
+
+static void deliver(rl_request *req, bool claimed)
 {
     if (req->callback != NULL) {
         req->callback(&req->decision, req->callback_arg);
         return;
     }
-    int expected = RL_OWNER_PENDING;
-    if (atomic_compare_exchange_strong(&req->owner, &expected, RL_OWNER_DONE))
+    if (claimed) {
+        /* Release: the decision is written before DONE (check.c reads it
+         * after an acquire load of DONE). */
+        atomic_store(&req->owner, RL_OWNER_DONE);
         sem_post(&req->done);
+    }
+}
+
+/* An unanswered rule with on_error: local is decided by its fallback
+ * bucket, once. */
+static void fall_back(rl_agent *a, rl_request *req, rl_rule_state *rs)
+{
+    if (rs->outcome == RL_OUTCOME_FAILED && !rs->fallback
+        && rs->rule->on_error == RL_ON_ERROR_LOCAL
+        && (req->callback != NULL
+            || atomic_load(&req->owner) != RL_OWNER_ABANDONED))
+        rl_fallback_decide_key(a, req, rs);
 }
 
 /* Decides the request with what is known now; rules still pending count
@@ -108,9 +134,12 @@ static void count(rl_agent *a, const rl_request *req)
 
 static void finalize(rl_agent *a, rl_request *req)
 {
+    bool claimed = claim(req);
     for (int i = 0; i < req->n_rules; i++) {
         if (req->rules[i].outcome == RL_OUTCOME_PENDING)
             req->rules[i].outcome = RL_OUTCOME_FAILED;
+        if (claimed)
+            fall_back(a, req, &req->rules[i]);
     }
     rl_decide(req->rules, req->n_rules, &req->decision);
     count(a, req);
@@ -120,7 +149,7 @@ static void finalize(rl_agent *a, rl_request *req)
         refund(a, req);
     req->finalized = true;
     live_remove(a, req);
-    deliver(req);
+    deliver(req, claimed);
     maybe_release(req);
 }
 
@@ -152,12 +181,16 @@ static int next_pending(const rl_request *req, int from)
  * far has let the request through; a shadow rule's rejection is not the
  * request's. */
 static bool send_next_in_order(rl_agent *a, rl_request *req,
-                               const rl_rule_state *last)
+                               rl_rule_state *last)
 {
+    /* The fallback decides now, as its answer says whether to go on. A
+     * caller that gives up on this request later charges the buckets
+     * again (less admitted, never more: a rare double count). */
+    fall_back(a, req, last);
     bool passed = last->shadow
                   || (last->outcome == RL_OUTCOME_ANSWERED
                           ? last->reply.allowed
-                          : last->rule->on_error == RL_ON_ERROR_ALLOW);
+                          : rl_unanswered_allows(last));
     int next = next_pending(req, req->next_rule);
     if (!passed || next >= req->n_rules) {
         for (int i = next; i < req->n_rules; i++) {

@@ -31,6 +31,7 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
         g->has_synced |= r->mode == RL_MODE_SYNCED;
         g->has_local |= r->mode == RL_MODE_LOCAL;
         g->has_exact |= r->mode == RL_MODE_EXACT;
+        g->has_fallback |= r->on_error == RL_ON_ERROR_LOCAL;
     }
     g->by_value &= !other;
     atomic_init(&g->refs, 0);
@@ -65,6 +66,8 @@ void rl_rule_counters_add(rl_rule_counters *into, const rl_rule_counters *c)
     into->rejected += c->rejected;
     into->degraded += c->degraded;
     into->shadow_rejected += c->shadow_rejected;
+    into->fallback_allowed += c->fallback_allowed;
+    into->fallback_rejected += c->fallback_rejected;
 }
 
 void rl_gen_add_stats(const rl_gen *g, rl_agent_counters *requests,

@@ -26,12 +26,15 @@ typedef struct rl_ident {
     rl_mode mode;
     atomic_long refs;
     /* Synced rules: agents reporting it, from the last totals; 0: not
-     * yet. Written by the I/O thread, read by checks. */
+     * yet. Written by the I/O thread, read by checks (and by on_error:
+     * local's fallback, fallback.h). */
     atomic_uint_least64_t agents;
     /* The rule as the I/O thread's current generation has it; NULL when
      * that generation lacks it. I/O thread only. */
     const rl_rule *io_rule;
     bool io_changed;              /* its rate changed at the last apply */
+    /* on_error: local without fleet_size was logged (I/O thread). */
+    bool fleet_warned;
     /* Counters of generations already freed (under the reload lock). */
     rl_rule_counters retired;
 } rl_ident;

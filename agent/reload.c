@@ -42,6 +42,27 @@ static bool same_rate(const rl_rule *a, const rl_rule *b)
            && a->burst == b->burst;
 }
 
+/* An on_error: local rule without fleet_size divides by the aggregator's
+ * count of its agents, which may never come (no aggregator runs): said
+ * once per rule, when the agent first takes it up, as each agent then
+ * falls back to the whole limit. */
+void rl_agent_warn_fleet_unknown(rl_agent *a, const rl_gen *g)
+{
+    const rl_config *c = g->config;
+    for (size_t i = 0; i < c->n_rules; i++) {
+        const rl_rule *r = &c->rules[i];
+        rl_ident *id = g->idents[i];
+        if (r->on_error != RL_ON_ERROR_LOCAL || r->fleet_size != 0
+            || id->fleet_warned)
+            continue;
+        id->fleet_warned = true;
+        rl_log(&a->log, RL_LOG_WARN, "fallback_fleet_unknown",
+               "rule=%s reason=\"on_error: local without fleet_size: "
+               "until an aggregator reports the rule's agents, each agent's "
+               "fallback admits the whole limit\"", r->name);
+    }
+}
+
 void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
 {
     rl_gen *old = a->io_gen;
@@ -57,6 +78,8 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
     }
     for (size_t i = 0; i < c->n_rules; i++)
         g->idents[i]->io_rule = &c->rules[i];
+    if (!quiet)
+        rl_agent_warn_fleet_unknown(a, g);
     if (!quiet && g->has_exact && a->store == NULL) {
         a->store = rl_store_new(&a->loop, &a->store_config,
                                 &rl_bucket_scripts, &a->store_counters,
@@ -96,6 +119,10 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
     if (g->has_local && !a->has_local) {
         rl_local_init(&a->local, a->config->local_max_keys);
         a->has_local = true;
+    }
+    if (g->has_fallback && !a->has_fallback) {
+        rl_local_init(&a->fallback, a->config->local_max_keys);
+        a->has_fallback = true;
     }
     if (!g->has_synced || a->has_synced)
         return RL_OK;

@@ -188,7 +188,9 @@ typedef struct rl_attr {
 typedef struct rl_decision {
     bool allowed;
     /* The store did not answer within the deadline (or the agent was shut
-     * down) for at least one rule, and that rule's on_error decided. */
+     * down) for at least one rule, and that rule's on_error decided (with
+     * on_error: local, its fallback bucket: this agent's share of the
+     * limit). */
     bool degraded;
     /* The deciding rule: when rejected, the rejecting rule with the longest
      * retry; when allowed, the tightest rule (fewest tokens remaining; the
@@ -259,10 +261,16 @@ typedef struct rl_rule_counters {
     uint64_t checks;    /* requests the rule applied to */
     uint64_t allowed;   /* ...that it let through (on_error included) */
     uint64_t rejected;  /* ...that it rejected (on_error: deny included) */
-    uint64_t degraded;  /* ...that its on_error decided (no answer in time) */
+    uint64_t degraded;  /* ...that its on_error decided (no answer in time),
+                         * its fallback bucket (on_error: local) included */
     /* A shadow rule never rejects: the requests it would have rejected
      * (counted here, not in rejected). */
     uint64_t shadow_rejected;
+    /* on_error: local: requests its fallback bucket (the rule's share of
+     * the fleet's limit in this agent) let through and rejected while the
+     * store did not answer; also counted in allowed/rejected and
+     * degraded. */
+    uint64_t fallback_allowed, fallback_rejected;
 } rl_rule_counters;
 
 /* The agent's counters since it was opened, for a gateway to export. */
@@ -286,6 +294,9 @@ typedef struct rl_agent_counters {
     uint64_t local_keys, local_keys_refused;
     size_t n_rules;        /* rules in the config */
     uint64_t reloads;      /* rl_agent_reload* calls that took effect */
+    /* on_error: local's fallback buckets held, and new keys refused a
+     * bucket for the cap (local.max_keys; such a key's rule allows). */
+    uint64_t fallback_keys, fallback_keys_refused;
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */

@@ -110,10 +110,15 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
         if (rs->outcome == RL_OUTCOME_SKIPPED)
             continue;
         bool failed = rs->outcome != RL_OUTCOME_ANSWERED;
-        bool allowed = failed ? rs->rule->on_error == RL_ON_ERROR_ALLOW
-                              : rs->reply.allowed;
+        bool allowed = failed ? rl_unanswered_allows(rs) : rs->reply.allowed;
         size_t index = (size_t)(rs->rule - cfg_rules);
         atomic_uint_least64_t *row = mine + (1 + index) * RL_COUNTS;
+        if (failed && rs->fallback) {
+            atomic_uint_least64_t *c = &row[allowed
+                                                ? RL_COUNT_FALLBACK_ALLOWED
+                                                : RL_COUNT_FALLBACK_REJECTED];
+            own ? bump(c) : add(c);
+        }
         if (rs->shadow && !allowed) {
             own ? bump(&row[RL_COUNT_SHADOW_REJECTED])
                 : add(&row[RL_COUNT_SHADOW_REJECTED]);
@@ -214,5 +219,8 @@ void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
         rules[i].checks = rules[i].allowed + rules[i].rejected;
         rules[i].degraded = sum(s, 1 + i, RL_COUNT_DEGRADED);
         rules[i].shadow_rejected = sum(s, 1 + i, RL_COUNT_SHADOW_REJECTED);
+        rules[i].fallback_allowed = sum(s, 1 + i, RL_COUNT_FALLBACK_ALLOWED);
+        rules[i].fallback_rejected = sum(s, 1 + i,
+                                         RL_COUNT_FALLBACK_REJECTED);
     }
 }

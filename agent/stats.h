@@ -24,9 +24,11 @@ typedef struct rl_rule_state rl_rule_state;
 #define RL_STATS_SLOTS RL_THREAD_SLOTS
 
 /* A shadow rule's would-be rejections count as allowed (it let them
- * through) and as shadow-rejected. */
+ * through) and as shadow-rejected. A rule's on_error: local decisions
+ * count as degraded and as fallback allowed or rejected. */
 enum { RL_COUNT_ALLOWED, RL_COUNT_REJECTED, RL_COUNT_DEGRADED,
-       RL_COUNT_SHADOW_REJECTED, RL_COUNTS };
+       RL_COUNT_SHADOW_REJECTED, RL_COUNT_FALLBACK_ALLOWED,
+       RL_COUNT_FALLBACK_REJECTED, RL_COUNTS };
 
 /* A block is [1 + n_rules][RL_COUNTS]: row 0 is the requests, then one
  * row per rule. A thread's own block is written by that thread alone (a

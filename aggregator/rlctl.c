@@ -156,6 +156,12 @@ static int cmd_config(cli *c)
                    rl_algorithm_name(r->algorithm),
                    rl_on_error_name(r->on_error));
             rlctl_json_string(r->key_prefix);
+            /* 0: not given (on_error: local then divides by the
+             * aggregator's count, else by 1). */
+            if (r->fleet_size != 0)
+                printf(",\"fleet_size\":%u", r->fleet_size);
+            else
+                printf(",\"fleet_size\":null");
             rlctl_config_json_overrides(cfg, r);
             printf("}");
         }
@@ -169,18 +175,20 @@ static int cmd_config(cli *c)
            cfg->aggregator.reports, cfg->aggregator.totals,
            cfg->aggregator.sync_interval_ms);
     printf("charge:      %s\n", rl_charge_name(cfg->charge));
-    printf("\n%-20s %-12s %10s %8s %10s %-7s %-13s %-8s %s\n", "RULE",
+    printf("\n%-20s %-12s %10s %8s %10s %-7s %-13s %-8s %-6s %s\n", "RULE",
            "MATCH", "LIMIT", "PERIOD", "BURST", "MODE", "ALGORITHM",
-           "ON_ERROR", "KEY_PREFIX");
+           "ON_ERROR", "FLEET", "KEY_PREFIX");
     for (size_t i = 0; i < cfg->n_rules; i++) {
         const rl_rule *r = &cfg->rules[i];
-        char period[24];
+        char period[24], fleet[16] = "-";
         rl_duration_format(r->period_ms, period, sizeof period);
-        printf("%-20s %-12s %10llu %8s %10llu %-7s %-13s %-8s %s\n", r->name,
-               r->match, (unsigned long long)r->limit, period,
+        if (r->fleet_size != 0)
+            snprintf(fleet, sizeof fleet, "%u", r->fleet_size);
+        printf("%-20s %-12s %10llu %8s %10llu %-7s %-13s %-8s %-6s %s\n",
+               r->name, r->match, (unsigned long long)r->limit, period,
                (unsigned long long)r->burst, rl_mode_name(r->mode),
                rl_algorithm_name(r->algorithm), rl_on_error_name(r->on_error),
-               r->key_prefix);
+               fleet, r->key_prefix);
     }
     rlctl_config_print_overrides(cfg);
     return EXIT_OK;

@@ -279,6 +279,14 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                      &choice)))
         return rc;
     rule->on_error = (rl_on_error)choice;
+    /* A local rule's bucket is in the agent: no store to wait for, and
+     * its fallback would be a second bucket beside the first. Its keys
+     * over local.max_keys take allow or deny. */
+    if (rule->on_error == RL_ON_ERROR_LOCAL && rule->mode == RL_MODE_LOCAL)
+        return bad(ld, FIELD("on_error"), "local falls back to a bucket in "
+                   "the agent when the store does not answer, and a mode: "
+                   "local rule never asks the store: use allow or deny (for "
+                   "keys over local.max_keys)");
     rule->fleet_size = cfg->fleet_size;
     if (raw->fleet_size != NULL) {
         uint64_t n;

@@ -330,6 +330,9 @@ static int diff_rule(rl_config_diff *d, const rl_config *ca,
         rc = diff_word(d, b, "on_error", rl_on_error_name(a->on_error),
                        rl_on_error_name(b->on_error));
     if (rc == RL_OK)
+        rc = diff_u64(d, b, "fleet_size", a->fleet_size, b->fleet_size,
+                      false);
+    if (rc == RL_OK)
         rc = diff_word(d, b, "shadow", is_shadow(ca, a) ? "true" : "false",
                        is_shadow(cb, b) ? "true" : "false");
     if (rc == RL_OK && !same_when(&a->when, &b->when)) {

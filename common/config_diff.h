@@ -10,7 +10,7 @@
  *   rule NAME removed
  *   rule NAME: FIELD OLD -> NEW      (limit, period, burst, mode, shadow,
  *                                     match, key_prefix, algorithm,
- *                                     on_error, when)
+ *                                     on_error, fleet_size, when)
  *   rule NAME: override LABEL added: [when WHEN; ]RATE
  *   rule NAME: override LABEL removed
  *   rule NAME: override LABEL: OLD -> NEW   (its when or rate)

@@ -46,6 +46,17 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
     for (size_t i = 0; i < n; i++)
         gw_buf_printf(b, "rl_rule_degraded_total{rule=\"%s\"} %llu\n",
                       rules[i].rule, (unsigned long long)rules[i].degraded);
+    family(b, "rl_rule_fallback_total", "counter",
+           "Requests a rule's on_error: local bucket (its share of the "
+           "fleet's limit) decided while the store did not answer, by rule "
+           "and verdict.");
+    for (size_t i = 0; i < n; i++)
+        gw_buf_printf(b, "rl_rule_fallback_total{rule=\"%s\",verdict="
+                      "\"allowed\"} %llu\nrl_rule_fallback_total{rule=\"%s\","
+                      "verdict=\"rejected\"} %llu\n", rules[i].rule,
+                      (unsigned long long)rules[i].fallback_allowed,
+                      rules[i].rule,
+                      (unsigned long long)rules[i].fallback_rejected);
     family(b, "rl_store_errors_total", "counter",
            "Bucket calls the store did not answer.");
     gw_buf_printf(b, "rl_store_errors_total %llu\n",
@@ -64,16 +75,21 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
                   (unsigned long long)s->exact_p90_us,
                   (unsigned long long)s->exact_p99_us,
                   (unsigned long long)s->exact_checks);
-    family(b, "rl_keys", "gauge", "Keys tracked in the agent, by mode.");
+    family(b, "rl_keys", "gauge", "Keys tracked in the agent, by mode "
+           "(fallback: on_error: local's buckets).");
     gw_buf_printf(b, "rl_keys{mode=\"synced\"} %llu\nrl_keys{mode=\"local\"} "
-                  "%llu\n", (unsigned long long)s->synced_keys,
-                  (unsigned long long)s->local_keys);
+                  "%llu\nrl_keys{mode=\"fallback\"} %llu\n",
+                  (unsigned long long)s->synced_keys,
+                  (unsigned long long)s->local_keys,
+                  (unsigned long long)s->fallback_keys);
     family(b, "rl_keys_refused_total", "counter",
            "New keys refused for a key cap, by mode.");
     gw_buf_printf(b, "rl_keys_refused_total{mode=\"synced\"} %llu\n"
-                  "rl_keys_refused_total{mode=\"local\"} %llu\n",
+                  "rl_keys_refused_total{mode=\"local\"} %llu\n"
+                  "rl_keys_refused_total{mode=\"fallback\"} %llu\n",
                   (unsigned long long)s->synced_keys_refused,
-                  (unsigned long long)s->local_keys_refused);
+                  (unsigned long long)s->local_keys_refused,
+                  (unsigned long long)s->fallback_keys_refused);
 }
 
 static void shard_metrics(gw_buf *b, rl_agent *agent)

@@ -101,16 +101,6 @@ TEST_BOTH_MODES(exact, a_fractional_interval_loses_nothing_to_rounding)
 
 /* --- 2. The key expires when the bucket would be full again. ----------- */
 
-static long long pttl(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *r = test_redis_command(c, "PTTL %s", key);
-    long long ms = r->integer;
-    freeReplyObject(r);
-    redisFree(c);
-    return ms;
-}
-
 static void expiry_is_time_to_refill(test_scripts mode, int gcra)
 {
     char rules[256], value[64], key[80];
@@ -130,11 +120,12 @@ static void expiry_is_time_to_refill(test_scripts mode, int gcra)
     cr_assert_eq(d.reset_ms, 600, "reset %llu ms",
                  (unsigned long long)d.reset_ms);
     /* 100 a minute: one token comes back every 600 ms. */
-    long long ms = pttl(t.addr, key);
+    long long ms = test_redis_pttl(t.addr, key);
     cr_assert(ms > 500 && ms <= 600, "PTTL %lld ms", ms);
 
     test_sleep_ms((unsigned)ms + 50);
-    cr_assert_eq(pttl(t.addr, key), -2, "the key outlived its refill");
+    cr_assert_eq(test_redis_pttl(t.addr, key), -2,
+                 "the key outlived its refill");
     d = test_check(&t, attr, NULL);
     cr_assert_eq(d.remaining, 99, "a missing key is not a full bucket");
     test_agent_close(&t);

@@ -23,27 +23,13 @@
 #include <unistd.h>
 
 /* Writes a config into the test's folder; returns its path (static). */
-static const char *write_config(const char *name, const char *yaml)
-{
-    static char path[8][600];
-    static int next;
-    char *p = path[next++ % 8];
-    snprintf(p, 600, "%s/%s-%d.yaml", test_env("RL_TEST_TMPDIR"), name,
-             (int)getpid());
-    FILE *f = fopen(p, "w");
-    cr_assert_not_null(f);
-    fputs(yaml, f);
-    fclose(f);
-    return p;
-}
-
 static const char *redis_config(const char *name, const char *rules)
 {
     char yaml[2048];
     snprintf(yaml, sizeof yaml,
              "store: {url: \"redis://%s\", timeout_ms: 1000}\nrules:\n%s",
              test_env("RL_TEST_REDIS"), rules);
-    return write_config(name, yaml);
+    return test_write_config(name, yaml);
 }
 
 /* A key no other test (or earlier run) has used. */
@@ -119,7 +105,7 @@ static const char per_ip_local[] =
 
 Test(gateway, forwarded_for_is_ignored_unless_trusted)
 {
-    const char *cfg = write_config("xff", per_ip_local);
+    const char *cfg = test_write_config("xff", per_ip_local);
     test_gateway plain, trusting;
     test_gateway_start(&plain, cfg, NULL);
     test_gateway_start(&trusting, cfg, "--trust-forwarded-for", NULL);
@@ -156,7 +142,7 @@ Test(gateway, forwarded_for_is_ignored_unless_trusted)
 
 Test(gateway, malformed_requests_get_4xx_and_the_gateway_keeps_serving)
 {
-    const char *cfg = write_config("bad", per_ip_local);
+    const char *cfg = test_write_config("bad", per_ip_local);
     test_gateway gw;
     test_gateway_start(&gw, cfg, NULL);
     test_http_response r;
@@ -187,7 +173,7 @@ Test(gateway, malformed_requests_get_4xx_and_the_gateway_keeps_serving)
 
 Test(gateway, keep_alive_and_pipelined_requests_are_answered_in_order)
 {
-    const char *cfg = write_config("pipe", per_ip_local);
+    const char *cfg = test_write_config("pipe", per_ip_local);
     test_gateway gw;
     test_gateway_start(&gw, cfg, NULL);
     int fd = test_http_connect(gw.port);
@@ -280,7 +266,7 @@ Test(gateway, allowed_requests_reach_the_upstream_rejected_ones_do_not)
 {
     struct upstream up;
     upstream_start(&up, 0);
-    const char *cfg = write_config(
+    const char *cfg = test_write_config(
         "proxy", "rules:\n  - {name: per-key, match: api_key, limit: 1, "
                  "period: 1h, mode: local}\n");
     char url[64];
@@ -333,7 +319,7 @@ Test(gateway, tenants_come_from_the_header_or_the_map)
     snprintf(yaml, sizeof yaml, "gateway: {tenant_map: %s}\nrules:\n"
              "  - {name: per-tenant, match: tenant, limit: 1, period: 1h, "
              "mode: local}\n", map_path);
-    const char *cfg = write_config("tenants", yaml);
+    const char *cfg = test_write_config("tenants", yaml);
     test_gateway gw;
     test_gateway_start(&gw, cfg, NULL);
     test_http_response r;
@@ -359,7 +345,7 @@ static const char *unreachable_config(const char *name, const char *on_error)
              "store: {url: \"redis://127.0.0.1:1\", timeout_ms: 50}\n"
              "rules:\n  - {name: per-key, match: api_key, limit: 5, "
              "period: 1m, on_error: %s}\n", on_error);
-    return write_config(name, yaml);
+    return test_write_config(name, yaml);
 }
 
 Test(gateway, store_errors_are_marked_and_never_5xx_unless_deny)
@@ -383,7 +369,7 @@ Test(gateway, sigterm_answers_the_requests_in_flight_then_exits)
 {
     struct upstream up;
     upstream_start(&up, 1500);
-    const char *cfg = write_config("drain", per_ip_local);
+    const char *cfg = test_write_config("drain", per_ip_local);
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
     test_gateway gw;
@@ -441,7 +427,7 @@ Test(gateway, a_slow_check_does_not_hold_up_other_connections)
              "  - {name: per-ip, match: ip, limit: 5, period: 1m, "
              "mode: local}\n", port);
     test_gateway gw;
-    test_gateway_start(&gw, write_config("slow", yaml), NULL);
+    test_gateway_start(&gw, test_write_config("slow", yaml), NULL);
     int slow = test_http_connect(gw.port);
     static const char keyed[] = "GET / HTTP/1.1\r\nHost: t\r\n"
                                 "X-Api-Key: ak_waits\r\n\r\n";
@@ -479,7 +465,7 @@ Test(gateway, a_slow_check_does_not_hold_up_other_connections)
 
 Test(gateway, metrics_are_served_on_their_own_socket)
 {
-    const char *cfg = write_config("metrics", per_ip_local);
+    const char *cfg = test_write_config("metrics", per_ip_local);
     char metrics[32];
     uint16_t port = test_free_port();
     snprintf(metrics, sizeof metrics, "127.0.0.1:%u", port);

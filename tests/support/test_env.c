@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 const char *test_env(const char *name)
 {
@@ -53,6 +54,30 @@ uint64_t test_redis_time_ms(redisContext *c)
                   + strtoull(r->element[1]->str, NULL, 10) / 1000;
     freeReplyObject(r);
     return ms;
+}
+
+long long test_redis_pttl(const char *addr, const char *key)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = test_redis_command(c, "PTTL %s", key);
+    long long ms = r->integer;
+    freeReplyObject(r);
+    redisFree(c);
+    return ms;
+}
+
+const char *test_write_config(const char *name, const char *yaml)
+{
+    static char path[8][600];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 600, "%s/%s-%d.yaml", test_env("RL_TEST_TMPDIR"), name,
+             (int)getpid());
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f);
+    fputs(yaml, f);
+    fclose(f);
+    return p;
 }
 
 const char *test_path(char *buf, size_t cap, const char *env_dir,

@@ -33,6 +33,14 @@ int test_run(const char *cmd, char *out, size_t cap);
 int test_rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* test_redis_pttl is PTTL key on the Redis at addr (NULL: RL_TEST_REDIS):
+ * ms until it expires, -2 when there is no such key. */
+long long test_redis_pttl(const char *addr, const char *key);
+
+/* test_write_config writes yaml to NAME-PID.yaml in RL_TEST_TMPDIR and
+ * returns its path, valid until the eighth call after. */
+const char *test_write_config(const char *name, const char *yaml);
+
 /* test_path joins a directory from the environment and a file name. */
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file);

@@ -155,6 +155,34 @@ Test(config, omitted_fields_take_the_documented_defaults)
     rl_config_free(cfg);
 }
 
+/* fleet_size is on_error: local's divisor when no aggregator has said:
+ * a rule's own, else the top level's, else 0 (none: 1). on_error: local
+ * is read on exact and synced rules. */
+Test(config, fleet_size_is_the_rules_own_else_the_top_levels)
+{
+    rl_config *cfg = load_ok(
+        "fleet_size: 8\n"
+        "rules:\n"
+        "  - {name: a, match: api_key, limit: 10, period: 1m, "
+        "on_error: local}\n"
+        "  - {name: b, match: ip, limit: 10, period: 1m, on_error: local, "
+        "fleet_size: 3}\n"
+        "  - {name: c, match: tenant, limit: 10, period: 1m, mode: synced, "
+        "on_error: local, fleet_size: 100000}\n");
+    cr_assert_eq(cfg->fleet_size, 8);
+    cr_assert_eq(cfg->rules[0].fleet_size, 8);
+    cr_assert_eq(cfg->rules[0].on_error, RL_ON_ERROR_LOCAL);
+    cr_assert_eq(cfg->rules[1].fleet_size, 3);
+    cr_assert_eq(cfg->rules[2].fleet_size, 100000);
+    cr_assert_eq(cfg->rules[2].on_error, RL_ON_ERROR_LOCAL);
+    rl_config_free(cfg);
+    cfg = load_ok("rules:\n"
+                  "  - {name: a, match: api_key, limit: 10, period: 1m}\n");
+    cr_assert_eq(cfg->fleet_size, 0);
+    cr_assert_eq(cfg->rules[0].fleet_size, 0);
+    rl_config_free(cfg);
+}
+
 Test(config, every_field_can_be_set)
 {
     rl_config *cfg = load_ok(
@@ -539,12 +567,17 @@ static const struct bad_file bad_files[] = {
     {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
-    {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local)"},
+    {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local, leased)"},
     {"tls-without-section.yaml", ":3:12: aggregator.reports: a tls+tcp:// URL needs aggregator.tls with at least ca, cert and key"},
     {"metrics-no-port.yaml", ":2:23: aggregator.metrics: 'localhost' is not host:port (an HTTP address such as 127.0.0.1:9464)"},
     {"local-max-keys-zero.yaml", ":2:19: local.max_keys: must be a whole number from 1 to 10000000, got '0'"},
     {"tenant-map-empty.yaml", ":2:23: gateway.tenant_map: the path is empty; leave the field out for no map"},
-    {"unknown-on-error.yaml", ":7:15: rules[0].on_error (rule \"per-key\"): unknown value 'retry' (choose one of: allow, deny)"},
+    {"unknown-on-error.yaml", ":7:15: rules[0].on_error (rule \"per-key\"): unknown value 'retry' (choose one of: allow, deny, local)"},
+    {"fleet-size-zero.yaml", ":8:17: rules[0].fleet_size (rule \"per-key\"): must be a whole number from 1 to 100000, got '0'"},
+    {"fleet-size-negative.yaml", ":2:13: fleet_size: must be a whole number from 1 to 100000, got '-3'"},
+    {"fleet-size-too-large.yaml", ":8:17: rules[0].fleet_size (rule \"per-key\"): must be a whole number from 1 to 100000, got '100001'"},
+    {"fleet-size-not-a-number.yaml", ":8:17: rules[0].fleet_size (rule \"per-key\"): must be a whole number from 1 to 100000, got 'ten'"},
+    {"on-error-local-on-local-rule.yaml", ":8:15: rules[0].on_error (rule \"per-ip\"): local falls back to a bucket in the agent when the store does not answer, and a mode: local rule never asks the store: use allow or deny (for keys over local.max_keys)"},
     {"unknown-section.yaml", ":2:1: stores: unknown field 'stores'"},
     {"url-and-cluster.yaml", ":4:12: store.cluster: give either store.url or store.cluster, not both"},
     {"username-without-password.yaml", ":3:13: store.username: a username needs a password (store.password, password_file or password_env)"},

@@ -109,7 +109,7 @@ Test(decision, unanswered_rules_follow_on_error)
     cr_assert(d.allowed && d.degraded);
     cr_assert_str_eq(d.rule, "shut", "the answered rule is the tightest");
 
-    rl_decide_unanswered(s, 2, &d);
+    rl_decide_unanswered(s, 2, NULL, NULL, &d);
     cr_assert(!d.allowed && d.degraded);
     cr_assert_str_eq(d.rule, "shut");
     cr_assert_eq(d.retry_after_ms, 1000);
@@ -151,7 +151,7 @@ Test(decision, a_synced_verdict_stands_when_the_store_is_given_up_on)
     rl_rule_state s[] = {answered(&local, false, 0, 700),
                          {.rule = &remote, .outcome = RL_OUTCOME_PENDING}};
     rl_decision d;
-    rl_decide_unanswered(s, 2, &d);
+    rl_decide_unanswered(s, 2, NULL, NULL, &d);
     cr_assert(!d.allowed, "the synced rejection was lost");
     cr_assert(d.degraded);
     cr_assert_str_eq(d.rule, "per-tenant");
