@@ -43,7 +43,7 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
     /* Synced and local rules were decided before the request left the
      * caller, and their states are never written again: they stand even
      * when the store's answers are given up on. */
-    bool store_rule = rs->rule->mode == RL_MODE_EXACT;
+    bool store_rule = rs->rule->mode == RL_MODE_EXACT || rs->via_io;
     rl_outcome outcome = unanswered && store_rule ? RL_OUTCOME_FAILED
                                                   : rs->outcome;
     verdict v = {.counts = outcome != RL_OUTCOME_SKIPPED};

@@ -31,6 +31,7 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
         g->has_synced |= r->mode == RL_MODE_SYNCED;
         g->has_local |= r->mode == RL_MODE_LOCAL;
         g->has_exact |= r->mode == RL_MODE_EXACT;
+        g->has_leased |= r->mode == RL_MODE_LEASED;
     }
     g->by_value &= !other;
     atomic_init(&g->refs, 0);

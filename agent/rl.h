@@ -286,6 +286,13 @@ typedef struct rl_agent_counters {
     uint64_t local_keys, local_keys_refused;
     size_t n_rules;        /* rules in the config */
     uint64_t reloads;      /* rl_agent_reload* calls that took effect */
+    /* Leased rules: keys holding leases and new keys refused for the cap
+     * (local.max_keys); lease calls made and the tokens they took; give-
+     * back calls (idle keys, reloads, close) and the tokens they returned.
+     * Tokens held now are taken less returned less spent. */
+    uint64_t leased_keys, leased_keys_refused;
+    uint64_t leases_taken, lease_tokens_taken;
+    uint64_t leases_returned, lease_tokens_returned;
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */
