@@ -1,0 +1,476 @@
+/*
+ * mode: leased against a real redis-server: the fleet admits at most what
+ * the bucket holds (many threads, several agents, ten agents at ten times
+ * the limit), and at least close to it; tokens in hand go back when a key
+ * is idle, at close and when a reload changes the rate; with Redis gone
+ * the hand serves, then on_error; and Redis sees about one call per lease,
+ * not per check. The exactness tests run through FCALL and EVALSHA (each
+ * after its scripts were flushed), and one on the runner's cluster.
+ */
+#include "config.h"
+#include "redis_server.h"
+#include "test_agent.h"
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static rl_agent_counters counters(rl_agent *a)
+{
+    rl_agent_counters c;
+    cr_assert_eq(rl_agent_stats(a, &c, NULL, 0), RL_OK);
+    return c;
+}
+
+/* Bucket calls this agent sent, over every node. */
+static uint64_t store_calls(rl_agent *a)
+{
+    rl_shard_counters s[64];
+    size_t n = rl_agent_shards(a, s, 64);
+    uint64_t calls = 0;
+    for (size_t i = 0; i < n && i < 64; i++)
+        calls += s[i].calls;
+    return calls;
+}
+
+static long long pttl(const char *addr, const char *key)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = test_redis_command(c, "PTTL %s", key);
+    long long ms = r->integer;
+    freeReplyObject(r);
+    redisFree(c);
+    return ms;
+}
+
+/* Tokens refilled in elapsed_ms at limit per period_ms, rounded up. */
+static uint64_t refill(uint64_t elapsed_ms, uint64_t limit, uint64_t period)
+{
+    return (elapsed_ms * limit + period - 1) / period;
+}
+
+/* --- Decisions and headers are an exact rule's. ------------------------ */
+
+TEST_BOTH_MODES(leased, remaining_is_the_buckets_less_what_was_spent)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d, mode: leased}\n");
+    char attr[64];
+    snprintf(attr, sizeof attr, "api_key=remaining-%d", mode);
+    for (int i = 0; i < 120; i++) {
+        rl_decision d = test_check(&t, attr, NULL);
+        cr_assert(!d.degraded);
+        cr_assert_str_eq(d.rule, "per-key");
+        cr_assert_eq(d.limit, 100);
+        cr_assert_eq(d.allowed, i < 100, "check %d", i);
+        cr_assert_eq(d.remaining, i < 100 ? 99 - (uint64_t)i : 0,
+                     "check %d: remaining %llu", i,
+                     (unsigned long long)d.remaining);
+        if (!d.allowed)
+            cr_assert_gt(d.retry_after_ms, 0);
+    }
+    rl_agent_counters c = counters(t.agent);
+    cr_assert_eq(c.allowed, 101, "%llu", (unsigned long long)c.allowed);
+    /* Every token taken was spent: the warm-up's key gave back nothing
+     * yet, and the bucket of 100 was leased whole, at most. */
+    cr_assert_leq(c.lease_tokens_taken, 101);
+    test_agent_close(&t);
+}
+
+/* --- 1. Fifty threads on two agents, one bucket of 100. ---------------- */
+
+struct contender {
+    rl_agent *agent;
+    const char *key;
+    uint64_t until_ms;
+    atomic_int *allowed;
+    atomic_int *errors;
+};
+
+static void *contend(void *arg)
+{
+    struct contender *c = arg;
+    rl_attr attr = {"api_key", c->key, strlen(c->key)};
+    while (test_now_ms() < c->until_ms) {
+        rl_decision d;
+        if (rl_check(c->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(c->errors, 1);
+        else if (d.allowed)
+            atomic_fetch_add(c->allowed, 1);
+    }
+    return NULL;
+}
+
+/* 100 per 10 s: ten tokens a second refill while fifty threads, 25 on
+ * each of two agents, check for a second. The bucket admits 100 plus
+ * what refilled, never more; leases must not lose much of it either. */
+static const char fifty_rule[] =
+    "  - {name: per-key, match: api_key, limit: 100, period: 10s, "
+    "mode: leased, fleet_size: 2}\n";
+
+static void fifty_threads_two_agents(rl_agent *const agents[2],
+                                     const char *key)
+{
+    atomic_int allowed = 0, errors = 0;
+    pthread_t threads[50];
+    struct contender c[2];
+    uint64_t start = test_now_ms();
+    for (int i = 0; i < 2; i++)
+        c[i] = (struct contender){agents[i], key, start + 1000, &allowed,
+                                  &errors};
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, contend, &c[i % 2]),
+                     0);
+    for (int i = 0; i < 50; i++)
+        pthread_join(threads[i], NULL);
+    uint64_t elapsed = test_now_ms() - start;
+    int n = atomic_load(&allowed);
+    uint64_t most = 100 + refill(elapsed, 100, 10000);
+    cr_assert_eq(atomic_load(&errors), 0, "%d checks failed or degraded",
+                 atomic_load(&errors));
+    cr_assert_leq((uint64_t)n, most, "admitted %d in %llu ms: at most %llu",
+                  n, (unsigned long long)elapsed, (unsigned long long)most);
+    cr_assert_geq(n, 100, "admitted %d in %llu ms", n,
+                  (unsigned long long)elapsed);
+}
+
+TEST_BOTH_MODES(leased, fifty_threads_on_two_agents_never_pass_the_bucket)
+{
+    char key[64];
+    snprintf(key, sizeof key, "fifty-%d", mode);
+    test_agent t[2];
+    for (int i = 0; i < 2; i++)
+        test_agent_open(&t[i], NULL, mode, NULL, NULL, fifty_rule);
+    rl_agent *agents[2] = {t[0].agent, t[1].agent};
+    fifty_threads_two_agents(agents, key);
+    for (int i = 0; i < 2; i++)
+        test_agent_close(&t[i]);
+}
+
+/* The same on the runner's cluster: the lease goes to the key's shard. */
+Test(leased, fifty_threads_on_two_agents_never_pass_a_cluster_bucket)
+{
+    char yaml[2048];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store: {cluster: [%s], timeout_ms: 1000}\n"
+                     "rules:\n%s", test_env("RL_TEST_CLUSTER"), fifty_rule);
+    cr_assert_lt((size_t)n, sizeof yaml);
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<cluster>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    rl_agent *agents[2];
+    rl_options o = {.config = cfg};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(rl_agent_open(&agents[i], &o, &err), RL_OK, "%s",
+                     err.message);
+    char key[64];
+    snprintf(key, sizeof key, "fifty-cluster-%llu",
+             (unsigned long long)test_now_us());
+    fifty_threads_two_agents(agents, key);
+    for (int i = 0; i < 2; i++)
+        rl_agent_close(agents[i]);
+    rl_config_free(cfg);
+}
+
+/* --- 2. Ten agents at ten times the limit. ----------------------------- */
+
+struct paced {
+    rl_agent *agent;
+    const char *key;
+    uint64_t start_ms, until_ms;
+    unsigned every_ms;
+    atomic_int *allowed;
+    atomic_int *errors;
+};
+
+static void *paced_checks(void *arg)
+{
+    struct paced *p = arg;
+    rl_attr attr = {"api_key", p->key, strlen(p->key)};
+    for (uint64_t next = p->start_ms; next < p->until_ms;
+         next += p->every_ms) {
+        uint64_t now = test_now_ms();
+        if (now < next)
+            test_sleep_ms((unsigned)(next - now));
+        rl_decision d;
+        if (rl_check(p->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(p->errors, 1);
+        else if (d.allowed)
+            atomic_fetch_add(p->allowed, 1);
+    }
+    return NULL;
+}
+
+/* 50 a second, burst 50, fleet_size 10; each of ten agents is offered
+ * 50 a second (one every 20 ms) for three seconds: 500 a second in all.
+ * At most the burst plus the refill; at least nine tenths of the refill
+ * (the leases held at the end, at most 5 per agent, are what is
+ * missing). */
+Test(leased, ten_agents_at_ten_times_the_limit_admit_the_limit)
+{
+    const char *rules = "  - {name: per-key, match: api_key, limit: 50, "
+                        "period: 1s, mode: leased, fleet_size: 10}\n";
+    test_agent t[10];
+    for (int i = 0; i < 10; i++)
+        test_agent_open(&t[i], NULL, TEST_FCALL, NULL, NULL, rules);
+    atomic_int allowed = 0, errors = 0;
+    pthread_t threads[10];
+    struct paced p[10];
+    uint64_t start = test_now_ms() + 20;
+    for (int i = 0; i < 10; i++) {
+        p[i] = (struct paced){t[i].agent, "ten-agents", start + 2 * i,
+                              start + 3000, 20, &allowed, &errors};
+        cr_assert_eq(pthread_create(&threads[i], NULL, paced_checks, &p[i]),
+                     0);
+    }
+    for (int i = 0; i < 10; i++)
+        pthread_join(threads[i], NULL);
+    uint64_t elapsed = test_now_ms() - start;
+    uint64_t calls = 0, checks = 0;
+    for (int i = 0; i < 10; i++) {
+        calls += store_calls(t[i].agent);
+        checks += counters(t[i].agent).requests;
+        test_agent_close(&t[i]);
+    }
+    int n = atomic_load(&allowed);
+    uint64_t refilled = refill(elapsed, 50, 1000);
+    cr_assert_eq(atomic_load(&errors), 0, "%d checks failed or degraded",
+                 atomic_load(&errors));
+    cr_assert_leq((uint64_t)n, 50 + refilled,
+                  "admitted %d in %llu ms: at most %llu", n,
+                  (unsigned long long)elapsed,
+                  (unsigned long long)(50 + refilled));
+    cr_assert_geq((uint64_t)n * 10, refilled * 9,
+                  "admitted %d in %llu ms: under nine tenths of the %llu "
+                  "that refilled", n, (unsigned long long)elapsed,
+                  (unsigned long long)refilled);
+    cr_log_info("ten agents: %d admitted of %llu checks, %llu calls, "
+                "%llu ms", n, (unsigned long long)checks,
+                (unsigned long long)calls, (unsigned long long)elapsed);
+}
+
+/* --- 3. An idle key gives its tokens back. ----------------------------- */
+
+/* 100 per 5 s, a token each 50 ms. Fifty quick checks draw leases of
+ * more than they spend; without leases the bucket would be full 50 x 50 ms
+ * after the first one. With them it must be too: the idle key gives back
+ * its hand (within RL_LEASE_IDLE_MS and a sweep, half a second). A token
+ * kept is 50 ms late, against 30 ms of slack here. */
+Test(leased, an_idle_key_gives_its_tokens_back_in_time)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 5s, mode: leased}\n");
+    uint64_t first = test_now_ms();
+    for (int i = 0; i < 50; i++)
+        cr_assert(test_check(&t, "api_key=idle", NULL).allowed);
+    rl_agent_counters c = counters(t.agent);
+    /* It means something only if more than was spent was leased (the
+     * warm-up's key took one). */
+    cr_assert_gt(c.lease_tokens_taken, 51, "leased %llu",
+                 (unsigned long long)c.lease_tokens_taken);
+    uint64_t full_at = first + 50 * 50;
+    test_sleep_ms((unsigned)(full_at + 30 - test_now_ms()));
+    long long ms = pttl(t.addr, "rl:key:idle");
+    cr_assert_eq(ms, -2, "the bucket is not full %llu ms after the first "
+                 "check (PTTL %lld): the lease was not given back",
+                 (unsigned long long)(test_now_ms() - first), ms);
+    c = counters(t.agent);
+    cr_assert_geq(c.leases_returned, 1);
+    cr_assert_eq(c.lease_tokens_taken - c.lease_tokens_returned, 50 + 1,
+                 "taken %llu, returned %llu",
+                 (unsigned long long)c.lease_tokens_taken,
+                 (unsigned long long)c.lease_tokens_returned);
+    test_agent_close(&t);
+}
+
+/* --- 4. Close gives back; 5. so does a reload that changes the rate. --- */
+
+/* One token a second: fifty checks leave the bucket 50 s from full, the
+ * leases up to 100 s. */
+static const char slow_rule[] =
+    "  - {name: per-key, match: api_key, limit: 100, period: 100s, "
+    "mode: leased}\n";
+
+static void spend_fifty(test_agent *t, const char *attr)
+{
+    for (int i = 0; i < 50; i++)
+        cr_assert(test_check(t, attr, NULL).allowed);
+    rl_agent_counters c = counters(t->agent);
+    /* More than spent (the warm-up's key took one): a token kept is a
+     * second on the key's expiry. */
+    cr_assert_gt(c.lease_tokens_taken, 51, "leased %llu",
+                 (unsigned long long)c.lease_tokens_taken);
+}
+
+/* Within 50 s of full (a second of refill allowed for the test's time). */
+static void expect_fifty_spent(const char *addr, const char *key)
+{
+    long long ms = pttl(addr, key);
+    cr_assert(ms > 48000 && ms <= 50000,
+              "PTTL %lld ms: 50 of 100 one-a-second tokens spent should "
+              "leave 50 s", ms);
+}
+
+Test(leased, close_gives_the_tokens_back)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL, slow_rule);
+    spend_fifty(&t, "api_key=closing");
+    char addr[64];
+    snprintf(addr, sizeof addr, "%s", t.addr);
+    test_agent_close(&t);
+    expect_fifty_spent(addr, "rl:key:closing");
+}
+
+Test(leased, a_reload_that_changes_the_rate_gives_the_tokens_back)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL, slow_rule);
+    spend_fifty(&t, "api_key=reloading");
+    char yaml[512];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store: {url: \"redis://%s\", scripts: function, "
+                     "timeout_ms: 1000}\n"
+                     "rules:\n"
+                     "  - {name: per-key, match: api_key, limit: 100, "
+                     "period: 100s, burst: 200, mode: leased}\n", t.addr);
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<reload>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    cr_assert_eq(rl_agent_reload_config(t.agent, cfg, &err), RL_OK, "%s",
+                 err.message);
+    /* The give-back is one call on the I/O thread, not waited for. */
+    for (int i = 0; i < 100 && counters(t.agent).leases_returned == 0; i++)
+        test_sleep_ms(10);
+    test_sleep_ms(50);
+    expect_fifty_spent(t.addr, "rl:key:reloading");
+    rl_agent_counters c = counters(t.agent);
+    cr_assert_eq(c.lease_tokens_taken - c.lease_tokens_returned, 50 + 1);
+    test_agent_close(&t);
+}
+
+/* --- 6. Redis away: the hand serves, then on_error. -------------------- */
+
+Test(leased, with_redis_gone_the_hand_serves_then_on_error_decides)
+{
+    test_redis srv;
+    char err[512], addr[64];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    test_agent t;
+    test_agent_open(&t, addr, TEST_FCALL, "  timeout_ms: 100\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 1000, "
+                    "period: 1s, mode: leased, on_error: deny}\n");
+    /* A steady 1,000 a second for a while: the hand is a lease's worth. */
+    for (int i = 0; i < 200; i++) {
+        cr_assert(test_check(&t, "api_key=gone", NULL).allowed);
+        test_sleep_ms(1);
+    }
+    test_sleep_ms(50); /* no lease in flight */
+    rl_agent_counters c = counters(t.agent);
+    /* The warm-up's key spent the one token it took. */
+    uint64_t hand = c.lease_tokens_taken - c.lease_tokens_returned
+                    - c.allowed;
+    cr_assert_gt(hand, 0, "nothing in hand to serve with");
+    test_redis_kill(&srv);
+    uint64_t served = 0;
+    rl_decision d;
+    for (;;) {
+        d = test_check(&t, "api_key=gone", NULL);
+        if (d.degraded || !d.allowed)
+            break;
+        served++;
+        cr_assert_leq(served, hand, "served more than the hand held");
+    }
+    cr_assert_eq(served, hand, "the hand held %llu, served %llu",
+                 (unsigned long long)hand, (unsigned long long)served);
+    cr_assert(d.degraded, "refused while the store is away: on_error "
+              "decides");
+    cr_assert(!d.allowed, "on_error: deny");
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+}
+
+/* --- 7. One Redis call per lease, not per check. ----------------------- */
+
+struct hammer {
+    rl_agent *agent;
+    uint64_t until_ms;
+    atomic_uint_least64_t *checks;
+};
+
+static void *hammer(void *arg)
+{
+    struct hammer *h = arg;
+    rl_attr attr = {"api_key", "hot", 3};
+    uint64_t n = 0;
+    while (test_now_ms() < h->until_ms) {
+        for (int i = 0; i < 256; i++) {
+            rl_decision d;
+            cr_assert_eq(rl_check(h->agent, &attr, 1, 1, &d), RL_OK);
+            cr_assert(d.allowed && !d.degraded);
+        }
+        n += 256;
+    }
+    atomic_fetch_add(h->checks, n);
+    return NULL;
+}
+
+Test(leased, a_hot_key_costs_under_one_call_per_hundred_checks)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100000000, "
+                    "period: 1s, mode: leased}\n");
+    uint64_t calls_before = store_calls(t.agent);
+    atomic_uint_least64_t checks = 0;
+    struct hammer h = {t.agent, test_now_ms() + 1000, &checks};
+    pthread_t threads[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, hammer, &h), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    uint64_t calls = store_calls(t.agent) - calls_before;
+    uint64_t n = atomic_load(&checks);
+    cr_assert_geq(n, 100000, "only %llu checks in a second",
+                  (unsigned long long)n);
+    cr_assert_leq(calls * 100, n, "%llu calls for %llu checks",
+                  (unsigned long long)calls, (unsigned long long)n);
+    cr_log_info("hot key: %llu checks, %llu calls", (unsigned long long)n,
+                (unsigned long long)calls);
+    test_agent_close(&t);
+}
+
+/* --- Memory: keys past local.max_keys are refused, degraded. ----------- */
+
+Test(leased, keys_past_the_cap_are_refused_and_counted)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d, mode: leased, on_error: deny}\n"
+                    "local: {max_keys: 3}\n");
+    /* The warm-up key is one of the three. */
+    cr_assert(test_check(&t, "api_key=cap-1", NULL).allowed);
+    cr_assert(test_check(&t, "api_key=cap-2", NULL).allowed);
+    rl_decision d = test_check(&t, "api_key=cap-3", NULL);
+    cr_assert(d.degraded && !d.allowed, "a fourth key is on_error's");
+    rl_agent_counters c = counters(t.agent);
+    cr_assert_eq(c.leased_keys, 3);
+    cr_assert_eq(c.leased_keys_refused, 1);
+    cr_assert_eq(c.store_errors, 0, "a refused key is not a store error");
+    cr_assert(test_check(&t, "api_key=cap-1", NULL).allowed);
+    test_agent_close(&t);
+}
