@@ -179,6 +179,33 @@ Test(leased, fifty_threads_on_two_agents_never_pass_a_cluster_bucket)
     rl_config_free(cfg);
 }
 
+/* fleet_size 2: an agent holds at most half the bucket in hand, however
+ * fast it checks, and the other agent gets all the rest. */
+Test(leased, one_agent_cannot_hoard_the_bucket)
+{
+    const char *rules = "  - {name: per-key, match: api_key, limit: 100, "
+                        "period: 1d, mode: leased, fleet_size: 2}\n";
+    test_agent a, b;
+    test_agent_open(&a, NULL, TEST_FCALL, NULL, NULL, rules);
+    test_agent_open(&b, NULL, TEST_FCALL, NULL, NULL, rules);
+    for (int i = 0; i < 30; i++)
+        cr_assert(test_check(&a, "api_key=hoard", NULL).allowed);
+    test_sleep_ms(50); /* a lease asked for is in */
+    rl_agent_counters c = counters(a.agent);
+    /* The warm-up's key took and spent one. */
+    uint64_t hand = c.lease_tokens_taken - 1 - 30;
+    cr_assert_leq(hand, 50, "one agent of two holds %llu of 100",
+                  (unsigned long long)hand);
+    int allowed = 0;
+    for (int i = 0; i < 80; i++)
+        allowed += test_check(&b, "api_key=hoard", NULL).allowed;
+    cr_assert_eq((uint64_t)allowed, 100 - 30 - hand,
+                 "the other agent got %d of the %llu left", allowed,
+                 (unsigned long long)(100 - 30 - hand));
+    test_agent_close(&a);
+    test_agent_close(&b);
+}
+
 /* --- 2. Ten agents at ten times the limit. ----------------------------- */
 
 struct paced {
