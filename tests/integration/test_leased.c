@@ -154,7 +154,7 @@ TEST_BOTH_MODES(leased, fifty_threads_on_two_agents_never_pass_the_bucket)
 }
 
 /* The same on the runner's cluster: the lease goes to the key's shard. */
-Test(leased, fifty_threads_on_two_agents_never_pass_a_cluster_bucket)
+Test(leased_cluster, fifty_threads_on_two_agents_never_pass_its_bucket)
 {
     char yaml[2048];
     int n = snprintf(yaml, sizeof yaml,
