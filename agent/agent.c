@@ -22,7 +22,7 @@ static void finish_close(void *arg)
     rl_sync *sync = a->closing_sync;
     rl_store_close(a->store);
     a->store = NULL;
-    if (a->has_leased)
+    if (a->io_leased)
         rl_leased_stop(&a->leased);
     if (sync != NULL && rl_sync_started(sync))
         rl_sync_stop(sync);
@@ -75,14 +75,14 @@ static void on_wakeup(uv_async_t *handle)
         a->closing_sync = sync;
         /* Leased tokens go back before the store closes (within one
          * deadline). */
-        if (a->has_leased)
+        if (a->io_leased)
             rl_leased_close(&a->leased, a->store_config.timeout_ms,
                             finish_close, a);
         else
             finish_close(a);
         return;
     }
-    if (a->has_leased)
+    if (a->io_leased)
         rl_leased_drain(&a->leased);
     rl_exact_arm_deadline(a);
 }
@@ -99,8 +99,10 @@ static void io_thread(void *arg)
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
-    if (a->has_leased)
+    if (a->has_leased) {
         rl_leased_start(&a->leased, a->store, &a->loop);
+        a->io_leased = true;
+    }
     if (a->io_gen->has_synced)
         rl_sync_start(a->sync, &a->loop);
     uv_run(&a->loop, UV_RUN_DEFAULT);

@@ -139,6 +139,7 @@ struct rl_agent {
     /* Leased rules: tokens in hand per key (leased.h). */
     bool has_leased;
     rl_leased leased;
+    bool io_leased;               /* I/O thread: it serves leased keys */
     bool io_closing;              /* I/O thread: the close has begun */
     rl_sync *closing_sync;        /* I/O thread: stopped at the close's end */
 

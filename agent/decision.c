@@ -40,9 +40,10 @@ static const rl_limit *rate_of(const rl_rule_state *rs)
 
 static verdict verdict_of(const rl_rule_state *rs, bool unanswered)
 {
-    /* Synced and local rules were decided before the request left the
-     * caller, and their states are never written again: they stand even
-     * when the store's answers are given up on. */
+    /* Synced and local rules (and leased ones the hand decided) were
+     * decided before the request left the caller, and their states are
+     * never written again: they stand even when the store's answers are
+     * given up on. A leased rule sent to the I/O thread is a store rule. */
     bool store_rule = rs->rule->mode == RL_MODE_EXACT || rs->via_io;
     rl_outcome outcome = unanswered && store_rule ? RL_OUTCOME_FAILED
                                                   : rs->outcome;

@@ -66,6 +66,7 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
     }
     if (!quiet && a->has_leased) {
         rl_leased_start(&a->leased, a->store, &a->loop);
+        a->io_leased = true;
         /* Removed rules and changed rates give their tokens back. */
         if (old != NULL && old != g)
             rl_leased_reloaded(&a->leased);
