@@ -392,7 +392,6 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
     rl_leased_entry *e = c.e;
     e->in_flight = false;
     l->leases_out--;
-    atomic_store(&e->asked, false);
     const rl_limit *rate = rate_of(e);
     uint64_t cap = rate->burst * rate->period_ms;
     if (reply != NULL
@@ -596,10 +595,13 @@ void rl_leased_drain(rl_leased *l)
     while (e != NULL) {
         rl_leased_entry *next = atomic_load_explicit(&e->wanted_next,
                                                      memory_order_relaxed);
+        /* Off the stack: only now may a check push it again (asked is
+         * the stack's membership; cleared anywhere else, a second push
+         * would link the entry to itself). A lease in flight sends the
+         * next one itself when it finds the hand low. */
+        atomic_store(&e->asked, false);
         if (!e->gone && !e->in_flight)
             send_lease(l, e, 0);
-        if (!e->in_flight)
-            atomic_store(&e->asked, false); /* nothing to send: ask again */
         e = next;
     }
 }
@@ -749,6 +751,9 @@ void rl_leased_close(rl_leased *l, uint32_t timeout_ms,
     /* Bounded: a store that does not answer holds the close up for one
      * deadline at most. */
     uv_timer_start(&l->tick, close_deadline, timeout_ms, 0);
+    /* Held while the calls go out: one that fails at once answers
+     * inside rl_bucket_call and must not end the close early. */
+    l->giving_back++;
     rl_leased_table *t = atomic_load(&l->table);
     for (size_t i = 0; i < t->cap; i++) {
         rl_leased_entry *e = atomic_load(&t->slots[i]);
@@ -758,6 +763,7 @@ void rl_leased_close(rl_leased *l, uint32_t timeout_ms,
         give_back(l, e);
         forget_rate(e);
     }
+    l->giving_back--;
     closing_step(l);
 }
 
