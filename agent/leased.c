@@ -62,6 +62,7 @@ typedef struct lease_call {
     rl_leased *l;
     rl_leased_entry *e;
     uint64_t want;
+    rl_bucket_args args;        /* the rate it was sent at */
 } lease_call;
 
 static size_t table_cap(size_t max_keys)
@@ -151,6 +152,12 @@ static inline rl_leased_entry *probe(rl_leased_table *t, uint64_t h,
             && rl_key_equal(value_of(e), value, len))
             return e;
     }
+}
+
+static bool limit_eq(const rl_limit *a, const rl_limit *b)
+{
+    return a->limit == b->limit && a->burst == b->burst
+           && a->period_ms == b->period_ms;
 }
 
 static bool same_rate(const rl_leased_entry *e, const rl_limit *rate)
@@ -392,7 +399,7 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
     rl_leased_entry *e = c.e;
     e->in_flight = false;
     l->leases_out--;
-    const rl_limit *rate = rate_of(e);
+    const rl_limit *rate = &c.args.rate;
     uint64_t cap = rate->burst * rate->period_ms;
     if (reply != NULL
         && (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2
@@ -414,9 +421,26 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
     }
     uint64_t n = (uint64_t)reply->element[0]->integer;
     uint64_t d = (uint64_t)reply->element[1]->integer;
-    e->taken += n;
     atomic_fetch_add_explicit(&l->leases, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->lease_tokens, n, memory_order_relaxed);
+    if (!limit_eq(rate, rate_of(e))) {
+        /* The key moved to another rate meanwhile (an override, a
+         * reload): these tokens go back at the rate they were taken at,
+         * and the key is leased again at its own. */
+        if (n > 0) {
+            atomic_fetch_add_explicit(&l->returns, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&l->returned_tokens, n,
+                                      memory_order_relaxed);
+            l->giving_back++;
+            rl_bucket_call(l->store, &c.args, e->key, e->key_len,
+                           -(int64_t)n, on_given_back, l);
+        }
+        if (l->given_back == NULL && e->waiters != NULL)
+            send_lease(l, e, serve_waiters(e));
+        closing_step(l);
+        return;
+    }
+    e->taken += n;
     atomic_store_explicit(&e->remaining, (cap - d) / rate->period_ms,
                           memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, (d + rate->limit - 1) / rate->limit,
@@ -497,7 +521,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
         fail_waiters(e, "out of memory");
         return;
     }
-    *c = (lease_call){l, e, want};
+    *c = (lease_call){l, e, want, e->args};
     e->in_flight = true;
     l->leases_out++;
     char want_text[24];
@@ -771,6 +795,7 @@ void rl_leased_stop(rl_leased *l)
 {
     if (!l->started)
         return;
+    l->store = NULL; /* closed: late answers find none to call */
     uv_timer_stop(&l->tick);
     uv_close((uv_handle_t *)&l->tick, NULL);
 }
