@@ -63,6 +63,7 @@ typedef struct lease_call {
     rl_leased_entry *e;
     uint64_t want;
     rl_bucket_args args;        /* the rate it was sent at */
+    uint32_t epoch;             /* the entry's, then */
 } lease_call;
 
 static size_t table_cap(size_t max_keys)
@@ -152,12 +153,6 @@ static inline rl_leased_entry *probe(rl_leased_table *t, uint64_t h,
             && rl_key_equal(value_of(e), value, len))
             return e;
     }
-}
-
-static bool limit_eq(const rl_limit *a, const rl_limit *b)
-{
-    return a->limit == b->limit && a->burst == b->burst
-           && a->period_ms == b->period_ms;
 }
 
 static bool same_rate(const rl_leased_entry *e, const rl_limit *rate)
@@ -331,6 +326,7 @@ static void give_back(rl_leased *l, rl_leased_entry *e)
 /* The key will be leased afresh, at whatever rate its next check has. */
 static void forget_rate(rl_leased_entry *e)
 {
+    e->epoch++;
     atomic_store(&e->limit, 0);
     atomic_store(&e->dry, false);
 }
@@ -423,10 +419,11 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
     uint64_t d = (uint64_t)reply->element[1]->integer;
     atomic_fetch_add_explicit(&l->leases, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->lease_tokens, n, memory_order_relaxed);
-    if (!limit_eq(rate, rate_of(e))) {
+    if (c.epoch != e->epoch) {
         /* The key moved to another rate meanwhile (an override, a
-         * reload): these tokens go back at the rate they were taken at,
-         * and the key is leased again at its own. */
+         * reload) or was let go (idle, a reload, the close): these
+         * tokens go back at the rate they were taken at, and the key is
+         * leased again at its own when a check needs it. */
         if (n > 0) {
             atomic_fetch_add_explicit(&l->returns, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&l->returned_tokens, n,
@@ -486,7 +483,8 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
 static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
 {
     const rl_rule *rule = e->ident->io_rule;
-    if (e->in_flight || l->store == NULL)
+    /* A forgotten rate is set again by the next check that waits. */
+    if (e->in_flight || l->store == NULL || atomic_load(&e->limit) == 0)
         return;
     if (rule == NULL) {
         fail_waiters(e, "the rule was reloaded away");
@@ -521,7 +519,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
         fail_waiters(e, "out of memory");
         return;
     }
-    *c = (lease_call){l, e, want, e->args};
+    *c = (lease_call){l, e, want, e->args, e->epoch};
     e->in_flight = true;
     l->leases_out++;
     char want_text[24];
@@ -537,6 +535,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
 static void set_rate(rl_leased_entry *e, const rl_rule *rule,
                      const rl_limit *rate)
 {
+    e->epoch++;
     rl_bucket_args_rate(&e->args, rule, rate);
     atomic_store(&e->burst, rate->burst);
     atomic_store(&e->period_ms, rate->period_ms);

@@ -61,6 +61,9 @@ typedef struct rl_leased_entry {
     uint64_t dry_due_ms;         /* when dry: when to try again */
     uint64_t dry_refused;        /* refused when it went dry */
     bool in_flight;              /* a lease call is out */
+    uint32_t epoch;              /* moves when the key's rate is set or
+                                  * forgotten: a lease sent before is
+                                  * given back when it comes */
     bool gone;                   /* out of the table, in a grave */
     bool dry_listed;             /* on rl_leased.dry_head */
     struct rl_leased_entry *dry_next;
