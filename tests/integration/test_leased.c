@@ -297,8 +297,10 @@ Test(leased, an_idle_key_gives_its_tokens_back_in_time)
                     "  - {name: per-key, match: api_key, limit: 100, "
                     "period: 5s, mode: leased}\n");
     uint64_t first = test_now_ms();
-    for (int i = 0; i < 50; i++)
-        cr_assert(test_check(&t, "api_key=idle", NULL).allowed);
+    for (int i = 0; i < 50; i++) {
+        rl_decision d = test_check(&t, "api_key=idle", NULL);
+        cr_assert(d.allowed && !d.degraded, "check %d", i);
+    }
     rl_agent_counters c = counters(t.agent);
     /* It means something only if more than was spent was leased (the
      * warm-up's key took one). */
@@ -329,8 +331,10 @@ static const char slow_rule[] =
 
 static void spend_fifty(test_agent *t, const char *attr)
 {
-    for (int i = 0; i < 50; i++)
-        cr_assert(test_check(t, attr, NULL).allowed);
+    for (int i = 0; i < 50; i++) {
+        rl_decision d = test_check(t, attr, NULL);
+        cr_assert(d.allowed && !d.degraded, "check %d", i);
+    }
     rl_agent_counters c = counters(t->agent);
     /* More than spent (the warm-up's key took one): a token kept is a
      * second on the key's expiry. */
