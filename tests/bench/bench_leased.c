@@ -171,8 +171,8 @@ int main(int argc, char **argv)
         printf("| %s | %s / %s / %s | %s / %s / %s | %s | %s | %s | "
                "%s %% / %s %% / %s %% | %llu |\n", modes[m],
                bench_int(cps[m].min), bench_int(cps[m].median),
-               bench_int(cps[m].max), fmt(cpk[m].min, "%.3f"),
-               fmt(cpk[m].median, "%.3f"), fmt(cpk[m].max, "%.3f"),
+               bench_int(cps[m].max), fmt(cpk[m].min, "%.4f"),
+               fmt(cpk[m].median, "%.4f"), fmt(cpk[m].max, "%.4f"),
                bench_int(adm / RUNS), bench_int(held / RUNS),
                bench_int(over[m].max), fmt(100 * under[m].min, "%.1f"),
                fmt(100 * under[m].median, "%.1f"),
@@ -183,7 +183,7 @@ int main(int argc, char **argv)
     char rl_fig[256], other[256];
     snprintf(rl_fig, sizeof rl_fig, "leased: %s checks/s, %s Redis calls "
              "per 1,000 checks, overshoot %s, under-admission %s %%",
-             bench_int(cps[1].median), fmt(cpk[1].median, "%.3f"),
+             bench_int(cps[1].median), fmt(cpk[1].median, "%.4f"),
              bench_int(over[1].max), fmt(100 * under[1].median, "%.1f"));
     snprintf(other, sizeof other, "exact: %s checks/s, %s calls per 1,000 "
              "checks", bench_int(cps[0].median), fmt(cpk[0].median, "%.0f"));
