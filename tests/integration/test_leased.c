@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static rl_agent_counters counters(rl_agent *a)
 {
@@ -521,4 +522,45 @@ Test(leased, keys_past_the_cap_are_refused_and_counted)
     cr_assert_eq(c.store_errors, 0, "a refused key is not a store error");
     cr_assert(test_check(&t, "api_key=cap-1", NULL).allowed);
     test_agent_close(&t);
+}
+
+/* --- rlctl bucket: a leased rule's bucket, leases counted as taken. ---- */
+
+Test(leased, rlctl_bucket_counts_the_leases_as_taken)
+{
+    char path[600], key[64], out[8192];
+    snprintf(path, sizeof path, "%s/leased-rlctl-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    snprintf(key, sizeof key, "rlctl-%llu", (unsigned long long)test_now_us());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "store: {url: \"redis://%s\"}\nrules:\n"
+            "  - {name: per-key, match: api_key, limit: 100, period: 1d, "
+            "mode: leased}\n", test_env("RL_TEST_REDIS"));
+    fclose(f);
+    rl_config *cfg;
+    rl_agent *agent = test_agent_on(path, &cfg, NULL);
+    rl_attr attr = {"api_key", key, strlen(key)};
+    for (int i = 0; i < 10; i++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(agent, &attr, 1, 1, &d), RL_OK);
+        cr_assert(d.allowed && !d.degraded);
+    }
+    test_sleep_ms(50); /* a lease asked for is in */
+    rl_agent_counters c = counters(agent);
+    cr_assert_gt(c.lease_tokens_taken, 10, "nothing held beyond the spent");
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "bucket per-key %s", key),
+                 0, "%s", out);
+    char want[64];
+    snprintf(want, sizeof want, "tokens:      %llu of 100",
+             (unsigned long long)(100 - c.lease_tokens_taken));
+    cr_assert_not_null(strstr(out, want), "want \"%s\" in:\n%s", want, out);
+    cr_assert_not_null(strstr(out, "leases:      counted as taken"), "%s",
+                       out);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "--json bucket per-key %s",
+                            key), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\"leases\":\"counted as taken\""), "%s",
+                       out);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
 }
