@@ -8,6 +8,7 @@
  * after its scripts were flushed), and one on the runner's cluster.
  */
 #include "config.h"
+#include "no_network.h"
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_env.h"
@@ -499,6 +500,74 @@ Test(leased, a_hot_key_costs_under_one_call_per_hundred_checks)
                   (unsigned long long)calls, (unsigned long long)n);
     fprintf(stderr, "leased: hot key: %llu checks, %llu calls\n",
             (unsigned long long)n, (unsigned long long)calls);
+    test_agent_close(&t);
+}
+
+/* The hand is spent with no system call on the socket or any descriptor
+ * but 0-2: the thread below runs under a seccomp filter that traps them
+ * (no_network.h). Crossing the hand's low mark wakes the I/O thread once
+ * per lease (an eventfd write, trapped here): at most one in a thousand
+ * checks from a hand of many thousands. */
+struct filtered {
+    rl_agent *agent;
+    int guard;
+    int allowed, failed;
+};
+
+static void *check_filtered(void *arg)
+{
+    struct filtered *f = arg;
+    f->guard = test_forbid_network();
+    rl_attr attr = {"api_key", "no-syscall", 10};
+    for (int i = 0; i < 1000; i++) {
+        rl_decision d;
+        if (rl_check(f->agent, &attr, 1, 1, &d) != RL_OK || d.degraded) {
+            f->failed++;
+            break; /* each waits out the deadline: the wakeup is trapped */
+        }
+        f->allowed += d.allowed;
+    }
+    return NULL;
+}
+
+static void *warm_hot(void *arg)
+{
+    rl_agent *agent = arg;
+    rl_attr attr = {"api_key", "no-syscall", 10};
+    uint64_t until = test_now_ms() + 200;
+    while (test_now_ms() < until) {
+        rl_decision d;
+        rl_check(agent, &attr, 1, 1, &d);
+    }
+    return NULL;
+}
+
+Test(leased, the_hand_is_spent_with_no_network_call)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100000000, "
+                    "period: 1s, mode: leased}\n");
+    pthread_t w;
+    cr_assert_eq(pthread_create(&w, NULL, warm_hot, t.agent), 0);
+    pthread_join(w, NULL);
+    test_sleep_ms(50); /* a lease asked for is in */
+    rl_agent_counters c = counters(t.agent);
+    uint64_t hand = c.lease_tokens_taken - c.allowed;
+    cr_assert_gt(hand, 10000, "a hand of %llu", (unsigned long long)hand);
+    long first;
+    long before = test_network_calls(&first);
+    struct filtered f = {t.agent, 0, 0, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, check_filtered, &f), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(f.guard, 0, "cannot install the seccomp filter: %s",
+                 strerror(f.guard));
+    cr_assert_eq(f.failed, 0);
+    cr_assert_eq(f.allowed, 1000);
+    long trapped = test_network_calls(&first) - before;
+    cr_assert_leq(trapped, 1, "%ld calls trapped in 1,000 checks (the first: "
+                  "system call %ld)", trapped, first);
     test_agent_close(&t);
 }
 
