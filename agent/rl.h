@@ -196,8 +196,9 @@ typedef struct rl_decision {
     char rule[RL_RULE_NAME_MAX + 1];
     uint64_t limit;     /* the rule's tokens per period */
     uint64_t period_ms; /* the rule's period */
-    /* Whole tokens left in its bucket (exact rules), or the fleet's room
-     * as this agent estimates it (synced rules). */
+    /* Whole tokens left in its bucket (exact rules; leased rules: as the
+     * last lease saw it, plus the tokens this agent holds), or the fleet's
+     * room as this agent estimates it (synced rules). */
     uint64_t remaining;
     /* Until its bucket is full again (exact), or its window ends
      * (synced). */
@@ -226,7 +227,10 @@ typedef struct rl_decision {
  * A request that no rule applies to is allowed at once, without a round
  * trip. Synced rules are decided from local counts with no network call;
  * a request only synced rules apply to never waits (no lock, no
- * allocation, no system call once its keys have been seen). Thread-safe:
+ * allocation, no system call once its keys have been seen). A leased rule
+ * spends tokens this agent holds, with no network call; it waits one
+ * round trip only for a key's first lease, or when its hand is empty and
+ * the bucket not known to be dry. Thread-safe:
  * any number of threads may check at once.
  *
  * Returns RL_OK with *out filled in (allowed or rejected alike), or without
