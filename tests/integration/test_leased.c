@@ -633,3 +633,42 @@ Test(leased, rlctl_bucket_counts_the_leases_as_taken)
     rl_agent_close(agent);
     rl_config_free(cfg);
 }
+
+/* --- rl_check_async: the same decisions, from the I/O thread. ---------- */
+
+struct async_result {
+    atomic_int done;
+    rl_decision d;
+};
+
+static void on_async(const rl_decision *d, void *arg)
+{
+    struct async_result *r = arg;
+    r->d = *d;
+    atomic_store(&r->done, 1);
+}
+
+Test(leased, async_checks_take_from_the_same_hand)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 5, "
+                    "period: 1d, mode: leased}\n");
+    char key[64];
+    snprintf(key, sizeof key, "async-%llu", (unsigned long long)test_now_us());
+    rl_attr attr = {"api_key", key, strlen(key)};
+    for (int i = 0; i < 7; i++) {
+        struct async_result r = {0};
+        cr_assert_eq(rl_check_async(t.agent, &attr, 1, 1, on_async, &r),
+                     RL_OK);
+        for (int w = 0; w < 2000 && !atomic_load(&r.done); w++)
+            test_sleep_ms(1);
+        cr_assert(atomic_load(&r.done), "no callback for check %d", i);
+        cr_assert(!r.d.degraded);
+        cr_assert_eq(r.d.allowed, i < 5, "check %d", i);
+        cr_assert_eq(r.d.remaining, i < 5 ? 4 - (uint64_t)i : 0,
+                     "check %d: remaining %llu", i,
+                     (unsigned long long)r.d.remaining);
+    }
+    test_agent_close(&t);
+}
