@@ -100,7 +100,7 @@ static void io_thread(void *arg)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
     if (a->has_leased) {
-        rl_leased_start(&a->leased, a->store, &a->loop);
+        rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
     }
     if (a->io_gen->has_synced)

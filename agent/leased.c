@@ -253,12 +253,14 @@ bool rl_leased_check(rl_leased *l, rl_ident *id, const rl_limit *rate,
 
 static void tick(uv_timer_t *t);
 
-void rl_leased_start(rl_leased *l, rl_store *store, uv_loop_t *loop)
+void rl_leased_start(rl_leased *l, rl_store *store, uv_loop_t *loop,
+                     const rl_logger *log)
 {
     if (l->started)
         return;
     l->store = store;
     l->loop = loop;
+    l->log = log;
     uv_timer_init(loop, &l->tick);
     l->tick.data = l;
     l->started = true;
@@ -733,6 +735,13 @@ static void tick(uv_timer_t *timer)
         return;
     l->ticks = 0;
     sweep(l, now);
+    uint64_t refused = atomic_load(&l->keys_refused);
+    if (refused != l->refused_logged && now - l->logged_at_ms >= 1000) {
+        rl_log(l->log, RL_LOG_WARN, "leased_keys_capped", "refused=%llu "
+               "max_keys=%zu", (unsigned long long)refused, l->max_keys);
+        l->refused_logged = refused;
+        l->logged_at_ms = now;
+    }
     if (atomic_load(&l->n_entries) == 0 && l->graves == NULL)
         uv_timer_stop(&l->tick);
 }

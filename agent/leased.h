@@ -16,6 +16,7 @@
 #include "config.h"
 #include "ident.h"
 #include "keys.h"
+#include "log.h"
 #include "store.h"
 #include "thread_slot.h"
 
@@ -96,6 +97,8 @@ typedef struct rl_leased {
     /* I/O thread only. */
     rl_store *store;
     uv_loop_t *loop;
+    const rl_logger *log;
+    uint64_t refused_logged, logged_at_ms; /* keys_refused, as last logged */
     uv_timer_t tick;
     unsigned ticks;                     /* since the last sweep */
     bool started;
@@ -125,9 +128,11 @@ bool rl_leased_check(rl_leased *l, rl_ident *id, const rl_limit *rate,
                      uint64_t value_hash, uint32_t cost,
                      rl_bucket_reply *out);
 
-/* I/O thread: the store to lease from, and the loop; starts the tick that
- * refills dry keys and gives idle ones back. */
-void rl_leased_start(rl_leased *l, rl_store *store, uv_loop_t *loop);
+/* I/O thread: the store to lease from, the loop and the agent's logger;
+ * makes the tick that refills dry keys, gives idle ones back and logs
+ * `leased_keys_capped` (at most once a second). */
+void rl_leased_start(rl_leased *l, rl_store *store, uv_loop_t *loop,
+                     const rl_logger *log);
 
 /* I/O thread: a check rl_leased_check could not decide. fn(arg, ...) is
  * called exactly once: with the answer once a lease serves it (or shows

@@ -65,7 +65,7 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
     if (!quiet && a->has_leased) {
-        rl_leased_start(&a->leased, a->store, &a->loop);
+        rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
         /* Removed rules and changed rates give their tokens back. */
         if (old != NULL && old != g)

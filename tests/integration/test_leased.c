@@ -573,24 +573,46 @@ Test(leased, the_hand_is_spent_with_no_network_call)
 
 /* --- Memory: keys past local.max_keys are refused, degraded. ----------- */
 
-Test(leased, keys_past_the_cap_are_refused_and_counted)
+Test(leased, keys_past_the_cap_are_refused_counted_and_logged)
 {
-    test_agent t;
-    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
-                    "  - {name: per-key, match: api_key, limit: 100, "
-                    "period: 1d, mode: leased, on_error: deny}\n"
-                    "local: {max_keys: 3}\n");
-    /* The warm-up key is one of the three. */
-    cr_assert(test_check(&t, "api_key=cap-1", NULL).allowed);
-    cr_assert(test_check(&t, "api_key=cap-2", NULL).allowed);
-    rl_decision d = test_check(&t, "api_key=cap-3", NULL);
-    cr_assert(d.degraded && !d.allowed, "a fourth key is on_error's");
-    rl_agent_counters c = counters(t.agent);
-    cr_assert_eq(c.leased_keys, 3);
+    char path[600];
+    snprintf(path, sizeof path, "%s/leased-cap-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "store: {url: \"redis://%s\"}\nlocal: {max_keys: 2}\n"
+            "rules:\n  - {name: per-key, match: api_key, limit: 100, "
+            "period: 1d, mode: leased, on_error: deny}\n",
+            test_env("RL_TEST_REDIS"));
+    fclose(f);
+    static test_log log;
+    test_log_init(&log);
+    rl_config *cfg;
+    rl_agent *agent = test_agent_on(path, &cfg, &log);
+    char keys[3][64];
+    rl_decision d[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(keys[i], sizeof keys[i], "cap-%d-%llu", i,
+                 (unsigned long long)test_now_us());
+        rl_attr attr = {"api_key", keys[i], strlen(keys[i])};
+        cr_assert_eq(rl_check(agent, &attr, 1, 1, &d[i]), RL_OK);
+    }
+    cr_assert(d[0].allowed && !d[0].degraded);
+    cr_assert(d[1].allowed && !d[1].degraded);
+    cr_assert(d[2].degraded && !d[2].allowed, "a third key is on_error's");
+    rl_agent_counters c = counters(agent);
+    cr_assert_eq(c.leased_keys, 2);
     cr_assert_eq(c.leased_keys_refused, 1);
     cr_assert_eq(c.store_errors, 0, "a refused key is not a store error");
-    cr_assert(test_check(&t, "api_key=cap-1", NULL).allowed);
-    test_agent_close(&t);
+    cr_assert(test_log_wait(&log, "event=leased_keys_capped", "refused=1",
+                            2000), "no leased_keys_capped line:\n%s",
+              log.text);
+    rl_attr again = {"api_key", keys[0], strlen(keys[0])};
+    rl_decision a;
+    cr_assert_eq(rl_check(agent, &again, 1, 1, &a), RL_OK);
+    cr_assert(a.allowed && !a.degraded, "a key it holds is served");
+    rl_agent_close(agent);
+    rl_config_free(cfg);
 }
 
 /* --- rlctl bucket: a leased rule's bucket, leases counted as taken. ---- */
