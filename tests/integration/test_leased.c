@@ -91,19 +91,26 @@ TEST_BOTH_MODES(leased, remaining_is_the_buckets_less_what_was_spent)
 
 /* --- 1. Fifty threads on two agents, one bucket of 100. ---------------- */
 
-struct contender {
+/* A thread's checks on one key until until_ms: as fast as it can
+ * (every_ms 0), or one every every_ms from start_ms. */
+struct checker {
     rl_agent *agent;
     const char *key;
-    uint64_t until_ms;
+    uint64_t start_ms, until_ms;
+    unsigned every_ms;
     atomic_int *allowed;
-    atomic_int *errors;
+    atomic_int *errors;         /* failed or degraded */
 };
 
-static void *contend(void *arg)
+static void *run_checks(void *arg)
 {
-    struct contender *c = arg;
+    struct checker *c = arg;
     rl_attr attr = {"api_key", c->key, strlen(c->key)};
-    while (test_now_ms() < c->until_ms) {
+    for (uint64_t next = c->start_ms; test_now_ms() < c->until_ms;
+         next += c->every_ms) {
+        uint64_t now = test_now_ms();
+        if (now < next)
+            test_sleep_ms((unsigned)(next - now));
         rl_decision d;
         if (rl_check(c->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
             atomic_fetch_add(c->errors, 1);
@@ -125,13 +132,13 @@ static void fifty_threads_two_agents(rl_agent *const agents[2],
 {
     atomic_int allowed = 0, errors = 0;
     pthread_t threads[50];
-    struct contender c[2];
+    struct checker c[2];
     uint64_t start = test_now_ms();
     for (int i = 0; i < 2; i++)
-        c[i] = (struct contender){agents[i], key, start + 1000, &allowed,
-                                  &errors};
+        c[i] = (struct checker){agents[i], key, 0, start + 1000, 0,
+                                &allowed, &errors};
     for (int i = 0; i < 50; i++)
-        cr_assert_eq(pthread_create(&threads[i], NULL, contend, &c[i % 2]),
+        cr_assert_eq(pthread_create(&threads[i], NULL, run_checks, &c[i % 2]),
                      0);
     for (int i = 0; i < 50; i++)
         pthread_join(threads[i], NULL);
@@ -213,33 +220,6 @@ Test(leased, one_agent_cannot_hoard_the_bucket)
 
 /* --- 2. Ten agents at ten times the limit. ----------------------------- */
 
-struct paced {
-    rl_agent *agent;
-    const char *key;
-    uint64_t start_ms, until_ms;
-    unsigned every_ms;
-    atomic_int *allowed;
-    atomic_int *errors;
-};
-
-static void *paced_checks(void *arg)
-{
-    struct paced *p = arg;
-    rl_attr attr = {"api_key", p->key, strlen(p->key)};
-    for (uint64_t next = p->start_ms; next < p->until_ms;
-         next += p->every_ms) {
-        uint64_t now = test_now_ms();
-        if (now < next)
-            test_sleep_ms((unsigned)(next - now));
-        rl_decision d;
-        if (rl_check(p->agent, &attr, 1, 1, &d) != RL_OK || d.degraded)
-            atomic_fetch_add(p->errors, 1);
-        else if (d.allowed)
-            atomic_fetch_add(p->allowed, 1);
-    }
-    return NULL;
-}
-
 /* 50 a second, burst 50, fleet_size 10; each of ten agents is offered
  * 50 a second (one every 20 ms) for three seconds: 500 a second in all.
  * At most the burst plus the refill; at least nine tenths of the refill
@@ -254,12 +234,12 @@ Test(leased, ten_agents_at_ten_times_the_limit_admit_the_limit)
         test_agent_open(&t[i], NULL, TEST_FCALL, NULL, NULL, rules);
     atomic_int allowed = 0, errors = 0;
     pthread_t threads[10];
-    struct paced p[10];
+    struct checker p[10];
     uint64_t start = test_now_ms() + 20;
     for (int i = 0; i < 10; i++) {
-        p[i] = (struct paced){t[i].agent, "ten-agents", start + 2 * i,
-                              start + 3000, 20, &allowed, &errors};
-        cr_assert_eq(pthread_create(&threads[i], NULL, paced_checks, &p[i]),
+        p[i] = (struct checker){t[i].agent, "ten-agents", start + 2 * i,
+                                start + 3000, 20, &allowed, &errors};
+        cr_assert_eq(pthread_create(&threads[i], NULL, run_checks, &p[i]),
                      0);
     }
     for (int i = 0; i < 10; i++)
