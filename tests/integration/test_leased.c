@@ -674,3 +674,44 @@ Test(leased, async_checks_take_from_the_same_hand)
     }
     test_agent_close(&t);
 }
+
+/* --- Overrides: a key leases at the rate that applies to it. ----------- */
+
+Test(leased, a_keys_override_rate_is_the_rate_it_leases_at)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - name: per-key\n"
+                    "    match: api_key\n"
+                    "    limit: 100\n"
+                    "    period: 1d\n"
+                    "    mode: leased\n"
+                    "    overrides:\n"
+                    "      - {values: [small], limit: 3, name: small}\n"
+                    "      - {when: {plan: big}, limit: 5, name: big}\n");
+    redisContext *c = test_redis_connect(t.addr);
+    freeReplyObject(test_redis_command(c, "DEL rl:key:small rl:key:tier"));
+    for (int i = 0; i < 5; i++) {
+        rl_decision d = test_check(&t, "api_key=small", NULL);
+        cr_assert(!d.degraded);
+        cr_assert_eq(d.allowed, i < 3, "check %d", i);
+        cr_assert_eq(d.limit, 3);
+        cr_assert_str_eq(d.override, "small");
+    }
+    /* A `when` override moves a key between rates: what was leased at
+     * one goes back at it, and the key leases again at the other. */
+    for (int i = 0; i < 4; i++) {
+        rl_decision d = i % 2 == 0
+                            ? test_check(&t, "api_key=tier", "plan=big", NULL)
+                            : test_check(&t, "api_key=tier", NULL);
+        cr_assert(d.allowed && !d.degraded, "check %d", i);
+        cr_assert_eq(d.limit, i % 2 == 0 ? 5 : 100, "check %d", i);
+    }
+    test_agent_close(&t);
+    /* Three of three spent at 3 a day, nothing held: a day to full. */
+    redisReply *r = test_redis_command(c, "PTTL rl:key:small");
+    cr_assert(r->integer > 86300000 && r->integer <= 86400000, "PTTL %lld",
+              r->integer);
+    freeReplyObject(r);
+    redisFree(c);
+}
