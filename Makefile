@@ -81,6 +81,7 @@ BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
+BENCH_LEASED = $(BUILD)/bench/bench-leased
 PROFILE = $(BUILD)/bench/profile
 
 .PHONY: all deps test asan tsan bench profile fuzz mutants run install \
@@ -173,6 +174,10 @@ $(BENCH_OVERRIDES): $(call obj,tests/bench/bench_overrides.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_LEASED): $(call obj,tests/bench/bench_leased.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
             $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -183,7 +188,7 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(BENCH_ALONE) \
-       $(BENCH_OVERRIDES) $(RUNNER) $(TESTS)
+       $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target

@@ -14,6 +14,24 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The end of the I/O thread's part of a close: the store, the sync and
+ * the handles go, and the loop runs out. */
+static void finish_close(void *arg)
+{
+    rl_agent *a = arg;
+    rl_sync *sync = a->closing_sync;
+    rl_store_close(a->store);
+    a->store = NULL;
+    if (a->io_leased)
+        rl_leased_stop(&a->leased);
+    if (sync != NULL && rl_sync_started(sync))
+        rl_sync_stop(sync);
+    else
+        rl_sync_free(sync);
+    uv_close((uv_handle_t *)&a->wakeup, NULL);
+    uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+}
+
 /* Runs on the I/O thread when woken: takes every queued request at once,
  * so that all of them are written to the store in one batch. */
 static void on_wakeup(uv_async_t *handle)
@@ -50,17 +68,22 @@ static void on_wakeup(uv_async_t *handle)
         req = next;
     }
     if (closing) {
+        if (a->io_closing)
+            return; /* woken again while leases go back */
+        a->io_closing = true;
         rl_exact_finalize_all(a);
-        rl_store_close(a->store);
-        a->store = NULL;
-        if (sync != NULL && rl_sync_started(sync))
-            rl_sync_stop(sync);
+        a->closing_sync = sync;
+        /* Leased tokens go back before the store closes (within one
+         * deadline). */
+        if (a->io_leased)
+            rl_leased_close(&a->leased, a->store_config.timeout_ms,
+                            finish_close, a);
         else
-            rl_sync_free(sync);
-        uv_close((uv_handle_t *)&a->wakeup, NULL);
-        uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+            finish_close(a);
         return;
     }
+    if (a->io_leased)
+        rl_leased_drain(&a->leased);
     rl_exact_arm_deadline(a);
 }
 
@@ -69,12 +92,16 @@ static void io_thread(void *arg)
     rl_agent *a = arg;
     /* Its own generation's modes: a reload may be adding others (the
      * I/O thread makes those when it takes the generation up). */
-    if (a->io_gen->has_exact) {
+    if (a->io_gen->has_exact || a->io_gen->has_leased) {
         a->store = rl_store_new(&a->loop, &a->store_config,
                                 &rl_bucket_scripts, &a->store_counters,
                                 &a->log);
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    }
+    if (a->has_leased) {
+        rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
+        a->io_leased = true;
     }
     if (a->io_gen->has_synced)
         rl_sync_start(a->sync, &a->loop);
@@ -161,6 +188,8 @@ static void free_agent(rl_agent *a)
         rl_local_fini(&a->local);
     if (a->has_fallback)
         rl_local_fini(&a->fallback);
+    if (a->has_leased)
+        rl_leased_fini(&a->leased);
     rl_gen_free(atomic_load(&a->gen));
     while (a->retired != NULL) {
         rl_gen *g = a->retired;
@@ -302,6 +331,15 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
     if (a->has_fallback) {
         out->fallback_keys = atomic_load(&a->fallback.n_entries);
         out->fallback_keys_refused = atomic_load(&a->fallback.keys_refused);
+    }
+    if (a->has_leased) {
+        const rl_leased *l = &a->leased;
+        out->leased_keys = atomic_load(&l->n_entries);
+        out->leased_keys_refused = atomic_load(&l->keys_refused);
+        out->leases_taken = atomic_load(&l->leases);
+        out->lease_tokens_taken = atomic_load(&l->lease_tokens);
+        out->leases_returned = atomic_load(&l->returns);
+        out->lease_tokens_returned = atomic_load(&l->returned_tokens);
     }
     pthread_mutex_unlock(&a->reload_lock);
     return RL_OK;

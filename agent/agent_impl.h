@@ -17,6 +17,7 @@
 #include "fallback.h"
 #include "gen.h"
 #include "ident.h"
+#include "leased.h"
 #include "local.h"
 #include "stats.h"
 #include "store.h"
@@ -48,6 +49,9 @@ typedef struct rl_rule_state {
     const rl_override *override;
     const rl_limit *rate;
     bool shadow;                /* likewise: charged, never decides */
+    /* A leased rule the caller could not decide: the I/O thread does, so
+     * its outcome is the I/O thread's, as an exact rule's. */
+    bool via_io;
     uint32_t key_offset;        /* likewise: into req->keys */
     uint32_t key_len;
     rl_outcome outcome;         /* I/O thread only */
@@ -143,6 +147,13 @@ struct rl_agent {
      * fleet's rate, for when the store does not answer (fallback.h). */
     bool has_fallback;
     rl_local fallback;
+
+    /* Leased rules: tokens in hand per key (leased.h). */
+    bool has_leased;
+    rl_leased leased;
+    bool io_leased;               /* I/O thread: it serves leased keys */
+    bool io_closing;              /* I/O thread: the close has begun */
+    rl_sync *closing_sync;        /* I/O thread: stopped at the close's end */
 
     rl_stats stats;
 };

@@ -159,7 +159,8 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
 
 /* With charge: first_reject, a rejection here means no exact rule is
  * charged; a shadow rule's is not the request's. The value is the key's
- * tail, after the rule's prefix. */
+ * tail, after the rule's prefix. A leased rule is decided here when its
+ * hand can; else it goes to the I/O thread with the exact rules. */
 static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
 {
     bool rejected = false;
@@ -168,10 +169,21 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
         if (rs->rule->mode == RL_MODE_EXACT)
             continue;
         size_t prefix = strlen(rs->rule->key_prefix);
-        int rc = decide_here(a, g, req->keys + rs->key_offset + prefix,
-                             rs->key_len - prefix, req->cost, rs);
-        if (rc != RL_OK)
-            return rc;
+        const char *value = req->keys + rs->key_offset + prefix;
+        size_t len = rs->key_len - prefix;
+        if (rs->rule->mode == RL_MODE_LEASED) {
+            /* From the hand if it can; else it waits on the I/O thread. */
+            if (rl_leased_check(&a->leased, ident_of(g, rs->rule), rs->rate,
+                                value, len, rl_key_hash_value(value, len),
+                                req->cost, &rs->reply))
+                rs->outcome = RL_OUTCOME_ANSWERED;
+            else
+                rs->via_io = true;
+        } else {
+            int rc = decide_here(a, g, value, len, req->cost, rs);
+            if (rc != RL_OK)
+                return rc;
+        }
         rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
                     && !rs->shadow;
     }
@@ -325,6 +337,15 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
  * lock but a local bucket's. */
 #define LOCAL_RULES_MAX 16
 
+static bool any_leased(const rl_rule_state *states, int k)
+{
+    for (int i = 0; i < k; i++) {
+        if (states[i].rule->mode == RL_MODE_LEASED)
+            return true;
+    }
+    return false;
+}
+
 /* One rule whose on_error decides (its key over the cap): decided from
  * the reply already had (or, with on_error: local, its fallback bucket).
  * Spending again through the general path would count the refused key
@@ -344,24 +365,36 @@ static void decide_one_degraded(rl_agent *a, rl_gen *g,
 }
 
 /* One enforced rule at rs's rate: decided and counted without the general
- * machinery. value_hash is the value's rl_key_hash_value. */
-static void decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
+ * machinery. value_hash is the value's rl_key_hash_value. False only for
+ * a leased rule whose hand cannot decide: the general way then. */
+static bool decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
                        const char *value, size_t len, uint64_t value_hash,
                        uint32_t cost, rl_decision *out, int *rc)
 {
     rl_bucket_reply reply;
     bool degraded;
+    if (rs->rule->mode == RL_MODE_LEASED) {
+        *rc = RL_OK;
+        if (!rl_leased_check(&a->leased, ident_of(g, rs->rule), rs->rate,
+                             value, len, value_hash, cost, &reply))
+            return false;
+        rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);
+        rl_stats_count_one(&g->stats, (size_t)(rs->rule - g->config->rules),
+                           reply.allowed);
+        return true;
+    }
     *rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
                      len, value_hash, cost, &reply, &degraded);
     if (*rc != RL_OK)
-        return;
+        return true;
     if (degraded) {
         decide_one_degraded(a, g, rs, &reply, value, len, cost, out);
-        return;
+        return true;
     }
     rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);
     rl_stats_count_one(&g->stats, (size_t)(rs->rule - g->config->rules),
                        reply.allowed);
+    return true;
 }
 
 /* decide_locally for requests some rule of issue 15's kind applies to (a
@@ -397,12 +430,12 @@ decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
                                     .shadow = aps[k].shadow};
         k++;
     }
-    if (k == 1 && !states[0].shadow) {
-        decide_one(a, g, &states[0], aps[0].value, aps[0].len,
-                   rl_key_hash_value(aps[0].value, aps[0].len), cost, out,
-                   rc);
-        return true;
-    }
+    if (k == 1 && !states[0].shadow)
+        return decide_one(a, g, &states[0], aps[0].value, aps[0].len,
+                          rl_key_hash_value(aps[0].value, aps[0].len), cost,
+                          out, rc);
+    if (any_leased(states, k))
+        return false;
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, g, aps[i].value, aps[i].len, cost,
                                &states[i])) != RL_OK)
@@ -414,11 +447,15 @@ decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
 }
 
 /* Several synced or local rules, their states made: each decided here,
- * then the request. Always true (decided, or *rc says why not). */
+ * then the request. True when decided (or *rc says why not); false when
+ * a leased rule is among them: the general way, which decides what it
+ * can here and sends the rest to the I/O thread. */
 static bool decide_states(rl_agent *a, rl_gen *g, rl_rule_state *states,
                           const rl_attr *const *values, int k, uint32_t cost,
                           rl_decision *out, int *rc)
 {
+    if (any_leased(states, k))
+        return false;
     for (int i = 0; i < k; i++) {
         if ((*rc = decide_here(a, g, values[i]->value, values[i]->value_len,
                                cost, &states[i])) != RL_OK)
@@ -484,8 +521,8 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             hash = rl_key_hash_value(v->value, v->value_len);
         rl_rule_state one = {.rule = r, .override = overrides[0],
                              .rate = rl_rule_rate(r, overrides[0])};
-        decide_one(a, g, &one, v->value, v->value_len, hash, cost, out, rc);
-        return true;
+        return decide_one(a, g, &one, v->value, v->value_len, hash, cost,
+                          out, rc);
     }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)
@@ -522,9 +559,9 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
         const rl_rule *r = &cfg->rules[index[0]];
         rl_rule_state one = {.rule = r, .rate = &r->own};
         const rl_attr *v = values[0];
-        decide_one(a, g, &one, v->value, v->value_len,
-                   rl_key_hash_value(v->value, v->value_len), cost, out, rc);
-        return true;
+        return decide_one(a, g, &one, v->value, v->value_len,
+                          rl_key_hash_value(v->value, v->value_len), cost,
+                          out, rc);
     }
     rl_rule_state states[LOCAL_RULES_MAX];
     for (int i = 0; i < k; i++)

@@ -17,6 +17,8 @@
  */
 #include "agent_impl.h"
 
+#include <string.h>
+
 static void live_insert(rl_agent *a, rl_request *req)
 {
     rl_request *after = a->live_tail;
@@ -164,6 +166,17 @@ static void send_rule(rl_agent *a, rl_rule_state *rs)
         on_rule_reply(rs, NULL, "no store");
         return;
     }
+    if (rs->rule->mode == RL_MODE_LEASED) {
+        /* Waits for the key's lease (leased.c), not a bucket call. */
+        const rl_rule *r = rs->rule;
+        size_t prefix = strlen(r->key_prefix);
+        rl_leased_wait(&a->leased, r, req->gen->idents[r - req->gen->config
+                                                              ->rules],
+                       rs->rate != NULL ? rs->rate : &r->own,
+                       req->keys + rs->key_offset, rs->key_len,
+                       rs->key_len - prefix, req->cost, on_rule_reply, rs);
+        return;
+    }
     rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset, rs->key_len,
                   req->cost, on_rule_reply, rs);
 }
@@ -220,8 +233,10 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
         rs->reply = *reply;
     } else {
         rs->outcome = RL_OUTCOME_FAILED;
-        atomic_fetch_add_explicit(&a->stats.store_errors, 1,
-                                  memory_order_relaxed);
+        /* A leased key over the cap is not the store's failure. */
+        if (error != rl_leased_refused)
+            atomic_fetch_add_explicit(&a->stats.store_errors, 1,
+                                      memory_order_relaxed);
         rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered",
                "rule=%s reason=\"%s\"", rs->rule->name, error);
     }

@@ -32,6 +32,7 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
         g->has_local |= r->mode == RL_MODE_LOCAL;
         g->has_exact |= r->mode == RL_MODE_EXACT;
         g->has_fallback |= r->on_error == RL_ON_ERROR_LOCAL;
+        g->has_leased |= r->mode == RL_MODE_LEASED;
     }
     g->by_value &= !other;
     atomic_init(&g->refs, 0);

@@ -31,7 +31,7 @@ typedef struct rl_gen {
     rl_bucket_args *args;         /* one per rule, by rule index */
     rl_ident **idents;            /* likewise */
     rl_stats stats;               /* checks decided under it */
-    bool has_synced, has_local, has_exact;
+    bool has_synced, has_local, has_exact, has_leased;
     bool has_fallback;            /* a rule with on_error: local */
     /* Every rule plain or by_value (bucket.h), one by_value at least:
      * checks go straight to check.c's path for such rules. */

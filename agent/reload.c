@@ -80,12 +80,19 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
         g->idents[i]->io_rule = &c->rules[i];
     if (!quiet)
         rl_agent_warn_fleet_unknown(a, g);
-    if (!quiet && g->has_exact && a->store == NULL) {
+    if (!quiet && (g->has_exact || g->has_leased) && a->store == NULL) {
         a->store = rl_store_new(&a->loop, &a->store_config,
                                 &rl_bucket_scripts, &a->store_counters,
                                 &a->log);
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
+    }
+    if (!quiet && a->has_leased) {
+        rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
+        a->io_leased = true;
+        /* Removed rules and changed rates give their tokens back. */
+        if (old != NULL && old != g)
+            rl_leased_reloaded(&a->leased);
     }
     /* Made by a reload's thread, under the queue lock. */
     pthread_mutex_lock(&a->queue_lock);
@@ -123,6 +130,14 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
     if (g->has_fallback && !a->has_fallback) {
         rl_local_init(&a->fallback, a->config->local_max_keys);
         a->has_fallback = true;
+    }
+    /* Leased keys count against local.max_keys too (each kind its own):
+     * both are per-key state in this process. */
+    if (g->has_leased && !a->has_leased) {
+        if (rl_leased_init(&a->leased, a->config->local_max_keys,
+                           &a->wakeup, &a->closing) != RL_OK)
+            return rl_error_set(err, RL_ENOMEM, "out of memory");
+        a->has_leased = true;
     }
     if (!g->has_synced || a->has_synced)
         return RL_OK;

@@ -198,8 +198,9 @@ typedef struct rl_decision {
     char rule[RL_RULE_NAME_MAX + 1];
     uint64_t limit;     /* the rule's tokens per period */
     uint64_t period_ms; /* the rule's period */
-    /* Whole tokens left in its bucket (exact rules), or the fleet's room
-     * as this agent estimates it (synced rules). */
+    /* Whole tokens left in its bucket (exact rules; leased rules: as the
+     * last lease saw it, plus the tokens this agent holds), or the fleet's
+     * room as this agent estimates it (synced rules). */
     uint64_t remaining;
     /* Until its bucket is full again (exact), or its window ends
      * (synced). */
@@ -228,7 +229,10 @@ typedef struct rl_decision {
  * A request that no rule applies to is allowed at once, without a round
  * trip. Synced rules are decided from local counts with no network call;
  * a request only synced rules apply to never waits (no lock, no
- * allocation, no system call once its keys have been seen). Thread-safe:
+ * allocation, no system call once its keys have been seen). A leased rule
+ * spends tokens this agent holds, with no network call; it waits one
+ * round trip only for a key's first lease, or when its hand is empty and
+ * the bucket not known to be dry. Thread-safe:
  * any number of threads may check at once.
  *
  * Returns RL_OK with *out filled in (allowed or rejected alike), or without
@@ -297,6 +301,13 @@ typedef struct rl_agent_counters {
     /* on_error: local's fallback buckets held, and new keys refused a
      * bucket for the cap (local.max_keys; such a key's rule allows). */
     uint64_t fallback_keys, fallback_keys_refused;
+    /* Leased rules: keys holding leases and new keys refused for the cap
+     * (local.max_keys); lease calls made and the tokens they took; give-
+     * back calls (idle keys, reloads, close) and the tokens they returned.
+     * Tokens held now are taken less returned less spent. */
+    uint64_t leased_keys, leased_keys_refused;
+    uint64_t leases_taken, lease_tokens_taken;
+    uint64_t leases_returned, lease_tokens_returned;
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */

@@ -42,6 +42,11 @@
  * in a table of at most 1,024, emptied when full; a script sent with
  * EVALSHA starts with an empty one each call.
  *
+ * The library is rl_3 since it holds the lease function: an rl 2 agent
+ * reconnecting would FUNCTION LOAD REPLACE its rl_2 library, and a newer
+ * library under the same name would lose the lease to it. rl_3_bucket is
+ * rl_2_bucket, so agents of both versions share buckets.
+ *
  * rl 1 stored "LEVEL:TS" or "TAT [REM]" with the same expiry: this script
  * reads those keys by their expiry alone (a value it cannot read as a
  * remainder counts as none, at most 1 ms of refill short).
@@ -63,8 +68,10 @@
     "end\n"
 
 /* d: units short of full. whole: the interval is a whole number of ms, so
- * the expiry alone is exact and the value is never read. */
-#define LUA_BUCKET_BODY \
+ * the expiry alone is exact and the value is never read. LUA_READ reads
+ * the bucket, LUA_WRITE writes d back; the bucket and the lease share
+ * both, so a leased rule's key is an exact rule's key, to the unit. */
+#define LUA_READ \
     "  local call, key = redis.call, KEYS[1]\n" \
     "  local burst, limit = num(ARGV[1]), num(ARGV[2])\n" \
     "  local period, cost = num(ARGV[3]), num(ARGV[4])\n" \
@@ -78,14 +85,9 @@
     "      if rem and rem > 0 and rem < limit then d = d - rem end\n" \
     "    end\n" \
     "    d = math.min(cap, d)\n" \
-    "  end\n" \
-    "  if need < 0 then\n" \
-    "    d = math.max(0, d + need)\n" \
-    "  elseif d + need <= cap then\n" \
-    "    d = d + need\n" \
-    "  else\n" \
-    "    return -d - 1\n" \
-    "  end\n" \
+    "  end\n"
+
+#define LUA_WRITE \
     "  local full_in = math.ceil(d / limit)\n" \
     "  if d == 0 then\n" \
     "    call('DEL', key)\n" \
@@ -95,8 +97,31 @@
     "    call('PEXPIRE', key, full_in)\n" \
     "  else\n" \
     "    call('SET', key, '0', 'PX', full_in)\n" \
+    "  end\n"
+
+#define LUA_BUCKET_BODY \
+    LUA_READ \
+    "  if need < 0 then\n" \
+    "    d = math.max(0, d + need)\n" \
+    "  elseif d + need <= cap then\n" \
+    "    d = d + need\n" \
+    "  else\n" \
+    "    return -d - 1\n" \
     "  end\n" \
+    LUA_WRITE \
     "  return d\n"
+
+/* The lease: the same arguments, cost being the most tokens wanted. It
+ * takes as many whole tokens as the bucket holds, up to that, and answers
+ * {taken, d}: taken may be 0 (nothing is written then). Tokens go back
+ * through the bucket with a negative cost, never above capacity. */
+#define LUA_LEASE_BODY \
+    LUA_READ \
+    "  local n = math.min(cost, math.floor((cap - d) / period))\n" \
+    "  if n <= 0 then return {0, d} end\n" \
+    "  d = d + n * period\n" \
+    LUA_WRITE \
+    "  return {n, d}\n"
 
 const char rl_library_source[] =
     "#!lua name=" RL_LIBRARY_NAME "\n"
@@ -104,7 +129,11 @@ const char rl_library_source[] =
     "local function bucket(KEYS, ARGV)\n"
     LUA_BUCKET_BODY
     "end\n"
-    "redis.register_function('" RL_FUNCTION_BUCKET "', bucket)\n";
+    "local function lease(KEYS, ARGV)\n"
+    LUA_LEASE_BODY
+    "end\n"
+    "redis.register_function('" RL_FUNCTION_BUCKET "', bucket)\n"
+    "redis.register_function('" RL_FUNCTION_LEASE "', lease)\n";
 
 /* Before Redis 5 a script that writes after a non-deterministic read needs
  * effects replication switched on; from 5 on it is the default and this is
@@ -115,12 +144,16 @@ const char rl_library_source[] =
 static const char bucket_script[] =
     LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_BUCKET_BODY;
 
-static const char *const functions[] = {RL_FUNCTION_BUCKET};
-static const char *const sources[] = {bucket_script};
+static const char lease_script[] =
+    LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_LEASE_BODY;
+
+static const char *const functions[] = {RL_FUNCTION_BUCKET,
+                                        RL_FUNCTION_LEASE};
+static const char *const sources[] = {bucket_script, lease_script};
 
 const rl_script_set rl_bucket_scripts = {
     .library = rl_library_source,
     .functions = functions,
     .sources = sources,
-    .n = 1,
+    .n = 2,
 };

@@ -1,6 +1,8 @@
 /*
- * scripts.h: the bucket script that runs inside Redis, as a function
- * library (Redis 7+) and as a plain script (EVALSHA). Private to librl.
+ * scripts.h: the bucket script that runs inside Redis, and the lease
+ * script that takes many of its tokens at once (mode: leased), as a
+ * function library (Redis 7+) and as plain scripts (EVALSHA). Private to
+ * librl.
  */
 #ifndef RL_AGENT_SCRIPTS_H
 #define RL_AGENT_SCRIPTS_H
@@ -10,8 +12,12 @@
 /* The library's name and its functions' names. The version is in the name
  * so that agents of two rl versions sharing a Redis never replace each
  * other's functions. */
-#define RL_LIBRARY_NAME "rl_2"
-#define RL_FUNCTION_BUCKET "rl_2_bucket"
+#define RL_LIBRARY_NAME "rl_3"
+#define RL_FUNCTION_BUCKET "rl_3_bucket"
+#define RL_FUNCTION_LEASE "rl_3_lease"
+
+/* Their indexes in rl_bucket_scripts, for rl_store_run. */
+enum { RL_SCRIPT_BUCKET, RL_SCRIPT_LEASE };
 
 /* The library's source for FUNCTION LOAD REPLACE. */
 extern const char rl_library_source[];

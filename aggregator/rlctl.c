@@ -261,6 +261,9 @@ static void print_view_json(const rlctl_view *v)
                (unsigned long long)v->full_in_ms);
     if (r->mode != RL_MODE_SYNCED) {
         rlctl_json_string(v->state);
+        /* The store cannot tell leased tokens apart from spent ones. */
+        if (r->mode == RL_MODE_LEASED)
+            printf(",\"leases\":\"counted as taken\"");
         printf("}");
     }
 }
@@ -286,6 +289,10 @@ static void print_view(const rlctl_view *v)
                rl_algorithm_name(r->algorithm));
         printf("full in:     %llu ms\n", (unsigned long long)v->full_in_ms);
         printf("state:       %s\n", v->exists ? v->state : "-");
+        if (r->mode == RL_MODE_LEASED)
+            printf("leases:      counted as taken: tokens agents hold and "
+                   "have not spent are not in the bucket (they come back "
+                   "when a key is idle, on reload and at close)\n");
     }
     if (v->ttl_ms >= 0)
         printf("ttl:         %lld ms\n", v->ttl_ms);

@@ -76,20 +76,41 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
                   (unsigned long long)s->exact_p99_us,
                   (unsigned long long)s->exact_checks);
     family(b, "rl_keys", "gauge", "Keys tracked in the agent, by mode "
-           "(fallback: on_error: local's buckets).");
+           "(fallback: on_error: local's buckets; leased: keys holding "
+           "leases).");
     gw_buf_printf(b, "rl_keys{mode=\"synced\"} %llu\nrl_keys{mode=\"local\"} "
-                  "%llu\nrl_keys{mode=\"fallback\"} %llu\n",
+                  "%llu\nrl_keys{mode=\"fallback\"} %llu\n"
+                  "rl_keys{mode=\"leased\"} %llu\n",
                   (unsigned long long)s->synced_keys,
                   (unsigned long long)s->local_keys,
-                  (unsigned long long)s->fallback_keys);
+                  (unsigned long long)s->fallback_keys,
+                  (unsigned long long)s->leased_keys);
     family(b, "rl_keys_refused_total", "counter",
            "New keys refused for a key cap, by mode.");
     gw_buf_printf(b, "rl_keys_refused_total{mode=\"synced\"} %llu\n"
                   "rl_keys_refused_total{mode=\"local\"} %llu\n"
-                  "rl_keys_refused_total{mode=\"fallback\"} %llu\n",
+                  "rl_keys_refused_total{mode=\"fallback\"} %llu\n"
+                  "rl_keys_refused_total{mode=\"leased\"} %llu\n",
                   (unsigned long long)s->synced_keys_refused,
                   (unsigned long long)s->local_keys_refused,
-                  (unsigned long long)s->fallback_keys_refused);
+                  (unsigned long long)s->fallback_keys_refused,
+                  (unsigned long long)s->leased_keys_refused);
+    family(b, "rl_leases_total", "counter",
+           "Lease calls made for leased rules.");
+    gw_buf_printf(b, "rl_leases_total %llu\n",
+                  (unsigned long long)s->leases_taken);
+    family(b, "rl_lease_tokens_total", "counter",
+           "Tokens the leases took from their buckets.");
+    gw_buf_printf(b, "rl_lease_tokens_total %llu\n",
+                  (unsigned long long)s->lease_tokens_taken);
+    family(b, "rl_lease_returns_total", "counter",
+           "Give-back calls of leased tokens (idle keys, reloads, close).");
+    gw_buf_printf(b, "rl_lease_returns_total %llu\n",
+                  (unsigned long long)s->leases_returned);
+    family(b, "rl_lease_returned_tokens_total", "counter",
+           "Leased tokens given back to their buckets.");
+    gw_buf_printf(b, "rl_lease_returned_tokens_total %llu\n",
+                  (unsigned long long)s->lease_tokens_returned);
 }
 
 static void shard_metrics(gw_buf *b, rl_agent *agent)

@@ -61,6 +61,8 @@ section exact "$runner" -- "$build/bench/bench-exact"
 echo "bench: synced path"
 section synced "$runner" -- "$build/bench/bench-synced" \
     "$build/bin/rl-aggregator"
+echo "bench: one hot key, exact against leased"
+section leased "$runner" -- "$build/bench/bench-leased"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
 
@@ -163,7 +165,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced overrides fleet cluster; do
+    for name in exact synced leased overrides fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo
