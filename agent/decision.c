@@ -31,6 +31,7 @@ typedef struct verdict {
     bool counts;      /* false for a rule that was not checked */
     bool allowed;
     bool degraded;
+    bool fallback;    /* answered by on_error: local's bucket */
     uint64_t remaining;
     uint64_t reset_ms;
     int64_t retry_ms;
@@ -79,6 +80,7 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered,
         if (given_up ? fallback != NULL && fallback(arg, rs, &reply)
                      : rs->fallback) {
             from_reply(&v, given_up ? &reply : &rs->reply);
+            v.fallback = true;
             return v;
         }
         v.allowed = rs->rule->on_error != RL_ON_ERROR_DENY;
@@ -237,6 +239,7 @@ static void decide(const rl_rule_state *rules, int n, bool unanswered,
     if (pick >= 0)
         describe(out, rules[pick].rule, rules[pick].override,
                  rate_of(&rules[pick]), &chosen);
+    out->fallback = chosen.fallback;
 }
 
 void rl_decide_one(const rl_rule *rule, const rl_override *o,
@@ -248,6 +251,7 @@ void rl_decide_one(const rl_rule *rule, const rl_override *o,
      * hot path. */
     out->allowed = reply->allowed;
     out->degraded = false;
+    out->fallback = false;
     out->shadow_rejected = 0;
     verdict v = {.counts = true, .allowed = reply->allowed,
                  .remaining = reply->remaining, .reset_ms = reply->reset_ms,

@@ -219,6 +219,10 @@ typedef struct rl_decision {
      * order. */
     unsigned shadow_rejected;
     char shadow_rules[RL_SHADOW_NAMES_MAX][RL_RULE_NAME_MAX + 1];
+    /* The deciding rule was decided by its on_error: local bucket (the
+     * store did not answer; degraded is set too): a rejection is this
+     * agent's share of the limit running out, not the store's absence. */
+    bool fallback;
 } rl_decision;
 
 /* rl_check decides one request: every rule whose attribute is present is

@@ -2,8 +2,9 @@
  * respond.c: the responses rl-gateway writes itself. Every response has a
  * Content-Length (keep-alive needs it) and says whether the connection
  * stays open. Decisions carry librl's RateLimit headers; a rejection is a
- * 429 with Retry-After and a JSON body naming the rule, or a 503 when the
- * store did not answer and the rule's on_error is deny. The body names the
+ * 429 with Retry-After and a JSON body naming the rule (also when an
+ * on_error: local bucket rejected), or a 503 when the store did not answer
+ * and the rule's on_error is deny. The body names the
  * rule, the limit and period that applied and the override that set them
  * ("default": the rule's own).
  */
@@ -72,9 +73,12 @@ static void decision_body(gw_buf *body, const rl_decision *d, int *status)
         gw_buf_printf(body, "}\n");
         return;
     }
-    *status = d->degraded ? 503 : 429;
+    /* A fallback bucket's rejection is a limit reached (this gateway's
+     * share of it): 429, as the store's would be. */
+    bool unavailable = d->degraded && !d->fallback;
+    *status = unavailable ? 503 : 429;
     gw_buf_printf(body, "{\"error\":\"%s\",\"rule\":",
-                  d->degraded ? "rate_limiter_unavailable" : "rate_limited");
+                  unavailable ? "rate_limiter_unavailable" : "rate_limited");
     json_string(body, d->rule);
     /* The limit that applied (an override's, when one did) and which. */
     gw_buf_printf(body, ",\"limit\":%llu,\"period_ms\":%llu,\"override\":",

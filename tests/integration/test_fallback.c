@@ -339,8 +339,9 @@ Test(fallback, rlctl_config_shows_on_error_local_and_fleet_size)
 
 /* A store that is never there (nothing listens on port 1): rl-gateway's
  * rule of 4 an hour among fleet_size 2 falls back to 2 per agent. The
- * fallback's admissions are 200s marked degraded, its rejection a 503
- * with the fallback bucket's Retry-After, and the metrics count them. */
+ * fallback's admissions are 200s marked degraded, its rejection a 429
+ * (the share is spent: a limit, not an outage) with the fallback bucket's
+ * Retry-After, and the metrics count them. */
 Test(fallback, the_gateway_answers_from_the_fallback_and_counts_it)
 {
     char metrics[32];
@@ -363,7 +364,8 @@ Test(fallback, the_gateway_answers_from_the_fallback_and_counts_it)
     }
     cr_assert_eq(status[0], 200);
     cr_assert_eq(status[1], 200);
-    cr_assert_eq(status[2], 503);
+    cr_assert_eq(status[2], 429);
+    cr_assert(strstr(r.body, "\"rate_limited\"") != NULL, "%s", r.body);
     /* Half of 4 an hour: a token every 30 minutes. */
     cr_assert_str_eq(test_http_header(&r, "Retry-After"), "1800");
     cr_assert_str_eq(test_http_header(&r, "RateLimit-Limit"), "4");

@@ -191,7 +191,7 @@ Test(fallback, a_caller_that_gives_up_asks_the_fallback)
     rl_decision d;
     asked = 0;
     rl_decide_unanswered(s, 2, empty_bucket, NULL, &d);
-    cr_assert(!d.allowed && d.degraded);
+    cr_assert(!d.allowed && d.degraded && d.fallback);
     cr_assert_str_eq(d.rule, "per-key");
     cr_assert_eq(d.retry_after_ms, 700);
     cr_assert_eq(asked, 2);
@@ -211,7 +211,7 @@ Test(fallback, on_error_allow_and_deny_are_unchanged)
     cr_assert_eq(d.remaining, 10);
     s = unanswered(&shut);
     rl_decide(&s, 1, &d);
-    cr_assert(!d.allowed && d.degraded);
+    cr_assert(!d.allowed && d.degraded && !d.fallback);
     cr_assert_eq(d.retry_after_ms, 1000);
     cr_assert_eq(d.remaining, 0);
 }
