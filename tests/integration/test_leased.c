@@ -39,16 +39,6 @@ static uint64_t store_calls(rl_agent *a)
     return calls;
 }
 
-static long long pttl(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *r = test_redis_command(c, "PTTL %s", key);
-    long long ms = r->integer;
-    freeReplyObject(r);
-    redisFree(c);
-    return ms;
-}
-
 /* Tokens refilled in elapsed_ms at limit per period_ms, rounded up. */
 static uint64_t refill(uint64_t elapsed_ms, uint64_t limit, uint64_t period)
 {
@@ -293,7 +283,7 @@ Test(leased, an_idle_key_gives_its_tokens_back_in_time)
                  (unsigned long long)c.allowed);
     uint64_t full_at = first + 50 * 50;
     test_sleep_ms((unsigned)(full_at + 30 - test_now_ms()));
-    long long ms = pttl(t.addr, "rl:key:idle");
+    long long ms = test_redis_pttl(t.addr, "rl:key:idle");
     cr_assert_eq(ms, -2, "the bucket is not full %llu ms after the first "
                  "check (PTTL %lld): the lease was not given back",
                  (unsigned long long)(test_now_ms() - first), ms);
@@ -331,7 +321,7 @@ static void spend_fifty(test_agent *t, const char *attr)
 /* Within 50 s of full (a second of refill allowed for the test's time). */
 static void expect_fifty_spent(const char *addr, const char *key)
 {
-    long long ms = pttl(addr, key);
+    long long ms = test_redis_pttl(addr, key);
     cr_assert(ms > 48000 && ms <= 50000,
               "PTTL %lld ms: 50 of 100 one-a-second tokens spent should "
               "leave 50 s", ms);
