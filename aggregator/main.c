@@ -55,6 +55,24 @@ const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
     return rl_config_synced_rule(agg->config, name.ptr, name.len);
 }
 
+bool rl_rule_needs_fleet(const rl_rule *rule)
+{
+    return rule->mode == RL_MODE_SYNCED
+           || rule->on_error == RL_ON_ERROR_LOCAL;
+}
+
+const rl_rule *rl_aggregator_fleet_rule(const rl_aggregator *agg,
+                                        rl_wire_bytes name)
+{
+    for (size_t i = 0; i < agg->config->n_rules; i++) {
+        const rl_rule *r = &agg->config->rules[i];
+        if (rl_rule_needs_fleet(r) && strlen(r->name) == name.len
+            && memcmp(r->name, name.ptr, name.len) == 0)
+            return r;
+    }
+    return NULL;
+}
+
 static void on_wakeup(uv_async_t *h)
 {
     rl_ingest_drain_ready(h->data);
