@@ -2,11 +2,12 @@
  * rlctl_view.c: see rlctl_view.h. The arithmetic is the bucket script's
  * (see agent/scripts.c): a bucket holds level / period_ms tokens and its
  * key's expiry is the time until it is full again; a missing key is a full
- * bucket. A synced rule's estimate is the
- * agent's: the previous window weighted by the part of it still inside the
- * sliding period, plus the current one.
+ * bucket. A synced rule's estimate is the agent's (wire.h): the counts of
+ * the sub-windows of the trailing period, the oldest counted whole.
  */
 #include "rlctl_view.h"
+
+#include "wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,9 +85,10 @@ static int read_synced(rlctl_store *s, const char *value,
                        size_t errlen)
 {
     const rl_rule *r = v->rule;
-    v->window = now / r->period_ms;
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+    v->window = now / g;
     window_key(s, r, value, v->window, v->key, sizeof v->key);
-    window_key(s, r, value, v->window - 1, v->previous_key,
+    window_key(s, r, value, v->window - RL_WIRE_SUBWINDOWS, v->previous_key,
                sizeof v->previous_key);
     char text[64];
     bool exists;
@@ -99,11 +101,18 @@ static int read_synced(rlctl_store *s, const char *value,
                  &v->exists, err, errlen) != 0)
         return -1;
     v->current = strtoull(v->state, NULL, 10);
-    uint64_t into = now % r->period_ms;
-    v->full_in_ms = r->period_ms - into; /* until this window ends */
-    v->estimate = v->current + (uint64_t)((double)v->previous
-                                          * (double)(r->period_ms - into)
-                                          / (double)r->period_ms);
+    /* The rest of the recent sub-windows, w-N+1..w-1. */
+    for (uint64_t back = 1; back < RL_WIRE_SUBWINDOWS; back++) {
+        char key[sizeof v->key];
+        window_key(s, r, value, v->window - back, key, sizeof key);
+        if (read_key(s, key, text, sizeof text, &ttl, &exists, err,
+                     errlen) != 0)
+            return -1;
+        v->current += strtoull(text, NULL, 10);
+    }
+    /* The oldest leaves the span when the next sub-window starts. */
+    v->full_in_ms = g - now % g;
+    v->estimate = v->current + v->previous;
     return 0;
 }
 
@@ -153,14 +162,28 @@ bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
     return false;
 }
 
+/* The key of window w beside the synced key `key` (same client). */
+static void sibling(const char *key, uint64_t w, char *out, size_t cap)
+{
+    const char *colon = strrchr(key, ':');
+    size_t base = colon != NULL ? (size_t)(colon - key) : strlen(key);
+    snprintf(out, cap, "%.*s:w%llu", (int)base, key, (unsigned long long)w);
+}
+
 long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
                             size_t errlen)
 {
     long long removed = 0;
-    const char *keys[2] = {v->key, v->previous_key};
-    for (int i = 0; i < 2 && keys[i][0] != '\0'; i++) {
-        redisContext *c = rlctl_store_for_key(s, keys[i], strlen(keys[i]));
-        redisReply *r = redisCommand(c, "DEL %s", keys[i]);
+    bool synced = v->rule->mode == RL_MODE_SYNCED;
+    size_t n = synced ? RL_WIRE_SUBWINDOWS + 1 : 1;
+    for (size_t i = 0; i < n; i++) {
+        char key[sizeof v->key];
+        if (synced)
+            sibling(v->key, v->window - i, key, sizeof key);
+        else
+            snprintf(key, sizeof key, "%s", v->key);
+        redisContext *c = rlctl_store_for_key(s, key, strlen(key));
+        redisReply *r = redisCommand(c, "DEL %s", key);
         if (r == NULL || r->type != REDIS_REPLY_INTEGER)
             return store_error(c, r, err, errlen);
         removed += r->integer;
