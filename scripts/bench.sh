@@ -61,6 +61,9 @@ section exact "$runner" -- "$build/bench/bench-exact"
 echo "bench: synced path"
 section synced "$runner" -- "$build/bench/bench-synced" \
     "$build/bin/rl-aggregator"
+echo "bench: synced accuracy over any span, five loads (about 2 minutes)"
+section accuracy "$runner" -- "$build/bench/bench-accuracy" \
+    "$build/bin/rl-aggregator"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
 
@@ -163,7 +166,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced overrides fleet cluster; do
+    for name in exact synced accuracy overrides fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo

@@ -559,7 +559,7 @@ static void ten_agents(const char *store, const char *label)
     long bound = LIMIT * 105 / 100;
     for (int w = 0; w < WINDOWS; w++) {
         fprintf(stderr, "synced fleet%s: window %d: offered %ld, admitted "
-                "%ld (limit %d, 90%% floor %d, bound %ld)\n", label,
+                "%ld (limit %d, 90%% floor %d, stated bound %ld)\n", label,
                 w, offered[w], admitted[w], LIMIT, LIMIT * 9 / 10, bound);
         cr_expect_geq(admitted[w], LIMIT * 9 / 10);
         cr_expect_leq(admitted[w], bound);
