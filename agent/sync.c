@@ -17,8 +17,9 @@
  *
  * Totals come on an nng SUB socket subscribed to those rules' topics;
  * each TOTALS message sets its rule's agent count and, for a synced rule,
- * gives every key of it a fresh share of what is left. nng's threads only
- * queue what they received and wake the loop.
+ * brings its keys' totals up to date and gives them a fresh share of what
+ * is left, as every tick does (synced.c). nng's threads only queue what
+ * they received and wake the loop.
  *
  * The rules are those of the I/O thread's current generation
  * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
@@ -276,6 +277,7 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
                                  : NULL;
         if (e != NULL) {
             rl_synced_note_totals(e, t->window, t->current, t->previous);
+            e->partial = true;
             rl_synced_rebalance(s->synced, e, loop_ms, false);
         }
     }
@@ -356,16 +358,20 @@ static void on_totals(rl_sync *s, nng_msg *m)
             rl_synced_entry *e = rl_synced_find(s->synced, id,
                                                 t.entries[i].value.ptr,
                                                 t.entries[i].value.len);
-            if (e != NULL)
+            if (e != NULL) {
                 rl_synced_note_totals(e, t.entries[i].window,
                                       t.entries[i].current,
                                       t.entries[i].previous);
+                e->partial = false;
+            }
         }
+        /* A fresh share for each key whose totals are this snapshot's (or
+         * an older one's), not an acknowledgement's (synced.c says why). */
         rl_synced_table *table = atomic_load(&s->synced->table);
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
             if (e != NULL && e->ident == id)
-                rl_synced_rebalance(s->synced, e, loop_ms, true);
+                rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
         }
     }
     rl_wire_msg_free(&t);
@@ -449,12 +455,10 @@ static void on_tick(uv_timer_t *t)
         if (counted != e->last_counted || e->active_ms == 0)
             e->active_ms = loop_ms;
         e->last_counted = counted;
-        /* A new sub-window: a fresh share (its oldest left the span). */
-        const rl_rule *r = e->ident->io_rule;
-        bool rolled = r != NULL && now != 0
-                      && now / rl_wire_subwindow_ms(r->period_ms)
-                             != e->share_window;
-        rl_synced_rebalance(s->synced, e, loop_ms, rolled);
+        /* A fresh share at every tick, from a TOTALS snapshot (or from no
+         * totals at all, a cold key's), not from an acknowledgement's; the
+         * report follows. */
+        rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
     }
     if (s->state == REQ_IDLE) {
         size_t len;

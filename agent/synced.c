@@ -17,16 +17,23 @@
  * came: that is what bounds any span, not only aligned windows.
  *
  * Room is the limit less the estimate; each agent's share is
- * floor(room / agents), plus one with probability frac(room / agents)
- * (drawn per agent, key and sub-window), so that the fleet's shares add up
- * to the room on average, not to room + agents. A share replaces the last
+ * floor(room / agents), plus one for the agents whose rank for the key is
+ * below room mod agents (share_of), so that the fleet's shares add up to
+ * the room on average, not to room + agents. A share replaces the last
  * one, it does not add to it: mark = acked + share, where acked is what
  * this agent counted that the totals already hold, so what it let through
  * since its last acknowledged report is taken out of the new share, and
  * the fleet as a whole lets through at most the room between two totals.
- * Fresh shares come with each TOTALS message and each sub-window the
- * clock enters; an acknowledgement's totals can only bring the mark down
- * (they may miss reports other agents made the same moment).
+ *
+ * Fresh shares are given at the agent's tick (every agent ticks at the
+ * same moments of Redis's clock, just before it reports) and when a
+ * TOTALS message comes (a snapshot taken after the reports of the tick),
+ * so that every agent's share is worked out from the same count. An
+ * acknowledgement's totals can only bring the mark down: they may miss
+ * reports other agents made the same moment, whose admissions would then
+ * be given out again; a key whose totals came with an acknowledgement
+ * since the last TOTALS that held it (partial) gets no fresh share until
+ * the next one does.
  *
  * Check-then-count is not one atomic step: threads of one agent racing on
  * one key can pass together, at most one request each beyond the mark.
@@ -169,19 +176,24 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                  value, value_len, &unused);
 }
 
-/* This agent's share of room: floor(room / agents), plus one with
- * probability frac(room / agents), the coin drawn from the agent's salt,
- * the key and the sub-window. The fleet's shares then add up to the room
- * on average (ceil would give up to one request per agent more each time),
- * and a room smaller than the agent count still lets some through. */
+/* This agent's share of room: floor(room / agents), plus one when this
+ * agent's rank for the key (drawn once, from the agent's salt and the key)
+ * is below room mod agents. Over the agents' random ranks the shares add up
+ * to the room on average (ceil would give up to one request per agent more
+ * each time), and a room smaller than the agent count still lets some
+ * through. The rank does not change from share to share: the agents that
+ * get the extra one when the rest is r are among those that get it when it
+ * is more, so an agent that used an extra one is not charged it against a
+ * share that no longer has it (a fresh coin per share would let through one
+ * request per such agent, share after share). */
 static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
-                         uint64_t room, uint64_t window)
+                         uint64_t room)
 {
     uint64_t agents = atomic_load_explicit(&e->ident->agents,
                                            memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
     uint64_t share = room / a, rest = room % a;
-    if (rest > 0 && mix(s->salt ^ e->hash ^ mix(window)) % a < rest)
+    if (rest > 0 && mix(s->salt ^ e->hash) % a < rest)
         share++;
     return share;
 }
@@ -194,7 +206,7 @@ static void first_mark(rl_synced *s, rl_synced_entry *e, const rl_rule *rule)
                          ? atomic_load_explicit(&e->limit, memory_order_relaxed)
                          : 0;
     uint64_t period = rule != NULL ? rule->period_ms : 0;
-    atomic_store_explicit(&e->mark, share_of(s, e, limit, 0),
+    atomic_store_explicit(&e->mark, share_of(s, e, limit),
                           memory_order_relaxed);
     atomic_store_explicit(&e->room, limit, memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, period, memory_order_relaxed);
@@ -383,9 +395,7 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     uint64_t used = estimate(e, w);
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
     uint64_t room = limit > used ? limit - used : 0;
-    uint64_t mark = e->acked + share_of(s, e, room, w);
-    if (fresh_share)
-        e->share_window = w;
+    uint64_t mark = e->acked + share_of(s, e, room);
     if (fresh_share || mark < atomic_load(&e->mark)) {
         atomic_store_explicit(&e->counted_at_mark, rl_synced_counted(e),
                               memory_order_relaxed);

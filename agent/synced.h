@@ -29,7 +29,9 @@ typedef struct rl_synced_entry {
     uint64_t window;     /* the sub-window the totals below were read in */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;   /* oldest: fleet total of sub-window w-N */
-    uint64_t share_window; /* the sub-window of the last fresh share */
+    bool partial;        /* the totals below came with an ack since the
+                          * last TOTALS: they may miss reports others
+                          * made at the same moment */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
     uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
                           * saw new counts */
@@ -131,10 +133,11 @@ void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
 
 /* I/O thread: work out a key's room again, by its rule as the I/O
  * thread's generation has it (nothing for a rule no longer there). With
- * fresh_share the key gets a new share of what is left (with each totals
- * message, each sub-window, and when a reload changed the rule), which
- * replaces the last: mark = acked + share; without, its mark can only come
- * down. */
+ * fresh_share the key gets a new share of what is left (at each tick and
+ * TOTALS message, unless its totals came with an acknowledgement since the
+ * last TOTALS, and when a reload changed the rule),
+ * which replaces the last: mark = acked + share; without, its mark can
+ * only come down. */
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
 

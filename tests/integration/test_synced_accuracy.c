@@ -84,13 +84,13 @@ static void offer(fleet *f, const char *tenant, double rate, double then,
     double due = (double)start;
     for (long i = 0;; i++) {
         uint64_t now = test_now_us();
+        while ((double)now < due) {
+            usleep((useconds_t)(due - (double)now));
+            now = test_now_us();
+        }
         if (now >= end)
             break;
         double r = now - start < switch_ms * 1000 ? rate : then;
-        if ((double)now < due) {
-            usleep((useconds_t)(due - (double)now));
-            continue;
-        }
         due += 1e6 / r;
         out->offered++;
         if (!allowed(f->agents[i % AGENTS], tenant))
@@ -132,6 +132,16 @@ static double per_period_from(const admissions *a, uint64_t start_us,
 static void expect_within_the_bound(const char *what, const admissions *a)
 {
     long worst = worst_span(a);
+    /* Over the bound: what was admitted per 100 ms, to see where. */
+    if (worst > LIMIT * 105 / 100) {
+        uint64_t t0 = a->at_us[0];
+        long bucket[200] = {0};
+        for (size_t i = 0; i < a->n; i++)
+            if ((a->at_us[i] - t0) / 100000 < 200)
+                bucket[(a->at_us[i] - t0) / 100000]++;
+        for (int b = 0; b < 140; b++)
+            fprintf(stderr, "%ld%c", bucket[b], b % 20 == 19 ? '\n' : ' ');
+    }
     fprintf(stderr, "synced accuracy: %s: offered %ld, admitted %zu, worst "
             "span of one period %ld (limit %d, bound %d)\n", what,
             a->offered, a->n, worst, LIMIT, LIMIT * 105 / 100);
