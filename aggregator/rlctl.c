@@ -332,7 +332,7 @@ static bool confirmed(const rlctl_view *v)
     if (!isatty(STDIN_FILENO))
         return false;
     fprintf(stderr, "delete %s%s%s? [y/N] ", v->key,
-            v->previous_key[0] ? " and the sub-windows back to " : "",
+            v->previous_key[0] ? " and " : "",
             v->previous_key);
     char answer[16];
     return fgets(answer, sizeof answer, stdin) != NULL

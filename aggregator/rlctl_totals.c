@@ -1,7 +1,7 @@
 /*
- * rlctl_totals.c: see rlctl_totals.h. A rule's sub-window keys are found
- * with SCAN (never KEYS) on every primary, in one pass; those of the
- * trailing period are read and summed per client as agents do (wire.h):
+ * rlctl_totals.c: see rlctl_totals.h. A rule's clients' hashes of
+ * sub-windows are found with SCAN (never KEYS) on every primary; the
+ * fields of the trailing period are read and summed as agents do (wire.h):
  * "recent", the sub-windows w-N+1..w, and "oldest", w-N; the estimate is
  * their sum, never less than what the client was admitted in the last
  * period. At most ROWS_MAX clients are read per rule; more are reported as
@@ -34,18 +34,7 @@ static void pattern(const rlctl_store *s, const rl_rule *r, char *out,
         prefix[n++] = *p;
     }
     prefix[n] = '\0';
-    snprintf(out, cap, s->cfg->cluster ? "{%s*}:w*" : "%s*:w*", prefix);
-}
-
-/* The sub-window number a key ends with (":w<n>"), or false. */
-static bool window_of(const char *key, unsigned long long *w)
-{
-    const char *colon = strrchr(key, ':');
-    char *end;
-    if (colon == NULL || colon[1] != 'w' || colon[2] < '0' || colon[2] > '9')
-        return false;
-    *w = strtoull(colon + 2, &end, 10);
-    return *end == '\0';
+    snprintf(out, cap, s->cfg->cluster ? "{%s*}:w" : "%s*:w", prefix);
 }
 
 /* The client's value inside a window key. */
@@ -100,8 +89,8 @@ static row *row_for(table *t, size_t sorted, const char *value)
     return r;
 }
 
-/* The trailing period's sub-windows (w-N..w) of one rule on one primary:
- * one row per key read, merged per client afterwards. */
+/* The trailing period's sub-windows (w-N..w) of one rule's clients on one
+ * primary, one row per client. */
 static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
                 unsigned long long window, table *t)
 {
@@ -118,18 +107,21 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
         redisReply *keys = r->element[1];
         for (size_t i = 0; i < keys->elements; i++) {
             char value[RL_VALUE_MAX + 1];
-            unsigned long long w;
-            if (!window_of(keys->element[i]->str, &w)
-                || w > window || w + RL_WIRE_SUBWINDOWS < window
-                || !value_of(s, rule, keys->element[i]->str, value))
+            if (!value_of(s, rule, keys->element[i]->str, value))
                 continue;
-            redisReply *g = redisCommand(c, "GET %s", keys->element[i]->str);
-            row *client = g != NULL && g->type == REDIS_REPLY_STRING
+            redisReply *g = redisCommand(c, "HGETALL %s",
+                                         keys->element[i]->str);
+            row *client = g != NULL && g->type == REDIS_REPLY_ARRAY
                               ? row_for(t, 0, value) : NULL;
-            if (client != NULL) {
-                unsigned long long n = strtoull(g->str, NULL, 10);
+            for (size_t f = 0; client != NULL && f + 1 < g->elements;
+                 f += 2) {
+                unsigned long long w = strtoull(g->element[f]->str, NULL, 10);
+                unsigned long long n = strtoull(g->element[f + 1]->str, NULL,
+                                                10);
+                if (w > window || w + RL_WIRE_SUBWINDOWS < window)
+                    continue;
                 *(w + RL_WIRE_SUBWINDOWS == window ? &client->previous
-                                                   : &client->current) = n;
+                                                   : &client->current) += n;
             }
             freeReplyObject(g);
         }
@@ -185,7 +177,8 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
     int failed = -1;
     for (int p = 0; p < s->n && failed < 0; p++)
         failed = scan(s->primaries[p], s, r, w, t) ? p : -1;
-    /* One row per key so far: merged into one per client. */
+    /* A client's hash is on one primary: rows merge only if a value
+     * repeats across primaries, which a cluster's slots rule out. */
     if (t->n > 0)
         qsort(t->rows, t->n, sizeof *t->rows, by_value);
     size_t merged = 0;

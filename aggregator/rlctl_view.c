@@ -69,17 +69,16 @@ static uint64_t level_now(const rl_rule *r, const char *state,
 }
 
 static void window_key(const rlctl_store *s, const rl_rule *rule,
-                       const char *value, uint64_t window, char *out,
-                       size_t cap)
+                       const char *value, char *out, size_t cap)
 {
     if (s->cfg->cluster)
-        snprintf(out, cap, "{%s%s}:w%llu", rule->key_prefix, value,
-                 (unsigned long long)window);
+        snprintf(out, cap, "{%s%s}:w", rule->key_prefix, value);
     else
-        snprintf(out, cap, "%s%s:w%llu", rule->key_prefix, value,
-                 (unsigned long long)window);
+        snprintf(out, cap, "%s%s:w", rule->key_prefix, value);
 }
 
+/* A synced client's hash of sub-windows: recent, w-N+1..w, and oldest,
+ * w-N, as agents read them (wire.h). */
 static int read_synced(rlctl_store *s, const char *value,
                        unsigned long long now, rlctl_view *v, char *err,
                        size_t errlen)
@@ -87,29 +86,29 @@ static int read_synced(rlctl_store *s, const char *value,
     const rl_rule *r = v->rule;
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     v->window = now / g;
-    window_key(s, r, value, v->window, v->key, sizeof v->key);
-    window_key(s, r, value, v->window - RL_WIRE_SUBWINDOWS, v->previous_key,
-               sizeof v->previous_key);
-    char text[64];
-    bool exists;
-    long long ttl;
-    if (read_key(s, v->previous_key, text, sizeof text, &ttl, &exists, err,
-                 errlen) != 0)
-        return -1;
-    v->previous = strtoull(text, NULL, 10);
-    if (read_key(s, v->key, v->state, sizeof v->state, &v->ttl_ms,
-                 &v->exists, err, errlen) != 0)
-        return -1;
-    v->current = strtoull(v->state, NULL, 10);
-    /* The rest of the recent sub-windows, w-N+1..w-1. */
-    for (uint64_t back = 1; back < RL_WIRE_SUBWINDOWS; back++) {
-        char key[sizeof v->key];
-        window_key(s, r, value, v->window - back, key, sizeof key);
-        if (read_key(s, key, text, sizeof text, &ttl, &exists, err,
-                     errlen) != 0)
-            return -1;
-        v->current += strtoull(text, NULL, 10);
+    window_key(s, r, value, v->key, sizeof v->key);
+    redisContext *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *h = redisCommand(c, "HGETALL %s", v->key);
+    if (h == NULL || h->type != REDIS_REPLY_ARRAY)
+        return store_error(c, h, err, errlen);
+    v->exists = h->elements > 0;
+    for (size_t f = 0; f + 1 < h->elements; f += 2) {
+        uint64_t w = strtoull(h->element[f]->str, NULL, 10);
+        uint64_t n = strtoull(h->element[f + 1]->str, NULL, 10);
+        if (w == v->window)
+            snprintf(v->state, sizeof v->state, "%llu",
+                     (unsigned long long)n);
+        if (w > v->window || w + RL_WIRE_SUBWINDOWS < v->window)
+            continue;
+        *(w + RL_WIRE_SUBWINDOWS == v->window ? &v->previous
+                                              : &v->current) += n;
     }
+    freeReplyObject(h);
+    redisReply *t = redisCommand(c, "PTTL %s", v->key);
+    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
+        return store_error(c, t, err, errlen);
+    v->ttl_ms = t->integer;
+    freeReplyObject(t);
     /* The oldest leaves the span when the next sub-window starts. */
     v->full_in_ms = g - now % g;
     v->estimate = v->current + v->previous;
@@ -162,26 +161,12 @@ bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
     return false;
 }
 
-/* The key of window w beside the synced key `key` (same client). */
-static void sibling(const char *key, uint64_t w, char *out, size_t cap)
-{
-    const char *colon = strrchr(key, ':');
-    size_t base = colon != NULL ? (size_t)(colon - key) : strlen(key);
-    snprintf(out, cap, "%.*s:w%llu", (int)base, key, (unsigned long long)w);
-}
-
 long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
                             size_t errlen)
 {
     long long removed = 0;
-    bool synced = v->rule->mode == RL_MODE_SYNCED;
-    size_t n = synced ? RL_WIRE_SUBWINDOWS + 1 : 1;
-    for (size_t i = 0; i < n; i++) {
-        char key[sizeof v->key];
-        if (synced)
-            sibling(v->key, v->window - i, key, sizeof key);
-        else
-            snprintf(key, sizeof key, "%s", v->key);
+    for (size_t i = 0; i < 1; i++) {
+        const char *key = v->key;
         redisContext *c = rlctl_store_for_key(s, key, strlen(key));
         redisReply *r = redisCommand(c, "DEL %s", key);
         if (r == NULL || r->type != REDIS_REPLY_INTEGER)

@@ -120,14 +120,14 @@ Test(rlctl, totals_lists_synced_clients_by_their_count)
      * that is outside it. */
     unsigned long long w = test_redis_time_ms(c)
                            / (3600000 / RL_WIRE_SUBWINDOWS);
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 7", a, w));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 600", b,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 7", a, w));
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 600", b,
                                        w));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 300", b,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 300", b,
                                        w - 5));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 50", b,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 50", b,
                                        w - RL_WIRE_SUBWINDOWS));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 5000", b,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 5000", b,
                                        w - RL_WIRE_SUBWINDOWS - 1));
     redisFree(c);
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "totals --rule per-tenant "
@@ -296,9 +296,9 @@ Test(rlctl, watch_shows_clients_against_their_limit)
     redisContext *c = test_redis_connect(NULL);
     unsigned long long w = test_redis_time_ms(c)
                            / (3600000 / RL_WIRE_SUBWINDOWS);
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 1000",
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 1000",
                                        over, w));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 10", under,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 10", under,
                                        w));
     redisFree(c);
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "watch --count 2 --interval 1 "
