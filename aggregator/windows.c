@@ -71,7 +71,7 @@
     "                             redis.call('SCARD', before))\n" \
     "  end\n" \
     "  local k, a = 2 + 2 * nr, 5 + nr\n" \
-    "  local fields = {}\n" \
+    "  local fields, fields_of = {}, nil\n" \
     "  while k <= #KEYS do\n" \
     "    local key, count, w = KEYS[k], tonumber(ARGV[a + 1]), ARGV[a + 2]\n" \
     "    local wn = tonumber(w)\n" \
@@ -84,7 +84,10 @@
     "        end\n" \
     "      end\n" \
     "    end\n" \
-    "    for i = 0, n do fields[i + 1] = string.format('%.0f', wn - i) end\n" \
+    "    if w ~= fields_of then\n" \
+    "      for i = 0, n do fields[i + 1] = string.format('%.0f', wn - i) end\n" \
+    "      fields_of = w\n" \
+    "    end\n" \
     "    local v = redis.call('HMGET', key, unpack(fields))\n" \
     "    local recent = 0\n" \
     "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
