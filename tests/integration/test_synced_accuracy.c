@@ -51,11 +51,11 @@ static bool allowed(rl_agent *agent, const char *tenant)
 /* An aggregator with one synced rule of its own name (no other test adds
  * to its agent count), ten agents, each of which has counted a warm key
  * and heard the totals since. */
-static void fleet_start(fleet *f, const char *name)
+static void fleet_start_at(fleet *f, const char *name, long limit)
 {
     char rule[200];
-    snprintf(rule, sizeof rule, "  - {name: %s, match: tenant, limit: %d, "
-             "period: %dms, mode: synced}\n", name, LIMIT, PERIOD_MS);
+    snprintf(rule, sizeof rule, "  - {name: %s, match: tenant, limit: %ld, "
+             "period: %dms, mode: synced}\n", name, limit, PERIOD_MS);
     memset(f, 0, sizeof *f);
     test_aggregator_start(&f->agg, NULL, rule, INTERVAL_MS, NULL);
     test_aggregator_wait_ready(&f->agg);
@@ -64,6 +64,11 @@ static void fleet_start(fleet *f, const char *name)
     for (int i = 0; i < AGENTS; i++)
         cr_assert(allowed(f->agents[i], "org_warm"));
     test_sleep_ms(8 * INTERVAL_MS);
+}
+
+static void fleet_start(fleet *f, const char *name)
+{
+    fleet_start_at(f, name, LIMIT);
 }
 
 static void fleet_stop(fleet *f)
@@ -181,5 +186,83 @@ Test(synced, ten_times_the_limit_stays_within_5_percent_and_gets_90_percent)
             "on average (limit %d, floor %d)\n", avg, LIMIT, LIMIT * 9 / 10);
     cr_expect_geq(avg, LIMIT * 0.9);
     free(a.at_us);
+    fleet_stop(&f);
+}
+
+/* The oldest sub-window of the trailing period counts whole while the
+ * clock is in the sub-window that follows the span: part of it is already
+ * outside, but where in it its requests came is not known. One agent
+ * syncing every 20 ms (its counts land in the sub-window they were made in,
+ * give or take 20 ms), 100 per 2 s, a request every ms for 4.5 s: the
+ * first burst fills most of a sub-window; weighing that sub-window by the
+ * part of it still inside would let requests through before the burst is
+ * a whole period old. */
+Test(synced, a_sub_window_counts_whole_until_it_has_left_the_span)
+{
+    enum { ONE_LIMIT = 100 };
+    char rule[200];
+    snprintf(rule, sizeof rule, "  - {name: whole, match: tenant, "
+             "limit: %d, period: %dms, mode: synced}\n", ONE_LIMIT,
+             PERIOD_MS);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, rule, 20, NULL);
+    test_aggregator_wait_ready(&agg);
+    rl_config *cfg;
+    rl_agent *agent = test_synced_agent(&agg, &cfg);
+    cr_assert(allowed(agent, "org_whole_warm"));
+    test_sleep_ms(300);
+    admissions a = {0};
+    uint64_t start = test_now_us();
+    for (uint64_t due = start; due < start + 4500000; due += 1000) {
+        uint64_t now = test_now_us();
+        if (due > now)
+            usleep((useconds_t)(due - now));
+        a.offered++;
+        if (!allowed(agent, "org_whole"))
+            continue;
+        if (a.n == a.cap) {
+            a.cap = a.cap ? 2 * a.cap : 1024;
+            a.at_us = realloc(a.at_us, a.cap * sizeof *a.at_us);
+            cr_assert_not_null(a.at_us);
+        }
+        a.at_us[a.n++] = test_now_us();
+    }
+    long worst = worst_span(&a);
+    fprintf(stderr, "synced whole sub-window: one agent, sync 20 ms, "
+            "offered %ld, admitted %zu, worst span of one period %ld "
+            "(limit %d)\n", a.offered, a.n, worst, ONE_LIMIT);
+    cr_expect_leq(worst, ONE_LIMIT * 105 / 100);
+    cr_expect_geq(worst, ONE_LIMIT);
+    free(a.at_us);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+}
+
+/* A limit smaller than the agent count: each agent's share is
+ * floor(room / agents) = 0 plus one for the agents whose rank for the key
+ * is below the room, so the fleet lets through about the limit, neither
+ * every agent one (ceil: 10 for a limit of 5) nor nobody (floor). Eight
+ * keys of 5 per period, one period of ten times that offered on each, over
+ * the ten agents: about 40 in all, 80 with ceil, 0 with floor. */
+Test(synced, a_limit_below_the_agent_count_is_shared_not_multiplied)
+{
+    enum { SMALL = 5, KEYS = 8 };
+    fleet f;
+    fleet_start_at(&f, "small", SMALL);
+    long admitted = 0;
+    uint64_t start = test_now_us();
+    for (long i = 0; test_now_us() < start + (PERIOD_MS - 200) * 1000ULL;
+         i++) {
+        char tenant[32];
+        snprintf(tenant, sizeof tenant, "org_small_%ld", i % KEYS);
+        admitted += allowed(f.agents[(i / KEYS) % AGENTS], tenant);
+        usleep(500);
+    }
+    fprintf(stderr, "synced small limit: %d keys of %d per period over %d "
+            "agents: admitted %ld in a period (ceil would give %d)\n", KEYS,
+            SMALL, AGENTS, admitted, KEYS * AGENTS);
+    cr_expect_leq(admitted, KEYS * SMALL * 3 / 2);
+    cr_expect_geq(admitted, KEYS * SMALL / 2);
     fleet_stop(&f);
 }
