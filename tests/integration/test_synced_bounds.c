@@ -209,7 +209,7 @@ Test(synced, a_cold_key_is_split_by_the_known_agent_count)
         cr_assert(allowed(f.agents[i], "org_warm"));
     uint64_t now = redis_now(&f);
     uint64_t tick = now - now % INTERVAL + INTERVAL;
-    /* Totals come in the middle of each interval of Redis's clock, and
+    /* Totals come five eighths into each interval of Redis's clock, and
      * each gives every key a fresh share: the burst starts a quarter
      * interval after the first to follow the reports (an agent's first
      * report goes out an interval after it opens), so none comes during
