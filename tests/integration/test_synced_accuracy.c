@@ -16,6 +16,7 @@
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "wire.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -189,51 +190,138 @@ Test(synced, ten_times_the_limit_stays_within_5_percent_and_gets_90_percent)
     fleet_stop(&f);
 }
 
-/* The oldest sub-window of the trailing period counts whole while the
- * clock is in the sub-window that follows the span: part of it is already
- * outside, but where in it its requests came is not known. One agent
- * syncing every 20 ms (its counts land in the sub-window they were made in,
- * give or take 20 ms), 100 per 2 s, a request every ms for 4.5 s: the
- * first burst fills most of a sub-window; weighing that sub-window by the
- * part of it still inside would let requests through before the burst is
- * a whole period old. */
-Test(synced, a_sub_window_counts_whole_until_it_has_left_the_span)
+/* Redis's clock, read once, carried on by the monotonic clock. */
+typedef struct redis_clock {
+    uint64_t redis_at, mono_at;
+} redis_clock;
+
+static redis_clock redis_clock_read(void)
 {
-    enum { ONE_LIMIT = 100 };
+    redisContext *c = test_redis_connect(NULL);
+    redis_clock k = {test_redis_time_ms(c), test_now_ms()};
+    redisFree(c);
+    return k;
+}
+
+static uint64_t redis_clock_now(const redis_clock *k)
+{
+    return k->redis_at + (test_now_ms() - k->mono_at);
+}
+
+static void push(admissions *a, uint64_t at)
+{
+    if (a->n == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 1024;
+        a->at_us = realloc(a->at_us, a->cap * sizeof *a->at_us);
+        cr_assert_not_null(a->at_us);
+    }
+    a->at_us[a->n++] = at;
+}
+
+/* One agent syncing every 20 ms (its counts land in the sub-window they
+ * were made in), 100 per 2 s: the whole limit spent at once 10 ms before a
+ * sub-window ends, then a request every ms for 4 s. */
+static void one_agent_burst_then_steady(const char *name, const char *tenant,
+                                        unsigned interval_ms,
+                                        uint64_t burst_before_end_ms,
+                                        admissions *a)
+{
     char rule[200];
-    snprintf(rule, sizeof rule, "  - {name: whole, match: tenant, "
-             "limit: %d, period: %dms, mode: synced}\n", ONE_LIMIT,
-             PERIOD_MS);
+    snprintf(rule, sizeof rule, "  - {name: %s, match: tenant, "
+             "limit: 100, period: %dms, mode: synced}\n", name, PERIOD_MS);
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL, rule, 20, NULL);
+    test_aggregator_start(&agg, NULL, rule, interval_ms, NULL);
     test_aggregator_wait_ready(&agg);
     rl_config *cfg;
     rl_agent *agent = test_synced_agent(&agg, &cfg);
-    cr_assert(allowed(agent, "org_whole_warm"));
+    char warm[64];
+    snprintf(warm, sizeof warm, "%s_warm", tenant);
+    cr_assert(allowed(agent, warm));
     test_sleep_ms(300);
-    admissions a = {0};
-    uint64_t start = test_now_us();
-    for (uint64_t due = start; due < start + 4500000; due += 1000) {
-        uint64_t now = test_now_us();
-        if (due > now)
-            usleep((useconds_t)(due - now));
-        a.offered++;
-        if (!allowed(agent, "org_whole"))
-            continue;
-        if (a.n == a.cap) {
-            a.cap = a.cap ? 2 * a.cap : 1024;
-            a.at_us = realloc(a.at_us, a.cap * sizeof *a.at_us);
-            cr_assert_not_null(a.at_us);
-        }
-        a.at_us[a.n++] = test_now_us();
+    uint64_t g = PERIOD_MS / RL_WIRE_SUBWINDOWS;
+    redis_clock k = redis_clock_read();
+    uint64_t now = redis_clock_now(&k);
+    uint64_t burst = (now / g + 2) * g - burst_before_end_ms;
+    test_sleep_ms((unsigned)(burst - now));
+    for (int i = 0; i < 150; i++) {
+        a->offered++;
+        if (allowed(agent, tenant))
+            push(a, test_now_us());
     }
+    uint64_t start = test_now_us();
+    for (uint64_t due = start; due < start + 4000000; due += 1000) {
+        uint64_t t = test_now_us();
+        if (due > t)
+            usleep((useconds_t)(due - t));
+        a->offered++;
+        if (allowed(agent, tenant))
+            push(a, test_now_us());
+    }
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+}
+
+/* The oldest sub-window of the trailing period counts whole while the
+ * clock is in the sub-window that follows the span: part of it is already
+ * outside, but where in it its requests came is not known. Weighing it by
+ * the part still inside would let half the burst through again a
+ * sub-window before the burst is a period old. */
+Test(synced, a_sub_window_counts_whole_until_it_has_left_the_span)
+{
+    admissions a = {0};
+    one_agent_burst_then_steady("whole", "org_whole", 20, 10, &a);
     long worst = worst_span(&a);
-    fprintf(stderr, "synced whole sub-window: one agent, sync 20 ms, "
-            "offered %ld, admitted %zu, worst span of one period %ld "
-            "(limit %d)\n", a.offered, a.n, worst, ONE_LIMIT);
-    cr_expect_leq(worst, ONE_LIMIT * 105 / 100);
-    cr_expect_geq(worst, ONE_LIMIT);
+    fprintf(stderr, "synced whole sub-window: one agent, sync 20 ms, the "
+            "limit spent 10 ms before a sub-window ends, then 1 per ms: "
+            "admitted %zu, worst span of one period %ld (limit 100)\n",
+            a.n, worst);
+    cr_expect_leq(worst, 105);
+    cr_expect_geq(worst, 100);
     free(a.at_us);
+}
+
+/* A key whose agents all reject sends no counts; its agents ask for its
+ * totals (a count of 0), so its room comes back when its oldest requests
+ * leave the span. Here half the limit is spent at once, the other half a
+ * second later, and the first half must come back about two seconds after
+ * it was spent, not when the second half leaves. */
+Test(synced, a_blocked_key_gets_room_when_its_oldest_requests_leave)
+{
+    char rule[200];
+    snprintf(rule, sizeof rule, "  - {name: blocked, match: tenant, "
+             "limit: 100, period: %dms, mode: synced}\n", PERIOD_MS);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, rule, 50, NULL);
+    test_aggregator_wait_ready(&agg);
+    rl_config *cfg;
+    rl_agent *agent = test_synced_agent(&agg, &cfg);
+    cr_assert(allowed(agent, "org_blocked_warm"));
+    test_sleep_ms(300);
+    long first = 0, second = 0, back = 0;
+    for (int i = 0; i < 50; i++)
+        first += allowed(agent, "org_blocked");
+    uint64_t start = test_now_ms();
+    test_sleep_ms(1000);
+    for (int i = 0; i < 80; i++)
+        second += allowed(agent, "org_blocked");
+    /* Offered one per ms until 2.8 s after the first half; what comes
+     * back after 2 s is the first half's room. */
+    while (test_now_ms() < start + 2800) {
+        bool ok = allowed(agent, "org_blocked");
+        if (test_now_ms() >= start + 1900)
+            back += ok;
+        else
+            cr_expect(!ok, "admitted %ld ms after the first half",
+                      (long)(test_now_ms() - start));
+        test_sleep_ms(1);
+    }
+    fprintf(stderr, "synced blocked key: 50 then %ld a second later; %ld "
+            "back by 2.8 s\n", second, back);
+    cr_expect_eq(first, 50);
+    cr_expect_eq(second, 50);
+    cr_expect_geq(back, 45);
+    cr_expect_leq(back, 50);
     rl_agent_close(agent);
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
