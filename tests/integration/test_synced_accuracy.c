@@ -218,9 +218,9 @@ static void push(admissions *a, uint64_t at)
     a->at_us[a->n++] = at;
 }
 
-/* One agent syncing every 20 ms (its counts land in the sub-window they
- * were made in), 100 per 2 s: the whole limit spent at once 10 ms before a
- * sub-window ends, then a request every ms for 4 s. */
+/* One agent syncing every interval_ms, 100 per 2 s: the whole limit spent
+ * at once burst_before_end_ms before a sub-window ends, then a request
+ * every ms for 4 s. */
 static void one_agent_burst_then_steady(const char *name, const char *tenant,
                                         unsigned interval_ms,
                                         uint64_t burst_before_end_ms,
@@ -264,16 +264,17 @@ static void one_agent_burst_then_steady(const char *name, const char *tenant,
 
 /* The oldest sub-window of the trailing period counts whole while the
  * clock is in the sub-window that follows the span: part of it is already
- * outside, but where in it its requests came is not known. Weighing it by
- * the part still inside would let half the burst through again a
- * sub-window before the burst is a period old. */
+ * outside, but where in it its requests came is not known. Synced every
+ * 20 ms, a burst 40 ms before a sub-window ends lands in that sub-window;
+ * weighing it by the part still inside would let half the burst through
+ * again before the burst is a period old. */
 Test(synced, a_sub_window_counts_whole_until_it_has_left_the_span)
 {
     admissions a = {0};
-    one_agent_burst_then_steady("whole", "org_whole", 20, 10, &a);
+    one_agent_burst_then_steady("whole", "org_whole", 20, 40, &a);
     long worst = worst_span(&a);
     fprintf(stderr, "synced whole sub-window: one agent, sync 20 ms, the "
-            "limit spent 10 ms before a sub-window ends, then 1 per ms: "
+            "limit spent 40 ms before a sub-window ends, then 1 per ms: "
             "admitted %zu, worst span of one period %ld (limit 100)\n",
             a.n, worst);
     cr_expect_leq(worst, 105);
