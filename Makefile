@@ -78,6 +78,7 @@ TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
+BENCH_ACCURACY = $(BUILD)/bench/bench-accuracy
 BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
@@ -162,6 +163,10 @@ $(BENCH_SYNCED): $(call obj,tests/bench/bench_synced.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_ACCURACY): $(call obj,tests/bench/bench_accuracy.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 $(BENCH_CLUSTER): $(call obj,tests/bench/bench_cluster.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
@@ -187,8 +192,8 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
 # writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
-bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_CLUSTER) $(BENCH_ALONE) \
-       $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS)
+bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
+       $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target

@@ -9,9 +9,17 @@
  * twice while an aggregator is away. Counts made meanwhile wait for the
  * next report (one counter per key: memory stays bounded).
  *
- * Totals come on an nng SUB socket subscribed to the synced rules' topics;
- * each TOTALS message gives every key of its rule a fresh share of what is
- * left. nng's threads only queue what they received and wake the loop.
+ * A key that is at its mark (rejecting) and has no new counts goes in the
+ * report with a count of 0: its agents send nothing else, and the ack
+ * brings its totals. An agent with rules that need a fleet size (synced,
+ * or on_error: local) names them in every report and reports every tick,
+ * counts or not (presence), so that the aggregator counts it in them.
+ *
+ * Totals come on an nng SUB socket subscribed to those rules' topics;
+ * each TOTALS message sets its rule's agent count and, for a synced rule,
+ * brings its keys' totals up to date and gives them a fresh share of what
+ * is left, as every tick does (synced.c). nng's threads only queue what
+ * they received and wake the loop.
  *
  * The rules are those of the I/O thread's current generation
  * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
@@ -45,6 +53,8 @@ struct rl_sync {
     const rl_config *config;    /* the aggregator settings */
     const rl_config *rules;     /* the I/O thread's generation's rules */
     rl_ident *const *idents;    /* and their identities, by index */
+    const char **presence;      /* names of its rules that need a fleet */
+    size_t n_presence;
     const rl_logger *log;
     uv_loop_t *loop;
     nng_socket req, sub;
@@ -140,46 +150,61 @@ static void on_sub(void *arg)
     rl_nng_handoff(s);
 }
 
+/* Whether an entry goes in the next report: it has new counts, or it is
+ * at its mark with none (its count of 0 asks for fresh totals: a key whose
+ * agents all reject sends nothing else, and would wait for totals that no
+ * count triggers). */
+static bool to_report(const rl_synced_entry *e)
+{
+    uint64_t counted = rl_synced_counted(e);
+    return counted > e->reported
+           || (e->ident->io_rule != NULL
+               && counted >= atomic_load_explicit(&e->mark,
+                                                  memory_order_relaxed));
+}
+
 /* Builds the next report from what was counted since the last. */
 static bool build_report(rl_sync *s)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
     const rl_aggregator_config *agg = &s->config->aggregator;
     /* Within both caps: entries, and bytes (each entry's rule name, value
-     * and a count, with room for msgpack's framing). The rest go in the
-     * next report. */
+     * and a count, with room for msgpack's framing, after the presence
+     * names). The rest go in the next report. */
     size_t n = 0, bytes = 1024;
+    for (size_t i = 0; i < s->n_presence; i++)
+        bytes += strlen(s->presence[i]) + 8;
     for (size_t i = 0; i < t->cap && n < agg->max_entries; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || rl_synced_counted(e) <= e->reported)
+        if (e == NULL || !to_report(e))
             continue;
         bytes += strlen(e->ident->name) + e->value_len + 32;
         if (bytes > agg->max_message_bytes)
             break;
         n++;
     }
-    if (n == 0)
+    if (n == 0 && s->n_presence == 0)
         return false;
-    s->in_report = calloc(n, sizeof *s->in_report);
+    s->in_report = calloc(n + 1, sizeof *s->in_report);
     if (s->in_report == NULL)
         return false;
     rl_wire_writer_reset(s->pending);
-    rl_wire_begin_report(s->pending, s->agent_id, ++s->seq, n);
+    rl_wire_begin_report_presence(s->pending, s->agent_id, ++s->seq, n);
     size_t k = 0;
     for (size_t i = 0; i < t->cap && k < n; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL)
+        if (e == NULL || !to_report(e))
             continue;
         uint64_t counted = rl_synced_counted(e);
-        if (counted <= e->reported)
-            continue;
-        uint64_t delta = counted - e->reported;
+        uint64_t delta = counted > e->reported ? counted - e->reported : 0;
         rl_wire_put_count(s->pending, e->ident->name, e->value, e->value_len,
                           delta);
         e->reported = counted;
         e->in_report = delta;
         s->in_report[k++] = (reported){e, delta};
     }
+    /* k == n: the table only changes on this thread (the sweep). */
+    rl_wire_put_presence(s->pending, s->presence, s->n_presence);
     s->n_in_report = k;
     return true;
 }
@@ -196,6 +221,27 @@ static void send_pending(rl_sync *s)
     s->state = REQ_SENDING;
     rl_nng_handoff(s);
     nng_send_aio(s->req, s->req_aio);
+}
+
+/* Whether a rule needs the fleet's size: a synced rule shares its limit
+ * among the agents, an on_error: local one falls back to limit / agents. */
+static bool needs_fleet(const rl_rule *r)
+{
+    return r->mode == RL_MODE_SYNCED || r->on_error == RL_ON_ERROR_LOCAL;
+}
+
+/* The rule of cfg named by len bytes that needs the fleet's size, or
+ * NULL. */
+static const rl_rule *fleet_rule(const rl_config *cfg, const char *name,
+                                 size_t len)
+{
+    for (size_t i = 0; cfg != NULL && i < cfg->n_rules; i++) {
+        const rl_rule *r = &cfg->rules[i];
+        if (needs_fleet(r) && strlen(r->name) == len
+            && memcmp(r->name, name, len) == 0)
+            return r;
+    }
+    return NULL;
 }
 
 /* The identity of the synced rule named by len bytes off the wire in the
@@ -231,6 +277,7 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
                                  : NULL;
         if (e != NULL) {
             rl_synced_note_totals(e, t->window, t->current, t->previous);
+            e->partial = true;
             rl_synced_rebalance(s->synced, e, loop_ms, false);
         }
     }
@@ -300,25 +347,31 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
         return;
     }
+    const rl_rule *rule = fleet_rule(s->rules, t.rule.ptr, t.rule.len);
+    if (rule != NULL && !t.stale)
+        atomic_store(&s->idents[rule - s->rules->rules]->agents, t.agents);
     rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     uint64_t loop_ms = now_ms(s);
     if (id != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);
-        atomic_store(&id->agents, t.agents);
         for (size_t i = 0; i < t.n_entries; i++) {
             rl_synced_entry *e = rl_synced_find(s->synced, id,
                                                 t.entries[i].value.ptr,
                                                 t.entries[i].value.len);
-            if (e != NULL)
+            if (e != NULL) {
                 rl_synced_note_totals(e, t.entries[i].window,
                                       t.entries[i].current,
                                       t.entries[i].previous);
+                e->partial = false;
+            }
         }
+        /* A fresh share for each key whose totals are this snapshot's (or
+         * an older one's), not an acknowledgement's (synced.c says why). */
         rl_synced_table *table = atomic_load(&s->synced->table);
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
             if (e != NULL && e->ident == id)
-                rl_synced_rebalance(s->synced, e, loop_ms, true);
+                rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
         }
     }
     rl_wire_msg_free(&t);
@@ -402,13 +455,15 @@ static void on_tick(uv_timer_t *t)
         if (counted != e->last_counted || e->active_ms == 0)
             e->active_ms = loop_ms;
         e->last_counted = counted;
-        /* A new window: a fresh share of a fresh window. */
-        const rl_rule *r = e->ident->io_rule;
-        bool rolled = r != NULL && now != 0 && now / r->period_ms != e->window;
-        rl_synced_rebalance(s->synced, e, loop_ms, rolled);
+        /* A fresh share at every tick, from a TOTALS snapshot (or from no
+         * totals at all, a cold key's), not from an acknowledgement's; the
+         * report follows. */
+        rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
     }
     if (s->state == REQ_IDLE) {
-        bool have = s->n_in_report > 0 || build_report(s);
+        size_t len;
+        rl_wire_writer_data(s->pending, &len);
+        bool have = len > 0 || build_report(s);
         if (have)
             send_pending(s);
     }
@@ -478,21 +533,15 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
     return s;
 }
 
-/* Whether cfg has a synced rule of that name. */
-static bool has_synced(const rl_config *cfg, const char *name)
-{
-    return cfg != NULL
-           && rl_config_synced_rule(cfg, name, strlen(name)) != NULL;
-}
-
-/* Subscribes to the topics of from's synced rules that to lacks (or
- * unsubscribes, with opt). */
+/* Subscribes to the topics of from's rules that need a fleet size and
+ * that to lacks (or unsubscribes, with opt). */
 static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
                    const char *opt)
 {
     for (size_t i = 0; from != NULL && i < from->n_rules; i++) {
         const rl_rule *r = &from->rules[i];
-        if (r->mode != RL_MODE_SYNCED || has_synced(to, r->name))
+        if (!needs_fleet(r)
+            || fleet_rule(to, r->name, strlen(r->name)) != NULL)
             continue;
         char topic[RL_NAME_MAX + 2];
         size_t n = rl_wire_topic(r->name, topic, sizeof topic);
@@ -507,6 +556,21 @@ void rl_sync_set_rules(rl_sync *s, const rl_config *rules,
     follow(s, s->rules, rules, NNG_OPT_SUB_UNSUBSCRIBE);
     s->rules = rules;
     s->idents = idents;
+    /* The names point into rules, which outlive this generation's use. */
+    size_t n = 0;
+    for (size_t i = 0; rules != NULL && i < rules->n_rules; i++)
+        n += needs_fleet(&rules->rules[i]);
+    const char **names = n > 0 ? calloc(n, sizeof *names) : NULL;
+    if (n > 0 && names == NULL)
+        n = 0; /* no presence until the next reload: counts still go */
+    free(s->presence);
+    s->presence = names;
+    s->n_presence = 0;
+    for (size_t i = 0; rules != NULL && i < rules->n_rules
+                       && s->n_presence < n; i++) {
+        if (needs_fleet(&rules->rules[i]))
+            names[s->n_presence++] = rules->rules[i].name;
+    }
 }
 
 bool rl_sync_started(const rl_sync *s)
@@ -599,6 +663,7 @@ void rl_sync_free(rl_sync *s)
         nng_msg_free(s->totals[i]);
     free(s->totals);
     free(s->in_report);
+    free(s->presence);
     rl_wire_writer_free(s->pending);
     pthread_mutex_destroy(&s->lock);
     free(s);

@@ -6,13 +6,34 @@
  * first sighting of a key takes a lock (to insert it).
  *
  * The mark is the I/O thread's answer to "how much may this agent still
- * let through", worked out from the fleet's totals (sliding window: the
- * previous window weighted by the part of it still inside the period, plus
- * the current one, plus what this agent counted that the totals do not yet
- * hold) and split between the agents reporting the rule: each gets
- * ceil(room / agents) per totals interval. So the fleet as a whole lets
- * through at most room + agents between two totals, and the overshoot
- * shrinks as a client nears its limit.
+ * let through". The fleet's totals come per sub-window (wire.h): "recent"
+ * (the last N - 1 sub-windows and this one) and "oldest" (the one before
+ * them). While Redis's clock is still in the sub-window the totals were
+ * read in, the estimate is recent + oldest, the oldest counted whole
+ * although part of it is already outside the trailing period; once the
+ * clock has moved on, the oldest has left and the estimate is recent (kept
+ * so, conservatively, until news comes). The estimate never undercounts
+ * what the totals held in the trailing period, whenever in it the requests
+ * came: that is what bounds any span, not only aligned windows.
+ *
+ * Room is the limit less the estimate; each agent's share is
+ * floor(room / agents), plus one for the agents whose rank for the key is
+ * below room mod agents (share_of), so that the fleet's shares add up to
+ * the room on average, not to room + agents. A share replaces the last
+ * one, it does not add to it: mark = acked + share, where acked is what
+ * this agent counted that the totals already hold, so what it let through
+ * since its last acknowledged report is taken out of the new share, and
+ * the fleet as a whole lets through at most the room between two totals.
+ *
+ * Fresh shares are given at the agent's tick (every agent ticks at the
+ * same moments of Redis's clock, just before it reports) and when a
+ * TOTALS message comes (a snapshot taken after the reports of the tick),
+ * so that every agent's share is worked out from the same count. An
+ * acknowledgement's totals can only bring the mark down: they may miss
+ * reports other agents made the same moment, whose admissions would then
+ * be given out again; a key whose totals came with an acknowledgement
+ * since the last TOTALS that held it (partial) gets no fresh share until
+ * the next one does.
  *
  * Check-then-count is not one atomic step: threads of one agent racing on
  * one key can pass together, at most one request each beyond the mark.
@@ -32,11 +53,22 @@
 #include "keys.h"
 #include "rl.h"
 
-#include <math.h>
+#include "wire.h"
+
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define GRAVE_DELAY_MS 10000
+
+/* A 64-bit mix (splitmix64's finaliser): the share's coin. */
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
 
 typedef struct rl_synced_grave {
     struct rl_synced_grave *next;
@@ -65,6 +97,11 @@ int rl_synced_init(rl_synced *s, const rl_config *config)
 {
     memset(s, 0, sizeof *s);
     s->config = config;
+    /* The share coin's salt: agents of one fleet draw differently. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    s->salt = mix((uint64_t)(uintptr_t)s ^ (uint64_t)ts.tv_nsec
+                  ^ ((uint64_t)ts.tv_sec << 32));
     s->max_keys = config->aggregator.max_keys;
     rl_synced_table *t = table_new(table_cap(s->max_keys));
     if (t == NULL)
@@ -139,18 +176,37 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                  value, value_len, &unused);
 }
 
-/* Before any totals: this agent's share of the whole limit. A rule no
- * generation has any more (a late count carried over) admits nothing. */
-static void first_mark(rl_synced_entry *e, const rl_rule *rule)
+/* This agent's share of room: floor(room / agents), plus one when this
+ * agent's rank for the key (drawn once, from the agent's salt and the key)
+ * is below room mod agents. Over the agents' random ranks the shares add up
+ * to the room on average (ceil would give up to one request per agent more
+ * each time), and a room smaller than the agent count still lets some
+ * through. The rank does not change from share to share: the agents that
+ * get the extra one when the rest is r are among those that get it when it
+ * is more, so an agent that used an extra one is not charged it against a
+ * share that no longer has it (a fresh coin per share would let through one
+ * request per such agent, share after share). */
+static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
+                         uint64_t room)
 {
     uint64_t agents = atomic_load_explicit(&e->ident->agents,
                                            memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
+    uint64_t share = room / a, rest = room % a;
+    if (rest > 0 && mix(s->salt ^ e->hash) % a < rest)
+        share++;
+    return share;
+}
+
+/* Before any totals: this agent's share of the whole limit. A rule no
+ * generation has any more (a late count carried over) admits nothing. */
+static void first_mark(rl_synced *s, rl_synced_entry *e, const rl_rule *rule)
+{
     uint64_t limit = rule != NULL
                          ? atomic_load_explicit(&e->limit, memory_order_relaxed)
                          : 0;
     uint64_t period = rule != NULL ? rule->period_ms : 0;
-    atomic_store_explicit(&e->mark, (limit + a - 1) / a,
+    atomic_store_explicit(&e->mark, share_of(s, e, limit),
                           memory_order_relaxed);
     atomic_store_explicit(&e->room, limit, memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, period, memory_order_relaxed);
@@ -183,7 +239,7 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
         e->hash = h;
         e->value_len = (uint16_t)len;
         memcpy(e->value, value, len);
-        first_mark(e, rule);
+        first_mark(s, e, rule);
         atomic_store_explicit(&t->slots[slot], e, memory_order_release);
         atomic_fetch_add(&s->n_entries, 1);
     }
@@ -307,20 +363,19 @@ void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
     } else if (window == e->window) {
         e->current = current > e->current ? current : e->current;
         e->previous = previous > e->previous ? previous : e->previous;
-    } else if (window + 1 == e->window && current > e->previous) {
-        e->previous = current;
     }
+    /* Older totals say nothing the newer ones do not. */
 }
 
-/* Brings the entry's totals to window w: what was current becomes the
- * previous window, or both are gone. */
-static void roll_to(rl_synced_entry *e, uint64_t w)
+/* The fleet's count in the trailing period as the totals last known hold
+ * it, at sub-window w of Redis's clock. */
+static uint64_t estimate(const rl_synced_entry *e, uint64_t w)
 {
-    if (e->window == w)
-        return;
-    e->previous = e->window + 1 == w ? e->current : 0;
-    e->current = 0;
-    e->window = w;
+    if (e->window == 0 || w <= e->window)
+        return e->current + e->previous;
+    if (w - e->window <= RL_WIRE_SUBWINDOWS)
+        return e->current; /* the oldest has left the span */
+    return 0;              /* all of it has */
 }
 
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
@@ -330,50 +385,30 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     if (r == NULL)
         return; /* a rule reloaded away: nobody checks it */
     uint64_t now = rl_synced_now(s, loop_ms);
-    uint64_t counted = rl_synced_counted(e);
     if (now == 0) {
         if (fresh_share)
-            first_mark(e, r);
+            first_mark(s, e, r);
         return;
     }
-    uint64_t period = r->period_ms;
-    roll_to(e, now / period);
-    uint64_t into = now % period;
-    /* A share is spent over the interval until the next totals: weigh the
-     * previous window as it will stand at the end of that interval, or the
-     * room it frees meanwhile would come one interval late, every time. */
-    uint64_t ahead = into + s->config->aggregator.sync_interval_ms;
-    double weight = ahead >= period ? 0.0
-                                    : (double)(period - ahead) / (double)period;
-    double used = (double)e->previous * weight + (double)e->current
-                  + (double)(counted - e->acked);
-    double room = (double)atomic_load_explicit(&e->limit,
-                                               memory_order_relaxed)
-                  - used;
-    uint64_t agents = atomic_load_explicit(&e->ident->agents,
-                                           memory_order_relaxed);
-    double a = agents > 0 ? (double)agents : 1.0;
-    uint64_t share = room > 0 ? (uint64_t)ceil(room / a) : 0;
-    uint64_t mark = counted + share;
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+    uint64_t w = now / g;
+    uint64_t used = estimate(e, w);
+    uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
+    uint64_t room = limit > used ? limit - used : 0;
+    uint64_t mark = e->acked + share_of(s, e, room);
     if (fresh_share || mark < atomic_load(&e->mark)) {
-        atomic_store_explicit(&e->counted_at_mark, counted,
+        atomic_store_explicit(&e->counted_at_mark, rl_synced_counted(e),
                               memory_order_relaxed);
-        atomic_store_explicit(&e->room, room > 0 ? (uint64_t)room : 0,
-                              memory_order_relaxed);
+        atomic_store_explicit(&e->room, room, memory_order_relaxed);
         atomic_store_explicit(&e->mark, mark, memory_order_release);
     }
-    /* A full key waits for the previous window to fade enough, or for the
-     * window to end, whichever comes first. */
-    uint64_t to_end = period - into;
-    uint64_t retry = to_end;
-    if (room < 1 && e->previous > 0) {
-        double fade = (1 - room) * (double)period / (double)e->previous;
-        if (fade < (double)to_end)
-            retry = (uint64_t)ceil(fade);
-    }
-    atomic_store_explicit(&e->retry_ms, room >= 1 ? 0 : retry,
+    /* A full key may get room when the next sub-window starts (its oldest
+     * leaves the span); what is counted now has left it a period on. */
+    uint64_t to_next = g - now % g;
+    atomic_store_explicit(&e->retry_ms, room >= 1 ? 0 : to_next,
                           memory_order_relaxed);
-    atomic_store_explicit(&e->reset_ms, to_end, memory_order_relaxed);
+    atomic_store_explicit(&e->reset_ms, RL_WIRE_SUBWINDOWS * g - now % g,
+                          memory_order_relaxed);
 }
 
 static void bury(rl_synced *s, rl_synced_table *t, rl_synced_entry *e,

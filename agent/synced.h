@@ -26,9 +26,12 @@ typedef struct rl_synced_entry {
     uint64_t reported;   /* counted and put in a report */
     uint64_t acked;      /* counted and known applied */
     uint64_t in_report;  /* in the report waiting for its ack */
-    uint64_t window;     /* the window the totals below are for */
-    uint64_t current;    /* fleet total of that window */
-    uint64_t previous;   /* fleet total of the window before */
+    uint64_t window;     /* the sub-window the totals below were read in */
+    uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
+    uint64_t previous;   /* oldest: fleet total of sub-window w-N */
+    bool partial;        /* the totals below came with an ack since the
+                          * last TOTALS: they may miss reports others
+                          * made at the same moment */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
     uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
                           * saw new counts */
@@ -75,6 +78,7 @@ typedef struct rl_synced {
     atomic_uint_least64_t keys_refused; /* the cap was hit */
     /* Server (Redis) time as of the last message, on the loop's clock. */
     uint64_t server_ms, server_at_loop_ms;
+    uint64_t salt;      /* this agent's, for the share's rounding coin */
     /* Tables and entries retired by a rebuild, freed a while later. */
     struct rl_synced_grave *graves;
 } rl_synced;
@@ -121,15 +125,18 @@ uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms);
 rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                                 const char *value, size_t value_len);
 
-/* I/O thread: new totals for an entry (the largest count of a window
- * wins: totals only grow). */
+/* I/O thread: new totals for an entry (wire.h: the sub-window they were
+ * read in, recent, oldest; the newest sub-window wins, and within one the
+ * largest counts: totals only grow). */
 void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
                            uint64_t current, uint64_t previous);
 
 /* I/O thread: work out a key's room again, by its rule as the I/O
  * thread's generation has it (nothing for a rule no longer there). With
- * fresh_share the key gets a new share of what is left (once per totals
- * interval, and when a reload changed the rule); without, its mark can
+ * fresh_share the key gets a new share of what is left (at each tick and
+ * TOTALS message, unless its totals came with an acknowledgement since the
+ * last TOTALS, and when a reload changed the rule),
+ * which replaces the last: mark = acked + share; without, its mark can
  * only come down. */
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);

@@ -34,6 +34,8 @@ typedef struct rl_ingest_worker {
     int result;                    /* of the last aio, set by nng */
     nng_msg *msg;
     rl_wire_msg report;
+    const rl_rule **presence; /* the report's known presence rules */
+    size_t n_presence;
     char peer[160];
     uint64_t sent_at_us;           /* to Redis, for the latency metric */
 } rl_ingest_worker;
@@ -141,6 +143,9 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
  * (an agent would then take the whole room as its share). */
 void rl_broadcast_carry(rl_aggregator *agg, const rl_config *old,
                         const rl_broadcast *from);
+/* A rule's agent count, from a presence report. */
+void rl_broadcast_agents(rl_aggregator *agg, const rl_rule *rule,
+                         uint64_t agents);
 /* Publishes every rule's changed keys (and a heartbeat for the others). */
 void rl_broadcast_publish(rl_aggregator *agg);
 /* Keys waiting for the next publish; the lag of the last publish. */
@@ -150,6 +155,12 @@ uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg);
 /* The synced rule named by bytes, or NULL. */
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
                                   rl_wire_bytes name);
+/* The rule named by bytes that needs a fleet size (synced, or on_error:
+ * local), or NULL. */
+const rl_rule *rl_aggregator_fleet_rule(const rl_aggregator *agg,
+                                        rl_wire_bytes name);
+/* Whether a rule needs a fleet size: its TOTALS carry the agent count. */
+bool rl_rule_needs_fleet(const rl_rule *rule);
 /* Whether name was a synced rule under an earlier config (and is not now). */
 bool rl_aggregator_retired(const rl_aggregator *agg, rl_wire_bytes name);
 

@@ -1,11 +1,13 @@
 /*
  * broadcast.c: totals out. Every key whose totals changed during an
  * interval is remembered (the latest totals win) and, once per interval,
- * each synced rule gets one TOTALS message on the PUB socket, topic "rule\0",
- * with its changed keys, Redis's clock and the rule's agent count. A rule
- * with no changes still gets its message: it carries the clock by which
- * agents roll their windows over. When Redis is away the message says so
- * (stale) and carries what was known.
+ * each rule that needs a fleet size (synced, or on_error: local) gets one
+ * TOTALS message on the PUB socket, topic "rule\0", with its changed keys,
+ * Redis's clock and the rule's agent count (from counts and from presence
+ * reports). A rule with no changes still gets its message: it carries the
+ * clock by which agents roll their windows over, and the agent count an
+ * on_error: local fallback divides by. When Redis is away the message says
+ * so (stale) and carries what was known.
  *
  * Memory is bounded: at most RL_WIRE_ENTRIES_MAX keys per rule per
  * interval; more are counted as dropped from that broadcast (the agents
@@ -129,13 +131,21 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
     n->previous = previous;
 }
 
+void rl_broadcast_agents(rl_aggregator *agg, const rl_rule *rule,
+                         uint64_t agents)
+{
+    rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
+    if (c != NULL)
+        c->agents = agents;
+}
+
 void rl_broadcast_carry(rl_aggregator *agg, const rl_config *old,
                         const rl_broadcast *from)
 {
     for (size_t i = 0; from != NULL && i < from->n_rules; i++) {
         const char *name = old->rules[i].name;
-        const rl_rule *rule = rl_config_synced_rule(agg->config, name,
-                                                    strlen(name));
+        const rl_rule *rule = rl_aggregator_fleet_rule(
+            agg, (rl_wire_bytes){name, strlen(name)});
         rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
         if (c != NULL)
             c->agents = from->rules[i].agents;
@@ -222,7 +232,7 @@ void rl_broadcast_publish(rl_aggregator *agg)
     b->first_note_ms = 0;
     for (size_t i = 0; i < agg->config->n_rules; i++) {
         const rl_rule *rule = &agg->config->rules[i];
-        if (rule->mode == RL_MODE_SYNCED && now != 0)
+        if (rl_rule_needs_fleet(rule) && now != 0)
             publish_rule(agg, rule, changes_of(agg, rule), w, now, stale);
     }
     rl_wire_writer_free(w);

@@ -155,7 +155,8 @@ static void send_ack(rl_ingest_worker *w, uint64_t status,
 }
 
 static void on_applied(void *arg, bool duplicate,
-                       const rl_window_total *totals, const char *error)
+                       const rl_window_total *totals,
+                       const uint64_t *presence_agents, const char *error)
 {
     rl_ingest_worker *w = arg;
     rl_aggregator *agg = w->agg;
@@ -166,6 +167,8 @@ static void on_applied(void *arg, bool duplicate,
         rl_log(&agg->log, RL_LOG_WARN, "report_not_applied",
                "peer=%s reason=\"%s\"", w->peer, error);
         send_ack(w, RL_ACK_RETRY, NULL);
+        free(w->presence);
+        w->presence = NULL;
         return;
     }
     const rl_wire_msg *m = &w->report;
@@ -182,6 +185,10 @@ static void on_applied(void *arg, bool duplicate,
                           totals[i].current, totals[i].previous,
                           totals[i].agents);
     }
+    for (size_t i = 0; i < w->n_presence; i++)
+        rl_broadcast_agents(agg, w->presence[i], presence_agents[i]);
+    free(w->presence);
+    w->presence = NULL;
     send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, totals);
 }
 
@@ -227,10 +234,26 @@ static void handle_report(rl_ingest_worker *w)
         rules[kept++] = rule;
     }
     w->report.n_entries = kept;
+    /* Presence: the rules named that this aggregator knows as needing a
+     * fleet size; others (a reload on one side only) are passed over. */
+    w->presence = calloc(m->n_presence + 1, sizeof *w->presence);
+    if (w->presence == NULL) {
+        free(rules);
+        refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    w->n_presence = 0;
+    for (size_t i = 0; i < m->n_presence; i++) {
+        const rl_rule *rule = rl_aggregator_fleet_rule(agg, m->presence[i]);
+        if (rule != NULL)
+            w->presence[w->n_presence++] = rule;
+    }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
     if (rl_agents_note(agg, m, w->peer, now) != 0) {
         free(rules);
+        free(w->presence);
+        w->presence = NULL;
         refuse(w, RL_REJECT_TOO_MANY_AGENTS, "a new agent, and "
                "aggregator.max_agents live ones are known already");
         return;
@@ -239,10 +262,11 @@ static void handle_report(rl_ingest_worker *w)
     w->sent_at_us = uv_hrtime() / 1000;
     if (now == 0) {
         free(rules);
-        on_applied(w, false, NULL, "Redis's clock is not known yet");
+        on_applied(w, false, NULL, NULL, "Redis's clock is not known yet");
         return;
     }
-    rl_windows_apply(agg->store, m, rules, now, on_applied, w);
+    rl_windows_apply(agg->store, m, rules, w->presence, w->n_presence, now,
+                     on_applied, w);
     free(rules);
 }
 
@@ -325,6 +349,8 @@ void rl_ingest_stop(rl_aggregator *agg)
         rl_ingest_worker *w = &agg->workers[i];
         nng_msg_free(w->msg);
         rl_wire_msg_free(&w->report);
+        free(w->presence);
+        w->presence = NULL;
         if (w->aio != NULL)
             nng_aio_free(w->aio);
         w->aio = NULL;

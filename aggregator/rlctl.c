@@ -276,11 +276,11 @@ static void print_view(const rlctl_view *v)
            (unsigned long long)r->period_ms);
     printf("key:         %s%s\n", v->key, v->exists ? "" : " (none)");
     if (r->mode == RL_MODE_SYNCED) {
-        printf("window:      %llu, ends in %llu ms\n",
+        printf("sub-window:  %llu, ends in %llu ms\n",
                (unsigned long long)v->window,
                (unsigned long long)v->full_in_ms);
-        printf("counts:      current %llu, previous %llu, sliding estimate "
-               "%llu of %llu\n", (unsigned long long)v->current,
+        printf("counts:      recent %llu, oldest %llu, estimate over the "
+               "period %llu of %llu\n", (unsigned long long)v->current,
                (unsigned long long)v->previous,
                (unsigned long long)v->estimate, (unsigned long long)r->limit);
     } else {
@@ -347,7 +347,8 @@ static bool confirmed(const rlctl_view *v)
     if (!isatty(STDIN_FILENO))
         return false;
     fprintf(stderr, "delete %s%s%s? [y/N] ", v->key,
-            v->previous_key[0] ? " and " : "", v->previous_key);
+            v->previous_key[0] ? " and " : "",
+            v->previous_key);
     char answer[16];
     return fgets(answer, sizeof answer, stdin) != NULL
            && (answer[0] == 'y' || answer[0] == 'Y');

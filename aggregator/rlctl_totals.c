@@ -1,12 +1,16 @@
 /*
- * rlctl_totals.c: see rlctl_totals.h. The window keys of the current and
- * the previous window are found with SCAN (never KEYS) on every primary,
- * their counts read, merged per client and sorted. At most ROWS_MAX
- * clients are read per rule; more are reported as left out.
+ * rlctl_totals.c: see rlctl_totals.h. A rule's clients' hashes of
+ * sub-windows are found with SCAN (never KEYS) on every primary; the
+ * fields of the trailing period are read and summed as agents do (wire.h):
+ * "recent", the sub-windows w-N+1..w, and "oldest", w-N; the estimate is
+ * their sum, never less than what the client was admitted in the last
+ * period. At most ROWS_MAX clients are read per rule; more are reported as
+ * left out.
  */
 #include "rlctl_totals.h"
 
 #include "rlctl_json.h"
+#include "wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +21,10 @@
 typedef rlctl_row row;
 typedef rlctl_table table;
 
-/* The key pattern of a rule's window: glob characters in the prefix are
- * escaped so that they match themselves. */
-static void pattern(const rlctl_store *s, const rl_rule *r,
-                    unsigned long long window, char *out, size_t cap)
+/* The key pattern of a rule's sub-windows: glob characters in the prefix
+ * are escaped so that they match themselves. */
+static void pattern(const rlctl_store *s, const rl_rule *r, char *out,
+                    size_t cap)
 {
     char prefix[2 * RL_PREFIX_MAX + 1];
     size_t n = 0;
@@ -30,8 +34,7 @@ static void pattern(const rlctl_store *s, const rl_rule *r,
         prefix[n++] = *p;
     }
     prefix[n] = '\0';
-    snprintf(out, cap, s->cfg->cluster ? "{%s*}:w%llu" : "%s*:w%llu", prefix,
-             window);
+    snprintf(out, cap, s->cfg->cluster ? "{%s*}:w" : "%s*:w", prefix);
 }
 
 /* The client's value inside a window key. */
@@ -86,13 +89,13 @@ static row *row_for(table *t, size_t sorted, const char *value)
     return r;
 }
 
-/* One window of one rule on one primary. */
+/* The trailing period's sub-windows (w-N..w) of one rule's clients on one
+ * primary, one row per client. */
 static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
-                unsigned long long window, bool current, size_t sorted,
-                table *t)
+                unsigned long long window, table *t)
 {
     char match[2 * RL_PREFIX_MAX + 64], cursor[32] = "0";
-    pattern(s, rule, window, match, sizeof match);
+    pattern(s, rule, match, sizeof match);
     do {
         redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
                                      match);
@@ -106,12 +109,19 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
             char value[RL_VALUE_MAX + 1];
             if (!value_of(s, rule, keys->element[i]->str, value))
                 continue;
-            redisReply *g = redisCommand(c, "GET %s", keys->element[i]->str);
-            row *client = g != NULL && g->type == REDIS_REPLY_STRING
-                              ? row_for(t, sorted, value) : NULL;
-            if (client != NULL) {
-                unsigned long long n = strtoull(g->str, NULL, 10);
-                *(current ? &client->current : &client->previous) = n;
+            redisReply *g = redisCommand(c, "HGETALL %s",
+                                         keys->element[i]->str);
+            row *client = g != NULL && g->type == REDIS_REPLY_ARRAY
+                              ? row_for(t, 0, value) : NULL;
+            for (size_t f = 0; client != NULL && f + 1 < g->elements;
+                 f += 2) {
+                unsigned long long w = strtoull(g->element[f]->str, NULL, 10);
+                unsigned long long n = strtoull(g->element[f + 1]->str, NULL,
+                                                10);
+                if (w > window || w + RL_WIRE_SUBWINDOWS < window)
+                    continue;
+                *(w + RL_WIRE_SUBWINDOWS == window ? &client->previous
+                                                   : &client->current) += n;
             }
             freeReplyObject(g);
         }
@@ -152,7 +162,7 @@ static void print_rule(const rl_rule *r, table *t, unsigned long top,
            t->left_out ? ", more not read" : "");
     if (n == 0)
         return;
-    printf("  %-40s %12s %12s %12s\n", "VALUE", "CURRENT", "PREVIOUS",
+    printf("  %-40s %12s %12s %12s\n", "VALUE", "RECENT", "OLDEST",
            "ESTIMATE");
     for (size_t i = 0; i < n; i++)
         printf("  %-40s %12llu %12llu %12llu\n", t->rows[i].value,
@@ -162,17 +172,26 @@ static void print_rule(const rl_rule *r, table *t, unsigned long top,
 int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
                          unsigned long long now, rlctl_table *t)
 {
-    unsigned long long w = now / r->period_ms, into = now % r->period_ms;
+    unsigned long long w = now / rl_wire_subwindow_ms(r->period_ms);
     memset(t, 0, sizeof *t);
     int failed = -1;
     for (int p = 0; p < s->n && failed < 0; p++)
-        failed = scan(s->primaries[p], s, r, w, true, 0, t) ? p : -1;
+        failed = scan(s->primaries[p], s, r, w, t) ? p : -1;
+    /* A client's hash is on one primary: rows merge only if a value
+     * repeats across primaries, which a cluster's slots rule out. */
     if (t->n > 0)
         qsort(t->rows, t->n, sizeof *t->rows, by_value);
-    size_t sorted = t->n;
-    for (int p = 0; p < s->n && failed < 0; p++)
-        failed = scan(s->primaries[p], s, r, w - 1, false, sorted, t) ? p
-                                                                       : -1;
+    size_t merged = 0;
+    for (size_t k = 0; k < t->n; k++) {
+        if (merged > 0
+            && strcmp(t->rows[merged - 1].value, t->rows[k].value) == 0) {
+            t->rows[merged - 1].current += t->rows[k].current;
+            t->rows[merged - 1].previous += t->rows[k].previous;
+        } else {
+            t->rows[merged++] = t->rows[k];
+        }
+    }
+    t->n = merged;
     if (failed >= 0) {
         free(t->rows);
         t->rows = NULL;
@@ -181,11 +200,7 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
         return -1;
     }
     for (size_t k = 0; k < t->n; k++)
-        t->rows[k].estimate =
-            t->rows[k].current
-            + (unsigned long long)((double)t->rows[k].previous
-                                   * (double)(r->period_ms - into)
-                                   / (double)r->period_ms);
+        t->rows[k].estimate = t->rows[k].current + t->rows[k].previous;
     if (t->n > 0)
         qsort(t->rows, t->n, sizeof *t->rows, by_estimate);
     return 0;

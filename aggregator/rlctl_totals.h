@@ -1,7 +1,7 @@
 /*
  * rlctl_totals.h: `rlctl totals`: the clients of synced rules, by their
- * sliding-window estimate, read from the window keys in the store. Private
- * to rlctl.
+ * trailing-period estimate, read from the sub-window keys in the store.
+ * Private to rlctl.
  */
 #ifndef RL_RLCTL_TOTALS_H
 #define RL_RLCTL_TOTALS_H
@@ -13,6 +13,8 @@
 
 typedef struct rlctl_row {
     char value[RL_VALUE_MAX + 1];
+    /* current: sub-windows w-N+1..w ("recent"); previous: w-N ("oldest");
+     * estimate: their sum, as agents count it (wire.h). */
     unsigned long long current, previous, estimate;
 } rlctl_row;
 

@@ -2,11 +2,12 @@
  * rlctl_view.c: see rlctl_view.h. The arithmetic is the bucket script's
  * (see agent/scripts.c): a bucket holds level / period_ms tokens and its
  * key's expiry is the time until it is full again; a missing key is a full
- * bucket. A synced rule's estimate is the
- * agent's: the previous window weighted by the part of it still inside the
- * sliding period, plus the current one.
+ * bucket. A synced rule's estimate is the agent's (wire.h): the counts of
+ * the sub-windows of the trailing period, the oldest counted whole.
  */
 #include "rlctl_view.h"
+
+#include "wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,42 +69,49 @@ static uint64_t level_now(const rl_rule *r, const char *state,
 }
 
 static void window_key(const rlctl_store *s, const rl_rule *rule,
-                       const char *value, uint64_t window, char *out,
-                       size_t cap)
+                       const char *value, char *out, size_t cap)
 {
     if (s->cfg->cluster)
-        snprintf(out, cap, "{%s%s}:w%llu", rule->key_prefix, value,
-                 (unsigned long long)window);
+        snprintf(out, cap, "{%s%s}:w", rule->key_prefix, value);
     else
-        snprintf(out, cap, "%s%s:w%llu", rule->key_prefix, value,
-                 (unsigned long long)window);
+        snprintf(out, cap, "%s%s:w", rule->key_prefix, value);
 }
 
+/* A synced client's hash of sub-windows: recent, w-N+1..w, and oldest,
+ * w-N, as agents read them (wire.h). */
 static int read_synced(rlctl_store *s, const char *value,
                        unsigned long long now, rlctl_view *v, char *err,
                        size_t errlen)
 {
     const rl_rule *r = v->rule;
-    v->window = now / r->period_ms;
-    window_key(s, r, value, v->window, v->key, sizeof v->key);
-    window_key(s, r, value, v->window - 1, v->previous_key,
-               sizeof v->previous_key);
-    char text[64];
-    bool exists;
-    long long ttl;
-    if (read_key(s, v->previous_key, text, sizeof text, &ttl, &exists, err,
-                 errlen) != 0)
-        return -1;
-    v->previous = strtoull(text, NULL, 10);
-    if (read_key(s, v->key, v->state, sizeof v->state, &v->ttl_ms,
-                 &v->exists, err, errlen) != 0)
-        return -1;
-    v->current = strtoull(v->state, NULL, 10);
-    uint64_t into = now % r->period_ms;
-    v->full_in_ms = r->period_ms - into; /* until this window ends */
-    v->estimate = v->current + (uint64_t)((double)v->previous
-                                          * (double)(r->period_ms - into)
-                                          / (double)r->period_ms);
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+    v->window = now / g;
+    window_key(s, r, value, v->key, sizeof v->key);
+    redisContext *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *h = redisCommand(c, "HGETALL %s", v->key);
+    if (h == NULL || h->type != REDIS_REPLY_ARRAY)
+        return store_error(c, h, err, errlen);
+    v->exists = h->elements > 0;
+    for (size_t f = 0; f + 1 < h->elements; f += 2) {
+        uint64_t w = strtoull(h->element[f]->str, NULL, 10);
+        uint64_t n = strtoull(h->element[f + 1]->str, NULL, 10);
+        if (w == v->window)
+            snprintf(v->state, sizeof v->state, "%llu",
+                     (unsigned long long)n);
+        if (w > v->window || w + RL_WIRE_SUBWINDOWS < v->window)
+            continue;
+        *(w + RL_WIRE_SUBWINDOWS == v->window ? &v->previous
+                                              : &v->current) += n;
+    }
+    freeReplyObject(h);
+    redisReply *t = redisCommand(c, "PTTL %s", v->key);
+    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
+        return store_error(c, t, err, errlen);
+    v->ttl_ms = t->integer;
+    freeReplyObject(t);
+    /* The oldest leaves the span when the next sub-window starts. */
+    v->full_in_ms = g - now % g;
+    v->estimate = v->current + v->previous;
     return 0;
 }
 
@@ -157,10 +165,10 @@ long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
                             size_t errlen)
 {
     long long removed = 0;
-    const char *keys[2] = {v->key, v->previous_key};
-    for (int i = 0; i < 2 && keys[i][0] != '\0'; i++) {
-        redisContext *c = rlctl_store_for_key(s, keys[i], strlen(keys[i]));
-        redisReply *r = redisCommand(c, "DEL %s", keys[i]);
+    for (size_t i = 0; i < 1; i++) {
+        const char *key = v->key;
+        redisContext *c = rlctl_store_for_key(s, key, strlen(key));
+        redisReply *r = redisCommand(c, "DEL %s", key);
         if (r == NULL || r->type != REDIS_REPLY_INTEGER)
             return store_error(c, r, err, errlen);
         removed += r->integer;

@@ -14,16 +14,18 @@
 
 typedef struct rlctl_view {
     const rl_rule *rule;
-    char key[RL_KEY_MAX + 32];   /* the bucket, or the current window */
-    char previous_key[RL_KEY_MAX + 32];
+    char key[RL_KEY_MAX + 32];   /* the bucket, or the sub-windows' hash */
+    char previous_key[RL_KEY_MAX + 32]; /* unused: "" */
     bool exists;
-    char state[96];              /* the raw value, "" if none */
+    char state[96];              /* the raw value (synced: the current
+                                  * sub-window's count), "" if none */
     long long ttl_ms;            /* -2: no key, -1: no expiry */
     /* exact */
     uint64_t level;              /* tokens x period_ms, now */
     uint64_t tokens;             /* whole tokens now */
-    uint64_t full_in_ms;         /* synced: until the window ends */
-    /* synced */
+    uint64_t full_in_ms;         /* synced: until the sub-window ends */
+    /* synced (wire.h): the sub-window, recent (w-N+1..w), oldest (w-N),
+     * their sum */
     uint64_t window, current, previous, estimate;
 } rlctl_view;
 
@@ -38,7 +40,7 @@ int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
 bool rlctl_view_allows(const rlctl_view *v, uint32_t cost,
                        long long *retry_ms);
 
-/* Deletes what the view read (the bucket, or both windows); returns the
+/* Deletes what the view read (the bucket, or the sub-windows' hash); returns the
  * number of keys removed, or -1 with a message. */
 long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
                             size_t errlen);

@@ -87,6 +87,8 @@ static int refresh(const rl_config *cfg, rlctl_store *s, unsigned long top,
             free(next);
             return 2;
         }
+        /* Rates within one period window: recent counts only grow in it
+         * but as sub-windows leave. */
         unsigned long long window = now / r->period_ms;
         for (size_t k = 0; k < t.n && k < top; k++) {
             const rlctl_row *row = &t.rows[k];

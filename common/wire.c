@@ -183,13 +183,37 @@ static bool rd_entries(struct reader *r, rl_wire_msg *m,
     return true;
 }
 
+/* The presence field: rule names, bounded like entries. */
+static bool rd_presence(struct reader *r, rl_wire_msg *m)
+{
+    size_t n;
+    m->has_presence = true;
+    if (!rd_array(r, &n))
+        return false;
+    if (n > RL_WIRE_PRESENCE_MAX)
+        return fail(r, "too many rule names");
+    if (n == 0)
+        return true;
+    m->presence = calloc(n, sizeof *m->presence);
+    if (m->presence == NULL)
+        return fail(r, "out of memory");
+    m->n_presence = n;
+    for (size_t i = 0; i < n; i++) {
+        if (!rd_bytes(r, RL_WIRE_NAME_MAX, &m->presence[i]))
+            return false;
+    }
+    return true;
+}
+
 static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
 {
     switch (m->type) {
     case RL_WIRE_REPORT:
-        return (fields == 5 || fail(r, "wrong number of fields"))
+        return (fields == 5 || fields == 6
+                || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
-               && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry);
+               && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry)
+               && (fields == 5 || rd_presence(r, m));
     case RL_WIRE_ACK:
         return (fields == 6 || fail(r, "wrong number of fields"))
                && rd_uint(r, &m->seq)
@@ -237,6 +261,9 @@ void rl_wire_msg_free(rl_wire_msg *m)
     free(m->entries);
     m->entries = NULL;
     m->n_entries = 0;
+    free(m->presence);
+    m->presence = NULL;
+    m->n_presence = 0;
 }
 
 struct rl_wire_writer {
@@ -300,6 +327,23 @@ void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
     put_str(w, agent_id, strlen(agent_id));
     msgpack_pack_uint64(&w->pk, seq);
     msgpack_pack_array(&w->pk, n_entries);
+}
+
+void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
+                                   uint64_t seq, size_t n_entries)
+{
+    put_header(w, 6, RL_WIRE_REPORT);
+    put_str(w, agent_id, strlen(agent_id));
+    msgpack_pack_uint64(&w->pk, seq);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
+void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
+                          size_t n)
+{
+    msgpack_pack_array(&w->pk, n);
+    for (size_t i = 0; i < n; i++)
+        put_str(w, rules[i], strlen(rules[i]));
 }
 
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,

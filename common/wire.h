@@ -4,7 +4,13 @@
  * the message type. Private to rl.
  *
  *   REPORT  agent -> aggregator (REQ)
- *           [1, 1, agent_id, seq, [[rule, value, count], ...]]
+ *           [1, 1, agent_id, seq, [[rule, value, count], ...]
+ *            (, [rule, ...])]
+ *           The optional last field names the agent's rules that need a
+ *           fleet size (every synced rule, every rule with on_error:
+ *           local), counts or not: the aggregator counts the agent in
+ *           them (presence). A count of 0 asks for the key's totals
+ *           without adding to them.
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
@@ -13,11 +19,18 @@
  *           [1, 3, rule, now_ms, stale, agents, [[value, window, current,
  *            previous, agents], ...]]
  *
- * agents is how many agents reported counts for the rule in the current or
- * the previous window.
+ * agents is how many agents reported the rule (counts or presence) in the
+ * current or the previous period window.
+ *
+ * Counts are kept per sub-window of g = rl_wire_subwindow_ms(period) ms,
+ * RL_WIRE_SUBWINDOWS to a period. In ACK and TOTALS, window is the
+ * sub-window w the totals were read in, current ("recent") the sum of the
+ * sub-windows w - N + 1 .. w, and previous ("oldest") the count of
+ * sub-window w - N, N = RL_WIRE_SUBWINDOWS: recent + oldest is never less
+ * than what was counted in the period up to now.
  *
  * now_ms is Redis's clock as the aggregator knows it; windows are numbered
- * by it (window = now_ms / period_ms), never by an agent's clock.
+ * by it (window = now_ms / g), never by an agent's clock.
  */
 #ifndef RL_COMMON_WIRE_H
 #define RL_COMMON_WIRE_H
@@ -38,6 +51,19 @@
 #define RL_WIRE_NAME_MAX 64
 #define RL_WIRE_VALUE_MAX 256
 #define RL_WIRE_COUNT_MAX ((1ULL << 53) - 1)
+#define RL_WIRE_PRESENCE_MAX 4096   /* rule names in one REPORT */
+
+/* Sub-windows per period: the trailing estimate over-counts by at most one
+ * sub-window's requests, and room freed comes back one sub-window late. */
+#define RL_WIRE_SUBWINDOWS 20
+
+/* The length of a rule's sub-windows: ceil(period / RL_WIRE_SUBWINDOWS),
+ * so that RL_WIRE_SUBWINDOWS of them cover at least a period. */
+static inline uint64_t rl_wire_subwindow_ms(uint64_t period_ms)
+{
+    uint64_t g = (period_ms + RL_WIRE_SUBWINDOWS - 1) / RL_WIRE_SUBWINDOWS;
+    return g > 0 ? g : 1;
+}
 
 /* ACK status. */
 #define RL_ACK_APPLIED 0
@@ -55,8 +81,8 @@ typedef struct rl_wire_entry {
     rl_wire_bytes value;
     uint64_t count;       /* REPORT */
     uint64_t window;      /* ACK, TOTALS */
-    uint64_t current;     /* fleet total of the window */
-    uint64_t previous;    /* fleet total of the window before */
+    uint64_t current;     /* recent: fleet total of sub-windows w-N+1..w */
+    uint64_t previous;    /* oldest: fleet total of sub-window w-N */
     uint64_t agents;      /* agents that reported the rule lately */
 } rl_wire_entry;
 
@@ -71,6 +97,9 @@ typedef struct rl_wire_msg {
     uint64_t agents;        /* TOTALS: agents reporting the rule */
     rl_wire_entry *entries; /* owned: free with rl_wire_msg_free */
     size_t n_entries;
+    bool has_presence;      /* REPORT: the presence field was there */
+    rl_wire_bytes *presence; /* REPORT: owned, like entries */
+    size_t n_presence;
 } rl_wire_msg;
 
 /* rl_wire_decode parses one message of len bytes (for TOTALS, after its
@@ -95,6 +124,12 @@ void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
                           uint64_t seq, size_t n_entries);
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
                        size_t value_len, uint64_t count);
+/* A REPORT with the presence field: begin, put n_entries counts, then
+ * rl_wire_put_presence once with its names. */
+void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
+                                   uint64_t seq, size_t n_entries);
+void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
+                          size_t n);
 
 void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,
                        uint64_t now_ms, size_t n_entries);

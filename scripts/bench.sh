@@ -63,6 +63,9 @@ section synced "$runner" -- "$build/bench/bench-synced" \
     "$build/bin/rl-aggregator"
 echo "bench: one hot key, exact against leased"
 section leased "$runner" -- "$build/bench/bench-leased"
+echo "bench: synced accuracy over any span, five loads (about 2 minutes)"
+section accuracy "$runner" -- "$build/bench/bench-accuracy" \
+    "$build/bin/rl-aggregator"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
 
@@ -165,7 +168,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced leased overrides fleet cluster; do
+    for name in exact synced accuracy leased overrides fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo

@@ -39,6 +39,10 @@ static bool writable(const rl_wire_msg *m)
         if (has_nul(&m->entries[i].rule))
             return false;
     }
+    for (size_t i = 0; i < m->n_presence; i++) {
+        if (has_nul(&m->presence[i]))
+            return false;
+    }
     return true;
 }
 
@@ -47,7 +51,10 @@ static void encode(const rl_wire_msg *m, rl_wire_writer *w)
     char id[RL_WIRE_ID_MAX + 1], rule[RL_WIRE_NAME_MAX + 1];
     if (m->type == RL_WIRE_REPORT) {
         as_string(&m->agent_id, id);
-        rl_wire_begin_report(w, id, m->seq, m->n_entries);
+        if (m->has_presence)
+            rl_wire_begin_report_presence(w, id, m->seq, m->n_entries);
+        else
+            rl_wire_begin_report(w, id, m->seq, m->n_entries);
     } else if (m->type == RL_WIRE_ACK) {
         rl_wire_begin_ack(w, m->seq, m->status, m->now_ms, m->n_entries);
     } else {
@@ -68,6 +75,15 @@ static void encode(const rl_wire_msg *m, rl_wire_writer *w)
             rl_wire_put_total(w, e->value.ptr, e->value.len, e->window,
                               e->current, e->previous, e->agents);
     }
+    if (m->has_presence) {
+        static char names[RL_WIRE_PRESENCE_MAX][RL_WIRE_NAME_MAX + 1];
+        static const char *ptrs[RL_WIRE_PRESENCE_MAX];
+        for (size_t i = 0; i < m->n_presence; i++) {
+            as_string(&m->presence[i], names[i]);
+            ptrs[i] = names[i];
+        }
+        rl_wire_put_presence(w, ptrs, m->n_presence);
+    }
 }
 
 static bool same_bytes(const rl_wire_bytes *a, const rl_wire_bytes *b)
@@ -83,8 +99,14 @@ static bool same(const rl_wire_msg *a, const rl_wire_msg *b)
         || !same_bytes(&a->rule, &b->rule) || a->seq != b->seq
         || a->status != b->status || a->now_ms != b->now_ms
         || a->stale != b->stale || a->agents != b->agents
-        || a->n_entries != b->n_entries)
+        || a->n_entries != b->n_entries
+        || a->has_presence != b->has_presence
+        || a->n_presence != b->n_presence)
         return false;
+    for (size_t i = 0; i < a->n_presence; i++) {
+        if (!same_bytes(&a->presence[i], &b->presence[i]))
+            return false;
+    }
     for (size_t i = 0; i < a->n_entries; i++) {
         const rl_wire_entry *x = &a->entries[i], *y = &b->entries[i];
         if (!same_bytes(&x->rule, &y->rule)

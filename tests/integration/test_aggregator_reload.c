@@ -146,19 +146,7 @@ static void reload_all(fleet *f, const char *rules)
 
 static long long redis_total(const char *prefix_value)
 {
-    redisContext *c = test_redis_connect(NULL);
-    redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s",
-                                           keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
+    return test_window_total(NULL, prefix_value);
 }
 
 /* Waits until Redis holds want for the key: the agents' counts all

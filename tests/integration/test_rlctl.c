@@ -7,6 +7,7 @@
 #include "test_aggregator.h"
 #include "test_env.h"
 #include "test_gateway.h"
+#include "wire.h"
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -114,16 +115,32 @@ Test(rlctl, totals_lists_synced_clients_by_their_count)
     unique(a, sizeof a, "org_small");
     unique(b, sizeof b, "org_big");
     redisContext *c = test_redis_connect(NULL);
-    unsigned long long w = test_redis_time_ms(c) / 3600000;
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 7", a, w));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 900", b,
+    /* Sub-windows of a twentieth of the hour: b's trailing period holds
+     * 600 + 300 recent and 50 in the oldest; 5,000 a sub-window before
+     * that is outside it. */
+    unsigned long long w = test_redis_time_ms(c)
+                           / (3600000 / RL_WIRE_SUBWINDOWS);
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 7", a, w));
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 600", b,
                                        w));
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 300", b,
+                                       w - 5));
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 50", b,
+                                       w - RL_WIRE_SUBWINDOWS));
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 5000", b,
+                                       w - RL_WIRE_SUBWINDOWS - 1));
     redisFree(c);
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "totals --rule per-tenant "
                        "--top 100000"), 0, "%s", out);
     char *big = strstr(out, b), *small = strstr(out, a);
     cr_assert(big != NULL && small != NULL && big < small,
               "not sorted by count: %s", out);
+    unsigned long long recent, oldest, estimate;
+    cr_assert_eq(sscanf(big + strlen(b), "%llu %llu %llu", &recent, &oldest,
+                        &estimate), 3, "%s", out);
+    cr_expect_eq(recent, 900, "%s", out);
+    cr_expect_eq(oldest, 50, "%s", out);
+    cr_expect_eq(estimate, 950, "%s", out);
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json totals --top 1"), 0);
     cr_assert(strstr(out, "\"rule\":\"per-tenant\"") != NULL, "%s", out);
     /* The top client holds at least the 900 written here (another test's
@@ -277,10 +294,11 @@ Test(rlctl, watch_shows_clients_against_their_limit)
     unique(over, sizeof over, "org_over");
     unique(under, sizeof under, "org_under");
     redisContext *c = test_redis_connect(NULL);
-    unsigned long long w = test_redis_time_ms(c) / 3600000;
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 1000",
+    unsigned long long w = test_redis_time_ms(c)
+                           / (3600000 / RL_WIRE_SUBWINDOWS);
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 1000",
                                        over, w));
-    freeReplyObject(test_redis_command(c, "SET rl:tenant:%s:w%llu 10", under,
+    freeReplyObject(test_redis_command(c, "HSET rl:tenant:%s:w %llu 10", under,
                                        w));
     redisFree(c);
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "watch --count 2 --interval 1 "

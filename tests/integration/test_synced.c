@@ -13,6 +13,7 @@
 
 #include <criterion/criterion.h>
 #include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -219,26 +220,129 @@ Test(synced, a_resent_report_is_counted_once)
     test_aggregator_stop(&agg);
 }
 
-/* The value's count is in one window key, rl:tenant:<value>:w<window>,
- * and that window is within first..last. */
+/* A key whose agents all reject sends no counts: its agents ask for its
+ * totals with a count of 0, which the aggregator answers, applies once by
+ * its sequence number, and never stores. */
+Test(synced, a_count_of_zero_asks_for_the_totals_and_writes_nothing)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    nng_socket s = dial_reports(&agg);
+    rl_wire_msg ack = report(s, "zero", 1, "per-tenant", "org_zero", 4);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    rl_wire_msg_free(&ack);
+    ack = report(s, "zero", 2, "per-tenant", "org_zero", 0);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.n_entries, 1);
+    cr_assert_eq(ack.entries[0].current + ack.entries[0].previous, 4);
+    rl_wire_msg_free(&ack);
+    ack = report(s, "zero", 2, "per-tenant", "org_zero", 0);
+    cr_assert_eq(ack.status, RL_ACK_DUPLICATE);
+    cr_assert_eq(ack.entries[0].current + ack.entries[0].previous, 4);
+    rl_wire_msg_free(&ack);
+    /* A key nobody counted: answered with nothing, and no key made. */
+    ack = report(s, "zero", 3, "per-tenant", "org_zero_never", 0);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.entries[0].current, 0);
+    cr_assert_eq(ack.entries[0].previous, 0);
+    rl_wire_msg_free(&ack);
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *keys = test_redis_command(c, "KEYS rl:tenant:org_zero*");
+    cr_assert_eq(keys->elements, 1, "%zu keys for one client's counts",
+                 keys->elements);
+    freeReplyObject(keys);
+    redisFree(c);
+    cr_assert_eq(test_window_total(NULL, "rl:tenant:org_zero"), 4);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+}
+
+/* Waits for a TOTALS message of rule saying `agents` agents; returns
+ * whether one came within timeout_ms. */
+static bool totals_say_agents(nng_socket sub, const char *rule,
+                              uint64_t agents, unsigned timeout_ms)
+{
+    uint64_t until = test_now_ms() + timeout_ms;
+    uint64_t last = 0;
+    while (test_now_ms() < until) {
+        char *buf;
+        size_t size;
+        if (nng_recv(sub, &buf, &size, NNG_FLAG_ALLOC) != 0)
+            continue;
+        const char *nul = memchr(buf, '\0', size);
+        rl_wire_msg m;
+        const char *why;
+        bool ok = nul != NULL
+                  && rl_wire_decode(nul + 1, size - (size_t)(nul + 1 - buf),
+                                    &m, &why) == 0;
+        if (ok) {
+            if (m.rule.len == strlen(rule)
+                && memcmp(m.rule.ptr, rule, m.rule.len) == 0)
+                last = m.agents;
+            rl_wire_msg_free(&m);
+        }
+        nng_free(buf, size);
+        if (last == agents)
+            return true;
+    }
+    fprintf(stderr, "totals of %s: last said %llu agents\n", rule,
+            (unsigned long long)last);
+    return false;
+}
+
+/* Agents that check nothing still tell the aggregator they are there, for
+ * every rule that needs the fleet's size (a synced rule, and a rule whose
+ * fallback is on_error: local), and the aggregator publishes each such
+ * rule's agent count every interval. */
+Test(synced, presence_reports_make_the_fleet_size_known_without_traffic)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL,
+                          "  - {name: present-synced, match: tenant, "
+                          "limit: 100, period: 10s, mode: synced}\n"
+                          "  - {name: present-fallback, match: user, "
+                          "limit: 100, period: 10s, mode: exact, "
+                          "on_error: local}\n", 100, NULL);
+    test_aggregator_wait_ready(&agg);
+    nng_socket sub;
+    cr_assert_eq(nng_sub0_open(&sub), 0);
+    nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, "present-", 8);
+    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, 200);
+    cr_assert_eq(nng_dial(sub, agg.totals, NULL, NNG_FLAG_NONBLOCK), 0);
+    rl_config *cfg[3];
+    rl_agent *a[3];
+    for (int i = 0; i < 3; i++)
+        a[i] = test_synced_agent(&agg, &cfg[i]);
+    cr_expect(totals_say_agents(sub, "present-fallback", 3, 3000));
+    cr_expect(totals_say_agents(sub, "present-synced", 3, 3000));
+    for (int i = 0; i < 3; i++) {
+        rl_agent_close(a[i]);
+        rl_config_free(cfg[i]);
+    }
+    test_aggregator_stop(&agg);
+    /* Only now, with nothing more to come: nng 1.5.2 can hang closing a
+     * socket a message is arriving on (see rl_sync_stop). */
+    nng_close(sub);
+}
+
+/* The value's count is in one sub-window, a field of its hash
+ * rl:tenant:<value>:w, and that sub-window is within first..last. */
 static void expect_one_window(const char *value, uint64_t first,
                               uint64_t last, long long count)
 {
     redisContext *c = test_redis_connect(NULL);
-    redisReply *keys = test_redis_command(c, "KEYS rl:tenant:%s:w*", value);
-    cr_assert_eq(keys->elements, 1, "%s counted in %zu windows", value,
-                 keys->elements);
-    const char *key = keys->element[0]->str;
-    uint64_t window = strtoull(strrchr(key, 'w') + 1, NULL, 10);
-    cr_assert(window >= first && window <= last, "%s counted in window "
-              "%llu; by Redis's clock it is %llu..%llu", key,
+    redisReply *h = test_redis_command(c, "HGETALL rl:tenant:%s:w", value);
+    cr_assert_eq(h->elements, 2, "%s counted in %zu sub-windows", value,
+                 h->elements / 2);
+    uint64_t window = strtoull(h->element[0]->str, NULL, 10);
+    cr_assert(window >= first && window <= last, "%s counted in sub-window "
+              "%llu; by Redis's clock it is %llu..%llu", value,
               (unsigned long long)window, (unsigned long long)first,
               (unsigned long long)last);
-    redisReply *v = test_redis_command(c, "GET %s", key);
-    cr_assert_eq(v->type, REDIS_REPLY_STRING);
-    cr_assert_eq(atoll(v->str), count, "%s holds %s", key, v->str);
-    freeReplyObject(v);
-    freeReplyObject(keys);
+    cr_assert_eq(atoll(h->element[1]->str), count, "%s holds %s", value,
+                 h->element[1]->str);
+    freeReplyObject(h);
     redisFree(c);
 }
 
@@ -268,8 +372,9 @@ Test(synced, windows_are_numbered_by_redis_clock)
     test_aggregator_wait_ready(&agg);
 
     /* The aggregator's reading of Redis's clock may be a little behind or
-     * ahead of the test's: a second either way (a shift is 18,003.7 s). */
-    enum { SKEW_MS = 1000, TENANT_PERIOD_MS = 10000 };
+     * ahead of the test's: a second either way (a shift is 18,003.7 s).
+     * Counts go in sub-windows of a twentieth of the rule's 10 s. */
+    enum { SKEW_MS = 1000, TENANT_PERIOD_MS = 10000 / RL_WIRE_SUBWINDOWS };
     nng_socket s = dial_reports(&agg);
     uint64_t before = redis_time_ms() - SKEW_MS;
     rl_wire_msg ack = report(s, "clock", 1, "per-tenant", "org_clock", 1);
@@ -439,21 +544,32 @@ static void ten_agents(const char *store, const char *label)
     rl_config *cfgs[FLEET];
     for (int i = 0; i < FLEET; i++)
         agents[i] = test_synced_agent(&agg, &cfgs[i]);
-    /* Warm up for a window, so that the windows measured have a previous
-     * one (the steady state), then measure three whole windows. */
+    /* The agents' presence reports make the fleet's size known to each
+     * within two intervals; then warm up for a window, so that the windows
+     * measured come after the first burst (the steady state), then measure
+     * three whole windows. */
+    test_sleep_ms(2500);
     uint64_t first = redis_time_ms() / PERIOD_MS + 2;
     long admitted[WINDOWS] = {0}, offered[WINDOWS] = {0};
     run_fleet(agents, first, admitted, offered);
-    /* The stated worst case (docs/design.md): 2 x (limit + agents). What gateways
-     * counting alone admit is measured by make bench (bench-alone). */
-    long bound = 2 * (LIMIT + FLEET);
+    /* The stated bound (docs/design.md): any span of one period, so every
+     * window too, within 5 % of the limit. In overload the fleet admits in
+     * bursts as room comes back, a period and the sync's lag after it was
+     * used, so a window may catch less than the limit; over the three,
+     * the average must stay above 75 % at this sync of a tenth of the
+     * period (synced_accuracy's faster sync holds it to 90 %). What
+     * gateways counting alone admit is measured by make bench
+     * (bench-alone). */
+    long bound = LIMIT * 105 / 100, sum = 0;
     for (int w = 0; w < WINDOWS; w++) {
         fprintf(stderr, "synced fleet%s: window %d: offered %ld, admitted "
                 "%ld (limit %d, 90%% floor %d, stated bound %ld)\n", label,
                 w, offered[w], admitted[w], LIMIT, LIMIT * 9 / 10, bound);
-        cr_expect_geq(admitted[w], LIMIT * 9 / 10);
         cr_expect_leq(admitted[w], bound);
+        sum += admitted[w];
     }
+    cr_expect_geq(sum, WINDOWS * LIMIT * 3 / 4, "%ld admitted in %d windows",
+                  sum, WINDOWS);
     for (int i = 0; i < FLEET; i++) {
         rl_agent_close(agents[i]);
         rl_config_free(cfgs[i]);

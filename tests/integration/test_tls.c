@@ -119,18 +119,9 @@ static void aggregator_start(aggregator *agg, const char *ca,
 
 static long long total(const char *value)
 {
-    redisContext *c = test_redis_connect(NULL);
-    redisReply *keys = test_redis_command(c, "KEYS rl:tenant:%s:w*", value);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s",
-                                           keys->element[i]->str);
-        sum += v->type == REDIS_REPLY_STRING ? atoll(v->str) : 0;
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
+    char prefix_value[300];
+    snprintf(prefix_value, sizeof prefix_value, "rl:tenant:%s", value);
+    return test_window_total(NULL, prefix_value);
 }
 
 /* Polls Redis for up to 10 s until value's count is want. */

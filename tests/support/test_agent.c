@@ -242,12 +242,15 @@ rl_decision test_check(test_agent *t, ...)
 long long test_window_total(const char *addr, const char *prefix_value)
 {
     redisContext *c = test_redis_connect(addr);
+    /* A synced client's counts: one hash, a field per sub-window. */
     redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
     long long sum = 0;
     for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
+        redisReply *v = test_redis_command(c, "HVALS %s",
+                                           keys->element[i]->str);
+        for (size_t f = 0; v->type == REDIS_REPLY_ARRAY && f < v->elements;
+             f++)
+            sum += atoll(v->element[f]->str);
         freeReplyObject(v);
     }
     freeReplyObject(keys);

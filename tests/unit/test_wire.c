@@ -145,10 +145,80 @@ Test(wire, array_headers_cannot_claim_more_than_the_message_holds)
 
 /* The fuzzer's seeds are valid messages: if the format changes, so must
  * they. */
+Test(wire, a_report_with_presence_reads_back_the_same)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report_presence(w, "agent-1", 43, 1);
+    rl_wire_put_count(w, "per-tenant", "org_acme", 8, 0);
+    const char *names[] = {"per-tenant", "per-user-local"};
+    rl_wire_put_presence(w, names, 2);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_REPORT);
+    cr_assert_eq(m.n_entries, 1);
+    cr_assert_eq(m.entries[0].count, 0);
+    cr_assert(m.has_presence);
+    cr_assert_eq(m.n_presence, 2);
+    cr_assert_eq(m.presence[1].len, 14);
+    cr_assert_eq(memcmp(m.presence[1].ptr, "per-user-local", 14), 0);
+    rl_wire_msg_free(&m);
+    cr_assert_null(m.presence);
+    /* No counts at all: presence alone. */
+    rl_wire_writer_reset(w);
+    rl_wire_begin_report_presence(w, "agent-1", 44, 0);
+    rl_wire_put_presence(w, names, 1);
+    m = decode_ok(w, 0);
+    cr_assert_eq(m.n_entries, 0);
+    cr_assert_eq(m.n_presence, 1);
+    rl_wire_msg_free(&m);
+    /* The older form has no presence. */
+    rl_wire_writer_reset(w);
+    rl_wire_begin_report(w, "agent-1", 45, 0);
+    m = decode_ok(w, 0);
+    cr_assert(!m.has_presence);
+    cr_assert_eq(m.n_presence, 0);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+Test(wire, presence_names_are_checked_and_bounded)
+{
+    /* [1, 1, "a", 1, [], [""]]: an empty name. */
+    const unsigned char empty[] = {0x96, 1, 1, 0xa1, 'a', 1, 0x90, 0x91,
+                                   0xa0};
+    cr_assert_str_eq(refusal(empty, sizeof empty),
+                     "string empty or too long");
+    /* [1, 1, "a", 1, [], 5]: not an array. */
+    const unsigned char number[] = {0x96, 1, 1, 0xa1, 'a', 1, 0x90, 5};
+    cr_assert_str_eq(refusal(number, sizeof number), "expected an array");
+    /* An array header claiming 65,537 names in a few bytes. */
+    const unsigned char bomb[] = {0x96, 1, 1, 0xa1, 'a', 1, 0x90,
+                                  0xdd, 0, 1, 0, 1, 0xa1, 'x'};
+    cr_assert_str_eq(refusal(bomb, sizeof bomb),
+                     "array longer than the message");
+    /* More names than RL_WIRE_PRESENCE_MAX, each one byte long. */
+    size_t n = RL_WIRE_PRESENCE_MAX + 1, len = 12 + 2 * n;
+    unsigned char *big = malloc(len), *p = big;
+    memcpy(p, (const unsigned char[]){0x96, 1, 1, 0xa1, 'a', 1, 0x90, 0xdd,
+                                      0, 0, (unsigned char)(n >> 8),
+                                      (unsigned char)n}, 12);
+    p += 12;
+    for (size_t i = 0; i < n; i++) {
+        *p++ = 0xa1;
+        *p++ = 'r';
+    }
+    cr_assert_str_eq(refusal(big, len), "too many rule names");
+    free(big);
+    /* Seven fields. */
+    const unsigned char seven[] = {0x97, 1, 1, 0xa1, 'a', 1, 0x90, 0x90, 0};
+    cr_assert_str_eq(refusal(seven, sizeof seven), "wrong number of fields");
+}
+
 Test(wire, fuzz_seeds_decode)
 {
-    const char *names[] = {"report", "ack", "totals"};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"report", "ack", "totals", "report_presence"};
+    const int types[] = {RL_WIRE_REPORT, RL_WIRE_ACK, RL_WIRE_TOTALS,
+                         RL_WIRE_REPORT};
+    for (int i = 0; i < 4; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/../fuzz/corpus/wire/%s",
                  getenv("RL_TEST_CONFIGS"), names[i]);
@@ -161,7 +231,7 @@ Test(wire, fuzz_seeds_decode)
         const char *why = NULL;
         cr_assert_eq(rl_wire_decode(buf, n, &m, &why), 0, "%s: %s", names[i],
                      why);
-        cr_assert_eq(m.type, i + 1);
+        cr_assert_eq(m.type, types[i]);
         rl_wire_msg_free(&m);
     }
 }
