@@ -103,7 +103,7 @@ static void io_thread(void *arg)
         rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
     }
-    if (a->io_gen->has_synced)
+    if (a->io_gen->needs_sync)
         rl_sync_start(a->sync, &a->loop);
     rl_agent_warn_fleet_unknown(a, a->io_gen);
     uv_run(&a->loop, UV_RUN_DEFAULT);

@@ -33,6 +33,9 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
         g->has_exact |= r->mode == RL_MODE_EXACT;
         g->has_fallback |= r->on_error == RL_ON_ERROR_LOCAL;
         g->has_leased |= r->mode == RL_MODE_LEASED;
+        g->needs_sync |= r->mode == RL_MODE_SYNCED
+                         || (r->on_error == RL_ON_ERROR_LOCAL
+                             && r->fleet_size == 0);
     }
     g->by_value &= !other;
     atomic_init(&g->refs, 0);

@@ -33,6 +33,10 @@ typedef struct rl_gen {
     rl_stats stats;               /* checks decided under it */
     bool has_synced, has_local, has_exact, has_leased;
     bool has_fallback;            /* a rule with on_error: local */
+    /* A synced rule, or an on_error: local one without fleet_size: the
+     * agent talks to the aggregators (for the latter, to learn the fleet's
+     * size from the counts its presence reports make). */
+    bool needs_sync;
     /* Every rule plain or by_value (bucket.h), one by_value at least:
      * checks go straight to check.c's path for such rules. */
     bool by_value;

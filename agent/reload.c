@@ -139,7 +139,7 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
             return rl_error_set(err, RL_ENOMEM, "out of memory");
         a->has_leased = true;
     }
-    if (!g->has_synced || a->has_synced)
+    if (!g->needs_sync || a->has_synced)
         return RL_OK;
     /* The aggregator settings are those the agent was opened with. */
     if (rl_synced_init(&a->synced, a->config) != RL_OK)

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "redis_server.h"
 #include "test_agent.h"
+#include "test_aggregator.h"
 #include "test_env.h"
 #include "test_gateway.h"
 
@@ -497,4 +498,47 @@ Test(fallback, a_fallback_rejection_stops_first_reject)
     cr_assert_eq(rules[1].checks, 1);
     rl_agent_close(a);
     rl_config_free(cfg);
+}
+
+/* --- The aggregator's count, with no synced rule and no fleet_size. ----- */
+
+/* Two agents whose only rule is an exact one with on_error: local and no
+ * fleet_size still report their presence to the aggregator, and learn
+ * from it that they are two: with the store away, each admits half of 4
+ * an hour, not all of it. */
+Test(fallback, the_aggregators_count_divides_a_rule_without_fleet_size)
+{
+    const char *rule = "  - {name: fleet-counted, match: api_key, limit: 4, "
+                       "period: 1h, on_error: local}\n";
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, rule, 100, NULL);
+    test_aggregator_wait_ready(&agg);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://127.0.0.1:1\", timeout_ms: 50}\n"
+             "aggregator: {reports: \"%s\", totals: \"%s\", "
+             "sync_interval_ms: 100}\n"
+             "rules:\n%s", agg.reports, agg.totals, rule);
+    const char *path = test_write_config("fallback-counted", yaml);
+    rl_config *cfg[2];
+    rl_agent *a[2];
+    for (int i = 0; i < 2; i++)
+        a[i] = test_agent_on(path, &cfg[i], NULL);
+    /* Presence goes out every 100 ms, the count comes back as often. */
+    test_sleep_ms(1500);
+    int allowed = 0;
+    for (int i = 0; i < 5; i++) {
+        rl_attr key = {"api_key", "k", 1};
+        rl_decision d;
+        cr_assert_eq(rl_check(a[0], &key, 1, 1, &d), RL_OK);
+        cr_assert(d.degraded);
+        allowed += d.allowed;
+    }
+    cr_assert_eq(allowed, 2, "half of the limit between two agents, as the "
+                 "aggregator counted them (all of it alone): %d", allowed);
+    for (int i = 0; i < 2; i++) {
+        rl_agent_close(a[i]);
+        rl_config_free(cfg[i]);
+    }
+    test_aggregator_stop(&agg);
 }
