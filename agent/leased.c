@@ -24,9 +24,10 @@
  * answer leaves the key not dry: the next checks go to the I/O thread,
  * whose lease fails too, and their rule's on_error decides.
  *
- * Entries dropped from the table stay in a grave for ten seconds: a check
- * that still holds one finds no tokens and no rate in it, and goes to the
- * I/O thread, which makes the key afresh.
+ * Entries dropped from the table are freed once every check begun before
+ * the drop has left (graves.h): a check that still holds one finds no
+ * tokens and no rate in it, and goes to the I/O thread, which makes the
+ * key afresh.
  */
 #include "leased.h"
 
@@ -39,7 +40,6 @@
 
 #define TICK_MS 5
 #define SWEEP_EVERY (RL_LEASE_MS / TICK_MS)
-#define GRAVE_DELAY_MS 10000
 
 const char rl_leased_refused[] = "leased keys are at local.max_keys";
 
@@ -49,13 +49,6 @@ struct rl_lease_waiter {
     void *arg;
     uint32_t cost;
 };
-
-typedef struct rl_leased_grave {
-    struct rl_leased_grave *next;
-    uint64_t free_at;
-    rl_leased_table *table;     /* or */
-    rl_leased_entry *entry;
-} rl_leased_grave;
 
 /* A lease call in flight. */
 typedef struct lease_call {
@@ -83,9 +76,10 @@ static rl_leased_table *table_new(size_t cap)
 }
 
 int rl_leased_init(rl_leased *l, size_t max_keys, uv_async_t *wakeup,
-                   const atomic_bool *closing)
+                   const atomic_bool *closing, rl_calls *calls)
 {
     memset(l, 0, sizeof *l);
+    rl_graves_init(&l->graves, calls);
     l->max_keys = max_keys;
     l->wakeup = wakeup;
     l->closing = closing;
@@ -105,20 +99,12 @@ static void free_entry(rl_leased_entry *e)
     free(e);
 }
 
-static void free_graves(rl_leased *l, bool all, uint64_t now)
+static void free_buried(void *owner, void *table, void *entry, bool all)
 {
-    rl_leased_grave **link = &l->graves;
-    while (*link != NULL) {
-        rl_leased_grave *g = *link;
-        if (!all && g->free_at > now) {
-            link = &g->next;
-            continue;
-        }
-        *link = g->next;
-        free_entry(g->entry);
-        free(g->table);
-        free(g);
-    }
+    (void)owner;
+    (void)all;
+    free_entry(entry);
+    free(table);
 }
 
 void rl_leased_fini(rl_leased *l)
@@ -126,7 +112,7 @@ void rl_leased_fini(rl_leased *l)
     rl_leased_table *t = atomic_load(&l->table);
     if (t == NULL)
         return;
-    free_graves(l, true, 0);
+    rl_graves_free(&l->graves, true, free_buried, l);
     for (size_t i = 0; i < t->cap; i++)
         free_entry(atomic_load(&t->slots[i]));
     free(t);
@@ -631,16 +617,6 @@ void rl_leased_drain(rl_leased *l)
     }
 }
 
-static void bury(rl_leased *l, rl_leased_table *t, rl_leased_entry *e,
-                 uint64_t now)
-{
-    rl_leased_grave *g = malloc(sizeof *g);
-    if (g == NULL)
-        return; /* leaked rather than freed while a check may hold it */
-    *g = (rl_leased_grave){l->graves, now + GRAVE_DELAY_MS, t, e};
-    l->graves = g;
-}
-
 /* A dry key whose wait is over: leased again if checks kept coming,
  * else no longer dry (its next check goes to the I/O thread). */
 static void refill_dry(rl_leased *l, rl_leased_entry *e, uint64_t now)
@@ -671,7 +647,7 @@ static bool droppable(rl_leased_entry *e, uint64_t now)
  * without them and swapped in (one writer, this thread). */
 static void sweep(rl_leased *l, uint64_t now)
 {
-    free_graves(l, false, now);
+    rl_graves_free(&l->graves, false, free_buried, l);
     rl_leased_table *t = atomic_load(&l->table);
     size_t dropped = 0;
     for (size_t i = 0; i < t->cap; i++) {
@@ -700,7 +676,7 @@ static void sweep(rl_leased *l, uint64_t now)
         if (e == NULL)
             continue;
         if (e->gone) {
-            bury(l, NULL, e, now);
+            rl_graves_add(&l->graves, NULL, e);
             continue;
         }
         size_t j = e->hash & (fresh->cap - 1);
@@ -709,9 +685,12 @@ static void sweep(rl_leased *l, uint64_t now)
         atomic_init(&fresh->slots[j], e);
         kept++;
     }
-    atomic_store_explicit(&l->table, fresh, memory_order_release);
+    rl_graves_add(&l->graves, t, NULL);
+    /* Sequentially consistent (graves.h): a check that still found the
+     * old table began before the mark. */
+    atomic_store(&l->table, fresh);
     atomic_store(&l->n_entries, kept);
-    bury(l, t, NULL, now);
+    rl_graves_mark(&l->graves);
 }
 
 /* Every tick the dry keys (a list: those at their limit), every
@@ -742,7 +721,7 @@ static void tick(uv_timer_t *timer)
         l->refused_logged = refused;
         l->logged_at_ms = now;
     }
-    if (atomic_load(&l->n_entries) == 0 && l->graves == NULL)
+    if (atomic_load(&l->n_entries) == 0 && l->graves.head == NULL)
         uv_timer_stop(&l->tick);
 }
 

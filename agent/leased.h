@@ -14,6 +14,7 @@
 
 #include "bucket.h"
 #include "config.h"
+#include "graves.h"
 #include "ident.h"
 #include "keys.h"
 #include "log.h"
@@ -107,14 +108,16 @@ typedef struct rl_leased {
     size_t giving_back;                 /* give-back calls not answered */
     void (*given_back)(void *arg);      /* at close: all answered */
     void *given_back_arg;
-    struct rl_leased_grave *graves;
+    rl_graves graves;                   /* dropped, until no check holds
+                                         * them */
 } rl_leased;
 
 /* The reason a waiting check gets when its key is over the cap. */
 extern const char rl_leased_refused[];
 
+/* calls: the agent's (calls.h), for what a rebuild drops (graves.h). */
 int rl_leased_init(rl_leased *l, size_t max_keys, uv_async_t *wakeup,
-                   const atomic_bool *closing);
+                   const atomic_bool *closing, rl_calls *calls);
 void rl_leased_fini(rl_leased *l);
 
 /* rl_leased_check spends cost tokens in hand for (id, value) at rate, on

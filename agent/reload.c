@@ -135,14 +135,14 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
      * both are per-key state in this process. */
     if (g->has_leased && !a->has_leased) {
         if (rl_leased_init(&a->leased, a->config->local_max_keys,
-                           &a->wakeup, &a->closing) != RL_OK)
+                           &a->wakeup, &a->closing, &a->calls) != RL_OK)
             return rl_error_set(err, RL_ENOMEM, "out of memory");
         a->has_leased = true;
     }
     if (!g->needs_sync || a->has_synced)
         return RL_OK;
     /* The aggregator settings are those the agent was opened with. */
-    if (rl_synced_init(&a->synced, a->config) != RL_OK)
+    if (rl_synced_init(&a->synced, a->config, &a->calls) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "out of memory");
     rl_sync *sync = rl_sync_new(&a->synced, a->config, &a->log, err);
     if (sync == NULL) {

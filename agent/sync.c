@@ -258,7 +258,9 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
 {
     for (size_t i = 0; i < s->n_in_report; i++) {
         rl_synced_entry *e = s->in_report[i].entry;
+        e->acked_prior = e->acked;
         e->acked += s->in_report[i].count;
+        e->acked_ms = ack->now_ms != 0 ? ack->now_ms : UINT64_MAX;
         e->in_report = 0;
     }
     free(s->in_report);
@@ -370,8 +372,10 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_synced_table *table = atomic_load(&s->synced->table);
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
-            if (e != NULL && e->ident == id)
+            if (e != NULL && e->ident == id) {
+                e->snap_ms = t.now_ms;
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
+            }
         }
     }
     rl_wire_msg_free(&t);

@@ -45,8 +45,9 @@
  *
  * Keys idle for two periods are forgotten: the I/O thread rebuilds the
  * table without them and swaps it in; the old table and entries are freed
- * ten seconds later (a check holds them for microseconds), and any count a
- * late check made on a retired entry is carried over to the live table.
+ * once every check begun before the swap has left (graves.h), and any
+ * count a late check made on a retired entry is carried over to the live
+ * table.
  */
 #include "synced.h"
 
@@ -59,8 +60,6 @@
 #include <string.h>
 #include <time.h>
 
-#define GRAVE_DELAY_MS 10000
-
 /* A 64-bit mix (splitmix64's finaliser): the share's coin. */
 static uint64_t mix(uint64_t x)
 {
@@ -69,13 +68,6 @@ static uint64_t mix(uint64_t x)
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
 }
-
-typedef struct rl_synced_grave {
-    struct rl_synced_grave *next;
-    uint64_t free_at;
-    rl_synced_table *table;     /* or */
-    rl_synced_entry *entry;
-} rl_synced_grave;
 
 static size_t table_cap(size_t max_keys)
 {
@@ -93,10 +85,11 @@ static rl_synced_table *table_new(size_t cap)
     return t;
 }
 
-int rl_synced_init(rl_synced *s, const rl_config *config)
+int rl_synced_init(rl_synced *s, const rl_config *config, rl_calls *calls)
 {
     memset(s, 0, sizeof *s);
     s->config = config;
+    rl_graves_init(&s->graves, calls);
     /* The share coin's salt: agents of one fleet draw differently. */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -111,7 +104,7 @@ int rl_synced_init(rl_synced *s, const rl_config *config)
     return RL_OK;
 }
 
-static void free_graves(rl_synced *s, bool all, uint64_t now);
+static rl_grave_free_fn free_buried;
 
 static void free_entry(rl_synced_entry *e)
 {
@@ -125,7 +118,7 @@ void rl_synced_fini(rl_synced *s)
     rl_synced_table *t = atomic_load(&s->table);
     if (t == NULL)
         return;
-    free_graves(s, true, 0);
+    rl_graves_free(&s->graves, true, free_buried, s);
     for (size_t i = 0; i < t->cap; i++)
         free_entry(atomic_load(&t->slots[i]));
     free(t);
@@ -378,6 +371,19 @@ static uint64_t estimate(const rl_synced_entry *e, uint64_t w)
     return 0;              /* all of it has */
 }
 
+/* What this agent counted that the totals used hold. A fresh share is
+ * worked out from the last TOTALS snapshot, which holds the last
+ * acknowledged report only if that report was acknowledged before the
+ * snapshot was taken; taking it as held when it is not would give out its
+ * admissions again. A lowered mark comes from an ack's own totals, which
+ * hold its report. */
+static uint64_t base(const rl_synced_entry *e, bool fresh_share)
+{
+    if (!fresh_share || e->acked_ms < e->snap_ms)
+        return e->acked;
+    return e->acked_prior;
+}
+
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share)
 {
@@ -395,7 +401,7 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     uint64_t used = estimate(e, w);
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
     uint64_t room = limit > used ? limit - used : 0;
-    uint64_t mark = e->acked + share_of(s, e, room);
+    uint64_t mark = base(e, fresh_share) + share_of(s, e, room);
     if (fresh_share || mark < atomic_load(&e->mark)) {
         atomic_store_explicit(&e->counted_at_mark, rl_synced_counted(e),
                               memory_order_relaxed);
@@ -411,16 +417,6 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                           memory_order_relaxed);
 }
 
-static void bury(rl_synced *s, rl_synced_table *t, rl_synced_entry *e,
-                 uint64_t now)
-{
-    rl_synced_grave *g = malloc(sizeof *g);
-    if (g == NULL)
-        return; /* leaked rather than freed while a check may hold it */
-    *g = (rl_synced_grave){s->graves, now + GRAVE_DELAY_MS, t, e};
-    s->graves = g;
-}
-
 /* Counts a late check made on a retired entry go to the live one. */
 static void carry_over(rl_synced *s, rl_synced_entry *old)
 {
@@ -434,22 +430,12 @@ static void carry_over(rl_synced *s, rl_synced_entry *old)
         atomic_fetch_add(&e->counts[RL_THREAD_SLOT_SHARED], late);
 }
 
-static void free_graves(rl_synced *s, bool all, uint64_t now)
+static void free_buried(void *owner, void *table, void *entry, bool all)
 {
-    rl_synced_grave **link = &s->graves;
-    while (*link != NULL) {
-        rl_synced_grave *g = *link;
-        if (!all && g->free_at > now) {
-            link = &g->next;
-            continue;
-        }
-        *link = g->next;
-        if (g->entry != NULL && !all)
-            carry_over(s, g->entry);
-        free_entry(g->entry);
-        free(g->table);
-        free(g);
-    }
+    if (entry != NULL && !all)
+        carry_over(owner, entry);
+    free_entry(entry);
+    free(table);
 }
 
 /* A rule reloaded away keeps its keys only until their counts are
@@ -464,7 +450,7 @@ static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms)
 
 void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
 {
-    free_graves(s, false, loop_ms);
+    rl_graves_free(&s->graves, false, free_buried, s);
     rl_synced_table *t = atomic_load(&s->table);
     size_t idle = 0;
     for (size_t i = 0; i < t->cap; i++) {
@@ -483,7 +469,7 @@ void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
         if (e == NULL)
             continue;
         if (is_idle(e, loop_ms)) {
-            bury(s, NULL, e, loop_ms);
+            rl_graves_add(&s->graves, NULL, e);
             atomic_fetch_sub(&s->n_entries, 1);
             continue;
         }
@@ -492,7 +478,10 @@ void rl_synced_sweep(rl_synced *s, uint64_t loop_ms)
             j = (j + 1) & (fresh->cap - 1);
         atomic_init(&fresh->slots[j], e);
     }
-    atomic_store_explicit(&s->table, fresh, memory_order_release);
+    rl_graves_add(&s->graves, t, NULL);
+    /* Sequentially consistent (graves.h): a check that still found the
+     * old table began before the mark. */
+    atomic_store(&s->table, fresh);
     pthread_mutex_unlock(&s->insert_lock);
-    bury(s, t, NULL, loop_ms);
+    rl_graves_mark(&s->graves);
 }

@@ -9,6 +9,8 @@
 #define RL_AGENT_SYNCED_H
 
 #include "bucket.h"
+#include "calls.h"
+#include "graves.h"
 #include "config.h"
 #include "ident.h"
 #include "keys.h"
@@ -25,6 +27,13 @@ typedef struct rl_synced_entry {
     /* I/O thread only. */
     uint64_t reported;   /* counted and put in a report */
     uint64_t acked;      /* counted and known applied */
+    /* Whether the last TOTALS snapshot holds the last acknowledged report:
+     * it does when that report's ack was built before the snapshot was
+     * taken (both times are the aggregator's reading of Redis's clock).
+     * A slow agent can hear a snapshot after an ack it predates. */
+    uint64_t acked_prior; /* acked before the last ack */
+    uint64_t acked_ms;    /* the last ack's Redis ms (UINT64_MAX: unknown) */
+    uint64_t snap_ms;     /* the last TOTALS snapshot's Redis ms */
     uint64_t in_report;  /* in the report waiting for its ack */
     uint64_t window;     /* the sub-window the totals below were read in */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
@@ -79,11 +88,14 @@ typedef struct rl_synced {
     /* Server (Redis) time as of the last message, on the loop's clock. */
     uint64_t server_ms, server_at_loop_ms;
     uint64_t salt;      /* this agent's, for the share's rounding coin */
-    /* Tables and entries retired by a rebuild, freed a while later. */
-    struct rl_synced_grave *graves;
+    /* Tables and entries retired by a rebuild, freed once no check can
+     * hold them. */
+    rl_graves graves;
 } rl_synced;
 
-int rl_synced_init(rl_synced *s, const rl_config *config);
+/* calls: the agent's (calls.h): what rebuilds retire is freed only once
+ * every check that might still read it has left. */
+int rl_synced_init(rl_synced *s, const rl_config *config, rl_calls *calls);
 void rl_synced_fini(rl_synced *s);
 
 /* rl_synced_check decides one synced rule for a value at rate (the rule's
