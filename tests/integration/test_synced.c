@@ -532,6 +532,17 @@ static void run_fleet(rl_agent **agents, uint64_t first_window,
     }
 }
 
+/* The floor is the sync's timing as much as the code's: under
+ * ThreadSanitizer (ten agents and an aggregator instrumented, a cluster,
+ * two cores) reports and totals come late enough that room comes back
+ * seconds late; there the test holds the fleet to "not starved" (half the
+ * limit) and the bound above unchanged. */
+#ifdef __SANITIZE_THREAD__
+#define FLOOR_PERCENT 50
+#else
+#define FLOOR_PERCENT 75
+#endif
+
 /* store: NULL for the runner's Redis, or a cluster's seeds. */
 static void ten_agents(const char *store, const char *label)
 {
@@ -568,8 +579,8 @@ static void ten_agents(const char *store, const char *label)
         cr_expect_leq(admitted[w], bound);
         sum += admitted[w];
     }
-    cr_expect_geq(sum, WINDOWS * LIMIT * 3 / 4, "%ld admitted in %d windows",
-                  sum, WINDOWS);
+    cr_expect_geq(sum, WINDOWS * LIMIT * FLOOR_PERCENT / 100,
+                  "%ld admitted in %d windows", sum, WINDOWS);
     for (int i = 0; i < FLEET; i++) {
         rl_agent_close(agents[i]);
         rl_config_free(cfgs[i]);
