@@ -1,0 +1,91 @@
+/*
+ * A synced key's fresh share, from its totals and what this agent counted:
+ * mark = acked + room / agents, where acked counts as held by the TOTALS
+ * snapshot only if the last ack predates it. The fleets are
+ * tests/integration/test_synced_accuracy.c; this is the rule those depend
+ * on when an agent is slow enough to hear a snapshot late.
+ */
+#include "synced.h"
+#include "wire.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+typedef struct one_key {
+    rl_config cfg;
+    rl_calls calls;
+    rl_synced s;
+    rl_rule rule;
+    rl_ident *idents, *id;
+    rl_synced_entry *e;
+    uint64_t window;
+} one_key;
+
+/* One agent (its share is the whole room), one key of 100 per 2 s, the
+ * totals at 30 and the agent's own count at 30, 10 of it acked before. */
+static void one_key_open(one_key *k)
+{
+    memset(k, 0, sizeof *k);
+    k->cfg.aggregator.max_keys = 16;
+    k->cfg.aggregator.sync_interval_ms = 100;
+    cr_assert_eq(rl_synced_init(&k->s, &k->cfg, &k->calls), RL_OK);
+    k->rule = (rl_rule){.limit = 100, .period_ms = 2000, .burst = 100,
+                        .mode = RL_MODE_SYNCED};
+    strcpy(k->rule.name, "share");
+    k->id = rl_idents_take(&k->idents, &k->rule);
+    cr_assert_not_null(k->id);
+    k->id->io_rule = &k->rule;
+    atomic_store(&k->id->agents, 1);
+    rl_bucket_reply reply;
+    bool degraded;
+    for (int i = 0; i < 30; i++)
+        cr_assert_eq(rl_synced_check(&k->s, &k->rule, k->id, &k->rule.own,
+                                     "v", 1, 1, &reply, &degraded), RL_OK);
+    uint64_t now = 1000000;
+    rl_synced_set_time(&k->s, now, 0);
+    k->e = rl_synced_find(&k->s, k->id, "v", 1);
+    cr_assert_not_null(k->e);
+    k->window = now / rl_wire_subwindow_ms(k->rule.period_ms);
+    rl_synced_note_totals(k->e, k->window, 30, 0);
+    k->e->acked_prior = 10;
+    k->e->acked = 30;
+    k->e->acked_ms = now - 50;
+}
+
+static void one_key_close(one_key *k)
+{
+    rl_synced_fini(&k->s);
+    rl_idents_sweep(&k->idents, true);
+}
+
+static uint64_t mark(const one_key *k)
+{
+    return atomic_load(&k->e->mark);
+}
+
+Test(synced_share, a_snapshot_after_the_ack_holds_the_acked_count)
+{
+    one_key k;
+    one_key_open(&k);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 30 + 70, "acked 30 + the room of 70");
+    one_key_close(&k);
+}
+
+/* The ack came after the snapshot was taken: its 20 are not in the totals
+ * of 30, so they come out of this agent's share (else they would be let
+ * through again by the fleet's other shares). */
+Test(synced_share, a_snapshot_older_than_the_ack_does_not)
+{
+    one_key k;
+    one_key_open(&k);
+    k.e->snap_ms = k.e->acked_ms - 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 10 + 70, "the acked count before that ack");
+    /* An ack's own totals hold its report: lowering from them counts it. */
+    rl_synced_note_totals(k.e, k.window, 60, 0);
+    rl_synced_rebalance(&k.s, k.e, 0, false);
+    cr_assert_eq(mark(&k), 30 + 40);
+    one_key_close(&k);
+}
