@@ -99,8 +99,10 @@ static bool report(const struct test *t, int status, double seconds)
 
 /* How many tests run at once: TSAN_JOBS, else JOBS_DEFAULT. The tests
  * in `alone` below never share the machine: they run first, one at a time,
- * and the others after them, TSAN_JOBS at a time. */
-#define JOBS_DEFAULT 1
+ * and the others after them, TSAN_JOBS at a time. Two at a time with that
+ * list passed all 250 tests twice on a shared 2-core machine, in 234 s and
+ * 233 s against 397 s one at a time (TSAN_JOBS=1). */
+#define JOBS_DEFAULT 2
 static long jobs(void)
 {
     const char *env = getenv("TSAN_JOBS");
