@@ -267,12 +267,14 @@ tsan:
 	    TEST_HARNESS=tsan-runner test
 
 # Not part of `make test`: every tests/mutants/*.mutant (MUTANTS="a b" for
-# some) applied in turn to a copy of the tree in build/mutants, built, and
-# the tests it names run: some must fail. See tests/mutants/README.md.
+# some) applied to a copy of the tree in build/mutants, built, and the
+# tests it names run: some must fail. MUTANT_JOBS at once (empty: one per
+# core), each in its own copy. See tests/mutants/README.md.
 MUTANTS ?=
+MUTANT_JOBS ?=
 
 mutants:
-	@bash scripts/mutants.sh $(MUTANTS)
+	@MUTANT_JOBS=$(MUTANT_JOBS) bash scripts/mutants.sh $(MUTANTS)
 
 # libFuzzer (clang) on the wire decoder. New inputs go to build/fuzz/corpus;
 # tests/fuzz/corpus/wire holds the seeds. FUZZ_SECONDS=600 for a long run.

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # make mutants: applies each deliberate breakage in tests/mutants/ (or only
-# those named) in turn to a copy of the tree, builds it and runs the tests
-# the mutant's "tests:" filter selects through `make test`'s runner. Some
-# test must fail. The file format is in tests/mutants/README.md.
+# those named) to a copy of the tree, builds it and runs the tests the
+# mutant's "tests:" filter selects through `make test`'s runner. Some test
+# must fail. The file format is in tests/mutants/README.md.
 #
 #   mutants.sh [NAME...]      NAME: a file in tests/mutants, without .mutant
 #
-# The copy is build/mutants/tree, refreshed from the checkout's files (git
-# ls-files, committed or not) at every run and built without LTO, so that a
-# mutant costs an incremental build. Logs go to build/mutants/logs, the
-# table also to build/mutants/report.txt. The exit status is non-zero if
+# MUTANT_JOBS mutants (default: the number of cores) are tried at once,
+# each in its own copy, build/mutants/tree-N, with its own runner (each
+# runner starts its servers on free ports). The copies are refreshed from
+# the checkout's files (git ls-files, committed or not) at every run and
+# built without LTO, so that a mutant costs an incremental build; a missing
+# tree-N starts as a copy of the built tree-1. Logs go to
+# build/mutants/logs, the table, in the mutants' order whatever order they
+# finish in, also to build/mutants/report.txt. The exit status is non-zero if
 # the unmutated copy fails those tests, or a mutant survives, is stale or
 # malformed, does not build, or its run fails without a failing test.
 # A run that takes over MUTANT_TIMEOUT seconds (default 300) is stopped and
@@ -17,10 +21,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=build/mutants
-tree=$out/tree
 logs=$out/logs
+results=$out/results
 timeout_s=${MUTANT_TIMEOUT:-300}
 jobs=$(nproc)
+workers=${MUTANT_JOBS:-$jobs}
+[[ $workers =~ ^[1-9][0-9]*$ ]] || {
+    echo "mutants: MUTANT_JOBS must be a positive number, not '$workers'" >&2
+    exit 1
+}
 # The copy is built the same way whatever make called this script with.
 unset MAKEFLAGS MFLAGS MAKELEVEL MAKEOVERRIDES
 
@@ -48,14 +57,18 @@ select_mutants() {
 
 # Copies what differs (a fresh mtime, so make rebuilds what depends on it,
 # also a file a stopped run left mutated) and removes what is gone.
-sync_tree() {
+list_files() {
     git rev-parse --git-dir >/dev/null 2>&1 ||
         die "needs a git checkout: the copy is made from git ls-files"
-    mkdir -p "$tree"
-    local list=$out/files f
+    local f
     git ls-files --cached --others --exclude-standard |
         while IFS= read -r f; do [ -f "$f" ] && printf '%s\n' "$f"; done |
-        sort -u >"$list"
+        sort -u >"$out/files"
+}
+# sync_tree TREE (after list_files)
+sync_tree() {
+    local tree=$1 list=$out/files f
+    mkdir -p "$tree"
     while IFS= read -r f; do
         cmp -s "$f" "$tree/$f" 2>/dev/null && continue
         mkdir -p "$tree/$(dirname "$f")" && cp "$f" "$tree/$f" ||
@@ -66,9 +79,10 @@ sync_tree() {
         while IFS= read -r f; do rm -f "$tree/$f"; done
 }
 
+# build TREE LOG
 build() {
-    make -C "$tree" -j"$jobs" LTO= all build/tests/rl-tests \
-        build/tests/with-redis >"$1" 2>&1
+    make -C "$1" -j"$jobs" LTO= all build/tests/rl-tests \
+        build/tests/with-redis >"$2" 2>&1
 }
 
 # The suites of the test files that use the Redis Cluster the runner can
@@ -92,18 +106,19 @@ runner_args() {
     done
 }
 
-# Runs the tests a filter selects, verbose, so that the log names every
-# test that ran ([PASS]) or failed ([FAIL]). timeout runs them in a process
-# group of their own, which an interrupted run stops (see stop).
-runner=""
+# run_tests TREE FILTER LOG: runs the tests a filter selects, verbose, so
+# that the log names every test that ran ([PASS]) or failed ([FAIL]).
+# timeout runs them in a process group of their own, whose id is in
+# TREE.runner while they run, for an interrupted run to stop (see stop).
 run_tests() {
-    timeout -k 20 "$timeout_s" make -C "$tree" LTO= test \
-        RUNNER_ARGS="$(runner_args "$1")" \
-        CRITERION_ARGS="--verbose --filter '$1'" >"$2" 2>&1 &
-    runner=$!
+    timeout -k 20 "$timeout_s" make -C "$1" LTO= test \
+        RUNNER_ARGS="$(runner_args "$2")" \
+        CRITERION_ARGS="--verbose --filter '$2'" >"$3" 2>&1 &
+    local runner=$!
+    echo "$runner" >"$1.runner"
     wait "$runner"
     local rc=$?
-    runner=""
+    rm -f "$1.runner"
     return "$rc"
 }
 
@@ -116,35 +131,107 @@ tested_in() {
     sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -n 1
 }
 
-# The mutated file while a mutant is applied, so that an interrupted run
-# puts it back.
-mutated=""
+# restore N FILE: puts tree-N's FILE back as it was before the mutant,
+# from tree-N.original, which is there only while a mutant is applied.
 restore() {
-    [ -n "$mutated" ] || return 0
-    cp "$out/original" "$tree/$mutated" && touch "$tree/$mutated"
-    mutated=""
+    [ -f "$out/tree-$1.original" ] || return 0
+    cp "$out/tree-$1.original" "$out/tree-$1/$2" && touch "$out/tree-$1/$2"
+}
+
+# try NAME FILE TESTS N, in the background: applies the mutant to tree-N,
+# builds it, runs its tests, puts the file back, and leaves its row in
+# $results/NAME: the result, the seconds, then the "caught by" text.
+try() {
+    local name=$1 file=$2 tests=$3 n=$4 tree=$out/tree-$4
+    local t rc failed tested
+    local result secs reason
+    t=$(now)
+    rm -f "$tree.original"
+    if ! perl scripts/mutants.pl apply "$tree" "tests/mutants/$name.mutant" \
+        "$tree.original" 2>"$logs/$name.apply.log"; then
+        result=ERROR secs=- reason=$(cat "$logs/$name.apply.log")
+    elif ! build "$tree" "$logs/$name.build.log"; then
+        restore "$n" "$file"
+        result=NOBUILD secs=$(since "$t") reason="see $logs/$name.build.log"
+    else
+        run_tests "$tree" "$tests" "$logs/$name.test.log"
+        rc=$?
+        restore "$n" "$file"
+        failed=$(failed_in "$logs/$name.test.log")
+        tested=$(tested_in "$logs/$name.test.log")
+        secs=$(since "$t")
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+            result=caught reason="timeout: over ${timeout_s} s"
+        elif [ -n "$failed" ]; then
+            result=caught reason=$failed
+        elif [ "${tested:-0}" -eq 0 ]; then
+            result=ERROR reason="'$tests' selects no test"
+        elif [ "$rc" -ne 0 ]; then
+            result=ERROR reason="exit status $rc, no failed test; see $logs/$name.test.log"
+        else
+            result=SURVIVED reason="$tested tests passed: $tests"
+        fi
+    fi
+    rm -f "$tree.original"
+    printf '%s\n%s\n%s\n' "$result" "$secs" "$reason" >"$results/$name.tmp" &&
+        mv "$results/$name.tmp" "$results/$name"
+}
+
+# While a try runs: its pid to its tree, and the tree to the file it
+# mutated, so that an interrupted run stops them and puts the files back.
+declare -A tree_of=() mutated=()
+cleanup() {
+    local n
+    for n in "${!mutated[@]}"; do restore "$n" "${mutated[$n]}"; done
 }
 stop() {
-    [ -z "$runner" ] || kill -TERM -- "-$runner" 2>/dev/null
+    local pid n
+    for pid in "${!tree_of[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+    for n in "${!mutated[@]}"; do
+        [ -f "$out/tree-$n.runner" ] &&
+            kill -TERM -- "-$(cat "$out/tree-$n.runner")" 2>/dev/null
+    done
     wait
-    restore
+    cleanup
     exit 130
 }
-trap restore EXIT
+trap cleanup EXIT
 trap stop INT TERM
 
 row() { printf '%-44s %-9s %6s  %s\n' "$@" | tee -a "$out/report.txt"; }
 
 select_mutants "$@"
 start=$(now)
-rm -rf "$logs" "$out/report.txt"
-mkdir -p "$logs"
-sync_tree
-build "$logs/clean.build.log" ||
+# tree and original: where a run before MUTANT_JOBS kept its one copy.
+rm -rf "$logs" "$results" "$out/report.txt" "$out/tree" "$out/original" \
+    "$out"/tree-*.original "$out"/tree-*.runner
+mkdir -p "$logs" "$results"
+list_files
+sync_tree "$out/tree-1"
+build "$out/tree-1" "$logs/clean.build.log" ||
     die "the unmutated copy does not build; see $logs/clean.build.log"
 
 # name, status, file, tests, reason: one line per mutant.
-mapfile -t checked < <(perl scripts/mutants.pl check "$tree" "${mutants[@]}")
+mapfile -t checked < <(perl scripts/mutants.pl check "$out/tree-1" "${mutants[@]}")
+
+# As many copies as mutants to try at once. A new one starts as a copy of
+# the built tree-1 (same times, so nothing is compiled again) less what
+# names tree-1's path (the linked programs, the example's rpath among
+# them: linked again in their own tree), then each is refreshed and built.
+ok=$(printf '%s\n' "${checked[@]}" | awk -F'\t' '$2 == "ok"' | wc -l)
+trees=$((workers < ok ? workers : ok))
+[ "$trees" -ge 1 ] || trees=1
+for ((n = 2; n <= trees; n++)); do
+    tree=$out/tree-$n
+    if [ ! -d "$tree" ]; then
+        cp -a "$out/tree-1" "$tree" || die "cannot copy $out/tree-1 to $tree"
+        grep -rlF "$PWD/$out/tree-1" "$tree/build" --exclude-dir=obj |
+            while IFS= read -r f; do rm -f "$f"; done
+    fi
+    sync_tree "$tree"
+    build "$tree" "$logs/clean.build-$n.log" ||
+        die "the unmutated $tree does not build; see $logs/clean.build-$n.log"
+done
 
 # Every filter once, on the unmutated copy: a test that fails there would
 # "catch" every mutant.
@@ -152,7 +239,7 @@ filters=$(printf '%s\n' "${checked[@]}" | awk -F'\t' '$2 == "ok" { print $4 }' |
     sort -u | paste -sd '|' -)
 if [ -n "$filters" ]; then
     t=$(now)
-    run_tests "@($filters)" "$logs/clean.test.log"
+    run_tests "$out/tree-1" "@($filters)" "$logs/clean.test.log"
     rc=$?
     failed=$(failed_in "$logs/clean.test.log")
     if [ "$rc" -ne 0 ] || [ -n "$failed" ]; then
@@ -161,50 +248,54 @@ if [ -n "$filters" ]; then
     echo "mutants: the unmutated copy passes $(tested_in "$logs/clean.test.log") tests in $(since "$t") s"
 fi
 
+# The rows in the mutants' order, as far as their results are in.
 row mutant result seconds "caught by"
-bad=0
-for line in "${checked[@]}"; do
-    IFS=$'\t' read -r name status file tests reason <<<"$line"
-    t=$(now)
-    if [ "$status" != ok ]; then
-        row "$name" "$status" - "$reason"
-        bad=$((bad + 1))
+bad=0 shown=0 next=0
+names=()
+for line in "${checked[@]}"; do names+=("${line%%$'\t'*}"); done
+show_ready() {
+    local f result secs reason
+    while [ "$shown" -lt "${#checked[@]}" ]; do
+        f=$results/${names[$shown]}
+        [ -f "$f" ] || return 0
+        { read -r result; read -r secs; reason=$(cat); } <"$f"
+        row "${names[$shown]}" "$result" "$secs" "$reason"
+        [ "$result" = caught ] || bad=$((bad + 1))
+        shown=$((shown + 1))
+    done
+}
+
+# Each try runs in a process group of its own (set -m), which stop ends
+# whole: its build, its runner's make.
+set -m
+free=()
+for ((n = 1; n <= trees; n++)); do free+=("$n"); done
+while [ "$next" -lt "${#checked[@]}" ] || [ "${#tree_of[@]}" -gt 0 ]; do
+    if [ "$next" -lt "${#checked[@]}" ] && [ "${#free[@]}" -gt 0 ]; then
+        IFS=$'\t' read -r name status file tests reason <<<"${checked[$next]}"
+        next=$((next + 1))
+        if [ "$status" != ok ]; then
+            printf '%s\n-\n%s\n' "$status" "$reason" >"$results/$name"
+        else
+            n=${free[0]}
+            free=("${free[@]:1}")
+            mutated[$n]=$file
+            try "$name" "$file" "$tests" "$n" </dev/null &
+            tree_of[$!]=$n
+        fi
+        show_ready
         continue
     fi
-    perl scripts/mutants.pl apply "$tree" "tests/mutants/$name.mutant" \
-        "$out/original" 2>"$logs/$name.apply.log"
-    if [ $? -ne 0 ]; then
-        row "$name" ERROR - "$(cat "$logs/$name.apply.log")"
-        bad=$((bad + 1))
-        continue
-    fi
-    mutated=$file
-    if ! build "$logs/$name.build.log"; then
-        restore
-        row "$name" NOBUILD "$(since "$t")" "see $logs/$name.build.log"
-        bad=$((bad + 1))
-        continue
-    fi
-    run_tests "$tests" "$logs/$name.test.log"
-    rc=$?
-    restore
-    failed=$(failed_in "$logs/$name.test.log")
-    tested=$(tested_in "$logs/$name.test.log")
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        row "$name" caught "$(since "$t")" "timeout: over ${timeout_s} s"
-    elif [ -n "$failed" ]; then
-        row "$name" caught "$(since "$t")" "$failed"
-    elif [ "${tested:-0}" -eq 0 ]; then
-        row "$name" ERROR "$(since "$t")" "'$tests' selects no test"
-        bad=$((bad + 1))
-    elif [ "$rc" -ne 0 ]; then
-        row "$name" ERROR "$(since "$t")" "exit status $rc, no failed test; see $logs/$name.test.log"
-        bad=$((bad + 1))
-    else
-        row "$name" SURVIVED "$(since "$t")" "$tested tests passed: $tests"
-        bad=$((bad + 1))
-    fi
+    done_pid=""
+    wait -n -p done_pid "${!tree_of[@]}"
+    [ -n "$done_pid" ] || continue
+    n=${tree_of[$done_pid]}
+    unset "tree_of[$done_pid]" "mutated[$n]"
+    free+=("$n")
+    show_ready
 done
+set +m
+show_ready
 echo "mutants: ${#checked[@]} mutants, $bad not caught, $(since "$start") s in all" |
     tee -a "$out/report.txt"
 [ "$bad" -eq 0 ]
