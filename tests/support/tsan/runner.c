@@ -133,6 +133,9 @@ static const char *const alone[] = {
     "leased::ten_agents_at_ten_times_the_limit_admit_the_limit",
     "thread_slot::many_more_threads_than_slots_count_every_check",
     "fallback::ten_agents_admit_the_limit_while_redis_is_down",
+    /* Ten agents held to 5 % over any span: their ticks must keep time. */
+    "synced::twice_the_limit_from_cold_stays_within_5_percent",
+    "synced::ten_times_the_limit_stays_within_5_percent",
     NULL,
 };
 
