@@ -45,4 +45,9 @@ if grep -q 'Synthesis: Tested: 0 |' "$log"; then
     echo "run-tests: no test ran; check the --filter pattern" >&2
     [ "$status" -eq 0 ] && status=1
 fi
+# CI keeps only the end of what a run printed: name the failures there.
+if [ "$status" -ne 0 ]; then
+    grep -E '^\[(----|FAIL)\]|Assertion|CRASH|Timed out|signal' "$log" \
+        | grep -v 'Synthesis' | tail -n 40 >&2
+fi
 exit "$status"
