@@ -144,7 +144,10 @@ static void finalize(rl_agent *a, rl_request *req)
             fall_back(a, req, &req->rules[i]);
     }
     rl_decide(req->rules, req->n_rules, &req->decision);
-    count(a, req);
+    /* A request its caller gave up on was counted by the caller, as it
+     * decided it. */
+    if (claimed)
+        count(a, req);
     if (!req->decision.allowed
         && req->gen->config->charge == RL_CHARGE_REFUND
         && a->store != NULL)
