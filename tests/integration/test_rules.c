@@ -689,9 +689,9 @@ Test(rules, synced_overrides_bound_each_key_by_its_rate)
     }
     /* One agent, one thread: exactly the limit ("big" may hold counts of
      * an earlier run of this test in its hour: at most, then). */
-    cr_assert_leq(got_big, 60);
-    cr_assert_eq(got_small, 20);
-    cr_assert_eq(got_up, 20);
+    cr_assert_leq(got_big, 60, "big: %d", got_big);
+    cr_assert_eq(got_small, 20, "small: %d of 105", got_small);
+    cr_assert_eq(got_up, 20, "up: %d of 105", got_up);
     rl_decision d = check_on(a, ks, NULL, NULL, NULL);
     cr_assert(!d.allowed);
     cr_assert_eq(d.limit, 20);
