@@ -84,9 +84,10 @@ BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
 BENCH_LEASED = $(BUILD)/bench/bench-leased
 PROFILE = $(BUILD)/bench/profile
+NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
 .PHONY: all deps test asan tsan bench profile fuzz mutants run install \
-        install-built clean
+        install-built clean nginx
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -133,6 +134,36 @@ $(EXAMPLE): examples/check_request.c $(HEADER) $(BUILD)/lib/$(SONAME)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g $(SAN) -I$(BUILD)/include \
 	    -o $@ $< -L$(BUILD)/lib -lrl -Wl,-rpath,$(abspath $(BUILD)/lib)
+
+# ngx_http_rl_module (nginx/), built by nginx's own build against
+# nginx-dev's sources and the packaged nginx's flags (see
+# scripts/nginx-configure.sh), linking librl.a: no librl.so to find at run
+# time, and --exclude-libs keeps librl's rl_ symbols inside the module.
+# nginx compiles with -W -Wall -Werror; the warnings asked of our own code
+# are added, except -Wunused-parameter: nginx's callback types (directive
+# setters, phase handlers, process hooks) hand every handler arguments
+# some have no use for, and nginx's own build turns it off for that.
+NGINX_SRC ?= /usr/share/nginx/src
+NGINX_CC_OPT = -Wall -Wextra -Werror -Wno-unused-parameter $(SAN)
+NGINX_LIBS = $(abspath $(LIB_A)) -Wl,--exclude-libs,librl.a $(LIB_DEPS) $(SAN)
+
+nginx: $(NGINX_MOD)
+
+$(BUILD)/nginx/objs/Makefile: nginx/config scripts/nginx-configure.sh \
+                              $(HEADER) | deps
+	bash scripts/nginx-configure.sh $(NGINX_SRC) $(abspath $(BUILD)/nginx) \
+	    $(abspath nginx) $(abspath $(BUILD)/include) "$(NGINX_LIBS)" \
+	    "$(NGINX_CC_OPT)"
+
+# nginx's Makefile does not know librl.a: the module is linked again each
+# time. It runs without our make's command-line variables (CFLAGS, say),
+# which are not its own.
+$(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
+	rm -f $(BUILD)/nginx/objs/ngx_http_rl_module.so
+	env -u MAKEFLAGS -u MAKEOVERRIDES -u MFLAGS make -s \
+	    -f $(abspath $(BUILD)/nginx/objs/Makefile) -C $(BUILD)/nginx/src \
+	    modules
+	cp $(BUILD)/nginx/objs/ngx_http_rl_module.so $@
 
 $(TESTS): $(call obj,$(TEST_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -348,6 +348,22 @@ RL_API int rl_agent_stats(rl_agent *agent, rl_agent_counters *out,
 RL_API int rl_format_headers(const rl_decision *decision, char *buf,
                              size_t len);
 
+/* rl_format_body writes the JSON body of the response to a decision into
+ * buf, the one rl-gateway sends, ending in a newline. Rejected:
+ * {"error":E,"rule":R,"limit":L,"period_ms":P,"override":O,
+ * "retry_after_s":S}, where E is "rate_limited", or
+ * "rate_limiter_unavailable" when the store did not answer and the rule's
+ * on_error denied (degraded set, fallback not: rl-gateway answers 503 for
+ * it, 429 otherwise); L and P are the rate that applied and O the override
+ * that set it ("default": the rule's own); S is whole seconds rounded up,
+ * or null when the request can never pass. Allowed:
+ * {"allowed":true,"rule":R,"remaining":N}, or {"allowed":true} when no
+ * rule applied. Strings are JSON-escaped. Returns the length written (buf
+ * is NUL-terminated), RL_ETOOLONG if len is too small (1024 bytes always
+ * suffice), or RL_EINVAL. Thread-safe. */
+RL_API int rl_format_body(const rl_decision *decision, char *buf,
+                          size_t len);
+
 #ifdef __cplusplus
 }
 #endif
