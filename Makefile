@@ -236,8 +236,14 @@ profile: all $(PROFILE) $(RUNNER)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
 # none yet (an operator's rules are never overwritten). install-built
-# installs what $(BUILD) holds without building (the tests use it).
-install: all
+# installs what $(BUILD) holds without building (the tests use it). The
+# nginx module goes where Debian's nginx looks for modules, whatever
+# PREFIX is, with the load_module line in modules-available (enabled by a
+# link in /etc/nginx/modules-enabled, as Debian's module packages are).
+NGINX_MODULES_DIR ?= /usr/lib/nginx/modules
+NGINX_AVAILABLE_DIR ?= /usr/share/nginx/modules-available
+
+install: all $(NGINX_MOD)
 	$(MAKE) install-built
 
 install-built:
@@ -262,6 +268,12 @@ install-built:
 	    > $(DESTDIR)$(UNITDIR)/rl-aggregator.service
 	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml ] || install -m 640 \
 	    configs/rules.example.yaml $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml
+	install -d $(DESTDIR)$(NGINX_MODULES_DIR) $(DESTDIR)$(NGINX_AVAILABLE_DIR)
+	install -m 644 $(NGINX_MOD) $(DESTDIR)$(NGINX_MODULES_DIR)/
+	echo 'load_module $(NGINX_MODULES_DIR)/ngx_http_rl_module.so;' \
+	    > $(DESTDIR)$(NGINX_AVAILABLE_DIR)/mod-http-rl.conf
+	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/nginx-rl.conf ] || install -m 644 \
+	    configs/nginx-rl.conf $(DESTDIR)$(SYSCONFDIR)/rl/nginx-rl.conf
 
 # The seed's ten-gateway scenario over real HTTP: see scripts/demo.sh.
 run: all
@@ -273,14 +285,14 @@ run: all
 # environment, and stops them whatever happens to the tests.
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
-           RL_TEST_EXAMPLE=$(EXAMPLE) \
+           RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=
 # What the runner starts besides one redis-server: a Redis Cluster unless
 # told otherwise (make mutants leaves it out for tests that never use one).
 RUNNER_ARGS ?= --cluster
 
-test: all $(TESTS) $(RUNNER)
+test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
 	@sh scripts/run-tests.sh $(BUILD)/test.log env $(TEST_ENV) \
 	    $(RUNNER) $(RUNNER_ARGS) -- $(TESTS) $(CRITERION_ARGS)
 
