@@ -137,9 +137,12 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * still inside the agent to return, stops its thread and frees it. No call
  * on the agent may start once rl_agent_close has been called: to stop
  * threads that are still checking, call rl_agent_shutdown first, let them
- * see RL_ECLOSED, then close. With synced rules, a report already sent to
- * the aggregator is given until its ack (two sync intervals at most) before
- * the agent disconnects. rl_agent_close(NULL) does nothing. */
+ * see RL_ECLOSED, then close. With synced rules, the counts not yet
+ * reported go to the aggregator in a last report, and that report (or one
+ * already in flight) is given until its ack, two sync intervals at most,
+ * before the agent disconnects: a gateway that closes its agent at a stop
+ * or a reload loses no count while an aggregator takes reports.
+ * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
 /* rl_agent_reload swaps the agent's rules for those of the YAML config at
