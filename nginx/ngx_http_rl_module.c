@@ -103,6 +103,7 @@ static ngx_int_t ngx_http_rl_start(ngx_http_request_t *r,
     ngx_http_rl_loc_conf_t *rlcf);
 static ngx_int_t ngx_http_rl_cost(ngx_http_request_t *r,
     ngx_http_rl_loc_conf_t *rlcf, uint32_t *cost);
+static ngx_int_t ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost);
 static ngx_int_t ngx_http_rl_reject(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
 static void ngx_http_rl_wait_handler(ngx_http_request_t *r);
@@ -114,6 +115,8 @@ static void ngx_http_rl_cleanup(void *data);
 static ngx_int_t ngx_http_rl_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_rl_add_headers(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx);
+static ngx_int_t ngx_http_rl_push_header(ngx_http_request_t *r,
+    u_char *key, size_t key_len, u_char *value, size_t value_len);
 
 static ngx_int_t ngx_http_rl_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
@@ -408,7 +411,6 @@ static ngx_int_t
 ngx_http_rl_cost(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
     uint32_t *cost)
 {
-    ngx_int_t  n;
     ngx_str_t  value;
 
     *cost = 1;
@@ -421,12 +423,26 @@ ngx_http_rl_cost(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
         return NGX_ERROR;
     }
 
-    n = ngx_atoi(value.data, value.len);
-
-    if (n <= 0 || (uint64_t) n > UINT32_MAX) {
+    if (ngx_http_rl_parse_cost(&value, cost) != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "rl: rl_cost is \"%V\" for this request: it must be "
                       "a whole number from 1 to 4294967295", &value);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* librl takes a cost of 1 to 2^32 - 1 tokens. */
+static ngx_int_t
+ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost)
+{
+    ngx_int_t  n;
+
+    n = ngx_atoi(value->data, value->len);
+
+    if (n <= 0 || (uint64_t) n > UINT32_MAX) {
         return NGX_ERROR;
     }
 
@@ -707,9 +723,8 @@ ngx_http_rl_header_filter(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_rl_add_headers(ngx_http_request_t *r, ngx_http_rl_ctx_t *ctx)
 {
-    int               n;
-    u_char           *p, *end, *colon, *eol;
-    ngx_table_elt_t  *h;
+    int      n;
+    u_char  *p, *end, *colon, *eol;
 
     p = ngx_pnalloc(r->pool, NGX_HTTP_RL_HEADERS_MAX);
     if (p == NULL) {
@@ -732,34 +747,46 @@ ngx_http_rl_add_headers(ngx_http_request_t *r, ngx_http_rl_ctx_t *ctx)
             return NGX_ERROR;
         }
 
-        h = ngx_list_push(&r->headers_out.headers);
-        if (h == NULL) {
+        if (ngx_http_rl_push_header(r, p, colon - p, colon + 2,
+                                    eol - (colon + 2))
+            != NGX_OK)
+        {
             return NGX_ERROR;
         }
-
-        ngx_memzero(h, sizeof(ngx_table_elt_t));
-        h->hash = 1;
-        h->key.data = p;
-        h->key.len = colon - p;
-        h->value.data = colon + 2;
-        h->value.len = eol - (colon + 2);
 
         p = eol + 2;
     }
 
     if (ctx->decision.degraded) {
-        h = ngx_list_push(&r->headers_out.headers);
-        if (h == NULL) {
-            return NGX_ERROR;
-        }
-
         /* rl-gateway's header: the store did not answer and on_error
          * decided */
-        ngx_memzero(h, sizeof(ngx_table_elt_t));
-        h->hash = 1;
-        ngx_str_set(&h->key, "RateLimit-Degraded");
-        ngx_str_set(&h->value, "store unavailable, on_error decided");
+        return ngx_http_rl_push_header(r, (u_char *) "RateLimit-Degraded",
+                   sizeof("RateLimit-Degraded") - 1,
+                   (u_char *) "store unavailable, on_error decided",
+                   sizeof("store unavailable, on_error decided") - 1);
     }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_push_header(ngx_http_request_t *r, u_char *key, size_t key_len,
+    u_char *value, size_t value_len)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memzero(h, sizeof(ngx_table_elt_t));
+    h->hash = 1;
+    h->key.data = key;
+    h->key.len = key_len;
+    h->value.data = value;
+    h->value.len = value_len;
 
     return NGX_OK;
 }
@@ -971,7 +998,7 @@ ngx_http_rl_cost_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_rl_loc_conf_t *rlcf = conf;
 
     char       *rv;
-    ngx_int_t   n;
+    uint32_t    cost;
     ngx_str_t  *value;
 
     rv = ngx_http_set_complex_value_slot(cf, cmd, conf);
@@ -982,9 +1009,8 @@ ngx_http_rl_cost_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     /* a constant is checked now; a variable per request */
     if (rlcf->cost->lengths == NULL) {
         value = cf->args->elts;
-        n = ngx_atoi(value[1].data, value[1].len);
 
-        if (n <= 0 || (uint64_t) n > UINT32_MAX) {
+        if (ngx_http_rl_parse_cost(&value[1], &cost) != NGX_OK) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "rl_cost \"%V\" must be a whole number from "
                                "1 to 4294967295, or a variable", &value[1]);
