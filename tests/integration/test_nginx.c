@@ -339,7 +339,7 @@ Test(nginx, config_test_fails_on_a_bad_rules_file_with_rls_message)
 
 /* --- (c) Synced and local rules. -------------------------------------- */
 
-Test(nginx, synced_counts_reach_the_aggregator_and_local_buckets_are_per_worker)
+Test(nginx, synced_counts_reach_the_aggregator_and_a_local_bucket_binds_in_its_worker)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL,
