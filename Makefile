@@ -145,12 +145,19 @@ $(EXAMPLE): examples/check_request.c $(HEADER) $(BUILD)/lib/$(SONAME)
 # some have no use for, and nginx's own build turns it off for that.
 NGINX_SRC ?= /usr/share/nginx/src
 NGINX_CC_OPT = -Wall -Wextra -Werror -Wno-unused-parameter $(SAN)
-NGINX_LIBS = $(abspath $(LIB_A)) -Wl,--exclude-libs,librl.a $(LIB_DEPS) $(SAN)
+# -z nodelete: a worker's exit destroys its cycle's pool, whose cleanup
+# dlclose()s the module while threads of the libraries it pulled in (nng's)
+# still run; unmapped, they crash the exiting worker (ASan caught it). Kept
+# mapped, they end with the process. The cost: a reload does not load a
+# new module file; a binary upgrade or a restart does (docs/nginx.md).
+NGINX_LIBS = $(abspath $(LIB_A)) -Wl,--exclude-libs,librl.a -Wl,-z,nodelete \
+             $(LIB_DEPS) $(SAN)
 
 nginx: $(NGINX_MOD)
 
+# Configured again when this Makefile changes: the flags above are in it.
 $(BUILD)/nginx/objs/Makefile: nginx/config scripts/nginx-configure.sh \
-                              $(HEADER) | deps
+                              $(HEADER) Makefile | deps
 	bash scripts/nginx-configure.sh $(NGINX_SRC) $(abspath $(BUILD)/nginx) \
 	    $(abspath nginx) $(abspath $(BUILD)/include) "$(NGINX_LIBS)" \
 	    "$(NGINX_CC_OPT)"
@@ -283,7 +290,13 @@ run: all
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the
 # environment, and stops them whatever happens to the tests.
+# In a sanitizer build the module needs the sanitizer's runtime, which the
+# packaged nginx does not load: the tests preload it (test_nginx.c).
+NGINX_PRELOAD = $(if $(findstring address,$(SAN)),$(shell $(CC) \
+    -print-file-name=libasan.so),$(if $(findstring thread,$(SAN)),$(shell \
+    $(CC) -print-file-name=libtsan.so)))
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
+           RL_TEST_NGINX_PRELOAD=$(NGINX_PRELOAD) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
            RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
