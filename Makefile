@@ -86,8 +86,8 @@ BENCH_LEASED = $(BUILD)/bench/bench-leased
 PROFILE = $(BUILD)/bench/profile
 NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
-.PHONY: all deps test asan tsan bench profile fuzz mutants run install \
-        install-built clean nginx
+.PHONY: all deps test asan tsan bench profile fuzz mutants run run-nginx \
+        install install-built clean nginx
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -226,12 +226,14 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
-# Not part of `make test`: starts its own redis-server (and a cluster, and
-# an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
-# writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
+# Not part of `make test`: starts its own redis-server (and a cluster, an
+# rl-aggregator, and nginx for tests/bench/bench_nginx.sh), installs the
+# Node.js peer into $(BUILD)/bench/node, writes $(BUILD)/bench/report.md
+# and $(BUILD)/bench/bench.png.
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
-       $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS)
+       $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
+       $(NGINX_MOD)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target
@@ -286,6 +288,12 @@ install-built:
 run: all
 	@sh scripts/deps.sh gnuplot-nox curl
 	@bash scripts/demo.sh $(BUILD)
+
+# The same scenario through five nginx instances of two workers with
+# ngx_http_rl_module, beside nginx's own limit_req: see scripts/demo-nginx.sh.
+run-nginx: all $(NGINX_MOD)
+	@sh scripts/deps.sh curl
+	@bash scripts/demo-nginx.sh $(BUILD)
 
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the
