@@ -605,8 +605,11 @@ Test(nginx, reload_under_traffic_fails_no_request_and_loses_no_synced_count)
 
 Test(nginx, internal_redirects_and_subrequests_are_checked_once)
 {
+    /* per-tenant applies to no request here (none has an X-Tenant): an
+     * empty attribute value is no key, not a request to refuse. */
     const char *cfg = test_store_config("nginx-once",
-        "  - {name: per-key, match: api_key, limit: 100, period: 1h}\n");
+        "  - {name: per-key, match: api_key, limit: 100, period: 1h}\n"
+        "  - {name: per-tenant, match: tenant, limit: 1, period: 1h}\n");
     test_nginx ngx;
     nginx_prepare(&ngx, 1, cfg, "",
                   "        location /try/ { rl on; try_files $uri "
@@ -619,7 +622,8 @@ Test(nginx, internal_redirects_and_subrequests_are_checked_once)
                   "        location = /auth.html { rl on; }\n"
                   "        location /rewritten/ { rl on; rewrite ^ "
                   "/index.html last; }\n"
-                  "        location = /index.html { rl on; }\n");
+                  "        location = /index.html { rl on; }\n"
+                  "        location /api/ { auth_request /auth.html; }\n");
     nginx_start(&ngx, 1);
     char key[96];
     unique(key, sizeof key, "ak_once");
@@ -649,5 +653,13 @@ Test(nginx, internal_redirects_and_subrequests_are_checked_once)
         cr_assert_eq(header_num(&r, "X-RL-Remaining"), expect,
                      "%s: $rl_remaining", cases[i].path);
     }
+    /* A location without rl is not checked, nor is its auth_request
+     * subrequest to a location with rl: subrequests are never checked. */
+    get(ngx.port, "/api/index.html", key, "", &r);
+    cr_assert_eq(r.status, 200, "/api/index.html: %d", r.status);
+    get(ngx.port, "/index.html", key, "", &r);
+    cr_assert_eq(header_num(&r, "RateLimit-Remaining"), expect - 1,
+                 "the auth_request subrequest of /api/index.html was "
+                 "charged");
     nginx_stop(&ngx);
 }
