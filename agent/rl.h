@@ -38,6 +38,7 @@ extern "C" {
 #define RL_EFORKED  -7 /* the agent was opened in another process (fork) */
 #define RL_ENOTSUP  -8 /* the config asks for something this build lacks */
 #define RL_ESYS     -9 /* the system refused a thread, socket or timer */
+#define RL_EAGAIN  -10 /* rl_check_nowait: deciding would wait for the store */
 
 /* The longest message an rl_error carries, including its terminating NUL.
  * A longer message is cut and ends in "..." so a cut is never silent. */
@@ -251,6 +252,20 @@ typedef struct rl_decision {
  * child; RL_ENOMEM. */
 RL_API int rl_check(rl_agent *agent, const rl_attr *attrs, size_t n,
                     uint32_t cost, rl_decision *out);
+
+/* rl_check_nowait is rl_check for a caller that must never wait, such as
+ * an event loop: it decides the request at once (RL_OK, *out filled in,
+ * every rule charged as rl_check would) when that needs no round trip:
+ * no rule applies, or only synced and local ones, or a leased rule whose
+ * hand can decide. Otherwise it returns RL_EAGAIN having charged nothing,
+ * and the caller checks the request with rl_check_async: an exact rule
+ * applies, or a leased one that must ask the store (it may also answer
+ * RL_EAGAIN for a request of more than 16 rules or of three composite
+ * rules). Its other errors are rl_check's. An event-loop gateway that
+ * tries it first saves a hop through the agent's I/O thread for every
+ * request it decides. Thread-safe. */
+RL_API int rl_check_nowait(rl_agent *agent, const rl_attr *attrs, size_t n,
+                           uint32_t cost, rl_decision *out);
 
 /* Called once with the decision of an rl_check_async call, from the agent's
  * I/O thread. The decision is valid only during the call. The callback must
