@@ -75,7 +75,7 @@ EOF
 agg_pid=$!
 wait_for "$out/aggregator.log" "event=listening" "rl-aggregator"
 
-declare -A port
+declare -A port worker
 for c in $configs; do
     free_port "port[$c]"
     main="" http="" server="        location / { }"
@@ -95,6 +95,7 @@ for c in $configs; do
     esac
     nginx_conf "$out/$c" "${port[$c]}" 1 "$main" "$http" "$server"
     nginx_start "$out/$c" 1
+    worker[$c]=$(ps -o pid= --ppid "${nginx_pids[-1]}" | tr -d ' ')
 done
 
 # Each rl instance checks the request: its RateLimit headers say so.
@@ -106,8 +107,21 @@ for c in exact synced; do
     fi
 done
 
+# CPU seconds (user and system) a process has used, all its threads: the
+# nginx worker's (its agent's I/O thread included), the aggregator's.
+tick=$(getconf CLK_TCK)
+cpu_s() { sed 's/.*) //' "/proc/$1/stat" | awk -v t="$tick" '{ print ($12 + $13) / t }'; }
+# What the check costs outside nginx: Redis's CPU (INFO cpu) and the
+# aggregator's.
+others_s() {
+    local r
+    r=$(redis-cli -h "${redis%:*}" -p "${redis##*:}" info cpu |
+        awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { print s }')
+    awk -v r="$r" -v a="$(cpu_s "$agg_pid")" 'BEGIN { print r + a }'
+}
+
 # wrk_run CONFIG SECONDS: one wrk run; prints "requests/s p99-in-ms
-# non-2xx socket-errors".
+# non-2xx socket-errors requests".
 wrk_run() {
     wrk -t"$threads" -c"$connections" -d"$2s" --latency \
         -H "X-Api-Key: $key" "http://127.0.0.1:${port[$1]}/index.html" |
@@ -123,7 +137,8 @@ wrk_run() {
         /^Requests\/sec:/ { rps = $2 }
         /Non-2xx or 3xx responses:/ { bad = $NF }
         /Socket errors:/ { errs = $4 + $6 + $8 + $10 }
-        END { printf "%s %.3f %d %d\n", rps, p99, bad, errs }'
+        / requests in / { n = $1 }
+        END { printf "%s %.3f %d %d %d\n", rps, p99, bad, errs, n }'
 }
 
 # A warm-up of each (first sightings, connections to Redis), not counted.
@@ -136,13 +151,19 @@ names=($configs)
 for r in $(seq 0 $((runs - 1))); do
     for i in 0 1 2 3; do
         c=${names[$(((r + i) % 4))]}
-        read -r rps p99 bad errs < <(wrk_run "$c" "$seconds")
-        if [ "$bad" != 0 ] || [ "$errs" != 0 ]; then
+        w0=$(cpu_s "${worker[$c]}") o0=$(others_s)
+        read -r rps p99 bad errs n < <(wrk_run "$c" "$seconds")
+        w1=$(cpu_s "${worker[$c]}") o1=$(others_s)
+        if [ -z "$rps" ] || [ "$bad" != 0 ] || [ "$errs" != 0 ]; then
             echo "$me: $c, run $r: $bad non-2xx answers, $errs socket errors" \
                  "(see $out/wrk-$c.log)" >&2
             exit 1
         fi
-        printf '%d\t%s\t%s\t%s\n' "$r" "$c" "$rps" "$p99" >> "$out/runs.tsv"
+        awk -v r="$r" -v c="$c" -v rps="$rps" -v p99="$p99" -v n="$n" \
+            -v w0="$w0" -v w1="$w1" -v o0="$o0" -v o1="$o1" 'BEGIN {
+            printf "%d\t%s\t%s\t%s\t%.2f\t%.2f\n", r, c, rps, p99,
+                   (w1 - w0) * 1e6 / n, (o1 - o0) * 1e6 / n }' \
+            >> "$out/runs.tsv"
     done
 done
 
@@ -150,7 +171,8 @@ done
 summary() {
     sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[1], v[int((NR + 1) / 2)], v[NR] }'
 }
-col() { # CONFIG FIELD(3 = requests/s, 4 = p99)
+col() { # CONFIG FIELD(3 = requests/s, 4 = p99, 5 = worker's CPU µs per
+        # request, 6 = Redis's and the aggregator's)
     awk -F'\t' -v c="$1" -v f="$2" '$2 == c { print $f }' "$out/runs.tsv"
 }
 ratio() { # CONFIG FIELD: CONFIG's FIELD over off's, per run
@@ -173,14 +195,19 @@ echo "wrk -t$threads -c$connections --latency, one API key, every limit far abov
 echo "offered rate (no request rejected). The four instances take turns in"
 echo "each round; ratios are to nginx without rl in the same round."
 echo
-echo "| nginx | requests/s min | median | max | p99 ms min | median | max | req/s / without rl | p99 / without rl |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "The CPU columns say where a request's time goes: the nginx worker's"
+echo "(its agent's I/O thread included) and Redis's plus the aggregator's, per"
+echo "request (medians; wrk's own is the rest of the two cores)."
+echo
+echo "| nginx | requests/s min | median | max | p99 ms min | median | max | req/s / without rl | p99 / without rl | worker CPU µs / request | Redis + aggregator CPU µs / request |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for c in $configs; do
     read -r rmin rmed rmax < <(col "$c" 3 | summary)
     read -r pmin pmed pmax < <(col "$c" 4 | summary)
-    printf '| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n' \
+    printf '| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f |\n' \
         "$(label "$c")" "$rmin" "$rmed" "$rmax" "$pmin" "$pmed" "$pmax" \
-        "$(med ratio "$c" 3)" "$(med ratio "$c" 4)"
+        "$(med ratio "$c" 3)" "$(med ratio "$c" 4)" "$(med col "$c" 5)" \
+        "$(med col "$c" 6)"
 done
 
 tsv() { # FILE FIELDS...: one tab-separated line into $RL_BENCH_OUT/FILE
