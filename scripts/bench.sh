@@ -68,7 +68,7 @@ section accuracy "$runner" -- "$build/bench/bench-accuracy" \
     "$build/bin/rl-aggregator"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
-echo "bench: nginx with rl against nginx alone and limit_req, wrk (about 2 minutes)"
+echo "bench: nginx with rl against nginx alone and limit_req, wrk (about 100 s)"
 section nginx "$runner" -- bash tests/bench/bench_nginx.sh "$build"
 
 # The ten-agent test, as `make test` runs it, and beside it the same load on
