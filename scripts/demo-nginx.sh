@@ -21,21 +21,13 @@ workers=2
 requests=200
 limit=100
 
-redis_pid=""
-cleanup() {
-    trap - EXIT INT TERM
-    nginx_stop_all
-    if [ -n "$redis_pid" ]; then
-        kill -TERM "$redis_pid" 2>/dev/null || true
-        wait "$redis_pid" 2>/dev/null || true
-    fi
-}
-trap cleanup EXIT
+trap stop_everything EXIT
 trap 'echo; echo "rl demo: interrupted, stopping everything"; exit 130' INT TERM
 
 rm -rf "$out"
 mkdir -p "$out"
 redis_start "$out"
+daemons+=("$redis_pid")
 cat > "$out/rl.yaml" <<EOF
 store: {url: "redis://127.0.0.1:$redis_port", timeout_ms: 100}
 rules:

@@ -140,3 +140,21 @@ nginx_stop_all() {
     done
     nginx_pids=()
 }
+
+# Everything else a script started (redis-server, rl-aggregator): their
+# pids, stopped by stop_everything after nginx.
+daemons=()
+
+# stop_everything: for `trap stop_everything EXIT`: every nginx instance
+# started, then the daemons (SIGTERM, and waits for them).
+stop_everything() {
+    local pid
+    trap - EXIT INT TERM
+    nginx_stop_all
+    for pid in "${daemons[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${daemons[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}

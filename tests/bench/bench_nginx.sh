@@ -40,16 +40,7 @@ connections=32
 key=ak_bench
 configs="off exact synced limit_req"
 
-agg_pid=""
-cleanup() {
-    trap - EXIT INT TERM
-    nginx_stop_all
-    if [ -n "$agg_pid" ]; then
-        kill -TERM "$agg_pid" 2>/dev/null || true
-        wait "$agg_pid" 2>/dev/null || true
-    fi
-}
-trap cleanup EXIT
+trap stop_everything EXIT
 trap 'exit 130' INT TERM
 
 rm -rf "$out"
@@ -73,6 +64,7 @@ rules:
 EOF
 "$build/bin/rl-aggregator" --config "$out/synced.yaml" 2> "$out/aggregator.log" &
 agg_pid=$!
+daemons+=("$agg_pid")
 wait_for "$out/aggregator.log" "event=listening" "rl-aggregator"
 
 declare -A port worker
