@@ -208,14 +208,16 @@ tsv() { # FILE FIELDS...: one tab-separated line into $RL_BENCH_OUT/FILE
     [ -n "${RL_BENCH_OUT:-}" ] || return 0
     (IFS=$'\t'; echo "$*") >> "$RL_BENCH_OUT/$f"
 }
-off_rps=$(med col off 3)
+# 26692.4 as "26,692", as bench_int writes the report's other figures
+thousands() { printf '%.0f' "$1" | sed ':a; s/\B[0-9]\{3\}\>/,&/; ta'; }
+off_rps=$(thousands "$(med col off 3)")
 off_p99=$(med col off 4)
 for c in exact synced limit_req; do
     tsv figures.tsv "nginx $(label "$c"): requests/s, p99" \
-        "$(printf '%.0f req/s, p99 %.2f ms (%.2f× / %.2f× of nginx without rl)' \
-            "$(med col "$c" 3)" "$(med col "$c" 4)" "$(med ratio "$c" 3)" \
-            "$(med ratio "$c" 4)")" \
-        "$(printf 'nginx without rl: %.0f req/s, p99 %.2f ms' "$off_rps" "$off_p99")"
+        "$(printf '%s req/s, p99 %.2f ms (%.2f× / %.2f× of nginx without rl)' \
+            "$(thousands "$(med col "$c" 3)")" "$(med col "$c" 4)" \
+            "$(med ratio "$c" 3)" "$(med ratio "$c" 4)")" \
+        "$(printf 'nginx without rl: %s req/s, p99 %.2f ms' "$off_rps" "$off_p99")"
 done
 tsv targets.tsv "nginx, synced rule: requests/s / without rl" \
     "$(printf '%.2f' "$(med ratio synced 3)")" ">=" 0.90 x
