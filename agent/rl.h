@@ -139,10 +139,11 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * on the agent may start once rl_agent_close has been called: to stop
  * threads that are still checking, call rl_agent_shutdown first, let them
  * see RL_ECLOSED, then close. With synced rules, the counts not yet
- * reported go to the aggregator in a last report, and that report (or one
- * already in flight) is given until its ack, two sync intervals at most,
- * before the agent disconnects: a gateway that closes its agent at a stop
- * or a reload loses no count while an aggregator takes reports.
+ * reported go to the aggregator in a last report before the agent
+ * disconnects: a report in flight is given until its ack, and so is the
+ * last, two sync intervals each at most (no wait at all without synced
+ * rules): a gateway that closes its agent at a stop or a reload loses no
+ * count while an aggregator takes reports.
  * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 

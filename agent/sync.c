@@ -71,8 +71,7 @@ struct rl_sync {
     bool closing;
     /* Loop thread only. */
     bool stopping;              /* rl_sync_stop was called */
-    bool flushed;               /* the last report at stop is out (or
-                                 * none is owed) */
+    int stop_reports;           /* reports sent since rl_sync_stop */
     req_state state;
     char agent_id[40];
     uint64_t seq;
@@ -638,14 +637,16 @@ static void close_sync(rl_sync *s)
  * workers close their agents at every reload). */
 static void finish_stopping(rl_sync *s)
 {
-    if (!s->flushed) {
-        s->flushed = true;
-        size_t len;
-        rl_wire_writer_data(s->pending, &len);
-        if (len > 0 || build_report(s)) {
-            send_pending(s);
-            return;
-        }
+    size_t len;
+    rl_wire_writer_data(s->pending, &len);
+    /* At most two: a report cancelled at the stop, then one with what was
+     * counted since; none after a report sent at the stop went unanswered
+     * (it is still pending), as no aggregator takes them. */
+    bool unanswered = s->stop_reports > 0 && len > 0;
+    if (s->stop_reports < 2 && !unanswered && (len > 0 || build_report(s))) {
+        s->stop_reports++;
+        send_pending(s);
+        return;
     }
     close_sync(s);
 }
@@ -666,8 +667,10 @@ void rl_sync_stop(rl_sync *s)
      * yet is cancelled, as no ack can follow it; one already sent comes
      * back through on_wakeup, which waits for its ack. */
     if (s->state == REQ_SENDING) {
-        /* no aggregator takes reports now: none is sent again */
-        s->flushed = true;
+        /* The cancelled report stays pending: the last report resends it
+         * (same number, applied once) with what was counted since, and
+         * gives it two intervals, as any report: a report is briefly
+         * SENDING after every tick, not only when no aggregator is up. */
         nng_aio_cancel(s->req_aio);
     } else if (s->state == REQ_IDLE) {
         finish_stopping(s);

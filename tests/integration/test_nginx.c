@@ -362,11 +362,15 @@ Test(nginx, config_test_fails_on_a_bad_rules_file_with_rls_message)
 
 /* --- (c) Synced and local rules. -------------------------------------- */
 
+/* The synced rules here have names no other test uses: an aggregator
+ * counts a rule's fleet in the Redis every test shares (by rule name), and
+ * these workers would make another test's one agent one of many. */
+
 Test(nginx, synced_counts_reach_the_aggregator_and_a_local_bucket_binds_in_its_worker)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL,
-                          "  - {name: per-tenant, match: tenant, limit: 1000, "
+                          "  - {name: nginx-synced, match: tenant, limit: 1000, "
                           "period: 1h, mode: synced}\n"
                           "  - {name: per-ip, match: ip, limit: 5, period: 1h, "
                           "mode: local}\n", 200, NULL);
@@ -564,7 +568,7 @@ Test(nginx, reload_under_traffic_fails_no_request_and_loses_no_synced_count)
 {
     test_aggregator agg;
     test_aggregator_start(&agg, NULL,
-                          "  - {name: per-tenant, match: tenant, "
+                          "  - {name: nginx-reload, match: tenant, "
                           "limit: 1000000, period: 1h, mode: synced}\n",
                           200, NULL);
     test_aggregator_wait_ready(&agg);
