@@ -84,9 +84,10 @@ BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
 BENCH_LEASED = $(BUILD)/bench/bench-leased
 PROFILE = $(BUILD)/bench/profile
+NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
-.PHONY: all deps test asan tsan bench profile fuzz mutants run install \
-        install-built clean
+.PHONY: all deps test asan tsan bench profile fuzz mutants run run-nginx \
+        install install-built clean nginx
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
@@ -133,6 +134,43 @@ $(EXAMPLE): examples/check_request.c $(HEADER) $(BUILD)/lib/$(SONAME)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g $(SAN) -I$(BUILD)/include \
 	    -o $@ $< -L$(BUILD)/lib -lrl -Wl,-rpath,$(abspath $(BUILD)/lib)
+
+# ngx_http_rl_module (nginx/), built by nginx's own build against
+# nginx-dev's sources and the packaged nginx's flags (see
+# scripts/nginx-configure.sh), linking librl.a: no librl.so to find at run
+# time, and --exclude-libs keeps librl's rl_ symbols inside the module.
+# nginx compiles with -W -Wall -Werror; the warnings asked of our own code
+# are added, except -Wunused-parameter: nginx's callback types (directive
+# setters, phase handlers, process hooks) hand every handler arguments
+# some have no use for, and nginx's own build turns it off for that.
+NGINX_SRC ?= /usr/share/nginx/src
+NGINX_CC_OPT = -Wall -Wextra -Werror -Wno-unused-parameter $(SAN)
+# -z nodelete: a worker's exit destroys its cycle's pool, whose cleanup
+# dlclose()s the module while threads of the libraries it pulled in (nng's)
+# still run; unmapped, they crash the exiting worker (ASan caught it). Kept
+# mapped, they end with the process. The cost: a reload does not load a
+# new module file; a binary upgrade or a restart does (docs/nginx.md).
+NGINX_LIBS = $(abspath $(LIB_A)) -Wl,--exclude-libs,librl.a -Wl,-z,nodelete \
+             $(LIB_DEPS) $(SAN)
+
+nginx: $(NGINX_MOD)
+
+# Configured again when this Makefile changes: the flags above are in it.
+$(BUILD)/nginx/objs/Makefile: nginx/config scripts/nginx-configure.sh \
+                              $(HEADER) Makefile | deps
+	bash scripts/nginx-configure.sh $(NGINX_SRC) $(abspath $(BUILD)/nginx) \
+	    $(abspath nginx) $(abspath $(BUILD)/include) "$(NGINX_LIBS)" \
+	    "$(NGINX_CC_OPT)"
+
+# nginx's Makefile does not know librl.a: the module is linked again each
+# time. It runs without our make's command-line variables (CFLAGS, say),
+# which are not its own.
+$(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
+	rm -f $(BUILD)/nginx/objs/ngx_http_rl_module.so
+	env -u MAKEFLAGS -u MAKEOVERRIDES -u MFLAGS make -s \
+	    -f $(abspath $(BUILD)/nginx/objs/Makefile) -C $(BUILD)/nginx/src \
+	    modules
+	cp $(BUILD)/nginx/objs/ngx_http_rl_module.so $@
 
 $(TESTS): $(call obj,$(TEST_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -188,12 +226,14 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
-# Not part of `make test`: starts its own redis-server (and a cluster, and
-# an rl-aggregator), installs the Node.js peer into $(BUILD)/bench/node,
-# writes $(BUILD)/bench/report.md and $(BUILD)/bench/bench.png.
+# Not part of `make test`: starts its own redis-server (and a cluster, an
+# rl-aggregator, and nginx for tests/bench/bench_nginx.sh), installs the
+# Node.js peer into $(BUILD)/bench/node, writes $(BUILD)/bench/report.md
+# and $(BUILD)/bench/bench.png.
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
-       $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS)
+       $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
+       $(NGINX_MOD)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target
@@ -205,8 +245,14 @@ profile: all $(PROFILE) $(RUNNER)
 
 # Installs under $(DESTDIR)$(PREFIX); the example config only if there is
 # none yet (an operator's rules are never overwritten). install-built
-# installs what $(BUILD) holds without building (the tests use it).
-install: all
+# installs what $(BUILD) holds without building (the tests use it). The
+# nginx module goes where Debian's nginx looks for modules, whatever
+# PREFIX is, with the load_module line in modules-available (enabled by a
+# link in /etc/nginx/modules-enabled, as Debian's module packages are).
+NGINX_MODULES_DIR ?= /usr/lib/nginx/modules
+NGINX_AVAILABLE_DIR ?= /usr/share/nginx/modules-available
+
+install: all $(NGINX_MOD)
 	$(MAKE) install-built
 
 install-built:
@@ -231,25 +277,43 @@ install-built:
 	    > $(DESTDIR)$(UNITDIR)/rl-aggregator.service
 	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml ] || install -m 640 \
 	    configs/rules.example.yaml $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml
+	install -d $(DESTDIR)$(NGINX_MODULES_DIR) $(DESTDIR)$(NGINX_AVAILABLE_DIR)
+	install -m 644 $(NGINX_MOD) $(DESTDIR)$(NGINX_MODULES_DIR)/
+	echo 'load_module $(NGINX_MODULES_DIR)/ngx_http_rl_module.so;' \
+	    > $(DESTDIR)$(NGINX_AVAILABLE_DIR)/mod-http-rl.conf
+	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/nginx-rl.conf ] || install -m 644 \
+	    configs/nginx-rl.conf $(DESTDIR)$(SYSCONFDIR)/rl/nginx-rl.conf
 
 # The seed's ten-gateway scenario over real HTTP: see scripts/demo.sh.
 run: all
 	@sh scripts/deps.sh gnuplot-nox curl
 	@bash scripts/demo.sh $(BUILD)
 
+# The same scenario through five nginx instances of two workers with
+# ngx_http_rl_module, beside nginx's own limit_req: see scripts/demo-nginx.sh.
+run-nginx: all $(NGINX_MOD)
+	@sh scripts/deps.sh curl
+	@bash scripts/demo-nginx.sh $(BUILD)
+
 # The runner starts one redis-server and a 3-primary/3-replica cluster on
 # free loopback ports, runs the Criterion binary with their addresses in the
 # environment, and stops them whatever happens to the tests.
+# In a sanitizer build the module needs the sanitizer's runtime, which the
+# packaged nginx does not load: the tests preload it (test_nginx.c).
+NGINX_PRELOAD = $(if $(findstring address,$(SAN)),$(shell $(CC) \
+    -print-file-name=libasan.so),$(if $(findstring thread,$(SAN)),$(shell \
+    $(CC) -print-file-name=libtsan.so)))
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
+           RL_TEST_NGINX_PRELOAD=$(NGINX_PRELOAD) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
-           RL_TEST_EXAMPLE=$(EXAMPLE) \
+           RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
 CRITERION_ARGS ?=
 # What the runner starts besides one redis-server: a Redis Cluster unless
 # told otherwise (make mutants leaves it out for tests that never use one).
 RUNNER_ARGS ?= --cluster
 
-test: all $(TESTS) $(RUNNER)
+test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
 	@sh scripts/run-tests.sh $(BUILD)/test.log env $(TEST_ENV) \
 	    $(RUNNER) $(RUNNER_ARGS) -- $(TESTS) $(CRITERION_ARGS)
 

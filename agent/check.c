@@ -639,6 +639,16 @@ static bool needs_store(const rl_request *req)
     return false;
 }
 
+/* The request decided on the caller's thread, if it can be without a
+ * round trip (see decide_locally); false with nothing charged if not. */
+static inline bool decide_now(rl_agent *a, rl_gen *g, const rl_attr *attrs,
+                              size_t n, uint32_t cost, rl_decision *out,
+                              int *rc)
+{
+    return g->by_value ? decide_locally_values(a, g, attrs, n, cost, out, rc)
+                       : decide_locally(a, g, attrs, n, cost, out, rc);
+}
+
 int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
              rl_decision *out)
 {
@@ -648,8 +658,7 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (rc != RL_OK)
         return rc;
     rl_gen *g = rl_agent_rules(a);
-    if (g->by_value ? decide_locally_values(a, g, attrs, n, cost, out, &rc)
-                    : decide_locally(a, g, attrs, n, cost, out, &rc)) {
+    if (decide_now(a, g, attrs, n, cost, out, &rc)) {
         leave(a);
         return rc;
     }
@@ -683,6 +692,20 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
             free(req);
         }
     }
+    leave(a);
+    return rc;
+}
+
+int rl_check_nowait(rl_agent *a, const rl_attr *attrs, size_t n,
+                    uint32_t cost, rl_decision *out)
+{
+    if (out == NULL)
+        return RL_EINVAL;
+    int rc = enter(a, attrs, n, cost);
+    if (rc != RL_OK)
+        return rc;
+    if (!decide_now(a, rl_agent_rules(a), attrs, n, cost, out, &rc))
+        rc = RL_EAGAIN;
     leave(a);
     return rc;
 }

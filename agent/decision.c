@@ -20,6 +20,7 @@
 #include "agent_impl.h"
 
 #include "error.h"
+#include "json.h"
 #include "rules.h"
 
 #include <stdio.h>
@@ -305,6 +306,54 @@ int rl_format_headers(const rl_decision *d, char *buf, size_t len)
                      (unsigned long long)window_s, d->rule,
                      (unsigned long long)d->remaining,
                      (unsigned long long)reset_s);
+    if (n < 0 || (size_t)n >= len) {
+        buf[0] = '\0';
+        return RL_ETOOLONG;
+    }
+    return n;
+}
+
+/* The body of the response to a decision, as rl-gateway sends it. A rule
+ * name is at most RL_RULE_NAME_MAX bytes and an override label
+ * RL_OVERRIDE_NAME_MAX, six bytes each once escaped at worst: with the
+ * numbers, 1024 bytes always hold the body. */
+int rl_format_body(const rl_decision *d, char *buf, size_t len)
+{
+    if (d == NULL || buf == NULL || len == 0)
+        return RL_EINVAL;
+    char rule[6 * RL_RULE_NAME_MAX + 3];
+    char override[6 * RL_OVERRIDE_NAME_MAX + 3];
+    rl_json_quote(rule, sizeof rule, d->rule);
+    int n;
+    if (d->allowed) {
+        char remaining[32] = "";
+        if (d->rule[0] != '\0')
+            snprintf(remaining, sizeof remaining, ",\"remaining\":%llu",
+                     (unsigned long long)d->remaining);
+        n = snprintf(buf, len, "{\"allowed\":true%s%s%s}\n",
+                     d->rule[0] != '\0' ? ",\"rule\":" : "",
+                     d->rule[0] != '\0' ? rule : "", remaining);
+    } else {
+        /* A fallback bucket's rejection is a limit reached (this agent's
+         * share of it), as the store's would be; without one, the store's
+         * absence decided. */
+        bool unavailable = d->degraded && !d->fallback;
+        char retry[32] = "null";
+        if (d->retry_after_ms >= 0)
+            snprintf(retry, sizeof retry, "%llu",
+                     (unsigned long long)seconds_up(
+                         (uint64_t)d->retry_after_ms));
+        rl_json_quote(override, sizeof override,
+                      d->override[0] != '\0' ? d->override : "default");
+        n = snprintf(buf, len,
+                     "{\"error\":\"%s\",\"rule\":%s,\"limit\":%llu,"
+                     "\"period_ms\":%llu,\"override\":%s,"
+                     "\"retry_after_s\":%s}\n",
+                     unavailable ? "rate_limiter_unavailable"
+                                 : "rate_limited",
+                     rule, (unsigned long long)d->limit,
+                     (unsigned long long)d->period_ms, override, retry);
+    }
     if (n < 0 || (size_t)n >= len) {
         buf[0] = '\0';
         return RL_ETOOLONG;

@@ -38,6 +38,7 @@ extern "C" {
 #define RL_EFORKED  -7 /* the agent was opened in another process (fork) */
 #define RL_ENOTSUP  -8 /* the config asks for something this build lacks */
 #define RL_ESYS     -9 /* the system refused a thread, socket or timer */
+#define RL_EAGAIN  -10 /* rl_check_nowait: deciding would wait for the store */
 
 /* The longest message an rl_error carries, including its terminating NUL.
  * A longer message is cut and ends in "..." so a cut is never silent. */
@@ -137,9 +138,13 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * still inside the agent to return, stops its thread and frees it. No call
  * on the agent may start once rl_agent_close has been called: to stop
  * threads that are still checking, call rl_agent_shutdown first, let them
- * see RL_ECLOSED, then close. With synced rules, a report already sent to
- * the aggregator is given until its ack (two sync intervals at most) before
- * the agent disconnects. rl_agent_close(NULL) does nothing. */
+ * see RL_ECLOSED, then close. With synced rules, the counts not yet
+ * reported go to the aggregator in a last report before the agent
+ * disconnects: a report in flight is given until its ack, and so is the
+ * last, two sync intervals each at most (no wait at all without synced
+ * rules): a gateway that closes its agent at a stop or a reload loses no
+ * count while an aggregator takes reports.
+ * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
 /* rl_agent_reload swaps the agent's rules for those of the YAML config at
@@ -249,6 +254,20 @@ typedef struct rl_decision {
 RL_API int rl_check(rl_agent *agent, const rl_attr *attrs, size_t n,
                     uint32_t cost, rl_decision *out);
 
+/* rl_check_nowait is rl_check for a caller that must never wait, such as
+ * an event loop: it decides the request at once (RL_OK, *out filled in,
+ * every rule charged as rl_check would) when that needs no round trip:
+ * no rule applies, or only synced and local ones, or a leased rule whose
+ * hand can decide. Otherwise it returns RL_EAGAIN having charged nothing,
+ * and the caller checks the request with rl_check_async: an exact rule
+ * applies, or a leased one that must ask the store (it may also answer
+ * RL_EAGAIN for a request of more than 16 rules or of three composite
+ * rules). Its other errors are rl_check's. An event-loop gateway that
+ * tries it first saves a hop through the agent's I/O thread for every
+ * request it decides. Thread-safe. */
+RL_API int rl_check_nowait(rl_agent *agent, const rl_attr *attrs, size_t n,
+                           uint32_t cost, rl_decision *out);
+
 /* Called once with the decision of an rl_check_async call, from the agent's
  * I/O thread. The decision is valid only during the call. The callback must
  * be quick and must not block: every other check waits for it. */
@@ -347,6 +366,22 @@ RL_API int rl_agent_stats(rl_agent *agent, rl_agent_counters *out,
  * suffice), or RL_EINVAL. Thread-safe. */
 RL_API int rl_format_headers(const rl_decision *decision, char *buf,
                              size_t len);
+
+/* rl_format_body writes the JSON body of the response to a decision into
+ * buf, the one rl-gateway sends, ending in a newline. Rejected:
+ * {"error":E,"rule":R,"limit":L,"period_ms":P,"override":O,
+ * "retry_after_s":S}, where E is "rate_limited", or
+ * "rate_limiter_unavailable" when the store did not answer and the rule's
+ * on_error denied (degraded set, fallback not: rl-gateway answers 503 for
+ * it, 429 otherwise); L and P are the rate that applied and O the override
+ * that set it ("default": the rule's own); S is whole seconds rounded up,
+ * or null when the request can never pass. Allowed:
+ * {"allowed":true,"rule":R,"remaining":N}, or {"allowed":true} when no
+ * rule applied. Strings are JSON-escaped. Returns the length written (buf
+ * is NUL-terminated), RL_ETOOLONG if len is too small (1024 bytes always
+ * suffice), or RL_EINVAL. Thread-safe. */
+RL_API int rl_format_body(const rl_decision *decision, char *buf,
+                          size_t len);
 
 #ifdef __cplusplus
 }

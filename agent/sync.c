@@ -71,6 +71,7 @@ struct rl_sync {
     bool closing;
     /* Loop thread only. */
     bool stopping;              /* rl_sync_stop was called */
+    int stop_reports;           /* reports sent since rl_sync_stop */
     req_state state;
     char agent_id[40];
     uint64_t seq;
@@ -85,6 +86,7 @@ struct rl_sync {
 };
 
 static void close_sync(rl_sync *s);
+static void finish_stopping(rl_sync *s);
 
 static uint64_t now_ms(const rl_sync *s)
 {
@@ -427,10 +429,10 @@ static void on_wakeup(uv_async_t *h)
         nng_msg_free(totals[i]);
     }
     free(totals);
-    /* Stopping, and the report that was in flight is over: close (once,
-     * as this handle closes with the rest). */
+    /* Stopping, and the report that was in flight is over: the last
+     * report, then close (once, as this handle closes with the rest). */
     if (s->stopping && s->state == REQ_IDLE)
-        close_sync(s);
+        finish_stopping(s);
 }
 
 /* Until the next interval of Redis's clock, or a whole interval when that
@@ -629,6 +631,26 @@ static void close_sync(rl_sync *s)
     uv_close((uv_handle_t *)&s->tick, handle_closed);
 }
 
+/* At stop, what was counted since the last report goes out in one last
+ * report before the sync closes, after its ack or its timeout (two
+ * intervals): a gateway that stops or reloads loses no count (nginx's
+ * workers close their agents at every reload). */
+static void finish_stopping(rl_sync *s)
+{
+    size_t len;
+    rl_wire_writer_data(s->pending, &len);
+    /* At most two: a report cancelled at the stop, then one with what was
+     * counted since; none after a report sent at the stop went unanswered
+     * (it is still pending), as no aggregator takes them. */
+    bool unanswered = s->stop_reports > 0 && len > 0;
+    if (s->stop_reports < 2 && !unanswered && (len > 0 || build_report(s))) {
+        s->stop_reports++;
+        send_pending(s);
+        return;
+    }
+    close_sync(s);
+}
+
 void rl_sync_stop(rl_sync *s)
 {
     s->stopping = true;
@@ -644,10 +666,15 @@ void rl_sync_stop(rl_sync *s)
      * out (two intervals at most). A report nng has not handed to a pipe
      * yet is cancelled, as no ack can follow it; one already sent comes
      * back through on_wakeup, which waits for its ack. */
-    if (s->state == REQ_SENDING)
+    if (s->state == REQ_SENDING) {
+        /* The cancelled report stays pending: the last report resends it
+         * (same number, applied once) with what was counted since, and
+         * gives it two intervals, as any report: a report is briefly
+         * SENDING after every tick, not only when no aggregator is up. */
         nng_aio_cancel(s->req_aio);
-    else if (s->state == REQ_IDLE)
-        close_sync(s);
+    } else if (s->state == REQ_IDLE) {
+        finish_stopping(s);
+    }
 }
 
 void rl_sync_free(rl_sync *s)

@@ -23,6 +23,7 @@ const char *rl_strerror(int code)
     case RL_EFORKED:  return "agent was opened in another process";
     case RL_ENOTSUP:  return "not supported by this build";
     case RL_ESYS:     return "system resource unavailable";
+    case RL_EAGAIN:   return "deciding would wait for the store";
     default:          return "unknown error";
     }
 }

@@ -9,29 +9,31 @@
  * ("default": the rule's own).
  */
 #include "gateway.h"
+#include "json.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #define DEGRADED_HEADER "RateLimit-Degraded: store unavailable, on_error " \
                         "decided\r\n"
 
-/* A JSON string: rule names are printable words, reasons are ours; quotes,
- * backslashes and control bytes are escaped all the same. */
+/* A JSON string, quoted the way librl quotes the names in its bodies. */
 static void json_string(gw_buf *out, const char *s)
 {
-    gw_buf_append(out, "\"", 1, SIZE_MAX / 2);
-    for (; *s != '\0'; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            gw_buf_printf(out, "\\%c", ch);
-        else if (ch < 0x20)
-            gw_buf_printf(out, "\\u%04x", ch);
-        else
-            gw_buf_append(out, s, 1, SIZE_MAX / 2);
+    char small[256];
+    size_t n = rl_json_quote(small, sizeof small, s);
+    if (n < sizeof small) {
+        gw_buf_append(out, small, n, SIZE_MAX / 2);
+        return;
     }
-    gw_buf_append(out, "\"", 1, SIZE_MAX / 2);
+    char *big = malloc(n + 1);
+    if (big == NULL)
+        return;
+    rl_json_quote(big, n + 1, s);
+    gw_buf_append(out, big, n, SIZE_MAX / 2);
+    free(big);
 }
 
 static void head_lines(gw_buf *out, int status, size_t length,
@@ -59,37 +61,18 @@ static void finish(gw_buf *out, const gw_buf *body, bool head)
         gw_buf_append(out, body->data, body->len, SIZE_MAX / 2);
 }
 
+/* The body is librl's (rl_format_body), so that every gateway linking
+ * librl answers a decision with the same JSON; the status goes with it. */
 static void decision_body(gw_buf *body, const rl_decision *d, int *status)
 {
-    if (d->allowed) {
+    char text[1024];
+    int n = rl_format_body(d, text, sizeof text);
+    if (n > 0)
+        gw_buf_append(body, text, (size_t)n, SIZE_MAX / 2);
+    if (d->allowed)
         *status = 200;
-        gw_buf_printf(body, "{\"allowed\":true");
-        if (d->rule[0] != '\0') {
-            gw_buf_printf(body, ",\"rule\":");
-            json_string(body, d->rule);
-            gw_buf_printf(body, ",\"remaining\":%llu",
-                          (unsigned long long)d->remaining);
-        }
-        gw_buf_printf(body, "}\n");
-        return;
-    }
-    /* A fallback bucket's rejection is a limit reached (this gateway's
-     * share of it): 429, as the store's would be. */
-    bool unavailable = d->degraded && !d->fallback;
-    *status = unavailable ? 503 : 429;
-    gw_buf_printf(body, "{\"error\":\"%s\",\"rule\":",
-                  unavailable ? "rate_limiter_unavailable" : "rate_limited");
-    json_string(body, d->rule);
-    /* The limit that applied (an override's, when one did) and which. */
-    gw_buf_printf(body, ",\"limit\":%llu,\"period_ms\":%llu,\"override\":",
-                  (unsigned long long)d->limit,
-                  (unsigned long long)d->period_ms);
-    json_string(body, d->override[0] != '\0' ? d->override : "default");
-    if (d->retry_after_ms < 0)
-        gw_buf_printf(body, ",\"retry_after_s\":null}\n");
     else
-        gw_buf_printf(body, ",\"retry_after_s\":%lld}\n",
-                      (long long)((d->retry_after_ms + 999) / 1000));
+        *status = d->degraded && !d->fallback ? 503 : 429;
 }
 
 void gw_respond_decision(gw_buf *out, const rl_decision *d, bool keep_alive,

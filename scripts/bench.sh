@@ -24,7 +24,7 @@ quick=${RL_BENCH_QUICK:-0}
 
 # The peer: rate-limiter-flexible on ioredis, from the npm registry, into a
 # folder of the build. Pinned, so that runs compare.
-sh scripts/deps.sh gnuplot-nox
+sh scripts/deps.sh gnuplot-nox curl
 command -v npm >/dev/null 2>&1 || sh scripts/deps.sh nodejs npm
 peer_dir=$out/node
 if [ ! -d "$peer_dir/node_modules/rate-limiter-flexible" ]; then
@@ -68,6 +68,8 @@ section accuracy "$runner" -- "$build/bench/bench-accuracy" \
     "$build/bin/rl-aggregator"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
+echo "bench: nginx with rl against nginx alone and limit_req, wrk (about 100 s)"
+section nginx "$runner" -- bash tests/bench/bench_nginx.sh "$build"
 
 # The ten-agent test, as `make test` runs it, and beside it the same load on
 # ten agents that each count alone (bench-alone: a local rule, no Redis).
@@ -168,7 +170,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced accuracy leased overrides fleet cluster; do
+    for name in exact synced accuracy leased overrides nginx fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo

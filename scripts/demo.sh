@@ -7,6 +7,8 @@
 #
 # Usage: scripts/demo.sh BUILD_DIR   (make run calls it after building)
 set -euo pipefail
+me="rl demo"
+. scripts/lib.sh
 
 build=${1:-build}
 bin=$build/bin
@@ -29,45 +31,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "rl demo: interrupted, stopping everything"; exit 130' INT TERM
 
-# A loopback port nothing listens on (checked just before use).
-used_ports=" "
-free_port() {
-    local p
-    while :; do
-        p=$((10000 + RANDOM % 22000)) # below the ephemeral range
-        case "$used_ports" in *" $p "*) continue ;; esac
-        if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then
-            used_ports="$used_ports$p "
-            echo "$p"
-            return
-        fi
-    done
-}
-
-wait_for() { # file pattern what
-    for _ in $(seq 1 250); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.02
-    done
-    echo "rl demo: $3 did not start; its log:" >&2
-    cat "$1" >&2
-    exit 1
-}
-
 rm -rf "$out"
 mkdir -p "$out"
 
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" \
-    --appendonly no --logfile "$out/redis.log" &
-redis_pid=$!
-for _ in $(seq 1 250); do
-    redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
-    sleep 0.02
-done
+redis_start "$out"
 
-reports="tcp://127.0.0.1:$(free_port)"
-totals="tcp://127.0.0.1:$(free_port)"
+free_port reports_port
+free_port totals_port
+reports="tcp://127.0.0.1:$reports_port"
+totals="tcp://127.0.0.1:$totals_port"
 header() {
     cat <<EOF
 store: {url: "redis://127.0.0.1:$redis_port", timeout_ms: 100}
@@ -103,7 +75,7 @@ play() {
     local mode=$1 config=$2 urls=() gw_pids=()
     for i in $(seq 1 $gateways); do
         local port
-        port=$(free_port)
+        free_port port
         "$bin/rl-gateway" --listen "127.0.0.1:$port" --config "$config" \
             2> "$out/$mode-gateway-$i.log" &
         gw_pids+=($!)

@@ -3,11 +3,15 @@
 # Called by `make deps` (and so by `make` and `make test`): on a fresh Debian
 # machine, as root, `make test` alone sets everything up. With arguments, it
 # installs those packages instead (`make fuzz` asks for clang this way).
+# nginx-dev brings the sources and configure flags of Debian's nginx, which
+# the module (nginx/) is built against so that it loads into
+# /usr/sbin/nginx; the tests start that nginx, and wrk benchmarks it.
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
-redis-server redis-tools openssl systemd faketime"
+redis-server redis-tools openssl systemd faketime \
+nginx nginx-dev wrk"
 [ $# -gt 0 ] && packages="$*"
 
 missing=""

@@ -387,3 +387,44 @@ TEST_BOTH_MODES(exact, a_cost_takes_that_many_tokens)
     cr_assert_eq(d.remaining, 0);
     test_agent_close(&t);
 }
+
+/* --- rl_check_nowait: at once, or RL_EAGAIN having charged nothing. ---- */
+
+/* What an event loop does first (the nginx module): a request only a local
+ * rule applies to is decided at once; one an exact rule applies to is
+ * refused with RL_EAGAIN and no bucket, local or exact, loses a token. */
+TEST_BOTH_MODES(exact, check_nowait_decides_only_what_needs_no_store)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-ip, match: ip, limit: 3, period: 1h, "
+                    "mode: local}\n"
+                    "  - {name: per-key, match: api_key, limit: 5, "
+                    "period: 1h}\n");
+    char key[32];
+    snprintf(key, sizeof key, "nowait-%d", mode);
+    rl_attr both[] = {{"ip", "10.9.8.7", 8}, {"api_key", key, strlen(key)}};
+    rl_attr other = {"tenant", "t", 1};
+    rl_decision d;
+    cr_assert_eq(rl_check_nowait(t.agent, both, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    cr_assert_str_eq(d.rule, "per-ip");
+    cr_assert_eq(d.remaining, 2);
+
+    cr_assert_eq(rl_check_nowait(t.agent, both, 2, 1, &d), RL_EAGAIN);
+    cr_assert_eq(rl_check_nowait(t.agent, &both[1], 1, 1, &d), RL_EAGAIN);
+    cr_assert_eq(rl_check_nowait(t.agent, both, 1, 1, &d), RL_OK);
+    cr_assert_eq(d.remaining, 1, "RL_EAGAIN charged the local rule");
+    cr_assert_eq(rl_check(t.agent, &both[1], 1, 1, &d), RL_OK);
+    cr_assert_eq(d.remaining, 4, "RL_EAGAIN charged the exact rule");
+
+    /* no rule applies: allowed at once; bad calls fail as rl_check's */
+    cr_assert_eq(rl_check_nowait(t.agent, &other, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed);
+    cr_assert_str_eq(d.rule, "");
+    cr_assert_eq(rl_check_nowait(t.agent, both, 1, 0, &d), RL_EINVAL);
+    cr_assert_eq(rl_check_nowait(t.agent, both, 1, 1, NULL), RL_EINVAL);
+    cr_assert_str_eq(rl_strerror(RL_EAGAIN),
+                     "deciding would wait for the store");
+    test_agent_close(&t);
+}

@@ -22,16 +22,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Writes a config into the test's folder; returns its path (static). */
-static const char *redis_config(const char *name, const char *rules)
-{
-    char yaml[2048];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\", timeout_ms: 1000}\nrules:\n%s",
-             test_env("RL_TEST_REDIS"), rules);
-    return test_write_config(name, yaml);
-}
-
 /* A key no other test (or earlier run) has used. */
 static void unique(char *buf, size_t cap, const char *stem)
 {
@@ -45,7 +35,7 @@ static void unique(char *buf, size_t cap, const char *stem)
 
 Test(gateway, ten_gateways_share_one_exact_bucket)
 {
-    const char *cfg = redis_config(
+    const char *cfg = test_store_config(
         "exact", "  - {name: per-key, match: api_key, limit: 100, "
                  "period: 1h}\n");
     test_gateway gw[GATEWAYS];
@@ -76,23 +66,7 @@ Test(gateway, ten_gateways_share_one_exact_bucket)
 
     /* The 429: Retry-After whole seconds rounded up (one token per 36 s),
      * the RateLimit headers, and the body naming the rule. */
-    const char *retry = test_http_header(&last_429, "Retry-After");
-    cr_assert_not_null(retry);
-    int retry_s = atoi(retry);
-    cr_assert(retry_s >= 35 && retry_s <= 36, "Retry-After: %s", retry);
-    cr_assert_str_eq(test_http_header(&last_429, "RateLimit-Limit"), "100");
-    cr_assert_str_eq(test_http_header(&last_429, "RateLimit-Remaining"), "0");
-    cr_assert_not_null(test_http_header(&last_429, "RateLimit-Reset"));
-    cr_assert_str_eq(test_http_header(&last_429, "RateLimit-Policy"),
-                     "\"per-key\";q=100;w=3600");
-    cr_assert_str_eq(test_http_header(&last_429, "Content-Type"),
-                     "application/json");
-    char body[256];
-    snprintf(body, sizeof body, "{\"error\":\"rate_limited\",\"rule\":"
-             "\"per-key\",\"limit\":100,\"period_ms\":3600000,"
-             "\"override\":\"default\",\"retry_after_s\":%d}\n", retry_s);
-    last_429.body[last_429.body_len] = '\0';
-    cr_assert_str_eq(last_429.body, body);
+    test_expect_rate_limited(&last_429, "per-key", 100, 3600);
     for (int i = 0; i < GATEWAYS; i++) {
         close(fds[i]);
         test_gateway_stop(&gw[i]);

@@ -42,7 +42,10 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
         "/usr/lib/librl.a", "/usr/lib/librl.so", "/usr/lib/librl.so.0",
         "/usr/lib/librl.so.0.1.0", "/usr/include/rl.h",
         "/usr/lib/pkgconfig/rl.pc",
-        "/usr/lib/systemd/system/rl-aggregator.service", "/etc/rl/rl.yaml"};
+        "/usr/lib/systemd/system/rl-aggregator.service", "/etc/rl/rl.yaml",
+        "/usr/lib/nginx/modules/ngx_http_rl_module.so",
+        "/usr/share/nginx/modules-available/mod-http-rl.conf",
+        "/etc/rl/nginx-rl.conf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         expect_file(dest, files[i]);
     snprintf(cmd, sizeof cmd, "grep -c '^ExecStart=/usr/bin/rl-aggregator "

@@ -110,3 +110,12 @@ int test_run(const char *cmd, char *out, size_t cap)
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+const char *test_store_config(const char *name, const char *rules)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\nrules:\n%s",
+             test_env("RL_TEST_REDIS"), rules);
+    return test_write_config(name, yaml);
+}

@@ -41,6 +41,11 @@ long long test_redis_pttl(const char *addr, const char *key);
  * returns its path, valid until the eighth call after. */
 const char *test_write_config(const char *name, const char *yaml);
 
+/* test_store_config writes a config of the given rules (YAML lines under
+ * "rules:") on the shared test Redis (RL_TEST_REDIS), with a deadline of
+ * a second, as test_write_config does, and returns its path. */
+const char *test_store_config(const char *name, const char *rules);
+
 /* test_path joins a directory from the environment and a file name. */
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file);

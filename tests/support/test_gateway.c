@@ -193,3 +193,30 @@ long long test_prom_sample(const char *text, const char *series)
     const char *at = strstr(text, want);
     return at != NULL ? atoll(at + strlen(want)) : -1;
 }
+
+void test_expect_rate_limited(test_http_response *r, const char *rule,
+                              unsigned limit, unsigned period_s)
+{
+    cr_assert_eq(r->status, 429);
+    const char *retry = test_http_header(r, "Retry-After");
+    cr_assert_not_null(retry);
+    int retry_s = atoi(retry);
+    int token_s = (int)((period_s + limit - 1) / limit);
+    cr_assert(retry_s >= token_s - 1 && retry_s <= token_s,
+              "Retry-After: %s", retry);
+    char want[256];
+    snprintf(want, sizeof want, "%u", limit);
+    cr_assert_str_eq(test_http_header(r, "RateLimit-Limit"), want);
+    cr_assert_str_eq(test_http_header(r, "RateLimit-Remaining"), "0");
+    cr_assert_not_null(test_http_header(r, "RateLimit-Reset"));
+    snprintf(want, sizeof want, "\"%s\";q=%u;w=%u", rule, limit, period_s);
+    cr_assert_str_eq(test_http_header(r, "RateLimit-Policy"), want);
+    cr_assert_str_eq(test_http_header(r, "Content-Type"), "application/json");
+    snprintf(want, sizeof want, "{\"error\":\"rate_limited\",\"rule\":"
+             "\"%s\",\"limit\":%u,\"period_ms\":%u000,"
+             "\"override\":\"default\",\"retry_after_s\":%d}\n", rule,
+             limit, period_s, retry_s);
+    r->body[r->body_len < sizeof r->body ? r->body_len
+                                          : sizeof r->body - 1] = '\0';
+    cr_assert_str_eq(r->body, want);
+}

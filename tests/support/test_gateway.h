@@ -48,6 +48,13 @@ void test_http_get(uint16_t port, const char *path, const char *headers,
  * -1 if the series is not there. */
 long long test_prom_sample(const char *text, const char *series);
 
+/* Asserts rl-gateway's 429 for an exact rule of limit requests per
+ * period_s seconds with an empty bucket (the nginx module answers the
+ * same): Retry-After in whole seconds rounded up (one token's wait, or a
+ * second less), the RateLimit headers and the JSON body. */
+void test_expect_rate_limited(test_http_response *r, const char *rule,
+                              unsigned limit, unsigned period_s);
+
 /* A header's value (case-insensitive), or NULL. */
 const char *test_http_header(const test_http_response *r, const char *name);
 

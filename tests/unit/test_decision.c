@@ -157,3 +157,48 @@ Test(decision, a_synced_verdict_stands_when_the_store_is_given_up_on)
     cr_assert_str_eq(d.rule, "per-tenant");
     cr_assert_eq(d.retry_after_ms, 700);
 }
+
+Test(decision, body_is_the_gateways_json_and_escapes_names)
+{
+    rl_decision d = {.allowed = true};
+    char b[1024];
+    cr_assert_eq(rl_format_body(&d, b, sizeof b), 17);
+    cr_assert_str_eq(b, "{\"allowed\":true}\n");
+    strcpy(d.rule, "per-key");
+    d.remaining = 7;
+    rl_format_body(&d, b, sizeof b);
+    cr_assert_str_eq(b, "{\"allowed\":true,\"rule\":\"per-key\","
+                        "\"remaining\":7}\n");
+    d = (rl_decision){.limit = 100, .period_ms = 60000,
+                      .retry_after_ms = 1001};
+    strcpy(d.rule, "a\"b\\c\n");
+    rl_format_body(&d, b, sizeof b);
+    cr_assert_str_eq(b, "{\"error\":\"rate_limited\",\"rule\":"
+                        "\"a\\\"b\\\\c\\u000a\",\"limit\":100,"
+                        "\"period_ms\":60000,\"override\":\"default\","
+                        "\"retry_after_s\":2}\n");
+    d.degraded = true;
+    d.retry_after_ms = -1;
+    strcpy(d.override, "plan=gold");
+    rl_format_body(&d, b, sizeof b);
+    cr_assert(strstr(b, "\"rate_limiter_unavailable\"") != NULL, "%s", b);
+    cr_assert(strstr(b, "\"override\":\"plan=gold\",\"retry_after_s\":null}")
+              != NULL, "%s", b);
+    d.fallback = true;
+    rl_format_body(&d, b, sizeof b);
+    cr_assert(strstr(b, "\"rate_limited\"") != NULL, "a fallback bucket's "
+              "rejection is a limit reached: %s", b);
+    cr_assert_eq(rl_format_body(&d, b, 20), RL_ETOOLONG);
+    cr_assert_str_empty(b);
+    cr_assert_eq(rl_format_body(NULL, b, sizeof b), RL_EINVAL);
+}
+
+Test(decision, longest_names_fit_the_documented_kilobyte)
+{
+    rl_decision d = {.retry_after_ms = -1, .limit = UINT64_MAX,
+                     .period_ms = UINT64_MAX};
+    memset(d.rule, '"', RL_RULE_NAME_MAX);
+    memset(d.override, '\x01', RL_OVERRIDE_NAME_MAX);
+    char b[1024];
+    cr_assert_gt(rl_format_body(&d, b, sizeof b), 0);
+}

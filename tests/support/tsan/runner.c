@@ -28,6 +28,40 @@ static struct test tests[MAX_TESTS];
 static size_t n_tests;
 static bool expect_failed;
 
+#define MAX_SUITES 64
+static struct {
+    const char *suite;
+    struct tsan_suite_options o;
+} suites[MAX_SUITES];
+static size_t n_suites;
+static void (*running_fini)(void); /* the running test's suite's */
+
+void tsan_suite_register(const char *suite, struct tsan_suite_options o)
+{
+    if (n_suites == MAX_SUITES) {
+        fprintf(stderr, "tsan runner: more than %d suites\n", MAX_SUITES);
+        exit(2);
+    }
+    suites[n_suites].suite = suite;
+    suites[n_suites++].o = o;
+}
+
+static void (*fini_of(const char *suite))(void)
+{
+    for (size_t i = 0; i < n_suites; i++)
+        if (strcmp(suites[i].suite, suite) == 0)
+            return suites[i].o.fini;
+    return NULL;
+}
+
+static void run_fini(void)
+{
+    void (*fini)(void) = running_fini;
+    running_fini = NULL; /* a failed assertion in fini ends it */
+    if (fini != NULL)
+        fini();
+}
+
 void tsan_test_register(const char *suite, const char *name, void (*fn)(void))
 {
     if (n_tests == MAX_TESTS) {
@@ -52,8 +86,10 @@ void tsan_test_check(bool ok, bool fatal, const char *file, int line,
     fflush(NULL);
     /* _exit: a test that stops half-way leaves libraries' threads running
      * (nng's among them), and exit()'s handlers could wait on them. */
-    if (fatal)
+    if (fatal) {
+        run_fini();
         _exit(1);
+    }
     expect_failed = true;
 }
 
@@ -68,7 +104,9 @@ static pid_t start_one(const struct test *t)
     }
     if (pid == 0) {
         alarm(TEST_TIMEOUT_S);
+        running_fini = fini_of(t->suite);
         t->fn();
+        run_fini();
         fflush(NULL);
         _exit(expect_failed ? 1 : 0);
     }

@@ -25,6 +25,20 @@ void tsan_test_register(const char *suite, const char *name, void (*fn)(void));
 void tsan_test_check(bool ok, bool fatal, const char *file, int line,
                      const char *what, const char *fmt, ...);
 
+/* TestSuite(suite, .fini = f): f runs after each of the suite's tests,
+ * also after one that failed an assertion, as Criterion runs it. */
+struct tsan_suite_options {
+    void (*fini)(void);
+};
+void tsan_suite_register(const char *suite, struct tsan_suite_options o);
+
+#define TestSuite(suite, ...)                                               \
+    __attribute__((constructor)) static void suite##_suite_add(void)        \
+    {                                                                       \
+        tsan_suite_register(#suite,                                         \
+                            (struct tsan_suite_options){__VA_ARGS__});      \
+    }
+
 #define Test(suite, name)                                                   \
     static void suite##_##name##_test(void);                                \
     __attribute__((constructor)) static void suite##_##name##_add(void)     \

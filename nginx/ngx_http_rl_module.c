@@ -1,0 +1,1254 @@
+/*
+ * ngx_http_rl_module: rl's fleet-wide rate limits inside nginx workers.
+ *
+ * The rules file is loaded and validated while nginx reads its config (in
+ * the master, and by `nginx -t`), so a bad file fails there with rl's
+ * message. Each worker opens its own agent after the fork and closes it at
+ * exit, which flushes its synced counts: an agent's I/O thread cannot cross
+ * a fork, and an old worker that drains after a reload takes its counts
+ * with it.
+ *
+ * A worker never waits for the store. A request is first offered to
+ * rl_check_nowait, which decides it at once when no rule that applies
+ * needs a round trip (synced and local rules): no thread hop, no wake-up.
+ * Only what it refuses (an exact rule applies) goes through rl_check_async:
+ * its decision comes back on the agent's I/O thread, which queues it and
+ * wakes the worker through an eventfd registered as an nginx read event;
+ * the worker then resumes the request in the phase where it stopped (one
+ * eventfd wake-up per batch of decisions). Sending every request that
+ * way cost a synced rule a third of nginx's requests per second on two
+ * cores (docs/performance.md).
+ *
+ * The check runs in the preaccess phase (where limit_req runs), once per
+ * client request: subrequests are not checked, and a request that nginx
+ * redirects internally keeps the decision it had, found again through a
+ * request cleanup that survives the redirect (nginx clears module contexts
+ * then, not cleanups).
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <pthread.h>
+#include <sys/eventfd.h>
+
+#include <rl.h>
+
+
+/*
+ * A request waits at most rl's deadline (60 s at the very most) for its
+ * decision; this timer outlasts it. It also keeps a worker that is shutting
+ * down (after a reload) alive while decisions are pending: nginx lets such
+ * a worker exit once no timer is left.
+ */
+#define NGX_HTTP_RL_GUARD_MS  61000
+
+/* rl_format_headers needs at most 512 bytes, rl_format_body 1024. */
+#define NGX_HTTP_RL_HEADERS_MAX  512
+#define NGX_HTTP_RL_BODY_MAX     1024
+
+
+typedef struct {
+    ngx_str_t                  name;    /* NUL-terminated */
+    ngx_http_complex_value_t   value;
+} ngx_http_rl_attr_t;
+
+
+typedef struct {
+    ngx_str_t                  config_path;
+    rl_config                 *config;
+    ngx_array_t               *attrs;   /* of ngx_http_rl_attr_t */
+} ngx_http_rl_main_conf_t;
+
+
+typedef struct {
+    ngx_flag_t                 enable;
+    ngx_http_complex_value_t  *cost;
+    ngx_uint_t                 status;
+} ngx_http_rl_loc_conf_t;
+
+
+typedef struct ngx_http_rl_pending_s  ngx_http_rl_pending_t;
+
+/*
+ * A check in flight, on the heap: the agent's I/O thread writes its
+ * decision and queues it, whatever became of the request meanwhile. The
+ * worker clears request when the request goes away, and frees the whole
+ * when it takes the decision off the queue.
+ */
+struct ngx_http_rl_pending_s {
+    ngx_http_request_t        *request;
+    rl_decision                decision;
+    ngx_http_rl_pending_t     *next;
+};
+
+
+typedef enum {
+    NGX_HTTP_RL_PENDING = 0,
+    NGX_HTTP_RL_DECIDED,     /* the decision is in, not yet acted on */
+    NGX_HTTP_RL_DONE         /* acted on, or no decision will come */
+} ngx_http_rl_state_e;
+
+
+/* A client request's check, in its pool. */
+typedef struct {
+    ngx_http_rl_state_e        state;
+    ngx_uint_t                 decided;  /* decision below is valid */
+    ngx_http_rl_pending_t     *pending;
+    rl_decision                decision;
+} ngx_http_rl_ctx_t;
+
+
+static ngx_int_t ngx_http_rl_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_rl_start(ngx_http_request_t *r,
+    ngx_http_rl_loc_conf_t *rlcf);
+static ngx_int_t ngx_http_rl_cost(ngx_http_request_t *r,
+    ngx_http_rl_loc_conf_t *rlcf, uint32_t *cost);
+static ngx_int_t ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost);
+static ngx_int_t ngx_http_rl_act(ngx_http_request_t *r,
+    ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
+static ngx_int_t ngx_http_rl_reject(ngx_http_request_t *r,
+    ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
+static void ngx_http_rl_wait_handler(ngx_http_request_t *r);
+static void ngx_http_rl_decided(const rl_decision *decision, void *arg);
+static void ngx_http_rl_notify_handler(ngx_event_t *ev);
+static void ngx_http_rl_resume(ngx_http_rl_pending_t *p);
+static ngx_http_rl_ctx_t *ngx_http_rl_get_ctx(ngx_http_request_t *r);
+static void ngx_http_rl_cleanup(void *data);
+static ngx_int_t ngx_http_rl_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_rl_add_headers(ngx_http_request_t *r,
+    ngx_http_rl_ctx_t *ctx);
+static ngx_int_t ngx_http_rl_push_header(ngx_http_request_t *r,
+    u_char *key, size_t key_len, u_char *value, size_t value_len);
+
+static ngx_int_t ngx_http_rl_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+
+static char *ngx_http_rl_config(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_rl_attr(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_rl_cost_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static void ngx_http_rl_config_free(void *data);
+static void *ngx_http_rl_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_rl_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_rl_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static ngx_int_t ngx_http_rl_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_http_rl_init(ngx_conf_t *cf);
+static ngx_int_t ngx_http_rl_init_process(ngx_cycle_t *cycle);
+static void ngx_http_rl_exit_process(ngx_cycle_t *cycle);
+static void ngx_http_rl_log(rl_log_level level, const char *line, void *arg);
+
+
+static ngx_conf_num_bounds_t  ngx_http_rl_status_bounds = {
+    ngx_conf_check_num_bounds, 400, 599
+};
+
+
+static ngx_command_t  ngx_http_rl_commands[] = {
+
+    { ngx_string("rl_config"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_http_rl_config,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("rl_attr"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE2,
+      ngx_http_rl_attr,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("rl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_rl_loc_conf_t, enable),
+      NULL },
+
+    { ngx_string("rl_cost"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_rl_cost_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_rl_loc_conf_t, cost),
+      NULL },
+
+    { ngx_string("rl_status"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_rl_loc_conf_t, status),
+      &ngx_http_rl_status_bounds },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_rl_module_ctx = {
+    ngx_http_rl_add_variables,             /* preconfiguration */
+    ngx_http_rl_init,                      /* postconfiguration */
+
+    ngx_http_rl_create_main_conf,          /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_rl_create_loc_conf,           /* create location configuration */
+    ngx_http_rl_merge_loc_conf             /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_rl_module = {
+    NGX_MODULE_V1,
+    &ngx_http_rl_module_ctx,               /* module context */
+    ngx_http_rl_commands,                  /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_http_rl_init_process,              /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_rl_exit_process,              /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+enum {
+    NGX_HTTP_RL_VAR_DECISION,
+    NGX_HTTP_RL_VAR_RULE,
+    NGX_HTTP_RL_VAR_LIMIT,
+    NGX_HTTP_RL_VAR_REMAINING,
+    NGX_HTTP_RL_VAR_RETRY_AFTER
+};
+
+
+static ngx_http_variable_t  ngx_http_rl_vars[] = {
+
+    { ngx_string("rl_decision"), NULL, ngx_http_rl_variable,
+      NGX_HTTP_RL_VAR_DECISION, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("rl_rule"), NULL, ngx_http_rl_variable,
+      NGX_HTTP_RL_VAR_RULE, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("rl_limit"), NULL, ngx_http_rl_variable,
+      NGX_HTTP_RL_VAR_LIMIT, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("rl_remaining"), NULL, ngx_http_rl_variable,
+      NGX_HTTP_RL_VAR_REMAINING, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("rl_retry_after"), NULL, ngx_http_rl_variable,
+      NGX_HTTP_RL_VAR_RETRY_AFTER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+
+
+/*
+ * This worker's agent and the way its decisions come back. A worker is one
+ * process with one event loop thread, so these are per process; the master
+ * never sets them.
+ */
+static rl_agent               *ngx_http_rl_agent;
+static ngx_connection_t       *ngx_http_rl_notify_conn;
+static pthread_mutex_t         ngx_http_rl_done_lock = PTHREAD_MUTEX_INITIALIZER;
+static ngx_http_rl_pending_t  *ngx_http_rl_done;      /* newest first */
+
+
+static ngx_int_t
+ngx_http_rl_handler(ngx_http_request_t *r)
+{
+    ngx_http_rl_ctx_t       *ctx;
+    ngx_http_rl_loc_conf_t  *rlcf;
+
+    rlcf = ngx_http_get_module_loc_conf(r, ngx_http_rl_module);
+
+    if (!rlcf->enable || r != r->main) {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_http_rl_get_ctx(r);
+
+    if (ctx == NULL) {
+        return ngx_http_rl_start(r, rlcf);
+    }
+
+    switch (ctx->state) {
+
+    case NGX_HTTP_RL_PENDING:
+        return NGX_AGAIN;
+
+    case NGX_HTTP_RL_DECIDED:
+        return ngx_http_rl_act(r, ctx, rlcf);
+
+    default:
+        /* checked before an internal redirect: once per client request */
+        return NGX_DECLINED;
+    }
+}
+
+
+static ngx_int_t
+ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
+{
+    int                       rc;
+    uint32_t                  cost;
+    ngx_str_t                 value;
+    ngx_uint_t                i, n;
+    ngx_http_rl_ctx_t        *ctx;
+    ngx_http_cleanup_t       *cln;
+    ngx_http_rl_attr_t       *attr;
+    ngx_http_rl_pending_t    *p;
+    ngx_http_rl_main_conf_t  *rmcf;
+    rl_attr                   attrs[RL_ATTRS_MAX];
+
+    rmcf = ngx_http_get_module_main_conf(r, ngx_http_rl_module);
+
+    if (ngx_http_rl_agent == NULL) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "rl: this worker has no agent (see the error log "
+                      "at its start)");
+        return NGX_HTTP_SERVICE_UNAVAILABLE;
+    }
+
+    if (ngx_http_rl_cost(r, rlcf, &cost) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    n = 0;
+    attr = rmcf->attrs != NULL ? rmcf->attrs->elts : NULL;
+
+    for (i = 0; rmcf->attrs != NULL && i < rmcf->attrs->nelts; i++) {
+        if (ngx_http_complex_value(r, &attr[i].value, &value) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        /* an empty value: the rules keyed on it do not apply, as in
+         * rl-gateway (a request without an API key is not one key) */
+        if (value.len == 0) {
+            continue;
+        }
+
+        attrs[n].name = (const char *) attr[i].name.data;
+        attrs[n].value = (const char *) value.data;
+        attrs[n].value_len = value.len;
+        n++;
+    }
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_rl_ctx_t));
+    cln = ngx_http_cleanup_add(r, 0);
+    if (ctx == NULL || cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cln->handler = ngx_http_rl_cleanup;
+    cln->data = ctx;
+    ngx_http_set_ctx(r, ctx, ngx_http_rl_module);
+
+    if (n == 0) {
+        /* no rule can apply: allowed, without a trip to the agent */
+        ctx->state = NGX_HTTP_RL_DONE;
+        ctx->decided = 1;
+        ctx->decision.allowed = true;
+        return NGX_DECLINED;
+    }
+
+    rc = rl_check_nowait(ngx_http_rl_agent, attrs, n, cost, &ctx->decision);
+
+    if (rc == RL_OK) {
+        ctx->decided = 1;
+        return ngx_http_rl_act(r, ctx, rlcf);
+    }
+
+    p = NULL;
+
+    if (rc == RL_EAGAIN) {
+        /* an exact rule applies: the decision comes back to the event
+         * loop */
+        p = ngx_alloc(sizeof(ngx_http_rl_pending_t), r->connection->log);
+        if (p == NULL) {
+            ctx->state = NGX_HTTP_RL_DONE;
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        p->request = r;
+        p->next = NULL;
+        ctx->pending = p;
+        ctx->state = NGX_HTTP_RL_PENDING;
+
+        rc = rl_check_async(ngx_http_rl_agent, attrs, n, cost,
+                            ngx_http_rl_decided, p);
+    }
+
+    if (rc != RL_OK) {
+        ngx_free(p);
+        ctx->pending = NULL;
+        ctx->state = NGX_HTTP_RL_DONE;
+
+        if (rc == RL_ETOOLONG || rc == RL_EINVAL) {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "rl: request refused: a value the rules key on "
+                          "is too long or holds a NUL byte (%s)",
+                          rl_strerror(rc));
+            return NGX_HTTP_BAD_REQUEST;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "rl: check failed: %s", rl_strerror(rc));
+        return NGX_HTTP_SERVICE_UNAVAILABLE;
+    }
+
+    /* like limit_req's delay: notice a client that goes away meanwhile,
+     * and keep a timer while the request waits */
+    r->read_event_handler = ngx_http_test_reading;
+    r->write_event_handler = ngx_http_rl_wait_handler;
+    ngx_add_timer(r->connection->write, NGX_HTTP_RL_GUARD_MS);
+
+    return NGX_AGAIN;
+}
+
+
+/* The decision is in: on to the next phase handler, or the rejection
+ * sent. */
+static ngx_int_t
+ngx_http_rl_act(ngx_http_request_t *r, ngx_http_rl_ctx_t *ctx,
+    ngx_http_rl_loc_conf_t *rlcf)
+{
+    ctx->state = NGX_HTTP_RL_DONE;
+
+    if (ctx->decision.allowed) {
+        return NGX_DECLINED;
+    }
+
+    ngx_http_finalize_request(r, ngx_http_rl_reject(r, ctx, rlcf));
+    return NGX_DONE;
+}
+
+
+static ngx_int_t
+ngx_http_rl_cost(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
+    uint32_t *cost)
+{
+    ngx_str_t  value;
+
+    *cost = 1;
+
+    if (rlcf->cost == NULL) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_complex_value(r, rlcf->cost, &value) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_rl_parse_cost(&value, cost) != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "rl: rl_cost is \"%V\" for this request: it must be "
+                      "a whole number from 1 to 4294967295", &value);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* librl takes a cost of 1 to 2^32 - 1 tokens. */
+static ngx_int_t
+ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost)
+{
+    ngx_int_t  n;
+
+    n = ngx_atoi(value->data, value->len);
+
+    if (n <= 0 || (uint64_t) n > UINT32_MAX) {
+        return NGX_ERROR;
+    }
+
+    *cost = (uint32_t) n;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_reject(ngx_http_request_t *r, ngx_http_rl_ctx_t *ctx,
+    ngx_http_rl_loc_conf_t *rlcf)
+{
+    int           n;
+    ngx_int_t     rc;
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
+
+    if (ngx_http_discard_request_body(r) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b = ngx_create_temp_buf(r->pool, NGX_HTTP_RL_BODY_MAX);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    n = rl_format_body(&ctx->decision, (char *) b->pos, NGX_HTTP_RL_BODY_MAX);
+    if (n < 0) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = b->pos + n;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    /* the store's absence with on_error: deny is not the client's limit:
+     * 503, as rl-gateway answers, with the same body */
+    r->headers_out.status = ctx->decision.degraded && !ctx->decision.fallback
+                            ? NGX_HTTP_SERVICE_UNAVAILABLE : rlcf->status;
+    r->headers_out.content_length_n = n;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+static void
+ngx_http_rl_wait_handler(ngx_http_request_t *r)
+{
+    ngx_event_t        *wev;
+    ngx_http_rl_ctx_t  *ctx;
+
+    wev = r->connection->write;
+
+    if (!wev->timedout) {
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        }
+
+        return;
+    }
+
+    /* rl answers within its deadline: this is a bug, not a slow store */
+    wev->timedout = 0;
+
+    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                  "rl: no decision within %M ms, answering 503",
+                  (ngx_msec_t) NGX_HTTP_RL_GUARD_MS);
+
+    ctx = ngx_http_rl_get_ctx(r);
+    if (ctx != NULL) {
+        ngx_http_rl_cleanup(ctx);
+    }
+
+    ngx_http_finalize_request(r, NGX_HTTP_SERVICE_UNAVAILABLE);
+}
+
+
+/*
+ * On the agent's I/O thread: queue the decision and wake the worker. Only
+ * the first decision into an empty queue writes to the eventfd: the worker
+ * takes the whole queue when it wakes, so the others ride along.
+ */
+static void
+ngx_http_rl_decided(const rl_decision *decision, void *arg)
+{
+    ssize_t                 n;
+    uint64_t                one;
+    ngx_uint_t              wake;
+    ngx_http_rl_pending_t  *p;
+
+    p = arg;
+    p->decision = *decision;
+
+    pthread_mutex_lock(&ngx_http_rl_done_lock);
+    p->next = ngx_http_rl_done;
+    ngx_http_rl_done = p;
+    wake = (p->next == NULL);
+    pthread_mutex_unlock(&ngx_http_rl_done_lock);
+
+    if (wake && ngx_http_rl_notify_conn != NULL) {
+        one = 1;
+        /* an eventfd counter only refuses to grow when it is about to
+         * overflow, and then a wake-up is pending anyway */
+        n = write(ngx_http_rl_notify_conn->fd, &one, sizeof(one));
+        (void) n;
+    }
+}
+
+
+/* Takes the queue of decided checks, oldest first. */
+static ngx_http_rl_pending_t *
+ngx_http_rl_take_done(void)
+{
+    ngx_http_rl_pending_t  *p, *next, *oldest;
+
+    pthread_mutex_lock(&ngx_http_rl_done_lock);
+    p = ngx_http_rl_done;
+    ngx_http_rl_done = NULL;
+    pthread_mutex_unlock(&ngx_http_rl_done_lock);
+
+    oldest = NULL;
+
+    while (p != NULL) {
+        next = p->next;
+        p->next = oldest;
+        oldest = p;
+        p = next;
+    }
+
+    return oldest;
+}
+
+
+static void
+ngx_http_rl_notify_handler(ngx_event_t *ev)
+{
+    uint64_t                count;
+    ngx_connection_t       *c;
+    ngx_http_rl_pending_t  *p, *next;
+
+    c = ev->data;
+
+    /* reset the counter first: a decision queued after this read wakes
+     * the worker again, one queued before is in the list taken below */
+    if (read(c->fd, &count, sizeof(count)) == -1 && ngx_errno != NGX_EAGAIN) {
+        ngx_log_error(NGX_LOG_ALERT, ev->log, ngx_errno,
+                      "rl: read() of the eventfd failed");
+    }
+
+    for (p = ngx_http_rl_take_done(); p != NULL; p = next) {
+        next = p->next;
+        ngx_http_rl_resume(p);
+    }
+}
+
+
+static void
+ngx_http_rl_resume(ngx_http_rl_pending_t *p)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+    ngx_http_rl_ctx_t   *ctx;
+
+    r = p->request;
+
+    if (r == NULL) {
+        /* the request went away while it waited */
+        ngx_free(p);
+        return;
+    }
+
+    ctx = ngx_http_rl_get_ctx(r);
+    ctx->decision = p->decision;
+    ctx->decided = 1;
+    ctx->pending = NULL;
+    ctx->state = NGX_HTTP_RL_DECIDED;
+    ngx_free(p);
+
+    c = r->connection;
+
+    if (c->write->timer_set) {
+        ngx_del_timer(c->write);
+    }
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        ngx_http_run_posted_requests(c);
+        return;
+    }
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    ngx_http_core_run_phases(r);
+    ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * The client request's check. An internal redirect clears module contexts
+ * but keeps the request's cleanups, where the check is found again: so a
+ * redirected request is not checked twice and its variables still show
+ * its decision.
+ */
+static ngx_http_rl_ctx_t *
+ngx_http_rl_get_ctx(ngx_http_request_t *r)
+{
+    ngx_http_rl_ctx_t   *ctx;
+    ngx_http_cleanup_t  *cln;
+
+    r = r->main;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_rl_module);
+    if (ctx != NULL) {
+        return ctx;
+    }
+
+    for (cln = r->cleanup; cln != NULL; cln = cln->next) {
+        if (cln->handler == ngx_http_rl_cleanup) {
+            ctx = cln->data;
+            ngx_http_set_ctx(r, ctx, ngx_http_rl_module);
+            return ctx;
+        }
+    }
+
+    return NULL;
+}
+
+
+/* The request is finalized or terminated: a decision still to come finds
+ * no request. */
+static void
+ngx_http_rl_cleanup(void *data)
+{
+    ngx_http_rl_ctx_t  *ctx = data;
+
+    if (ctx->pending != NULL) {
+        ctx->pending->request = NULL;
+        ctx->pending = NULL;
+        ctx->state = NGX_HTTP_RL_DONE;
+    }
+}
+
+
+static ngx_int_t
+ngx_http_rl_header_filter(ngx_http_request_t *r)
+{
+    ngx_http_rl_ctx_t  *ctx;
+
+    if (r == r->main) {
+        ctx = ngx_http_rl_get_ctx(r);
+
+        if (ctx != NULL && ctx->decided
+            && ngx_http_rl_add_headers(r, ctx) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+/* rl_format_headers' lines ("Name: value\r\n"), as response headers. */
+static ngx_int_t
+ngx_http_rl_add_headers(ngx_http_request_t *r, ngx_http_rl_ctx_t *ctx)
+{
+    int      n;
+    u_char  *p, *end, *colon, *eol;
+
+    p = ngx_pnalloc(r->pool, NGX_HTTP_RL_HEADERS_MAX);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    n = rl_format_headers(&ctx->decision, (char *) p,
+                          NGX_HTTP_RL_HEADERS_MAX);
+    if (n < 0) {
+        return NGX_ERROR;
+    }
+
+    end = p + n;
+
+    while (p < end) {
+        colon = ngx_strlchr(p, end, ':');
+        eol = ngx_strlchr(p, end, '\r');
+
+        if (colon == NULL || eol == NULL || colon > eol) {
+            return NGX_ERROR;
+        }
+
+        if (ngx_http_rl_push_header(r, p, colon - p, colon + 2,
+                                    eol - (colon + 2))
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        p = eol + 2;
+    }
+
+    if (ctx->decision.degraded) {
+        /* rl-gateway's header: the store did not answer and on_error
+         * decided */
+        return ngx_http_rl_push_header(r, (u_char *) "RateLimit-Degraded",
+                   sizeof("RateLimit-Degraded") - 1,
+                   (u_char *) "store unavailable, on_error decided",
+                   sizeof("store unavailable, on_error decided") - 1);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_push_header(ngx_http_request_t *r, u_char *key, size_t key_len,
+    u_char *value, size_t value_len)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memzero(h, sizeof(ngx_table_elt_t));
+    h->hash = 1;
+    h->key.data = key;
+    h->key.len = key_len;
+    h->value.data = value;
+    h->value.len = value_len;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+    uintptr_t data)
+{
+    u_char              *p;
+    uint64_t             n;
+    const char          *s;
+    rl_decision         *d;
+    ngx_http_rl_ctx_t   *ctx;
+
+    ctx = ngx_http_rl_get_ctx(r);
+
+    if (ctx == NULL || !ctx->decided) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    d = &ctx->decision;
+    s = NULL;
+    n = 0;
+
+    switch (data) {
+
+    case NGX_HTTP_RL_VAR_DECISION:
+        /* a rejection is a rejection even when on_error denied; degraded
+         * names the requests let through without the store's word */
+        s = !d->allowed ? "rejected"
+                        : d->degraded ? "degraded" : "allowed";
+        break;
+
+    case NGX_HTTP_RL_VAR_RULE:
+        s = d->rule;
+        break;
+
+    case NGX_HTTP_RL_VAR_LIMIT:
+        n = d->limit;
+        break;
+
+    case NGX_HTTP_RL_VAR_REMAINING:
+        n = d->remaining;
+        break;
+
+    default: /* NGX_HTTP_RL_VAR_RETRY_AFTER: as the Retry-After header */
+        if (d->allowed || d->retry_after_ms < 0) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        n = ((uint64_t) d->retry_after_ms + 999) / 1000;
+        n = n > 0 ? n : 1;
+        break;
+    }
+
+    if (data != NGX_HTTP_RL_VAR_DECISION && d->rule[0] == '\0') {
+        /* no rule applied: no limit to speak of */
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    if (s != NULL) {
+        v->data = (u_char *) s;
+        v->len = ngx_strlen(s);
+
+    } else {
+        p = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        v->data = p;
+        v->len = ngx_sprintf(p, "%uL", n) - p;
+    }
+
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
+static char *
+ngx_http_rl_config(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_rl_main_conf_t *rmcf = conf;
+
+    int                  rc;
+    ngx_str_t           *value;
+    rl_error             err;
+    ngx_pool_cleanup_t  *cln;
+
+    if (rmcf->config_path.data != NULL) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    rmcf->config_path = value[1];
+
+    if (ngx_conf_full_name(cf->cycle, &rmcf->config_path, 1) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    /* Loaded here so that `nginx -t` and a reload refuse a bad file with
+     * rl's message; the workers' agents read this very config, freed with
+     * the cycle that holds it. */
+    rc = rl_config_load((const char *) rmcf->config_path.data, &rmcf->config,
+                        &err);
+
+    if (rc != RL_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "rl_config: %s",
+                           rc == RL_ECONFIG || rc == RL_EIO
+                           ? err.message : rl_strerror(rc));
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_rl_config_free;
+    cln->data = rmcf->config;
+
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_http_rl_config_free(void *data)
+{
+    rl_config_free(data);
+}
+
+
+static char *
+ngx_http_rl_attr(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_rl_main_conf_t *rmcf = conf;
+
+    ngx_str_t                         *value;
+    ngx_uint_t                         i;
+    ngx_http_rl_attr_t                *attr;
+    ngx_http_compile_complex_value_t   ccv;
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        return "needs a non-empty attribute name";
+    }
+
+    if (rmcf->attrs == NULL) {
+        rmcf->attrs = ngx_array_create(cf->pool, 4,
+                                       sizeof(ngx_http_rl_attr_t));
+        if (rmcf->attrs == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    attr = rmcf->attrs->elts;
+
+    for (i = 0; i < rmcf->attrs->nelts; i++) {
+        if (attr[i].name.len == value[1].len
+            && ngx_strncmp(attr[i].name.data, value[1].data, value[1].len)
+               == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "rl_attr \"%V\" is given twice: an attribute "
+                               "has one value per request", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (rmcf->attrs->nelts == RL_ATTRS_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "too many rl_attr: rl takes at most %d "
+                           "attributes per request", RL_ATTRS_MAX);
+        return NGX_CONF_ERROR;
+    }
+
+    attr = ngx_array_push(rmcf->attrs);
+    if (attr == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    /* nginx's config words end in a NUL: rl_attr.name can point here */
+    attr->name = value[1];
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+    ccv.cf = cf;
+    ccv.value = &value[2];
+    ccv.complex_value = &attr->value;
+
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_rl_cost_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_rl_loc_conf_t *rlcf = conf;
+
+    char       *rv;
+    uint32_t    cost;
+    ngx_str_t  *value;
+
+    rv = ngx_http_set_complex_value_slot(cf, cmd, conf);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    /* a constant is checked now; a variable per request */
+    if (rlcf->cost->lengths == NULL) {
+        value = cf->args->elts;
+
+        if (ngx_http_rl_parse_cost(&value[1], &cost) != NGX_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "rl_cost \"%V\" must be a whole number from "
+                               "1 to 4294967295, or a variable", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static void *
+ngx_http_rl_create_main_conf(ngx_conf_t *cf)
+{
+    /* config_path, config and attrs start empty */
+    return ngx_pcalloc(cf->pool, sizeof(ngx_http_rl_main_conf_t));
+}
+
+
+static void *
+ngx_http_rl_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_rl_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_rl_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    conf->enable = NGX_CONF_UNSET;
+    conf->cost = NGX_CONF_UNSET_PTR;
+    conf->status = NGX_CONF_UNSET_UINT;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_rl_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_rl_loc_conf_t *prev = parent;
+    ngx_http_rl_loc_conf_t *conf = child;
+
+    ngx_http_rl_main_conf_t  *rmcf;
+
+    ngx_conf_merge_value(conf->enable, prev->enable, 0);
+    ngx_conf_merge_ptr_value(conf->cost, prev->cost, NULL);
+    ngx_conf_merge_uint_value(conf->status, prev->status,
+                              NGX_HTTP_TOO_MANY_REQUESTS);
+
+    rmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_rl_module);
+
+    if (conf->enable && rmcf->config == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"rl on\" needs the rules: add "
+                           "\"rl_config <file>;\" to the http block");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_rl_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_init(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_rl_handler;
+
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_rl_header_filter;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_init_process(ngx_cycle_t *cycle)
+{
+    int                       fd, rc;
+    rl_error                  err;
+    rl_options                options;
+    ngx_connection_t         *c;
+    ngx_http_rl_main_conf_t  *rmcf;
+
+    rmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_rl_module);
+
+    if (rmcf == NULL || rmcf->config == NULL) {
+        return NGX_OK;
+    }
+
+    fd = eventfd(0, EFD_NONBLOCK|EFD_CLOEXEC);
+    if (fd == -1) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                      "rl: eventfd() failed");
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, cycle->log);
+    if (c == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    c->read->handler = ngx_http_rl_notify_handler;
+    c->read->log = cycle->log;
+    c->write->log = cycle->log;
+    c->data = NULL;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_close_connection(c);
+        return NGX_ERROR;
+    }
+
+    ngx_http_rl_notify_conn = c;
+
+    ngx_memzero(&options, sizeof(rl_options));
+    options.config = rmcf->config;
+    options.log = ngx_http_rl_log;
+    options.log_arg = cycle->log;
+    options.log_level = RL_LOG_INFO;
+
+    rc = rl_agent_open(&ngx_http_rl_agent, &options, &err);
+
+    if (rc != RL_OK) {
+        /* nginx does not respawn a worker whose init failed: the reason
+         * must be in the log */
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "rl: the agent did not open: %s", err.message);
+        ngx_close_connection(c);
+        ngx_http_rl_notify_conn = NULL;
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_rl_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_rl_pending_t  *p, *next;
+
+    /* rl_agent_close decides what still waits (on_error) and sends the
+     * synced counts not yet reported: the decisions land in the queue,
+     * and with the process going, no request is resumed */
+    rl_agent_close(ngx_http_rl_agent);
+    ngx_http_rl_agent = NULL;
+
+    for (p = ngx_http_rl_take_done(); p != NULL; p = next) {
+        next = p->next;
+        ngx_free(p);
+    }
+
+    if (ngx_http_rl_notify_conn != NULL) {
+        ngx_close_connection(ngx_http_rl_notify_conn);
+        ngx_http_rl_notify_conn = NULL;
+    }
+}
+
+
+/* librl's lines, from its I/O thread: nginx's own thread pools log from
+ * their threads the same way. */
+static void
+ngx_http_rl_log(rl_log_level level, const char *line, void *arg)
+{
+    ngx_log_t   *log = arg;
+    ngx_uint_t   nlevel;
+
+    switch (level) {
+    case RL_LOG_ERROR:
+        nlevel = NGX_LOG_ERR;
+        break;
+    case RL_LOG_WARN:
+        nlevel = NGX_LOG_WARN;
+        break;
+    case RL_LOG_INFO:
+        nlevel = NGX_LOG_INFO;
+        break;
+    default:
+        nlevel = NGX_LOG_DEBUG;
+        break;
+    }
+
+    ngx_log_error(nlevel, log, 0, "rl: %s", line);
+}

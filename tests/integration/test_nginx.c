@@ -1,0 +1,669 @@
+/*
+ * ngx_http_rl_module inside Debian's nginx, end to end: real nginx
+ * processes (master and workers) on loopback, each in its own prefix with
+ * its own config, pid file and error log, started and stopped by the test
+ * (also when it fails: see nginx_fini). Three instances sharing one exact
+ * bucket, the 429's headers and body, `nginx -t` on a bad rules file,
+ * synced and local rules, a silent Redis, a reload under traffic, and a
+ * request checked once through internal redirects and subrequests.
+ */
+#include "redis_server.h"
+#include "test_agent.h"
+#include "test_aggregator.h"
+#include "test_env.h"
+#include "test_gateway.h"
+#include "test_process.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NGINX_BIN "/usr/sbin/nginx"
+#define NGINX_MAX 4
+
+/* What nginx runs under: "env" with, in a sanitizer build, the sanitizer's
+ * runtime preloaded (RL_TEST_NGINX_PRELOAD, from the Makefile). The module
+ * is built with the tests' sanitizer but nginx is not, and a sanitizer's
+ * runtime must be loaded before any library that needs it. Leak detection
+ * is off for nginx: it leaves its cycle's memory to the process's exit,
+ * which LeakSanitizer would report as nginx's leaks, not the module's. */
+static const char *nginx_env(void)
+{
+    static char env[1024];
+    const char *preload = getenv("RL_TEST_NGINX_PRELOAD");
+    const char *asan = getenv("ASAN_OPTIONS");
+    if (preload == NULL || preload[0] == '\0')
+        return "env";
+    snprintf(env, sizeof env,
+             "env LD_PRELOAD=%s ASAN_OPTIONS=%s%sdetect_leaks=0", preload, asan != NULL ? asan : "",
+             asan != NULL && asan[0] != '\0' ? ":" : "");
+    return env;
+}
+
+typedef struct test_nginx {
+    pid_t pid;          /* the master, in its own process group */
+    uint16_t port;
+    char dir[512];      /* prefix: nginx.conf, html/, nginx.pid */
+    char conf[600];
+    char log[600];      /* error_log and stderr, in RL_TEST_LOGDIR */
+} test_nginx;
+
+/* The process groups of every nginx this test process started, for
+ * nginx_fini: workers do not die with the test (only the master gets
+ * PR_SET_PDEATHSIG), so a failed test must still stop them all. Kept
+ * here, not in the test's own (stack) structs, which a failed assertion
+ * leaves behind. */
+static pid_t started[NGINX_MAX];
+
+static void nginx_fini(void)
+{
+    for (int i = 0; i < NGINX_MAX; i++) {
+        if (started[i] > 0) {
+            kill(-started[i], SIGKILL);
+            waitpid(started[i], NULL, WNOHANG);
+            started[i] = 0;
+        }
+    }
+}
+
+TestSuite(nginx, .fini = nginx_fini);
+
+/* A key no other test (or earlier run) has used. */
+static void unique(char *buf, size_t cap, const char *stem)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(buf, cap, "%s_%d_%ld%09ld", stem, (int)getpid(),
+             (long)ts.tv_sec, ts.tv_nsec);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s: %s", path, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The config of one instance: the module, workers, its own paths, the rl
+ * block (rl_config, rl_attr lines) and server-level lines. An access log
+ * records each request's decision. */
+static void nginx_prepare(test_nginx *ngx, int workers, const char *rules,
+                          const char *http, const char *server)
+{
+    static int serial;
+    memset(ngx, 0, sizeof *ngx);
+    snprintf(ngx->dir, sizeof ngx->dir, "%s/nginx-%d-%d",
+             test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
+    snprintf(ngx->conf, sizeof ngx->conf, "%s/nginx.conf", ngx->dir);
+    test_log_path(ngx->log, sizeof ngx->log, "nginx");
+    char path[700];
+    cr_assert_eq(mkdir(ngx->dir, 0755), 0);
+    /* Workers run as another user when the tests run as root: the
+     * prefix must be theirs to read. */
+    chmod(test_env("RL_TEST_TMPDIR"), 0755);
+    snprintf(path, sizeof path, "%s/html", ngx->dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/html/index.html", ngx->dir);
+    write_file(path, "hello\n");
+    snprintf(path, sizeof path, "%s/html/fallback.html", ngx->dir);
+    write_file(path, "fallback\n");
+    snprintf(path, sizeof path, "%s/html/auth.html", ngx->dir);
+    write_file(path, "yes\n");
+    snprintf(path, sizeof path, "%s/html/api", ngx->dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/html/api/index.html", ngx->dir);
+    write_file(path, "api\n");
+    ngx->port = test_free_port();
+    cr_assert_neq(ngx->port, 0);
+    char conf[8192];
+    snprintf(conf, sizeof conf,
+             "load_module %s;\n"
+             "worker_processes %d;\n"
+             "error_log %s info;\n"
+             "pid %s/nginx.pid;\n"
+             "events { worker_connections 512; }\n"
+             "http {\n"
+             "    log_format rl '$status $rl_decision $rl_rule $rl_remaining';\n"
+             "    access_log %s/access.log rl;\n"
+             "    client_body_temp_path %s/body;\n"
+             "    proxy_temp_path %s/proxy;\n"
+             "    fastcgi_temp_path %s/fastcgi;\n"
+             "    uwsgi_temp_path %s/uwsgi;\n"
+             "    scgi_temp_path %s/scgi;\n"
+             "    rl_config %s;\n"
+             "    rl_attr api_key $http_x_api_key;\n"
+             "    rl_attr tenant $http_x_tenant;\n"
+             "    rl_attr ip $remote_addr;\n"
+             "%s"
+             "    server {\n"
+             "        listen 127.0.0.1:%u;\n"
+             "        root %s/html;\n"
+             "        add_header X-RL-Decision $rl_decision always;\n"
+             "        add_header X-RL-Remaining $rl_remaining always;\n"
+             "%s"
+             "    }\n"
+             "}\n",
+             test_env("RL_TEST_NGINX_MODULE"), workers, ngx->log, ngx->dir,
+             ngx->dir, ngx->dir, ngx->dir, ngx->dir, ngx->dir, ngx->dir,
+             rules, http, ngx->port, ngx->dir, server);
+    write_file(ngx->conf, conf);
+}
+
+static bool port_answers(uint16_t port)
+{
+    char cmd[128], out[64];
+    snprintf(cmd, sizeof cmd, "exec 3<>/dev/tcp/127.0.0.1/%u", port);
+    char full[256];
+    snprintf(full, sizeof full, "bash -c '%s' 2>/dev/null", cmd);
+    return test_run(full, out, sizeof out) == 0;
+}
+
+/* Starts nginx in the foreground (its master is our child) in a process
+ * group of its own, and waits until it accepts connections with all its
+ * workers started. */
+static void nginx_start(test_nginx *ngx, int workers)
+{
+    cr_assert_eq(access(NGINX_BIN, X_OK), 0, NGINX_BIN " is not installed: "
+                 "make test installs nginx through make deps (as root)");
+    char cmd_line[2400];
+    snprintf(cmd_line, sizeof cmd_line, "exec %s /usr/bin/setsid %s -p %s "
+             "-c %s -g 'daemon off;'", nginx_env(), NGINX_BIN, ngx->dir,
+             ngx->conf);
+    char *argv[] = {"/bin/sh", "-c", cmd_line, NULL};
+    ngx->pid = test_spawn(argv, ngx->log);
+    for (int i = 0; i < NGINX_MAX; i++) {
+        if (started[i] == 0) {
+            started[i] = ngx->pid;
+            break;
+        }
+    }
+    char want[32];
+    snprintf(want, sizeof want, "%d", workers);
+    char cmd[800], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c 'start worker process' %s", ngx->log);
+    for (int waited = 0; waited < 15000; waited += 20) {
+        if (waitpid(ngx->pid, NULL, WNOHANG) != 0) {
+            ngx->pid = 0;
+            test_show_log(ngx->log);
+            cr_assert_fail("nginx exited at start; see %s", ngx->log);
+        }
+        test_run(cmd, out, sizeof out);
+        if (atoi(out) >= workers && port_answers(ngx->port))
+            return;
+        usleep(20 * 1000);
+    }
+    test_show_log(ngx->log);
+    cr_assert_fail("nginx did not listen on %u with %d workers within 15 s",
+                   ngx->port, workers);
+}
+
+/* Graceful stop (SIGQUIT: the workers finish their requests and close
+ * their agents, flushing synced counts). Asserts a clean exit and no
+ * alert in the error log (nginx logs one for a socket left open). */
+static void nginx_stop(test_nginx *ngx)
+{
+    if (ngx->pid <= 0)
+        return;
+    pid_t pid = ngx->pid;
+    kill(pid, SIGQUIT);
+    int status = 0;
+    pid_t done = 0;
+    for (int waited = 0; waited < 20000 && done == 0; waited += 20) {
+        done = waitpid(pid, &status, WNOHANG);
+        if (done == 0)
+            usleep(20 * 1000);
+    }
+    if (done == 0) {
+        test_show_log(ngx->log);
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ngx->pid = 0;
+        cr_assert_fail("nginx did not stop within 20 s of SIGQUIT");
+    }
+    ngx->pid = 0;
+    /* the workers are gone with the master; anything left is killed */
+    kill(-pid, SIGKILL);
+    for (int i = 0; i < NGINX_MAX; i++) {
+        if (started[i] == pid)
+            started[i] = 0;
+    }
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "nginx exited with status %d", status);
+    char cmd[700], out[4096];
+    snprintf(cmd, sizeof cmd, "grep -E '\\[(alert|emerg|crit)\\]' %s",
+             ngx->log);
+    if (test_run(cmd, out, sizeof out) == 0)
+        cr_assert_fail("nginx logged:\n%s", out);
+}
+
+/* One GET on its own connection with an API key (and more header lines,
+ * or ""). */
+static void get(uint16_t port, const char *path, const char *key,
+                const char *more, test_http_response *r)
+{
+    char headers[512];
+    snprintf(headers, sizeof headers, "X-Api-Key: %s\r\n%s", key, more);
+    test_http_get(port, path, headers, r);
+}
+
+static long header_num(const test_http_response *r, const char *name)
+{
+    const char *v = test_http_header(r, name);
+    cr_assert_not_null(v, "no %s header (status %d)", name, r->status);
+    return atol(v);
+}
+
+/* --- (a) Three instances, two workers each, one exact bucket. ---------- */
+
+/* The period is an hour, not a minute: at 100 a minute a token comes back
+ * every 0.6 s, and 200 requests on a loaded machine may take longer. */
+Test(nginx, three_instances_share_one_exact_bucket)
+{
+    const char *cfg = test_store_config("nginx-exact",
+        "  - {name: per-key, match: api_key, limit: 100, period: 1h}\n");
+    test_nginx ngx[3];
+    for (int i = 0; i < 3; i++) {
+        nginx_prepare(&ngx[i], 2, cfg, "",
+                      "        location / { rl on; }\n");
+        nginx_start(&ngx[i], 2);
+    }
+    char key[96];
+    unique(key, sizeof key, "ak_ngx");
+    int allowed = 0, rejected = 0;
+    test_http_response r, last_429 = {0};
+    for (int i = 0; i < 200; i++) {
+        get(ngx[i % 3].port, "/index.html", key, "", &r);
+        cr_assert(r.status == 200 || r.status == 429, "status %d", r.status);
+        if (r.status == 200) {
+            allowed++;
+            r.body[r.body_len] = '\0';
+            cr_assert_str_eq(r.body, "hello\n");
+            cr_assert_eq(header_num(&r, "RateLimit-Remaining"), 100 - allowed,
+                         "the allowed response's RateLimit headers");
+            cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"),
+                             "allowed");
+        } else {
+            rejected++;
+            last_429 = r;
+        }
+    }
+    cr_assert_eq(allowed, 100, "three nginx let %d through", allowed);
+    cr_assert_eq(rejected, 100);
+
+    /* rl-gateway's 429, word for word: Retry-After in whole seconds
+     * rounded up (a token per 36 s), the RateLimit headers, the body. */
+    cr_assert_not_null(test_http_header(&last_429, "RateLimit"));
+    cr_assert_str_eq(test_http_header(&last_429, "X-RL-Decision"),
+                     "rejected");
+    test_expect_rate_limited(&last_429, "per-key", 100, 3600);
+    for (int i = 0; i < 3; i++)
+        nginx_stop(&ngx[i]);
+}
+
+/* --- (b) nginx -t. ---------------------------------------------------- */
+
+Test(nginx, config_test_fails_on_a_bad_rules_file_with_rls_message)
+{
+    const char *bad = test_write_config("nginx-bad",
+        "store: {url: \"redis://127.0.0.1:1\"}\n"
+        "rules:\n"
+        "  - {name: per-key, match: api_key, limit: -3, period: 1m}\n");
+    char bad_path[600];
+    snprintf(bad_path, sizeof bad_path, "%s", bad);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, bad_path, "", "        location / { rl on; }\n");
+    char cmd[2400], out[8192];
+    snprintf(cmd, sizeof cmd, "%s %s -t -p %s -c %s 2>&1", nginx_env(),
+             NGINX_BIN, ngx.dir, ngx.conf);
+    cr_assert_neq(test_run(cmd, out, sizeof out), 0, "nginx -t passed: %s",
+                  out);
+    char want[700];
+    snprintf(want, sizeof want, "rl_config: %s:3:", bad_path);
+    cr_assert(strstr(out, want) != NULL, "no '%s' in: %s", want, out);
+    cr_assert(strstr(out, "rules[0].limit") != NULL, "no field in: %s", out);
+    cr_assert(strstr(out, "test failed") != NULL, "%s", out);
+
+    /* The same nginx config with good rules passes, and nginx -t opens no
+     * agent: the store's address is a closed port, and no worker runs. */
+    const char *good = test_write_config("nginx-good",
+        "store: {url: \"redis://127.0.0.1:1\"}\n"
+        "rules:\n"
+        "  - {name: per-key, match: api_key, limit: 3, period: 1m}\n");
+    test_nginx ok;
+    nginx_prepare(&ok, 1, good, "", "        location / { rl on; }\n");
+    snprintf(cmd, sizeof cmd, "%s %s -t -p %s -c %s 2>&1", nginx_env(),
+             NGINX_BIN, ok.dir, ok.conf);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+
+    /* "rl on" without rules is a config error too, naming the fix. */
+    test_nginx none;
+    nginx_prepare(&none, 1, good, "", "        location / { rl on; }\n");
+    snprintf(cmd, sizeof cmd, "sed -i '/rl_config/d' %s && %s %s -t -p %s "
+             "-c %s 2>&1", none.conf, nginx_env(), NGINX_BIN, none.dir,
+             none.conf);
+    cr_assert_neq(test_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"rl on\" needs the rules") != NULL, "%s", out);
+}
+
+/* --- (c) Synced and local rules. -------------------------------------- */
+
+/* The synced rules here have names no other test uses: an aggregator
+ * counts a rule's fleet in the Redis every test shares (by rule name), and
+ * these workers would make another test's one agent one of many. */
+
+Test(nginx, synced_counts_reach_the_aggregator_and_a_local_bucket_binds_in_its_worker)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL,
+                          "  - {name: nginx-synced, match: tenant, limit: 1000, "
+                          "period: 1h, mode: synced}\n"
+                          "  - {name: per-ip, match: ip, limit: 5, period: 1h, "
+                          "mode: local}\n", 200, NULL);
+    test_aggregator_wait_ready(&agg);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, agg.config, "",
+                  "        location / { rl on; }\n");
+    nginx_start(&ngx, 1);
+
+    char tenant[96], more[160];
+    unique(tenant, sizeof tenant, "org_ngx");
+    snprintf(more, sizeof more, "X-Tenant: %s\r\n", tenant);
+    test_http_response r;
+    /* The local rule (5 per ip in this worker) and the synced rule both
+     * apply to every request from 127.0.0.1: the local one binds. */
+    int allowed = 0;
+    for (int i = 0; i < 8; i++) {
+        get(ngx.port, "/index.html", "", more, &r);
+        cr_assert(r.status == 200 || r.status == 429, "status %d", r.status);
+        allowed += r.status == 200;
+        if (r.status == 429) {
+            r.body[r.body_len] = '\0';
+            cr_assert(strstr(r.body, "\"rule\":\"per-ip\"") != NULL, "%s",
+                      r.body);
+        }
+    }
+    cr_assert_eq(allowed, 5, "one worker's local bucket of 5 let %d through",
+                 allowed);
+    nginx_stop(&ngx);
+    /* The 8 requests were all counted by the synced rule (charge: all),
+     * and the agent's close flushed them to the aggregator. */
+    char key[160];
+    snprintf(key, sizeof key, "rl:tenant:%s", tenant);
+    test_expect_window_total(key, 8, 10000);
+    test_aggregator_stop(&agg);
+}
+
+/* --- (d) A silent Redis. ---------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+    return test_now_ms();
+}
+
+static void send_raw(int fd, const char *raw)
+{
+    size_t len = strlen(raw);
+    cr_assert_eq(write(fd, raw, len), (ssize_t)len);
+}
+
+Test(nginx, a_silent_redis_delays_only_checked_requests_and_degrades_them)
+{
+    test_redis srv;
+    char err[512];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://127.0.0.1:%u\", timeout_ms: 1000}\n"
+             "rules:\n"
+             "  - {name: per-key, match: api_key, limit: 100, period: 1h, "
+             "on_error: allow}\n", srv.port);
+    const char *cfg = test_write_config("nginx-silent", yaml);
+    test_nginx ngx;
+    /* one worker: the unchecked location is served by the very worker
+     * whose checked requests wait */
+    nginx_prepare(&ngx, 1, cfg, "",
+                  "        location /api/ { rl on; }\n"
+                  "        location / { }\n");
+    nginx_start(&ngx, 1);
+    char key[96];
+    unique(key, sizeof key, "ak_silent");
+    test_http_response r;
+    get(ngx.port, "/api/index.html", key, "", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "allowed");
+    r.body[r.body_len] = '\0';
+    cr_assert_str_eq(r.body, "api\n");
+
+    test_redis_pause(&srv);
+    enum { WAITING = 5 };
+    int fds[WAITING];
+    char raw[256];
+    snprintf(raw, sizeof raw, "GET /api/index.html HTTP/1.1\r\nHost: t\r\n"
+             "X-Api-Key: %s\r\n\r\n", key);
+    uint64_t sent = now_ms();
+    for (int i = 0; i < WAITING; i++) {
+        fds[i] = test_http_connect(ngx.port);
+        send_raw(fds[i], raw);
+    }
+    /* Meanwhile the same worker serves the location without rl. */
+    int served = 0;
+    uint64_t slowest = 0;
+    for (int i = 0; i < 20; i++) {
+        uint64_t t0 = now_ms();
+        get(ngx.port, "/index.html", key, "", &r);
+        cr_assert_eq(r.status, 200);
+        uint64_t took = now_ms() - t0;
+        slowest = took > slowest ? took : slowest;
+        served++;
+    }
+    uint64_t free_done = now_ms() - sent;
+    struct pollfd pfd[WAITING];
+    for (int i = 0; i < WAITING; i++)
+        pfd[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    int ready = poll(pfd, WAITING, 0);
+    fprintf(stderr, "nginx: Redis stopped: 20 unchecked requests in %llu ms "
+            "(slowest %llu ms) while 5 checked ones waited\n",
+            (unsigned long long)free_done, (unsigned long long)slowest);
+    cr_assert_eq(served, 20);
+    if (free_done < 800)
+        cr_assert_eq(ready, 0, "a checked request was answered within "
+                     "%llu ms of a stopped Redis, before its deadline",
+                     (unsigned long long)free_done);
+    cr_assert_lt(free_done, 1000, "the unchecked location waited for the "
+                 "store: 20 requests took %llu ms",
+                 (unsigned long long)free_done);
+
+    for (int i = 0; i < WAITING; i++) {
+        test_http_exchange(fds[i], "", &r, 1);
+        uint64_t after = now_ms() - sent;
+        cr_assert_eq(r.status, 200);
+        cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "degraded");
+        cr_assert_not_null(test_http_header(&r, "RateLimit-Degraded"));
+        cr_assert_leq(after, 1000 + 750, "answered %llu ms after the "
+                      "request, deadline 1000 ms",
+                      (unsigned long long)after);
+        close(fds[i]);
+    }
+    test_redis_resume(&srv);
+    nginx_stop(&ngx);
+    char cmd[700], out[256];
+    snprintf(cmd, sizeof cmd, "grep -c ' degraded per-key' %s/access.log",
+             ngx.dir);
+    test_run(cmd, out, sizeof out);
+    cr_assert_eq(atoi(out), WAITING, "access log: %s", out);
+    test_redis_stop(&srv);
+}
+
+/* --- (e) A reload under traffic. -------------------------------------- */
+
+typedef struct traffic {
+    uint16_t port;
+    char tenant[96];
+    atomic_bool stop;
+    atomic_int ok, failed, sent;
+} traffic;
+
+/* A client without Criterion asserts (they belong to the test's thread):
+ * one request per connection, as clients across a reload would; the
+ * status, or -1 when the connection failed. */
+static int one_request(const traffic *t)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(t->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char buf[4096];
+    int len = snprintf(buf, sizeof buf, "GET /index.html HTTP/1.1\r\n"
+                       "Host: t\r\nX-Tenant: %s\r\nConnection: close\r\n"
+                       "\r\n", t->tenant);
+    int status = -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0
+        && write(fd, buf, (size_t)len) == len) {
+        size_t got = 0;
+        ssize_t n;
+        while (got < sizeof buf - 1
+               && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0)
+            got += (size_t)n;
+        buf[got] = '\0';
+        if (sscanf(buf, "HTTP/1.1 %d", &status) != 1)
+            status = -1;
+    }
+    close(fd);
+    return status;
+}
+
+static void *send_traffic(void *arg)
+{
+    traffic *t = arg;
+    while (!atomic_load(&t->stop)) {
+        atomic_fetch_add(&t->sent, 1);
+        if (one_request(t) == 200)
+            atomic_fetch_add(&t->ok, 1);
+        else
+            atomic_fetch_add(&t->failed, 1);
+    }
+    return NULL;
+}
+
+Test(nginx, reload_under_traffic_fails_no_request_and_loses_no_synced_count)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL,
+                          "  - {name: nginx-reload, match: tenant, "
+                          "limit: 1000000, period: 1h, mode: synced}\n",
+                          200, NULL);
+    test_aggregator_wait_ready(&agg);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 2, agg.config, "", "        location / { rl on; }\n");
+    nginx_start(&ngx, 2);
+    traffic t = {.port = ngx.port};
+    unique(t.tenant, sizeof t.tenant, "org_reload");
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, send_traffic, &t);
+    test_sleep_ms(500);
+    kill(ngx.pid, SIGHUP);
+    test_sleep_ms(1000);
+    kill(ngx.pid, SIGHUP);
+    test_sleep_ms(1000);
+    atomic_store(&t.stop, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    int ok = atomic_load(&t.ok), failed = atomic_load(&t.failed);
+    fprintf(stderr, "nginx: two reloads under traffic: %d answered 200, "
+            "%d failed\n", ok, failed);
+    cr_assert_eq(failed, 0, "%d of %d requests failed across the reloads",
+                 failed, atomic_load(&t.sent));
+    cr_assert_gt(ok, 20, "too little traffic to show anything: %d", ok);
+    char cmd[700], out[64];
+    snprintf(cmd, sizeof cmd, "grep -c 'SIGHUP) received' %s", ngx.log);
+    test_run(cmd, out, sizeof out);
+    cr_assert_eq(atoi(out), 2, "nginx did not reload twice");
+    nginx_stop(&ngx);
+    char key[160];
+    snprintf(key, sizeof key, "rl:tenant:%s", t.tenant);
+    test_expect_window_total(key, ok, 10000);
+    test_aggregator_stop(&agg);
+}
+
+/* --- (f) Once per client request. ------------------------------------- */
+
+Test(nginx, internal_redirects_and_subrequests_are_checked_once)
+{
+    /* per-tenant applies to no request here (none has an X-Tenant): an
+     * empty attribute value is no key, not a request to refuse. */
+    const char *cfg = test_store_config("nginx-once",
+        "  - {name: per-key, match: api_key, limit: 100, period: 1h}\n"
+        "  - {name: per-tenant, match: tenant, limit: 1, period: 1h}\n");
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, cfg, "",
+                  "        location /try/ { rl on; try_files $uri "
+                  "/fallback.html; }\n"
+                  "        location = /fallback.html { rl on; }\n"
+                  "        location /missing/ { rl on; error_page 404 "
+                  "/fallback.html; }\n"
+                  "        location /guarded/ { rl on; auth_request "
+                  "/auth.html; try_files $uri /index.html; }\n"
+                  "        location = /auth.html { rl on; }\n"
+                  "        location /rewritten/ { rl on; rewrite ^ "
+                  "/index.html last; }\n"
+                  "        location = /index.html { rl on; }\n"
+                  "        location /api/ { auth_request /auth.html; }\n");
+    nginx_start(&ngx, 1);
+    char key[96];
+    unique(key, sizeof key, "ak_once");
+    static const struct {
+        const char *path;
+        int status;
+        const char *body;
+    } cases[] = {
+        {"/try/nothing-here", 200, "fallback\n"},
+        {"/missing/nothing-here", 404, "fallback\n"},
+        {"/guarded/x", 200, "hello\n"},
+        {"/rewritten/x", 200, "hello\n"},
+        {"/fallback.html", 200, "fallback\n"},
+    };
+    test_http_response r;
+    long expect = 100;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        get(ngx.port, cases[i].path, key, "", &r);
+        expect--;
+        cr_assert_eq(r.status, cases[i].status, "%s: %d", cases[i].path,
+                     r.status);
+        r.body[r.body_len] = '\0';
+        cr_assert_str_eq(r.body, cases[i].body, "%s", cases[i].path);
+        cr_assert_eq(header_num(&r, "RateLimit-Remaining"), expect,
+                     "%s charged %ld times", cases[i].path,
+                     expect + 1 - header_num(&r, "RateLimit-Remaining"));
+        cr_assert_eq(header_num(&r, "X-RL-Remaining"), expect,
+                     "%s: $rl_remaining", cases[i].path);
+    }
+    /* A location without rl is not checked, nor is its auth_request
+     * subrequest to a location with rl: subrequests are never checked. */
+    get(ngx.port, "/api/index.html", key, "", &r);
+    cr_assert_eq(r.status, 200, "/api/index.html: %d", r.status);
+    get(ngx.port, "/index.html", key, "", &r);
+    cr_assert_eq(header_num(&r, "RateLimit-Remaining"), expect - 1,
+                 "the auth_request subrequest of /api/index.html was "
+                 "charged");
+    nginx_stop(&ngx);
+}
