@@ -157,8 +157,9 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
     return rc;
 }
 
-/* With charge: first_reject, a rejection here means no exact rule is
- * charged; a shadow rule's is not the request's. The value is the key's
+/* With charge: first_reject or atomic, a rejection here means no exact
+ * rule is charged (this rule's own count stays: synced and local counts
+ * are never taken back); a shadow rule's is not the request's. The value is the key's
  * tail, after the rule's prefix. A leased rule is decided here when its
  * hand can; else it goes to the I/O thread with the exact rules. */
 static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
@@ -187,7 +188,8 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
         rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
                     && !rs->shadow;
     }
-    if (rejected && g->config->charge == RL_CHARGE_FIRST_REJECT) {
+    if (rejected && (g->config->charge == RL_CHARGE_FIRST_REJECT
+                     || g->config->charge == RL_CHARGE_ATOMIC)) {
         for (int i = 0; i < req->n_rules; i++) {
             if (req->rules[i].outcome == RL_OUTCOME_PENDING)
                 req->rules[i].outcome = RL_OUTCOME_SKIPPED;

@@ -43,7 +43,7 @@ static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
 static const char *const on_error_names[] = {"allow", "deny", "local",
                                              NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
-                                           NULL};
+                                           "atomic", NULL};
 static const char *const scripts_names[] = {"auto", "function", "eval", NULL};
 
 const char *rl_mode_name(rl_mode m) { return mode_names[m]; }

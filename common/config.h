@@ -44,6 +44,7 @@ typedef enum rl_charge {
     RL_CHARGE_ALL,          /* charge every matching rule (the seed's choice) */
     RL_CHARGE_FIRST_REJECT, /* stop charging at the first rejecting rule */
     RL_CHARGE_REFUND,       /* give the tokens back when the request is rejected */
+    RL_CHARGE_ATOMIC,       /* charge every rule only if every rule allows */
 } rl_charge;
 
 /* A rate: limit tokens per period_ms, a bucket of burst tokens. Kept as
