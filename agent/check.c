@@ -198,6 +198,27 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
     return RL_OK;
 }
 
+/* The co-location tag of a rule's key (its hash_tag's attribute), or
+ * NULL: the rule has none, or the request lacks it (then the untagged key
+ * counts it, as before the tag). */
+static const rl_attr *tag_of(const rl_rule *r, const rl_attr *attrs,
+                             size_t n)
+{
+    return r->tag_attr[0] != '\0' ? find_attr(attrs, n, r->tag_attr) : NULL;
+}
+
+/* The bytes of a rule's key, its NUL included; a tag is checked as a
+ * value is. */
+static int key_bytes_of(const rl_gen *g, const rl_rule *r,
+                        const rl_attr *tag, size_t value_len, size_t *bytes)
+{
+    *bytes = strlen(r->key_prefix) + value_len + 1;
+    if (tag == NULL)
+        return RL_OK;
+    *bytes += rl_key_tag_bytes(tag->value_len);
+    return check_value(g, tag);
+}
+
 /* Builds the request: one allocation holding the rule states, the bucket
  * arguments of the exact rules an override applies to (formatted here,
  * for this request: an override's rate goes to the script as it is now),
@@ -220,9 +241,14 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             return rc;
         if (!applies)
             continue;
+        size_t bytes;
+        rc = key_bytes_of(g, &cfg->rules[i], tag_of(&cfg->rules[i], attrs, n),
+                          ap.len, &bytes);
+        if (rc != RL_OK)
+            return rc;
         n_rules++;
         n_args += ap.override != NULL && cfg->rules[i].mode == RL_MODE_EXACT;
-        key_bytes += strlen(cfg->rules[i].key_prefix) + ap.len + 1;
+        key_bytes += bytes;
     }
     if (n_rules == 0)
         return RL_OK;
@@ -250,8 +276,10 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             ra = args++;
         }
         size_t len;
-        rl_key_build(r->key_prefix, ap.value, ap.len, req->keys + offset,
-                     key_bytes - offset, &len);
+        const rl_attr *tag = tag_of(r, attrs, n);
+        rl_key_build_tagged(r->key_prefix, tag ? tag->value : NULL,
+                            tag ? tag->value_len : 0, ap.value, ap.len,
+                            req->keys + offset, key_bytes - offset, &len);
         req->rules[k++] = (rl_rule_state){
             .req = req, .rule = r, .args = ra, .override = ap.override,
             .rate = ap.rate, .shadow = ap.shadow,
