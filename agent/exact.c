@@ -203,6 +203,7 @@ static int next_pending(const rl_request *req, int from)
     return from;
 }
 
+/* Marks the rules from index from on that were not checked. */
 static void skip_rest(rl_request *req, int from)
 {
     for (int i = from; i < req->n_rules; i++) {
@@ -299,15 +300,20 @@ static bool none_charged(const group *g, const rl_bucket_reply *replies,
 }
 
 /* A first_reject call that failed: its rules' fallbacks decide in order,
- * and the first that rejects stops the rest, as one call per rule would. */
-static void fail_in_order(rl_agent *a, rl_request *req, const group *g)
+ * and the first that rejects stops the rest, as one call per rule would
+ * (the rules after it were never checked: skipped, not failed). */
+static void fail_in_order(rl_agent *a, rl_request *req, const group *g,
+                          const char *error)
 {
-    for (int k = 0; k < g->n; k++) {
-        if (!passes_in_order(a, req, &req->rules[g->index[k]])) {
-            skip_rest(req, g->index[k] + 1);
-            return;
-        }
+    int k = 0;
+    while (k < g->n) {
+        rl_rule_state *rs = &req->rules[g->index[k++]];
+        record(a, rs, NULL, error);
+        if (!passes_in_order(a, req, rs))
+            break;
     }
+    while (k < g->n)
+        req->rules[g->index[k++]].outcome = RL_OUTCOME_SKIPPED;
 }
 
 static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
@@ -322,20 +328,22 @@ static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
         maybe_release(req);
         return;
     }
-    bool uncharged = replies != NULL && none_charged(g, replies, n);
-    for (int k = 0; k < g->n; k++) {
-        rl_rule_state *rs = &req->rules[g->index[k]];
-        if (replies == NULL) {
-            record(a, rs, NULL, error);
-        } else if (k < n) {
-            record(a, rs, &replies[k], NULL);
-            rs->uncharged = uncharged && replies[k].allowed;
-        } else {
-            rs->outcome = RL_OUTCOME_SKIPPED;
+    if (replies == NULL && g->mode == RL_MULTI_FIRST_REJECT) {
+        fail_in_order(a, req, g, error);
+    } else {
+        bool uncharged = replies != NULL && none_charged(g, replies, n);
+        for (int k = 0; k < g->n; k++) {
+            rl_rule_state *rs = &req->rules[g->index[k]];
+            if (replies == NULL) {
+                record(a, rs, NULL, error);
+            } else if (k < n) {
+                record(a, rs, &replies[k], NULL);
+                rs->uncharged = uncharged && replies[k].allowed;
+            } else {
+                rs->outcome = RL_OUTCOME_SKIPPED;
+            }
         }
     }
-    if (replies == NULL && g->mode == RL_MULTI_FIRST_REJECT)
-        fail_in_order(a, req, g);
     free(g);
     if (req->outstanding == 0)
         finalize(a, req);
