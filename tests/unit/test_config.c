@@ -565,7 +565,7 @@ static const struct bad_file bad_files[] = {
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},
     {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
-    {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund)"},
+    {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund, atomic)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
     {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local, leased)"},
     {"tls-without-section.yaml", ":3:12: aggregator.reports: a tls+tcp:// URL needs aggregator.tls with at least ca, cert and key"},
