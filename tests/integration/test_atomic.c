@@ -192,11 +192,8 @@ static long long script_calls(const char *addr, test_scripts mode)
 static void one_call_per_request(test_scripts mode, const char *charge)
 {
     test_redis srv;
-    char err[512], addr[64];
-    test_redis_options o = {0};
-    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
-                                  sizeof err), 0, "%s", err);
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
     test_agent t;
     test_agent_open(&t, addr, mode, NULL, charge, three_rules);
     /* The scripts test_agent_open flushed are back after this one. */

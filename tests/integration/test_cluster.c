@@ -251,6 +251,16 @@ Test(cluster, three_rules_on_three_shards_go_out_together)
 
 /* --- 3. charge: atomic (issue 18): a shared hash tag, and without. ---- */
 
+/* The runner's cluster: its layout and its three primaries. */
+static layout three_primaries(const char *seeds, const char *prim[16])
+{
+    char first[64];
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    cr_assert_eq(primaries(&l, prim), 3);
+    return l;
+}
+
 /* Three rules co-located by the tenant's value, a day each. */
 static const char tagged_rules[] =
     "  - {name: per-ip, match: ip, limit: 30, period: 1d, hash_tag: tenant}\n"
@@ -341,11 +351,8 @@ static uint64_t shard_calls(rl_agent *a, const char *addr)
 Test(cluster, atomic_with_a_shared_hash_tag_is_exact_on_each_primary)
 {
     const char *seeds = test_env("RL_TEST_CLUSTER");
-    char first[64];
-    first_node(seeds, first, sizeof first);
-    layout l = read_layout(first);
     const char *prim[16];
-    cr_assert_eq(primaries(&l, prim), 3);
+    layout l = three_primaries(seeds, prim);
     rl_config *cfg;
     rl_agent *a = cluster_agent(seeds, tagged_rules, 1000, &cfg);
     for (int p = 0; p < 3; p++) {
@@ -375,11 +382,8 @@ Test(cluster, atomic_with_a_shared_hash_tag_is_exact_on_each_primary)
 Test(cluster, atomic_across_shards_converges_by_refund)
 {
     const char *seeds = test_env("RL_TEST_CLUSTER");
-    char first[64];
-    first_node(seeds, first, sizeof first);
-    layout l = read_layout(first);
     const char *prim[16];
-    cr_assert_eq(primaries(&l, prim), 3);
+    layout l = three_primaries(seeds, prim);
     char ip[64], key[64], tenant[64];
     value_on(&l, prim[0], "rl:ip:", "spread", ip, sizeof ip);
     value_on(&l, prim[1], "rl:key:", "spread", key, sizeof key);
