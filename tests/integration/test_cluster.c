@@ -251,14 +251,15 @@ Test(cluster, three_rules_on_three_shards_go_out_together)
 
 /* --- 3. charge: atomic (issue 18): a shared hash tag, and without. ---- */
 
-/* The runner's cluster: its layout and its three primaries. */
-static layout three_primaries(const char *seeds, const char *prim[16])
+/* The runner's cluster: its layout into *l, and its three primaries
+ * (pointing into *l). */
+static void three_primaries(const char *seeds, layout *l,
+                            const char *prim[16])
 {
     char first[64];
     first_node(seeds, first, sizeof first);
-    layout l = read_layout(first);
-    cr_assert_eq(primaries(&l, prim), 3);
-    return l;
+    *l = read_layout(first);
+    cr_assert_eq(primaries(l, prim), 3);
 }
 
 /* Three rules co-located by the tenant's value, a day each. */
@@ -352,7 +353,8 @@ Test(cluster, atomic_with_a_shared_hash_tag_is_exact_on_each_primary)
 {
     const char *seeds = test_env("RL_TEST_CLUSTER");
     const char *prim[16];
-    layout l = three_primaries(seeds, prim);
+    layout l;
+    three_primaries(seeds, &l, prim);
     rl_config *cfg;
     rl_agent *a = cluster_agent(seeds, tagged_rules, 1000, &cfg);
     for (int p = 0; p < 3; p++) {
@@ -383,7 +385,8 @@ Test(cluster, atomic_across_shards_converges_by_refund)
 {
     const char *seeds = test_env("RL_TEST_CLUSTER");
     const char *prim[16];
-    layout l = three_primaries(seeds, prim);
+    layout l;
+    three_primaries(seeds, &l, prim);
     char ip[64], key[64], tenant[64];
     value_on(&l, prim[0], "rl:ip:", "spread", ip, sizeof ip);
     value_on(&l, prim[1], "rl:key:", "spread", key, sizeof key);
