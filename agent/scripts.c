@@ -149,18 +149,19 @@
  *   one rejects are they all written, else none is. An allowing bucket that
  *   was not charged answers its d as it is, unchanged.
  *
- * A rejection writes nothing, as in the bucket. The same key twice in one
+ * The letters are compared as bytes ('a' 97, 'f' 102): no string is made
+ * per call. A rejection writes nothing, as in the bucket. The same key twice in one
  * call would be read before its first write: the agent never sends that
  * (two rules never share a key prefix). */
 #define LUA_MULTI_BODY \
-    "  local flags = ARGV[1]\n" \
-    "  local mode = string.sub(flags, 1, 1)\n" \
-    "  local out, held, rejected = {}, {}, false\n" \
+    "  local flags, byte = ARGV[1], string.byte\n" \
+    "  local mode = byte(flags, 1)\n" \
+    "  local out, held, rejected = {}, nil, false\n" \
     "  for i = 1, #KEYS do\n" \
     "    local j = 4 * i - 2\n" \
     LUA_READ_OF("KEYS[i]", "ARGV[j]", "ARGV[j + 1]", "ARGV[j + 2]", \
                 "ARGV[j + 3]") \
-    "    local enforced = string.byte(flags, i + 1) == 49\n" \
+    "    local enforced = byte(flags, i + 1) == 49\n" \
     "    local was = d\n" \
     "    if need < 0 then\n" \
     "      d = math.max(0, d + need)\n" \
@@ -172,18 +173,19 @@
     "    if d == nil then\n" \
     "      out[i] = -was - 1\n" \
     "      if enforced then\n" \
-    "        if mode == 'f' then return out end\n" \
+    "        if mode == 102 then return out end\n" \
     "        rejected = true\n" \
     "      end\n" \
-    "    elseif mode == 'a' then\n" \
+    "    elseif mode == 97 then\n" \
     "      out[i] = was\n" \
+    "      held = held or {}\n" \
     "      held[#held + 1] = {key, limit, whole, ttl, d, i}\n" \
     "    else\n" \
     "      out[i] = d\n" \
     LUA_WRITE \
     "    end\n" \
     "  end\n" \
-    "  if rejected then return out end\n" \
+    "  if rejected or held == nil then return out end\n" \
     "  local call = redis.call\n" \
     "  for _, h in ipairs(held) do\n" \
     "    local key, limit, whole, ttl, d = h[1], h[2], h[3], h[4], h[5]\n" \
