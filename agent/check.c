@@ -159,9 +159,10 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
 
 /* With charge: first_reject or atomic, a rejection here means no exact
  * rule is charged (this rule's own count stays: synced and local counts
- * are never taken back); a shadow rule's is not the request's. The value is the key's
- * tail, after the rule's prefix. A leased rule is decided here when its
- * hand can; else it goes to the I/O thread with the exact rules. */
+ * are never taken back); a shadow rule's is not the request's. The value
+ * is the key's tail, after the rule's prefix. A leased rule is decided
+ * here when its hand can; else it goes to the I/O thread with the exact
+ * rules. */
 static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
 {
     bool rejected = false;

@@ -150,9 +150,9 @@
  *   was not charged answers its d as it is, unchanged.
  *
  * The letters are compared as bytes ('a' 97, 'f' 102): no string is made
- * per call. A rejection writes nothing, as in the bucket. The same key twice in one
- * call would be read before its first write: the agent never sends that
- * (two rules never share a key prefix). */
+ * per call. A rejection writes nothing, as in the bucket. The same key
+ * twice in one call would be read before its first write: the agent never
+ * sends that (two rules never share a key prefix). */
 #define LUA_MULTI_BODY \
     "  local flags, byte = ARGV[1], string.byte\n" \
     "  local mode = byte(flags, 1)\n" \
