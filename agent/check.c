@@ -332,6 +332,66 @@ static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     return rc;
 }
 
+/* A caller that gave up on the I/O thread decides and counts alone (the
+ * I/O thread counts only the requests it claims). Its count needs what
+ * each rule's fallback bucket answered, kept here in a copy of the rule
+ * states: the request's own may still be written by the I/O thread. */
+typedef struct given_up {
+    rl_request *req;
+    rl_rule_state *states;
+} given_up;
+
+static bool answer_and_note(void *arg, const rl_rule_state *rs,
+                            rl_bucket_reply *out)
+{
+    given_up *g = arg;
+    bool answered = rl_fallback_answer(g->req, rs, out);
+    rl_rule_state *mine = &g->states[rs - g->req->rules];
+    mine->fallback = answered;
+    if (answered)
+        mine->reply = *out;
+    return answered;
+}
+
+/* What the caller may read of a rule's state: a store rule's fields set
+ * before submit, and then FAILED (unanswered); a synced or local rule's
+ * whole state, which nobody writes after submit. */
+static rl_rule_state given_up_state(const rl_rule_state *rs)
+{
+    if (rs->rule->mode != RL_MODE_EXACT && !rs->via_io)
+        return *rs;
+    return (rl_rule_state){.req = rs->req, .rule = rs->rule,
+                           .args = rs->args, .override = rs->override,
+                           .rate = rs->rate, .shadow = rs->shadow,
+                           .via_io = rs->via_io,
+                           .key_offset = rs->key_offset,
+                           .key_len = rs->key_len,
+                           .outcome = RL_OUTCOME_FAILED};
+}
+
+static void decide_given_up(rl_request *req, rl_decision *out)
+{
+    enum { ON_STACK = 16 };
+    rl_rule_state on_stack[ON_STACK];
+    int n = req->n_rules;
+    given_up g = {req, n <= ON_STACK ? on_stack
+                                     : malloc((size_t)n * sizeof *g.states)};
+    if (g.states == NULL) {
+        /* No memory to count the rules: decide, count the request. */
+        rl_decide_unanswered(req->rules, n, rl_fallback_answer, req, out);
+        rl_stats_count(&req->gen->stats, NULL, 0, out,
+                       req->gen->config->rules);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        g.states[i] = given_up_state(&req->rules[i]);
+    rl_decide_unanswered(req->rules, n, answer_and_note, &g, out);
+    rl_stats_count(&req->gen->stats, g.states, n, out,
+                   req->gen->config->rules);
+    if (g.states != on_stack)
+        free(g.states);
+}
+
 static void wait_for_decision(rl_request *req, rl_decision *out)
 {
     uint64_t until = req->deadline_ns + CALLER_GRACE_NS;
@@ -346,8 +406,7 @@ static void wait_for_decision(rl_request *req, rl_decision *out)
                                                   RL_OWNER_ABANDONED)) {
         /* Reads only what this thread wrote before submitting: safe while
          * the I/O thread still holds the request. */
-        rl_decide_unanswered(req->rules, req->n_rules, rl_fallback_answer,
-                             req, out);
+        decide_given_up(req, out);
         return;
     }
     if (rc != 0) {

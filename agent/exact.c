@@ -156,7 +156,10 @@ static void finalize(rl_agent *a, rl_request *req)
             fall_back(a, req, &req->rules[i]);
     }
     rl_decide(req->rules, req->n_rules, &req->decision);
-    count(a, req);
+    /* A request its caller gave up on was counted by the caller, as it
+     * decided it. */
+    if (claimed)
+        count(a, req);
     rl_charge charge = req->gen->config->charge;
     if (!req->decision.allowed
         && (charge == RL_CHARGE_REFUND || charge == RL_CHARGE_ATOMIC)

@@ -14,6 +14,7 @@
 #include "test_gateway.h"
 
 #include <criterion/criterion.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -541,4 +542,58 @@ Test(fallback, the_aggregators_count_divides_a_rule_without_fleet_size)
         rl_config_free(cfg[i]);
     }
     test_aggregator_stop(&agg);
+}
+
+/* --- A caller that gives up on a stuck I/O thread. ---------------------
+ * rl_check waits for the I/O thread until the deadline (and a few ms of
+ * grace); if the thread is stuck, the caller decides alone, its rules
+ * unanswered: per-key's fallback bucket (10 an hour among fleet_size 2: 5)
+ * decides, and the caller counts that decision, fallback included. The
+ * I/O thread, when it comes back, finds the requests abandoned and counts
+ * nothing: the counters say what the callers were told, once. The thread
+ * is held here by an async check's callback that waits for the test. */
+
+static sem_t stall_release;
+
+static void stall(const rl_decision *d, void *arg)
+{
+    (void)d;
+    (void)arg;
+    while (sem_wait(&stall_release) != 0)
+        ;
+}
+
+Test(fallback, a_caller_that_gives_up_decides_and_counts_once)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, "  timeout_ms: 50\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 10, "
+                    "period: 1h, on_error: local, fleet_size: 2}\n");
+    rl_agent_counters before;
+    rl_rule_counters rb[1];
+    cr_assert_eq(rl_agent_stats(t.agent, &before, rb, 1), RL_OK);
+    cr_assert_eq(sem_init(&stall_release, 0, 0), 0);
+    rl_attr held = {"api_key", "held", 4};
+    cr_assert_eq(rl_check_async(t.agent, &held, 1, 1, stall, NULL), RL_OK);
+    test_sleep_ms(100); /* its reply is in: the I/O thread is held */
+    int admitted = 0;
+    for (int i = 0; i < 6; i++) {
+        rl_decision d = test_check(&t, "api_key=k", NULL);
+        cr_assert(d.degraded && d.fallback, "check %d: not the fallback's",
+                  i);
+        admitted += d.allowed;
+    }
+    cr_assert_eq(admitted, 5, "the fallback bucket holds 5");
+    sem_post(&stall_release);
+    test_sleep_ms(100); /* the I/O thread finishes the abandoned checks */
+    rl_agent_counters c;
+    rl_rule_counters r[1];
+    cr_assert_eq(rl_agent_stats(t.agent, &c, r, 1), RL_OK);
+    cr_assert_eq(r[0].fallback_allowed - rb[0].fallback_allowed, 5);
+    cr_assert_eq(r[0].fallback_rejected - rb[0].fallback_rejected, 1);
+    cr_assert_eq(c.requests - before.requests, 7, "the held check and six");
+    cr_assert_eq(c.allowed - before.allowed, 6);
+    cr_assert_eq(c.rejected - before.rejected, 1);
+    test_agent_close(&t);
+    sem_destroy(&stall_release);
 }

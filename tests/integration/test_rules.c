@@ -679,9 +679,12 @@ Test(rules, synced_overrides_bound_each_key_by_its_rate)
     unique(up, sizeof up, "up");
     snprintf(ku, sizeof ku, "tenant=%s", up);
     /* Five times each limit, spread over 1.5 s: totals come every 100 ms
-     * and each key's mark is worked out from its own limit. */
+     * and each key's mark is worked out from its own limit. On a loaded
+     * machine totals come late and room with them: up to 3 s more, while
+     * a key is short of its limit (going over it fails all the same). */
     int got_big = 0, got_small = 0, got_up = 0;
-    for (int round = 0; round < 15; round++) {
+    for (int round = 0; round < 15 || ((got_small < 20 || got_up < 20)
+                                       && round < 45); round++) {
         got_big += offer(a, 20, "per-tenant", kb, NULL, NULL);
         got_small += offer(a, 7, "per-tenant", ks, NULL, NULL);
         got_up += offer(a, 7, "per-tenant", ku, "plan=free", NULL);
@@ -689,9 +692,9 @@ Test(rules, synced_overrides_bound_each_key_by_its_rate)
     }
     /* One agent, one thread: exactly the limit ("big" may hold counts of
      * an earlier run of this test in its hour: at most, then). */
-    cr_assert_leq(got_big, 60);
-    cr_assert_eq(got_small, 20);
-    cr_assert_eq(got_up, 20);
+    cr_assert_leq(got_big, 60, "big: %d", got_big);
+    cr_assert_eq(got_small, 20, "small: %d of 105", got_small);
+    cr_assert_eq(got_up, 20, "up: %d of 105", got_up);
     rl_decision d = check_on(a, ks, NULL, NULL, NULL);
     cr_assert(!d.allowed);
     cr_assert_eq(d.limit, 20);
