@@ -56,6 +56,11 @@ typedef struct rl_rule_state {
     uint32_t key_len;
     rl_outcome outcome;         /* I/O thread only */
     rl_bucket_reply reply;      /* I/O thread only */
+    /* I/O thread only: answered and allowed, but its call charged nothing
+     * (charge: atomic, another rule of the same call rejected). A refund
+     * skips it. */
+    bool uncharged;
+    bool grouped;               /* I/O thread only: in a call (exact.c) */
     /* FAILED, and the rule's on_error: local bucket decided: reply is
      * that bucket's answer (fallback.h). Written with outcome. */
     bool fallback;

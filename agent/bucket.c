@@ -90,6 +90,128 @@ static bool parse(const pending *p, const redisReply *r,
     return true;
 }
 
+/* A multi call's answers are read item by item as the bucket's are. */
+typedef struct multi_pending {
+    rl_multi_fn fn;
+    void *arg;
+    int n;
+    rl_multi_mode mode;
+    bool *enforced;
+    pending *items;
+    rl_bucket_reply *out;
+} multi_pending;
+
+/* A list of one answer per item; with RL_MULTI_FIRST_REJECT it may stop
+ * early, but only at an enforced rejection. */
+static int parse_multi(const multi_pending *m, const redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0
+        || r->elements > (size_t)m->n)
+        return -1;
+    int got = (int)r->elements;
+    for (int i = 0; i < got; i++) {
+        if (!parse(&m->items[i], r->element[i], &m->out[i]))
+            return -1;
+    }
+    if (got < m->n
+        && (m->mode != RL_MULTI_FIRST_REJECT || m->out[got - 1].allowed
+            || !m->enforced[got - 1]))
+        return -1;
+    return got;
+}
+
+static void on_multi_reply(void *arg, const redisReply *reply,
+                           const char *error)
+{
+    multi_pending *m = arg;
+    int got = reply != NULL ? parse_multi(m, reply) : -1;
+    if (reply == NULL)
+        m->fn(m->arg, NULL, 0, error);
+    else if (got < 0)
+        m->fn(m->arg, NULL, 0, "unexpected reply from the multi-bucket "
+                               "function");
+    else
+        m->fn(m->arg, m->out, got, NULL);
+    free(m);
+}
+
+static multi_pending *new_multi(rl_multi_mode mode,
+                                const rl_bucket_item *items, int n,
+                                int64_t cost, rl_multi_fn fn, void *arg)
+{
+    size_t un = (size_t)n;
+    multi_pending *m = malloc(sizeof *m + un * (sizeof(pending)
+                                                + sizeof(rl_bucket_reply)
+                                                + sizeof(bool)));
+    if (m == NULL)
+        return NULL;
+    *m = (multi_pending){fn, arg, n, mode, NULL, (pending *)(m + 1), NULL};
+    m->out = (rl_bucket_reply *)(m->items + n);
+    m->enforced = (bool *)(m->out + n);
+    for (int i = 0; i < n; i++) {
+        m->items[i] = (pending){NULL, NULL, items[i].args->rate, cost};
+        m->enforced[i] = items[i].enforced;
+    }
+    return m;
+}
+
+/* Room for the arguments of a multi call of up to this many items on the
+ * stack; more (a rare request) take a heap block. */
+#define MULTI_ON_STACK 8
+#define MULTI_ARGS(n) (2 + 5 * (n))
+
+void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
+                     const rl_bucket_item *items, int n, int64_t cost,
+                     rl_multi_fn fn, void *arg)
+{
+    multi_pending *m = new_multi(mode, items, n, cost, fn, arg);
+    const char *stack_argv[MULTI_ARGS(MULTI_ON_STACK)];
+    size_t stack_lens[MULTI_ARGS(MULTI_ON_STACK)];
+    char stack_flags[MULTI_ON_STACK + 2];
+    const char **argv = stack_argv;
+    size_t *lens = stack_lens;
+    char *flags = stack_flags;
+    int argc = MULTI_ARGS(n);
+    if (m != NULL && n > MULTI_ON_STACK) {
+        argv = malloc((size_t)argc * (sizeof *argv + sizeof *lens)
+                      + (size_t)n + 2);
+        lens = (size_t *)(argv + argc);
+        flags = (char *)(lens + argc);
+    }
+    if (m == NULL || argv == NULL) {
+        free(m);
+        fn(arg, NULL, 0, "out of memory");
+        return;
+    }
+    char numkeys[16], cost_text[24];
+    snprintf(numkeys, sizeof numkeys, "%d", n);
+    snprintf(cost_text, sizeof cost_text, "%lld", (long long)cost);
+    flags[0] = (char)mode;
+    for (int i = 0; i < n; i++)
+        flags[i + 1] = items[i].enforced ? '1' : '0';
+    flags[n + 1] = '\0';
+    argv[0] = numkeys;
+    lens[0] = strlen(numkeys);
+    argv[n + 1] = flags;
+    lens[n + 1] = (size_t)n + 1;
+    for (int i = 0; i < n; i++) {
+        const rl_bucket_args *a = items[i].args;
+        const char **at = argv + n + 2 + 4 * i;
+        argv[1 + i] = items[i].key;
+        lens[1 + i] = items[i].key_len;
+        at[0] = a->burst;
+        at[1] = a->limit;
+        at[2] = a->period;
+        at[3] = cost_text;
+        for (int k = 0; k < 4; k++)
+            lens[n + 2 + 4 * i + k] = strlen(at[k]);
+    }
+    rl_store_run(store, RL_SCRIPT_MULTI, argc, argv, lens, on_multi_reply,
+                 m);
+    if (argv != stack_argv)
+        free(argv);
+}
+
 static void on_reply(void *arg, const redisReply *reply, const char *error)
 {
     pending p = *(pending *)arg;
@@ -120,5 +242,5 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
     size_t lens[6];
     for (int i = 0; i < 6; i++)
         lens[i] = i == 1 ? key_len : strlen(argv[i]);
-    rl_store_run(store, 0, 6, argv, lens, on_reply, p);
+    rl_store_run(store, RL_SCRIPT_BUCKET, 6, argv, lens, on_reply, p);
 }

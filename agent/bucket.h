@@ -61,6 +61,37 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
                     const char *key, size_t key_len, int64_t cost,
                     rl_bucket_fn fn, void *arg);
 
+/* How a multi call (several buckets of one shard in one function call,
+ * scripts.c) charges them: the letter the function reads. */
+typedef enum rl_multi_mode {
+    RL_MULTI_EACH = 'c',         /* each as if alone (charge: all, refund) */
+    RL_MULTI_FIRST_REJECT = 'f', /* in order, to the first rejection */
+    RL_MULTI_ATOMIC = 'a',       /* all of them, or none */
+} rl_multi_mode;
+
+/* One bucket of a multi call: its arguments, its key, and whether its
+ * rejection counts (false for a shadow rule). */
+typedef struct rl_bucket_item {
+    const rl_bucket_args *args;
+    const char *key;
+    size_t key_len;
+    bool enforced;
+} rl_bucket_item;
+
+/* Called exactly once per rl_bucket_multi: with n answers in the items'
+ * order (fewer than the items when RL_MULTI_FIRST_REJECT stopped; the
+ * last is then an enforced rejection), or with replies NULL and the
+ * reason. With RL_MULTI_ATOMIC, if an enforced item rejected, no bucket
+ * was charged: the allowing ones answer as they stand. */
+typedef void (*rl_multi_fn)(void *arg, const rl_bucket_reply *replies,
+                            int n, const char *error);
+
+/* rl_bucket_multi spends cost tokens of each of n items (at most
+ * RL_RULES_MAX, all in one cluster slot) in one call, charged by mode. */
+void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
+                     const rl_bucket_item *items, int n, int64_t cost,
+                     rl_multi_fn fn, void *arg);
+
 /* The bucket script, for rl_store_new. */
 extern const rl_script_set rl_bucket_scripts;
 

@@ -157,10 +157,12 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
     return rc;
 }
 
-/* With charge: first_reject, a rejection here means no exact rule is
- * charged; a shadow rule's is not the request's. The value is the key's
- * tail, after the rule's prefix. A leased rule is decided here when its
- * hand can; else it goes to the I/O thread with the exact rules. */
+/* With charge: first_reject or atomic, a rejection here means no exact
+ * rule is charged (this rule's own count stays: synced and local counts
+ * are never taken back); a shadow rule's is not the request's. The value
+ * is the key's tail, after the rule's prefix. A leased rule is decided
+ * here when its hand can; else it goes to the I/O thread with the exact
+ * rules. */
 static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
 {
     bool rejected = false;
@@ -187,13 +189,35 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
         rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
                     && !rs->shadow;
     }
-    if (rejected && g->config->charge == RL_CHARGE_FIRST_REJECT) {
+    if (rejected && (g->config->charge == RL_CHARGE_FIRST_REJECT
+                     || g->config->charge == RL_CHARGE_ATOMIC)) {
         for (int i = 0; i < req->n_rules; i++) {
             if (req->rules[i].outcome == RL_OUTCOME_PENDING)
                 req->rules[i].outcome = RL_OUTCOME_SKIPPED;
         }
     }
     return RL_OK;
+}
+
+/* The co-location tag of a rule's key (its hash_tag's attribute), or
+ * NULL: the rule has none, or the request lacks it (then the untagged key
+ * counts it, as before the tag). */
+static const rl_attr *tag_of(const rl_rule *r, const rl_attr *attrs,
+                             size_t n)
+{
+    return r->tag_attr[0] != '\0' ? find_attr(attrs, n, r->tag_attr) : NULL;
+}
+
+/* The bytes of a rule's key, its NUL included; a tag is checked as a
+ * value is. */
+static int key_bytes_of(const rl_gen *g, const rl_rule *r,
+                        const rl_attr *tag, size_t value_len, size_t *bytes)
+{
+    *bytes = strlen(r->key_prefix) + value_len + 1;
+    if (tag == NULL)
+        return RL_OK;
+    *bytes += rl_key_tag_bytes(tag->value_len);
+    return check_value(g, tag);
 }
 
 /* Builds the request: one allocation holding the rule states, the bucket
@@ -218,9 +242,14 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             return rc;
         if (!applies)
             continue;
+        size_t bytes;
+        rc = key_bytes_of(g, &cfg->rules[i], tag_of(&cfg->rules[i], attrs, n),
+                          ap.len, &bytes);
+        if (rc != RL_OK)
+            return rc;
         n_rules++;
         n_args += ap.override != NULL && cfg->rules[i].mode == RL_MODE_EXACT;
-        key_bytes += strlen(cfg->rules[i].key_prefix) + ap.len + 1;
+        key_bytes += bytes;
     }
     if (n_rules == 0)
         return RL_OK;
@@ -248,8 +277,10 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             ra = args++;
         }
         size_t len;
-        rl_key_build(r->key_prefix, ap.value, ap.len, req->keys + offset,
-                     key_bytes - offset, &len);
+        const rl_attr *tag = tag_of(r, attrs, n);
+        rl_key_build_tagged(r->key_prefix, tag ? tag->value : NULL,
+                            tag ? tag->value_len : 0, ap.value, ap.len,
+                            req->keys + offset, key_bytes - offset, &len);
         req->rules[k++] = (rl_rule_state){
             .req = req, .rule = r, .args = ra, .override = ap.override,
             .rate = ap.rate, .shadow = ap.shadow,

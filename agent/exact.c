@@ -1,13 +1,22 @@
 /*
- * exact.c: a check on the I/O thread. All of a request's rules are sent to
- * the store together, one bucket call each, so the request waits one round
- * trip (charge: all and refund); with charge: first_reject they go one at a
- * time, in config order, and stop at the first rejection. The request is
- * decided when every rule has answered or its deadline passes, whichever is
- * first; replies that come later are dropped. With charge: refund, a
- * rejected request gives its tokens back to the rules that allowed it, in a
- * second call the caller does not wait for: on the same connection, so any
- * later call of this agent sees it.
+ * exact.c: a check on the I/O thread. A request's exact rules go to the
+ * store in one call per shard: the multi-bucket function (scripts.c) takes
+ * every key of one cluster slot, so on one Redis a request is one call and
+ * on a cluster one per slot it touches (a shared hash_tag puts them in
+ * one). A rule alone in its slot is a plain bucket call. Leased rules the
+ * caller's hand could not serve wait for their lease (leased.c), beside
+ * the calls: they spend local tokens, never a call per request.
+ *
+ * charge: all and refund charge each rule as if alone; atomic charges the
+ * rules of one call all or none, and gives back the tokens of the calls
+ * that charged when another rejected (as refund does: when a request's
+ * rules span slots, atomic is a refund between its calls). first_reject is
+ * one call that stops at the first rejecting rule when every rule is exact
+ * and in one slot; otherwise the rules go one at a time, in config order.
+ * The request is decided when every call has answered or its deadline
+ * passes, whichever is first; replies that come later are dropped. A
+ * refund is a second call the caller does not wait for, on the same
+ * connection, so any later call of this agent sees it.
  *
  * A request is served under the rules it was built with (req->gen): its
  * charge, its rules' bucket arguments and counters.
@@ -17,6 +26,9 @@
  */
 #include "agent_impl.h"
 
+#include "keys.h"
+
+#include <stdlib.h>
 #include <string.h>
 
 static void live_insert(rl_agent *a, rl_request *req)
@@ -70,7 +82,7 @@ static void refund(rl_agent *a, rl_request *req)
     for (int i = 0; i < req->n_rules; i++) {
         const rl_rule_state *rs = &req->rules[i];
         if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed
-            && rs->rule->mode == RL_MODE_EXACT)
+            && !rs->uncharged && rs->rule->mode == RL_MODE_EXACT)
             rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset,
                           rs->key_len, -(int64_t)req->cost, on_refund_reply,
                           a);
@@ -148,8 +160,9 @@ static void finalize(rl_agent *a, rl_request *req)
      * decided it. */
     if (claimed)
         count(a, req);
+    rl_charge charge = req->gen->config->charge;
     if (!req->decision.allowed
-        && req->gen->config->charge == RL_CHARGE_REFUND
+        && (charge == RL_CHARGE_REFUND || charge == RL_CHARGE_ATOMIC)
         && a->store != NULL)
         refund(a, req);
     req->finalized = true;
@@ -193,31 +206,59 @@ static int next_pending(const rl_request *req, int from)
     return from;
 }
 
-/* charge: first_reject goes on to the next rule only while every rule so
- * far has let the request through; a shadow rule's rejection is not the
- * request's. */
+/* Marks the rules from index from on that were not checked. */
+static void skip_rest(rl_request *req, int from)
+{
+    for (int i = from; i < req->n_rules; i++) {
+        if (req->rules[i].outcome == RL_OUTCOME_PENDING)
+            req->rules[i].outcome = RL_OUTCOME_SKIPPED;
+    }
+}
+
+/* Whether charge: first_reject goes on past rs: while every rule so far
+ * has let the request through; a shadow rule's rejection is not the
+ * request's. The fallback decides now, as its answer says whether to go
+ * on. A caller that gives up on this request later charges the buckets
+ * again (less admitted, never more: a rare double count). */
+static bool passes_in_order(rl_agent *a, rl_request *req, rl_rule_state *rs)
+{
+    fall_back(a, req, rs);
+    return rs->shadow || (rs->outcome == RL_OUTCOME_ANSWERED
+                              ? rs->reply.allowed
+                              : rl_unanswered_allows(rs));
+}
+
+/* charge: first_reject, one rule at a time: sends the next one. */
 static bool send_next_in_order(rl_agent *a, rl_request *req,
                                rl_rule_state *last)
 {
-    /* The fallback decides now, as its answer says whether to go on. A
-     * caller that gives up on this request later charges the buckets
-     * again (less admitted, never more: a rare double count). */
-    fall_back(a, req, last);
-    bool passed = last->shadow
-                  || (last->outcome == RL_OUTCOME_ANSWERED
-                          ? last->reply.allowed
-                          : rl_unanswered_allows(last));
+    bool passed = passes_in_order(a, req, last);
     int next = next_pending(req, req->next_rule);
     if (!passed || next >= req->n_rules) {
-        for (int i = next; i < req->n_rules; i++) {
-            if (req->rules[i].outcome == RL_OUTCOME_PENDING)
-                req->rules[i].outcome = RL_OUTCOME_SKIPPED;
-        }
+        skip_rest(req, next);
         return false;
     }
     req->next_rule = next + 1;
     send_rule(a, &req->rules[next]);
     return true;
+}
+
+/* A rule's answer, or why it has none. */
+static void record(rl_agent *a, rl_rule_state *rs,
+                   const rl_bucket_reply *reply, const char *error)
+{
+    if (reply != NULL) {
+        rs->outcome = RL_OUTCOME_ANSWERED;
+        rs->reply = *reply;
+        return;
+    }
+    rs->outcome = RL_OUTCOME_FAILED;
+    /* A leased key over the cap is not the store's failure. */
+    if (error != rl_leased_refused)
+        atomic_fetch_add_explicit(&a->stats.store_errors, 1,
+                                  memory_order_relaxed);
+    rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered", "rule=%s reason=\"%s\"",
+           rs->rule->name, error);
 }
 
 static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
@@ -231,23 +272,197 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
         maybe_release(req);
         return;
     }
-    if (reply != NULL) {
-        rs->outcome = RL_OUTCOME_ANSWERED;
-        rs->reply = *reply;
-    } else {
-        rs->outcome = RL_OUTCOME_FAILED;
-        /* A leased key over the cap is not the store's failure. */
-        if (error != rl_leased_refused)
-            atomic_fetch_add_explicit(&a->stats.store_errors, 1,
-                                      memory_order_relaxed);
-        rl_log(&a->log, RL_LOG_DEBUG, "rule_unanswered",
-               "rule=%s reason=\"%s\"", rs->rule->name, error);
-    }
+    record(a, rs, reply, error);
     if (req->gen->config->charge == RL_CHARGE_FIRST_REJECT
         && send_next_in_order(a, req, rs))
         return;
     if (req->outstanding == 0)
         finalize(a, req);
+}
+
+/* --- One call per slot ------------------------------------------------ */
+
+/* The rules of one multi call, by index into the request. */
+typedef struct group {
+    rl_request *req;
+    rl_multi_mode mode;
+    int n;
+    int index[];
+} group;
+
+/* Whether an atomic call charged nothing: one of its enforced rules
+ * rejected. */
+static bool none_charged(const group *g, const rl_bucket_reply *replies,
+                         int n)
+{
+    for (int k = 0; g->mode == RL_MULTI_ATOMIC && k < n; k++) {
+        if (!replies[k].allowed && !g->req->rules[g->index[k]].shadow)
+            return true;
+    }
+    return false;
+}
+
+/* A first_reject call that failed: its rules' fallbacks decide in order,
+ * and the first that rejects stops the rest, as one call per rule would
+ * (the rules after it were never checked: skipped, not failed). */
+static void fail_in_order(rl_agent *a, rl_request *req, const group *g,
+                          const char *error)
+{
+    int k = 0;
+    while (k < g->n) {
+        rl_rule_state *rs = &req->rules[g->index[k++]];
+        record(a, rs, NULL, error);
+        if (!passes_in_order(a, req, rs))
+            break;
+    }
+    while (k < g->n)
+        req->rules[g->index[k++]].outcome = RL_OUTCOME_SKIPPED;
+}
+
+static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
+                           const char *error)
+{
+    group *g = arg;
+    rl_request *req = g->req;
+    rl_agent *a = req->agent;
+    req->outstanding--;
+    if (req->finalized) {
+        free(g);
+        maybe_release(req);
+        return;
+    }
+    if (replies == NULL && g->mode == RL_MULTI_FIRST_REJECT) {
+        fail_in_order(a, req, g, error);
+    } else {
+        bool uncharged = replies != NULL && none_charged(g, replies, n);
+        for (int k = 0; k < g->n; k++) {
+            rl_rule_state *rs = &req->rules[g->index[k]];
+            if (replies == NULL) {
+                record(a, rs, NULL, error);
+            } else if (k < n) {
+                record(a, rs, &replies[k], NULL);
+                rs->uncharged = uncharged && replies[k].allowed;
+            } else {
+                rs->outcome = RL_OUTCOME_SKIPPED;
+            }
+        }
+    }
+    free(g);
+    if (req->outstanding == 0)
+        finalize(a, req);
+}
+
+/* Items of a multi call on the stack up to this many rules. */
+#define GROUP_ON_STACK 8
+
+static void send_group(rl_agent *a, rl_request *req, rl_multi_mode mode,
+                       group *g)
+{
+    rl_bucket_item stack[GROUP_ON_STACK];
+    rl_bucket_item *items = g->n <= GROUP_ON_STACK
+                                ? stack
+                                : malloc((size_t)g->n * sizeof *items);
+    req->outstanding++;
+    g->req = req;
+    g->mode = mode;
+    if (items == NULL) {
+        on_group_reply(g, NULL, 0, "out of memory");
+        return;
+    }
+    for (int k = 0; k < g->n; k++) {
+        const rl_rule_state *rs = &req->rules[g->index[k]];
+        items[k] = (rl_bucket_item){rs->args, req->keys + rs->key_offset,
+                                    rs->key_len, !rs->shadow};
+    }
+    rl_bucket_multi(a->store, mode, items, g->n, req->cost, on_group_reply,
+                    g);
+    if (items != stack)
+        free(items);
+}
+
+static bool pending_exact(const rl_rule_state *rs)
+{
+    return rs->outcome == RL_OUTCOME_PENDING
+           && rs->rule->mode == RL_MODE_EXACT;
+}
+
+/* The cluster slot of a rule's key; 0 for every key of one server, where
+ * one call takes them all. */
+static uint16_t slot_of(const rl_agent *a, const rl_rule_state *rs)
+{
+    if (!rl_store_is_cluster(a->store))
+        return 0;
+    return rl_key_slot(rs->req->keys + rs->key_offset, rs->key_len);
+}
+
+/* Gathers into g the pending exact rules from index first on that share
+ * its slot (first's own included); returns how many. */
+static int gather(const rl_agent *a, rl_request *req, int first, group *g)
+{
+    uint16_t slot = slot_of(a, &req->rules[first]);
+    g->n = 0;
+    for (int i = first; i < req->n_rules; i++) {
+        rl_rule_state *rs = &req->rules[i];
+        if (pending_exact(rs) && !rs->grouped && slot_of(a, rs) == slot) {
+            rs->grouped = true;
+            g->index[g->n++] = i;
+        }
+    }
+    return g->n;
+}
+
+/* Sends every pending rule: exact ones in one call per slot (a plain
+ * bucket call for a rule alone in its slot), leased ones to their
+ * leases. */
+static void send_grouped(rl_agent *a, rl_request *req, rl_multi_mode mode)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        rl_rule_state *rs = &req->rules[i];
+        if (rs->outcome != RL_OUTCOME_PENDING || rs->grouped)
+            continue;
+        if (!pending_exact(rs) || a->store == NULL) {
+            send_rule(a, rs);
+            continue;
+        }
+        group *g = malloc(sizeof *g + (size_t)(req->n_rules - i)
+                                          * sizeof g->index[0]);
+        if (g == NULL || gather(a, req, i, g) == 1) {
+            free(g);
+            rs->grouped = true;
+            send_rule(a, rs);
+            continue;
+        }
+        send_group(a, req, mode, g);
+    }
+}
+
+/* Whether one call can serve charge: first_reject: every rule left is
+ * exact, and in one slot. */
+static bool one_call(const rl_agent *a, const rl_request *req, int first)
+{
+    if (a->store == NULL)
+        return false;
+    uint16_t slot = slot_of(a, &req->rules[first]);
+    for (int i = first; i < req->n_rules; i++) {
+        const rl_rule_state *rs = &req->rules[i];
+        if (rs->outcome != RL_OUTCOME_PENDING)
+            continue;
+        if (rs->rule->mode != RL_MODE_EXACT || slot_of(a, rs) != slot)
+            return false;
+    }
+    return true;
+}
+
+static rl_multi_mode multi_mode(rl_charge charge)
+{
+    switch (charge) {
+    case RL_CHARGE_ATOMIC:
+        return RL_MULTI_ATOMIC;
+    case RL_CHARGE_FIRST_REJECT:
+        return RL_MULTI_FIRST_REJECT;
+    default:
+        return RL_MULTI_EACH;
+    }
 }
 
 void rl_exact_start(rl_agent *a, rl_request *req)
@@ -258,7 +473,8 @@ void rl_exact_start(rl_agent *a, rl_request *req)
         finalize(a, req);
         return;
     }
-    if (req->gen->config->charge == RL_CHARGE_FIRST_REJECT) {
+    rl_charge charge = req->gen->config->charge;
+    if (charge == RL_CHARGE_FIRST_REJECT && !one_call(a, req, first)) {
         req->next_rule = first + 1;
         send_rule(a, &req->rules[first]);
         return;
@@ -266,10 +482,7 @@ void rl_exact_start(rl_agent *a, rl_request *req)
     /* Mark every call as outstanding first: a call that fails at once
      * answers inside rl_bucket_call and must not finalize early. */
     req->outstanding++;
-    for (int i = first; i < req->n_rules; i++) {
-        if (req->rules[i].outcome == RL_OUTCOME_PENDING)
-            send_rule(a, &req->rules[i]);
-    }
+    send_grouped(a, req, multi_mode(charge));
     if (--req->outstanding == 0 && !req->finalized)
         finalize(a, req);
 }

@@ -45,7 +45,15 @@
  * The library is rl_3 since it holds the lease function: an rl 2 agent
  * reconnecting would FUNCTION LOAD REPLACE its rl_2 library, and a newer
  * library under the same name would lose the lease to it. rl_3_bucket is
- * rl_2_bucket, so agents of both versions share buckets.
+ * rl_2_bucket, so agents of both versions share buckets. For the same
+ * reason it is rl_4 since it holds the multi-bucket function (a request's
+ * rules in one call, issue 18): an rl 3 agent that reconnects replaces
+ * rl_3 with its own, which has no rl_3_multi, and the newer agents' calls
+ * would fail until they loaded theirs back, in turn. rl_4_bucket and
+ * rl_4_lease are rl_3's, to the byte of their bodies (the same macros), so
+ * agents of rl 2, 3 and 4 on one Redis share every bucket, each through
+ * its own library. The EVALSHA scripts are addressed by digest and never
+ * replace one another: the bucket script's text is rl 3's.
  *
  * rl 1 stored "LEVEL:TS" or "TAT [REM]" with the same expiry: this script
  * reads those keys by their expiry alone (a value it cannot read as a
@@ -71,10 +79,10 @@
  * the expiry alone is exact and the value is never read. LUA_READ reads
  * the bucket, LUA_WRITE writes d back; the bucket and the lease share
  * both, so a leased rule's key is an exact rule's key, to the unit. */
-#define LUA_READ \
-    "  local call, key = redis.call, KEYS[1]\n" \
-    "  local burst, limit = num(ARGV[1]), num(ARGV[2])\n" \
-    "  local period, cost = num(ARGV[3]), num(ARGV[4])\n" \
+#define LUA_READ_OF(KEY, BURST, LIMIT, PERIOD, COST) \
+    "  local call, key = redis.call, " KEY "\n" \
+    "  local burst, limit = num(" BURST "), num(" LIMIT ")\n" \
+    "  local period, cost = num(" PERIOD "), num(" COST ")\n" \
     "  local cap, need = burst * period, cost * period\n" \
     "  local whole = period % limit == 0\n" \
     "  local d, ttl = 0, call('PTTL', key)\n" \
@@ -86,6 +94,10 @@
     "    end\n" \
     "    d = math.min(cap, d)\n" \
     "  end\n"
+
+/* The bucket's own call: one key, four arguments. */
+#define LUA_READ \
+    LUA_READ_OF("KEYS[1]", "ARGV[1]", "ARGV[2]", "ARGV[3]", "ARGV[4]")
 
 #define LUA_WRITE \
     "  local full_in = math.ceil(d / limit)\n" \
@@ -123,6 +135,65 @@
     LUA_WRITE \
     "  return {n, d}\n"
 
+/* Several buckets in one call: a request's exact rules on one shard.
+ * KEYS are the buckets; ARGV[1] is the mode letter followed by one flag
+ * per key ('1' enforced, '0' shadow: its rejection is not the request's);
+ * then each key's burst, limit, period_ms and cost, as the bucket's. The
+ * reply is a list of the bucket's integers, one per key, in order.
+ *
+ * - 'c' (charge: all, refund): each bucket as if called alone.
+ * - 'f' (charge: first_reject): the same, in order, stopping after the
+ *   first enforced rejection; the list is cut there, and the keys after it
+ *   were not read.
+ * - 'a' (charge: atomic): every bucket is read first; only if no enforced
+ *   one rejects are they all written, else none is. An allowing bucket that
+ *   was not charged answers its d as it is, unchanged.
+ *
+ * The letters are compared as bytes ('a' 97, 'f' 102): no string is made
+ * per call. A rejection writes nothing, as in the bucket. The same key
+ * twice in one call would be read before its first write: the agent never
+ * sends that (two rules never share a key prefix). */
+#define LUA_MULTI_BODY \
+    "  local flags, byte = ARGV[1], string.byte\n" \
+    "  local mode = byte(flags, 1)\n" \
+    "  local out, held, rejected = {}, nil, false\n" \
+    "  for i = 1, #KEYS do\n" \
+    "    local j = 4 * i - 2\n" \
+    LUA_READ_OF("KEYS[i]", "ARGV[j]", "ARGV[j + 1]", "ARGV[j + 2]", \
+                "ARGV[j + 3]") \
+    "    local enforced = byte(flags, i + 1) == 49\n" \
+    "    local was = d\n" \
+    "    if need < 0 then\n" \
+    "      d = math.max(0, d + need)\n" \
+    "    elseif d + need <= cap then\n" \
+    "      d = d + need\n" \
+    "    else\n" \
+    "      d = nil\n" \
+    "    end\n" \
+    "    if d == nil then\n" \
+    "      out[i] = -was - 1\n" \
+    "      if enforced then\n" \
+    "        if mode == 102 then return out end\n" \
+    "        rejected = true\n" \
+    "      end\n" \
+    "    elseif mode == 97 then\n" \
+    "      out[i] = was\n" \
+    "      held = held or {}\n" \
+    "      held[#held + 1] = {key, limit, whole, ttl, d, i}\n" \
+    "    else\n" \
+    "      out[i] = d\n" \
+    LUA_WRITE \
+    "    end\n" \
+    "  end\n" \
+    "  if rejected or held == nil then return out end\n" \
+    "  local call = redis.call\n" \
+    "  for _, h in ipairs(held) do\n" \
+    "    local key, limit, whole, ttl, d = h[1], h[2], h[3], h[4], h[5]\n" \
+    LUA_WRITE \
+    "    out[h[6]] = d\n" \
+    "  end\n" \
+    "  return out\n"
+
 const char rl_library_source[] =
     "#!lua name=" RL_LIBRARY_NAME "\n"
     LUA_NUMBER_CACHE
@@ -132,8 +203,12 @@ const char rl_library_source[] =
     "local function lease(KEYS, ARGV)\n"
     LUA_LEASE_BODY
     "end\n"
+    "local function multi(KEYS, ARGV)\n"
+    LUA_MULTI_BODY
+    "end\n"
     "redis.register_function('" RL_FUNCTION_BUCKET "', bucket)\n"
-    "redis.register_function('" RL_FUNCTION_LEASE "', lease)\n";
+    "redis.register_function('" RL_FUNCTION_LEASE "', lease)\n"
+    "redis.register_function('" RL_FUNCTION_MULTI "', multi)\n";
 
 /* Before Redis 5 a script that writes after a non-deterministic read needs
  * effects replication switched on; from 5 on it is the default and this is
@@ -147,13 +222,17 @@ static const char bucket_script[] =
 static const char lease_script[] =
     LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_LEASE_BODY;
 
-static const char *const functions[] = {RL_FUNCTION_BUCKET,
-                                        RL_FUNCTION_LEASE};
-static const char *const sources[] = {bucket_script, lease_script};
+static const char multi_script[] =
+    LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_MULTI_BODY;
+
+static const char *const functions[] = {RL_FUNCTION_BUCKET, RL_FUNCTION_LEASE,
+                                        RL_FUNCTION_MULTI};
+static const char *const sources[] = {bucket_script, lease_script,
+                                      multi_script};
 
 const rl_script_set rl_bucket_scripts = {
     .library = rl_library_source,
     .functions = functions,
     .sources = sources,
-    .n = 2,
+    .n = 3,
 };

@@ -17,6 +17,7 @@
 #include "rlctl_totals.h"
 #include "rlctl_watch.h"
 #include "rlctl_view.h"
+#include "rules.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -42,9 +43,11 @@ static const char usage[] =
     "  config [--diff NEW]     validate the config and show the rules, their\n"
     "                          overrides and shadow rules; --diff: what a\n"
     "                          reload to NEW would change (exit 5 if any)\n"
-    "  bucket RULE VALUE       a bucket's tokens (or a synced rule's window\n"
-    "                          counts), time to full and TTL; spends nothing\n"
-    "  reset RULE VALUE [--yes]\n"
+    "  bucket RULE VALUE [--attr TAG=VALUE]\n"
+    "                          a bucket's tokens (or a synced rule's window\n"
+    "                          counts), time to full and TTL; spends nothing;\n"
+    "                          --attr: the value of the rule's hash_tag\n"
+    "  reset RULE VALUE [--attr TAG=VALUE] [--yes]\n"
     "                          forget a bucket or a client's window counts\n"
     "  check --attr NAME=VALUE... [--cost N] [--dry-run]\n"
     "                          what the rules decide for that request, rule\n"
@@ -300,6 +303,19 @@ static void print_view(const rlctl_view *v)
         printf("ttl:         %s\n", v->ttl_ms == -1 ? "none" : "-");
 }
 
+/* The value of the rule's hash_tag attribute among the --attr options,
+ * when the rule co-locates its keys by one; NULL: the untagged key. */
+static const char *tag_arg(const cli *c, const rl_rule *rule)
+{
+    size_t len = strlen(rule->tag_attr);
+    for (int i = 0; i < c->n_attrs && len > 0; i++) {
+        if (strncmp(c->attrs[i], rule->tag_attr, len) == 0
+            && c->attrs[i][len] == '=')
+            return c->attrs[i] + len + 1;
+    }
+    return NULL;
+}
+
 /* RULE VALUE's view, with the store left open for the caller (who closes
  * it); local rules have nothing in the store. */
 static int open_view(cli *c, rlctl_store *s, rlctl_view *v)
@@ -316,7 +332,8 @@ static int open_view(cli *c, rlctl_store *s, rlctl_view *v)
     if ((rc = open_store(c, s, &now)) != EXIT_OK)
         return rc;
     char err[512];
-    if (rlctl_view_read(s, rule, value, now, v, err, sizeof err) != 0) {
+    if (rlctl_view_read(s, rule, tag_arg(c, rule), value, now, v, err,
+                        sizeof err) != 0) {
         rlctl_store_close(s);
         return fail(EXIT_UNREACHABLE, "%s", err);
     }
@@ -437,7 +454,13 @@ static int read_verdicts(cli *c, const rl_attr *attrs, verdict *v)
         if (!v[i].applies || v[i].unlimited || r->mode == RL_MODE_LOCAL)
             continue;
         char err[512];
-        if (rlctl_view_read(&s, &v[i].ex.effective, v[i].ex.value, now,
+        const rl_attr *tag = r->tag_attr[0] != '\0'
+                                 ? rl_attr_find(attrs, (size_t)c->n_attrs,
+                                                r->tag_attr)
+                                 : NULL;
+        if (rlctl_view_read(&s, &v[i].ex.effective,
+                            tag != NULL ? tag->value : NULL, v[i].ex.value,
+                            now,
                             &v[i].view, err, sizeof err)
             != 0) {
             rlctl_store_close(&s);
@@ -780,13 +803,17 @@ static void command_help(const char *command)
                    "and the shadow rules.\n--diff NEW: what a reload from "
                    "FILE to NEW would change, one line\neach; exit 0 when "
                    "nothing, 5 when something would.\n"},
-        {"bucket", "usage: rlctl [--config FILE] [--json] bucket RULE VALUE\n"
+        {"bucket", "usage: rlctl [--config FILE] [--json] bucket RULE VALUE "
+                   "[--attr TAG=VALUE]\n"
                    "An exact rule's bucket (tokens, time to full, TTL, "
                    "state) or a synced\nrule's window counts, read without "
-                   "spending anything.\n"},
+                   "spending anything. A rule whose\nhash_tag names another "
+                   "attribute keys on its value too: give it\nwith --attr "
+                   "(without it, the untagged key).\n"},
         {"reset", "usage: rlctl [--config FILE] [--json] reset RULE VALUE "
-                  "[--yes]\nDeletes the bucket (or both windows); asks "
-                  "first unless --yes.\n"},
+                  "[--attr TAG=VALUE] [--yes]\nDeletes the bucket (or both "
+                  "windows); asks first unless --yes.\n--attr: the value of "
+                  "the rule's hash_tag, as for bucket.\n"},
         {"check", "usage: rlctl [--config FILE] [--json] check --attr "
                   "NAME=VALUE... [--cost N]\n                   [--dry-run]\n"
                   "What each rule would decide and the request's decision; "

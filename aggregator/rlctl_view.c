@@ -115,9 +115,9 @@ static int read_synced(rlctl_store *s, const char *value,
     return 0;
 }
 
-int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
-                    unsigned long long now_ms, rlctl_view *out, char *err,
-                    size_t errlen)
+int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *tag,
+                    const char *value, unsigned long long now_ms,
+                    rlctl_view *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->rule = rule;
@@ -128,7 +128,16 @@ int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
     }
     if (rule->mode == RL_MODE_SYNCED)
         return read_synced(s, value, now_ms, out, err, errlen);
-    snprintf(out->key, sizeof out->key, "%s%s", rule->key_prefix, value);
+    if (rl_key_build_tagged(rule->key_prefix, tag,
+                            tag != NULL ? strlen(tag) : 0, value,
+                            strlen(value), out->key, sizeof out->key, NULL)
+        != RL_OK) {
+        snprintf(err, errlen, "rule \"%s\": the hash_tag value '%s' or the "
+                 "value '%s' cannot make a key (empty, a NUL, or over %d "
+                 "bytes)", rule->name, tag != NULL ? tag : "", value,
+                 RL_VALUE_MAX);
+        return -1;
+    }
     if (read_key(s, out->key, out->state, sizeof out->state, &out->ttl_ms,
                  &out->exists, err, errlen) != 0)
         return -1;

@@ -29,11 +29,13 @@ typedef struct rlctl_view {
     uint64_t window, current, previous, estimate;
 } rlctl_view;
 
-/* Reads the view of (rule, value) at Redis time now_ms. Local rules have
- * nothing in the store: returns -1 with a message, as on a store error. */
-int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *value,
-                    unsigned long long now_ms, rlctl_view *out, char *err,
-                    size_t errlen);
+/* Reads the view of (rule, value) at Redis time now_ms; tag is the value
+ * of the rule's hash_tag attribute when it co-locates its keys (NULL:
+ * the untagged key). Local rules have nothing in the store: returns -1
+ * with a message, as on a store error. */
+int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *tag,
+                    const char *value, unsigned long long now_ms,
+                    rlctl_view *out, char *err, size_t errlen);
 
 /* Whether a request of cost would pass, and if not in how many ms (-1:
  * never), as the scripts and the agent would decide. */

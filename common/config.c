@@ -43,7 +43,7 @@ static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
 static const char *const on_error_names[] = {"allow", "deny", "local",
                                              NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
-                                           NULL};
+                                           "atomic", NULL};
 static const char *const scripts_names[] = {"auto", "function", "eval", NULL};
 
 const char *rl_mode_name(rl_mode m) { return mode_names[m]; }
@@ -311,10 +311,19 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
     }
     /* Redis Cluster hashes on what lies between a key's first '{' and the
      * '}' after it: with a hash tag, that must be the tagged part. */
-    if (rule->hash_tag >= 0 && strchr(rule->key_prefix, '{') != NULL)
+    if ((rule->hash_tag >= 0 || rule->tag_attr[0] != '\0')
+        && strchr(rule->key_prefix, '{') != NULL)
         return bad(ld, FIELD("key_prefix"), "'%s' holds a '{': with "
                    "hash_tag, the key's first '{' must open the tag; take "
                    "the '{' out", rule->key_prefix);
+    /* A tag puts a Redis key in a slot; a synced or local rule's counts
+     * are not one key an agent calls. */
+    if (rule->tag_attr[0] != '\0' && rule->mode != RL_MODE_EXACT
+        && rule->mode != RL_MODE_LEASED)
+        return bad(ld, FIELD("hash_tag"), "'%s' would co-locate the rule's "
+                   "Redis keys by that attribute's value, and a %s rule has "
+                   "no key an agent calls: use mode exact or leased, or drop "
+                   "hash_tag", rule->tag_attr, rl_mode_name(rule->mode));
 
     rule->shadow = cfg->shadow;
     if ((rc = rl_config_parse_bool(ld, FIELD("shadow"), raw->shadow,

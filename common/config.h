@@ -44,6 +44,7 @@ typedef enum rl_charge {
     RL_CHARGE_ALL,          /* charge every matching rule (the seed's choice) */
     RL_CHARGE_FIRST_REJECT, /* stop charging at the first rejecting rule */
     RL_CHARGE_REFUND,       /* give the tokens back when the request is rejected */
+    RL_CHARGE_ATOMIC,       /* charge every rule only if every rule allows */
 } rl_charge;
 
 /* A rate: limit tokens per period_ms, a bucket of burst tokens. Kept as
@@ -116,6 +117,11 @@ typedef struct rl_rule {
     size_t n_parts;
     int hash_tag;        /* index of the part used as cluster hash tag, or
                           * -1: the whole key hashes */
+    /* hash_tag naming any other attribute (or a one-attribute rule's
+     * own): its value, as "{<len>:<value>}:", goes between the prefix and
+     * the value, so every key tagged with that value shares its slot.
+     * "" when not set. Exact and leased rules only. */
+    char tag_attr[RL_NAME_MAX + 1];
     char key_prefix[RL_PREFIX_MAX + 1];
     union {
         rl_limit own;

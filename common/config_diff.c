@@ -310,6 +310,11 @@ static int diff_rule(rl_config_diff *d, const rl_config *ca,
     int rc = diff_word(d, b, "match", a->match, b->match);
     if (rc == RL_OK)
         rc = diff_word(d, b, "key_prefix", a->key_prefix, b->key_prefix);
+    /* A co-location tag changes every key the rule makes (buckets start
+     * full again under the new keys). */
+    if (rc == RL_OK)
+        rc = diff_word(d, b, "hash_tag", a->tag_attr[0] ? a->tag_attr : "-",
+                       b->tag_attr[0] ? b->tag_attr : "-");
     if (rc == RL_OK && a->unlimited != b->unlimited)
         rc = add_line(d, "rule %s: unlimited %s -> %s", b->name,
                       a->unlimited ? "true" : "false",

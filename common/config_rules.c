@@ -165,20 +165,23 @@ int rl_config_load_match(struct loader *ld, size_t i, const rl_raw_rule *raw,
                                  k ? "," : "", rule->parts[k]);
 
     rule->hash_tag = -1;
+    rule->tag_attr[0] = '\0';
     if (raw->hash_tag == NULL)
         return RL_OK;
     snprintf(path, sizeof path, "rules.%zu.hash_tag", i);
-    if (rule->n_parts < 2)
-        return bad(ld, path, "hash_tag picks one attribute of a composite "
-                   "match (a list); a one-attribute key is its own hash");
-    for (size_t k = 0; k < rule->n_parts; k++) {
+    for (size_t k = 0; k < rule->n_parts && rule->n_parts >= 2; k++) {
         if (strcmp(rule->parts[k], raw->hash_tag) == 0) {
             rule->hash_tag = (int)k;
             return RL_OK;
         }
     }
-    return bad(ld, path, "'%s' is not one of the match's attributes (%s)",
-               raw->hash_tag, rule->match);
+    /* Any other attribute (or a one-attribute rule's own) co-locates the
+     * rule's keys with every key tagged by the same value (issue 18). */
+    if (!rl_config_plain_name(raw->hash_tag, "_.-"))
+        return bad(ld, path, "'%s' is not a valid attribute name (use "
+                   "letters, digits and _ . -)", raw->hash_tag);
+    snprintf(rule->tag_attr, sizeof rule->tag_attr, "%s", raw->hash_tag);
+    return RL_OK;
 }
 
 /* One value of a `when` condition: a plain, non-empty value a request

@@ -10,6 +10,7 @@
 #include "rl.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 int rl_key_build(const char *prefix, const char *value, size_t value_len,
@@ -30,6 +31,39 @@ int rl_key_build(const char *prefix, const char *value, size_t value_len,
     if (key_len != NULL)
         *key_len = prefix_len + value_len;
     return RL_OK;
+}
+
+size_t rl_key_tag_bytes(size_t tag_len)
+{
+    char digits[24];
+    return (size_t)snprintf(digits, sizeof digits, "%zu", tag_len) + tag_len
+           + 4;
+}
+
+int rl_key_build_tagged(const char *prefix, const char *tag, size_t tag_len,
+                        const char *value, size_t value_len, char *buf,
+                        size_t cap, size_t *key_len)
+{
+    if (tag == NULL)
+        return rl_key_build(prefix, value, value_len, buf, cap, key_len);
+    if (prefix == NULL || buf == NULL || tag_len == 0)
+        return RL_EINVAL;
+    if (tag_len > RL_VALUE_MAX)
+        return RL_ETOOLONG;
+    if (rl_key_has_nul(tag, tag_len))
+        return RL_EINVAL;
+    size_t prefix_len = strlen(prefix);
+    size_t head = prefix_len + rl_key_tag_bytes(tag_len);
+    if (head >= cap)
+        return RL_ETOOLONG;
+    int n = snprintf(buf, cap, "%s{%zu:", prefix, tag_len);
+    memcpy(buf + n, tag, tag_len);
+    memcpy(buf + n + tag_len, "}:", 2);
+    size_t len;
+    int rc = rl_key_build("", value, value_len, buf + head, cap - head, &len);
+    if (rc == RL_OK && key_len != NULL)
+        *key_len = head + len;
+    return rc;
 }
 
 static uint16_t crc16_table[256];

@@ -18,8 +18,11 @@
 /* The longest key prefix a rule may have, in bytes. */
 #define RL_PREFIX_MAX 128
 
+/* The longest co-location tag, "{<len>:<value>}:" (rl_key_build_tagged). */
+#define RL_TAG_MAX (RL_VALUE_MAX + 8)
+
 /* Room for any key rl builds, with its terminating NUL. */
-#define RL_KEY_MAX (RL_PREFIX_MAX + RL_VALUE_MAX + 1)
+#define RL_KEY_MAX (RL_PREFIX_MAX + RL_TAG_MAX + RL_VALUE_MAX + 1)
 
 #define RL_CLUSTER_SLOTS 16384
 
@@ -30,6 +33,20 @@
  * RL_VALUE_MAX bytes or a key that does not fit in cap. */
 int rl_key_build(const char *prefix, const char *value, size_t value_len,
                  char *buf, size_t cap, size_t *key_len);
+
+/* rl_key_build_tagged is rl_key_build with a rule's co-location tag
+ * (hash_tag naming another attribute): prefix, then "{<len>:<tag>}:", then
+ * the value, e.g. "rl:key:{8:org_acme}:ak_abc123". Redis Cluster hashes
+ * the braces' content, so every key tagged with one value shares a slot;
+ * the length makes the key one-to-one whatever bytes the tag holds (a '}'
+ * too). tag NULL: rl_key_build's key, the one a request without the
+ * tag's attribute uses. The tag is checked as a value is. */
+int rl_key_build_tagged(const char *prefix, const char *tag, size_t tag_len,
+                        const char *value, size_t value_len, char *buf,
+                        size_t cap, size_t *key_len);
+
+/* The bytes a tag of tag_len bytes adds to a key. */
+size_t rl_key_tag_bytes(size_t tag_len);
 
 /* rl_key_slot returns the Redis Cluster hash slot of a key: CRC16 (XMODEM)
  * of the key, or of its hash tag, modulo 16384. The tag is what lies between

@@ -468,6 +468,13 @@ void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
         fn(arg, NULL, "shutting down");
         return;
     }
+    /* One server never redirects: the node's own copy of the call is all
+     * it needs, with no route to allocate, copy and hash a slot for (a
+     * profile of the agent at 64 in flight). */
+    if (s->single != NULL) {
+        rl_node_run(s->single, script, false, argc, argv, lens, fn, arg);
+        return;
+    }
     route *r = new_route(argc, argv, lens);
     if (r == NULL) {
         fn(arg, NULL, "out of memory");

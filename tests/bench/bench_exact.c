@@ -560,6 +560,141 @@ static double cost_ratio(void)
     return bench_summarize(v, COST_RUNS).median;
 }
 
+/* --- one call per request (issue 18) ------------------------------------ */
+
+/* Per run, at 64 in flight, each after a FLUSHALL so that no key is near
+ * its limit: redis-benchmark driving rl's function itself (the reference
+ * a new user would try), rl_check_async with one rule and with three
+ * (three rules are one call of the multi-bucket function). */
+typedef struct one_call_run {
+    double rb_rate;            /* redis-benchmark, calls/s */
+    double one_rate, three_rate;
+    double one_usec;           /* server µs per call, one rule */
+    double three_usec;         /* server µs per request, three rules */
+    double three_calls;        /* function calls per three-rule request */
+} one_call_run;
+
+static one_call_run one_call[RUNS];
+
+/* What `redis-benchmark -q` says a command ran at: the number before its
+ * last " requests per second". 0 when it did not run. */
+static double redis_benchmark(long calls)
+{
+    const char *colon = strrchr(addr, ':');
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "redis-benchmark -h %.*s -p %s -c 4 -P 64 -r 10000 -n %ld -q "
+             "FCALL %s 1 rl:key:__rand_int__ 100 100 60000 1 2>&1",
+             (int)(colon - addr), addr, colon + 1, calls, RL_FUNCTION_BUCKET);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL)
+        return 0;
+    static char out[1 << 16];
+    size_t len = fread(out, 1, sizeof out - 1, f);
+    out[len] = '\0';
+    pclose(f);
+    double rate = 0;
+    for (char *p = out; (p = strstr(p, " requests per second")) != NULL;
+         p++) {
+        char *start = p;
+        while (start > out && start[-1] != ' ')
+            start--;
+        rate = atof(start);
+    }
+    if (rate == 0)
+        fprintf(stderr, "bench: redis-benchmark gave no rate: %.200s\n", out);
+    return rate;
+}
+
+static void measure_one_call(rl_agent *agent)
+{
+    long calls = (long)(300000 * run_seconds);
+    for (int run = 0; run < RUNS; run++) {
+        one_call_run *r = &one_call[run];
+        bench_account one, three;
+        bench_run(ctl, "FLUSHALL");
+        r->rb_rate = redis_benchmark(calls < 30000 ? 30000 : calls);
+        bench_run(ctl, "FLUSHALL");
+        r->one_rate = rl_async(agent, 64, 1, &one).rate;
+        bench_run(ctl, "FLUSHALL");
+        r->three_rate = rl_async(agent, 64, 3, &three).rate;
+        r->one_usec = one.server_usec;
+        /* three.calls over the requests done (counted to the run's end). */
+        double requests = r->three_rate * run_seconds;
+        r->three_calls = requests > 0 ? three.calls / requests : 0;
+        r->three_usec = three.server_usec * r->three_calls;
+    }
+}
+
+typedef double (*one_call_fn)(const one_call_run *r);
+static double three_over_one(const one_call_run *r)
+{
+    return r->three_rate / r->one_rate;
+}
+static double usec_ratio(const one_call_run *r)
+{
+    return r->three_usec / r->one_usec;
+}
+static double rl_over_rb(const one_call_run *r)
+{
+    return r->one_rate / r->rb_rate;
+}
+static double one_rate(const one_call_run *r) { return r->one_rate; }
+static double three_rate(const one_call_run *r) { return r->three_rate; }
+static double rb_rate(const one_call_run *r) { return r->rb_rate; }
+
+static bench_summary one_call_summary(one_call_fn f)
+{
+    double v[RUNS];
+    for (int run = 0; run < RUNS; run++)
+        v[run] = f(&one_call[run]);
+    return bench_summarize(v, RUNS);
+}
+
+static void print_one_call(void)
+{
+    printf("\n### One call per request (64 in flight, each figure after "
+           "FLUSHALL)\n\n"
+           "redis-benchmark: `redis-benchmark -c 4 -P 64 -r 10000 -n N -q "
+           "FCALL %s 1 rl:key:__rand_int__ 100 100 60000 1`\n\n"
+           "| run | redis-benchmark calls/s | rl 1 rule req/s | rl 3 rules "
+           "req/s | 3 / 1 rule | rl 1 rule / redis-benchmark | server µs: "
+           "1 rule per call | 3 rules per request | ratio | calls per "
+           "3-rule request |\n"
+           "|---|---|---|---|---|---|---|---|---|---|\n",
+           RL_FUNCTION_BUCKET);
+    for (int run = 0; run < RUNS; run++) {
+        const one_call_run *r = &one_call[run];
+        printf("| %d | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | "
+               "%.2f |\n", run + 1, bench_int(r->rb_rate),
+               bench_int(r->one_rate), bench_int(r->three_rate),
+               three_over_one(r), rl_over_rb(r), r->one_usec, r->three_usec,
+               usec_ratio(r), r->three_calls);
+    }
+}
+
+static void report_one_call(void)
+{
+    char rl[256], others[256];
+    double one = one_call_summary(one_rate).median;
+    double three = one_call_summary(three_rate).median;
+    double rb = one_call_summary(rb_rate).median;
+    snprintf(rl, sizeof rl, "3 rules %s, 1 rule %s requests/s (%.2f×)",
+             bench_int(three), bench_int(one),
+             one_call_summary(three_over_one).median);
+    snprintf(others, sizeof others, "redis-benchmark on rl's function %s "
+             "calls/s", bench_int(rb));
+    bench_figure("one call per request, 64 in flight", rl, others);
+    bench_target("three rules / one rule, requests/s, 64 in flight",
+                 one_call_summary(three_over_one).median, ">=", 0.8, "x");
+    bench_target("server µs per three-rule request / per one-rule call "
+                 "(commandstats)", one_call_summary(usec_ratio).median, "<=",
+                 1.5, "x");
+    bench_target("`rl_check_async` one rule / redis-benchmark -c 4 -P 64 on "
+                 "rl's function", one_call_summary(rl_over_rb).median, ">=",
+                 0.8, "x");
+}
+
 /* --- the report's headline --------------------------------------------- */
 
 static void figure_rates(const char *what, int ri, int di, figure_fn lat,
@@ -686,6 +821,7 @@ int main(void)
     snprintf(fn.name, sizeof fn.name, "%s", RL_FUNCTION_BUCKET);
     bench_seed_script(ctl, &seed);
     measure_matrix(agent, &fn, &seed);
+    measure_one_call(agent);
     measure_capacity(agent, &fn);
     for (int run = 0; run < COST_RUNS; run++) {
         costs[0][run] = measure_cost(&fn, 86400000);
@@ -701,7 +837,9 @@ int main(void)
     print_ratios();
     print_capacity();
     print_costs();
+    print_one_call();
     report_figures();
+    report_one_call();
     bench_alternatives(addr);
     report_targets();
     write_plot_data();

@@ -249,6 +249,183 @@ Test(cluster, three_rules_on_three_shards_go_out_together)
     close_agent(a, cfg);
 }
 
+/* --- 3. charge: atomic (issue 18): a shared hash tag, and without. ---- */
+
+/* The runner's cluster: its layout into *l, and its three primaries
+ * (pointing into *l). */
+static void three_primaries(const char *seeds, layout *l,
+                            const char *prim[16])
+{
+    char first[64];
+    first_node(seeds, first, sizeof first);
+    *l = read_layout(first);
+    cr_assert_eq(primaries(l, prim), 3);
+}
+
+/* Three rules co-located by the tenant's value, a day each. */
+static const char tagged_rules[] =
+    "  - {name: per-ip, match: ip, limit: 30, period: 1d, hash_tag: tenant}\n"
+    "  - {name: per-key, match: api_key, limit: 60, period: 1d, "
+    "hash_tag: tenant}\n"
+    "  - {name: per-tenant, match: tenant, limit: 100, period: 1d, "
+    "hash_tag: tenant}\n"
+    "charge: atomic\n";
+
+/* A tenant whose tag, "{<len>:<value>}", lands on the given primary. */
+static void tenant_on(const layout *l, const char *addr, const char *stem,
+                      char *out, size_t cap)
+{
+    char key[RL_KEY_MAX];
+    for (int i = 0; i < 100000; i++) {
+        snprintf(out, cap, "%s-%d-%d", stem, (int)getpid(), i);
+        rl_key_build_tagged("rl:tenant:", out, strlen(out), out, strlen(out),
+                            key, sizeof key, NULL);
+        int s = shard_of(l, rl_key_slot(key, strlen(key)));
+        if (s >= 0 && strcmp(l->shards[s].addr, addr) == 0)
+            return;
+    }
+    cr_assert_fail("no tenant of %s lands on %s", stem, addr);
+}
+
+/* Tokens spent from the bucket of limit a day at key (PTTL on its
+ * primary, rounded up: the expiry runs down meanwhile). */
+static long long spent_on(const layout *l, const char *key, long long limit)
+{
+    int s = shard_of(l, rl_key_slot(key, strlen(key)));
+    cr_assert_geq(s, 0);
+    long long ms = test_redis_pttl(l->shards[s].addr, key);
+    long long per_token = 86400000LL / limit;
+    return ms == -2 ? 0 : (ms + per_token - 1) / per_token;
+}
+
+struct request_contender {
+    rl_agent *agent;
+    rl_attr attrs[3];
+    atomic_int allowed, errors;
+};
+
+static void *contend_request(void *arg)
+{
+    struct request_contender *c = arg;
+    for (int i = 0; i < 20; i++) {
+        rl_decision d;
+        if (rl_check(c->agent, c->attrs, 3, 1, &d) != RL_OK || d.degraded)
+            atomic_fetch_add(&c->errors, 1);
+        else if (d.allowed)
+            atomic_fetch_add(&c->allowed, 1);
+    }
+    return NULL;
+}
+
+/* Fifty threads, 1,000 requests with the three attributes; returns how
+ * many were admitted. */
+static int fifty_requests(rl_agent *a, const char *ip, const char *key,
+                          const char *tenant)
+{
+    struct request_contender c = {.agent = a,
+                                  .attrs = {{"ip", ip, strlen(ip)},
+                                            {"api_key", key, strlen(key)},
+                                            {"tenant", tenant,
+                                             strlen(tenant)}}};
+    pthread_t threads[50];
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, contend_request, &c),
+                     0);
+    for (int i = 0; i < 50; i++)
+        pthread_join(threads[i], NULL);
+    cr_assert_eq(atomic_load(&c.errors), 0, "%d checks failed",
+                 atomic_load(&c.errors));
+    return atomic_load(&c.allowed);
+}
+
+static uint64_t shard_calls(rl_agent *a, const char *addr)
+{
+    rl_shard_counters shards[8];
+    size_t n = rl_agent_shards(a, shards, 8);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(shards[i].node, addr) == 0)
+            return shards[i].calls;
+    }
+    return 0;
+}
+
+Test(cluster, atomic_with_a_shared_hash_tag_is_exact_on_each_primary)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    const char *prim[16];
+    layout l;
+    three_primaries(seeds, &l, prim);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent(seeds, tagged_rules, 1000, &cfg);
+    for (int p = 0; p < 3; p++) {
+        char tenant[64], key[RL_KEY_MAX];
+        tenant_on(&l, prim[p], "org", tenant, sizeof tenant);
+        rl_decision d;
+        rl_attr warm = {"tenant", "warm", 4};
+        rl_check(a, &warm, 1, 1, &d);
+        uint64_t calls = shard_calls(a, prim[p]);
+        cr_assert_eq(fifty_requests(a, tenant, tenant, tenant), 30,
+                     "on %s", prim[p]);
+        /* One call per request, all on this primary. */
+        cr_assert_eq(shard_calls(a, prim[p]) - calls, 1000, "on %s",
+                     prim[p]);
+        const char *prefixes[] = {"rl:ip:", "rl:key:", "rl:tenant:"};
+        const long long limits[] = {30, 60, 100};
+        for (int r = 0; r < 3; r++) {
+            rl_key_build_tagged(prefixes[r], tenant, strlen(tenant), tenant,
+                                strlen(tenant), key, sizeof key, NULL);
+            cr_assert_eq(spent_on(&l, key, limits[r]), 30, "%s on %s", key,
+                         prim[p]);
+        }
+    }
+    close_agent(a, cfg);
+}
+
+Test(cluster, atomic_across_shards_converges_by_refund)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    const char *prim[16];
+    layout l;
+    three_primaries(seeds, &l, prim);
+    char ip[64], key[64], tenant[64];
+    value_on(&l, prim[0], "rl:ip:", "spread", ip, sizeof ip);
+    value_on(&l, prim[1], "rl:key:", "spread", key, sizeof key);
+    value_on(&l, prim[2], "rl:tenant:", "spread", tenant, sizeof tenant);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent(
+        seeds,
+        "  - {name: per-ip, match: ip, limit: 30, period: 1d}\n"
+        "  - {name: per-key, match: api_key, limit: 60, period: 1d}\n"
+        "  - {name: per-tenant, match: tenant, limit: 100, period: 1d}\n"
+        "charge: atomic\n",
+        1000, &cfg);
+    int allowed = fifty_requests(a, ip, key, tenant);
+    cr_assert_leq(allowed, 30);
+    /* Refunds are not waited for; a sequential tail sees them all. */
+    usleep(200 * 1000);
+    rl_attr attrs[] = {{"ip", ip, strlen(ip)},
+                       {"api_key", key, strlen(key)},
+                       {"tenant", tenant, strlen(tenant)}};
+    for (int i = 0; i < 40; i++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(a, attrs, 3, 1, &d), RL_OK);
+        cr_assert(!d.degraded);
+        allowed += d.allowed;
+    }
+    usleep(200 * 1000);
+    close_agent(a, cfg);
+    cr_assert_eq(allowed, 30, "admitted %d of per-ip's 30", allowed);
+    char name[96];
+    snprintf(name, sizeof name, "rl:ip:%s", ip);
+    cr_assert_eq(spent_on(&l, name, 30), 30);
+    snprintf(name, sizeof name, "rl:key:%s", key);
+    cr_assert_eq(spent_on(&l, name, 60), 30, "per-key kept a rejected "
+                 "request's token");
+    snprintf(name, sizeof name, "rl:tenant:%s", tenant);
+    cr_assert_eq(spent_on(&l, name, 100), 30, "per-tenant kept a rejected "
+                 "request's token");
+}
+
 /* --- A private cluster, for the tests that change its shape. ----------- */
 
 static void private_cluster(test_cluster *cl, const char *name, char *seeds,

@@ -165,3 +165,39 @@ Test(rlctl_rules, check_names_the_override_and_the_when_clauses)
         "  cap                  not applied: no tenant in the request\n"
         "\ndecision:    would be allowed\n");
 }
+
+/* A rule tagged by another attribute (issue 18): rlctl finds its keys
+ * given the tag's value, and the untagged key without it. */
+Test(rlctl_rules, tagged_keys_are_found_by_bucket_reset_and_check)
+{
+    const char *cfg = with_store("tagged",
+                                 "rules:\n"
+                                 "  - {name: per-key, match: api_key, "
+                                 "limit: 10, period: 1h, hash_tag: tenant}\n");
+    char out[8192], want[256], value[64], tenant[64], key[160];
+    snprintf(value, sizeof value, "tagged-%d", (int)getpid());
+    snprintf(tenant, sizeof tenant, "org-%d", (int)getpid());
+    snprintf(key, sizeof key, "rl:key:{%zu:%s}:%s", strlen(tenant), tenant,
+             value);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr api_key=%s "
+                            "--attr tenant=%s", value, tenant), 0, "%s", out);
+    cr_assert_gt(test_redis_pttl(NULL, key), 0, "no bucket at %s", key);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json bucket per-key %s "
+                            "--attr tenant=%s", value, tenant), 0, "%s", out);
+    snprintf(want, sizeof want, "\"key\":\"%s\"", key);
+    cr_assert_not_null(strstr(out, want), "%s", out);
+    cr_assert_not_null(strstr(out, "\"tokens\":9"), "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json bucket per-key %s",
+                            value), 0, "%s", out);
+    snprintf(want, sizeof want, "\"key\":\"rl:key:%s\"", value);
+    cr_assert_not_null(strstr(out, want), "%s", out);
+    cr_assert_not_null(strstr(out, "\"tokens\":10"), "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --dry-run --attr "
+                            "api_key=%s --attr tenant=%s", value, tenant), 0,
+                 "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "reset per-key %s --attr "
+                            "tenant=%s --yes", value, tenant), 0, "%s", out);
+    snprintf(want, sizeof want, "deleted 1 key for per-key %s\n", value);
+    cr_assert_str_eq(out, want);
+    cr_assert_eq(test_redis_pttl(NULL, key), -2);
+}

@@ -4,6 +4,7 @@
 #include "test_agent.h"
 
 #include "config.h"
+#include "redis_server.h"
 #include "test_env.h"
 
 #include <criterion/criterion.h>
@@ -209,6 +210,16 @@ void test_agent_open(test_agent *t, const char *addr, test_scripts mode,
     cr_assert(!d.degraded, "the test Redis at %s did not answer", t->addr);
     /* ...then take them away again. */
     flush_scripts(t->addr, mode);
+}
+
+void test_agent_private_redis(struct test_redis *srv, char *addr,
+                              size_t cap)
+{
+    char err[512];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, cap, "127.0.0.1:%u", srv->port);
 }
 
 void test_agent_close(test_agent *t)

@@ -33,6 +33,13 @@ void test_agent_open(test_agent *t, const char *addr, test_scripts mode,
 
 void test_agent_close(test_agent *t);
 
+/* test_agent_private_redis starts a redis-server of the test's own (for
+ * counts no other test may disturb: INFO commandstats) and writes its
+ * host:port into addr; the test stops it with test_redis_stop. */
+struct test_redis;
+void test_agent_private_redis(struct test_redis *srv, char *addr,
+                              size_t cap);
+
 /* test_check runs rl_check with one or more "name=value" attributes
  * (NULL-terminated) and cost 1, asserting it returns RL_OK. */
 rl_decision test_check(test_agent *t, ...);

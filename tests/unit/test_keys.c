@@ -124,6 +124,42 @@ Test(keys, hash_tags_follow_the_cluster_spec)
     cr_assert_eq(rl_key_slot("foo{bar}{zap}", 13), rl_key_slot("bar", 3));
 }
 
+/* hash_tag of another attribute (issue 18): the tag between the prefix
+ * and the value, every key of one tag in one slot. */
+Test(keys, tagged_keys_share_their_tags_slot)
+{
+    char a[RL_KEY_MAX], b[RL_KEY_MAX];
+    size_t len = 0;
+    cr_assert_eq(rl_key_build_tagged("rl:key:", "org_acme", 8, "ak_abc123", 9,
+                                     a, sizeof a, &len), RL_OK);
+    cr_assert_str_eq(a, "rl:key:{8:org_acme}:ak_abc123");
+    cr_assert_eq(len, strlen(a));
+    cr_assert_eq(rl_key_build_tagged("rl:tenant:", "org_acme", 8, "org_acme",
+                                     8, b, sizeof b, &len), RL_OK);
+    cr_assert_eq(rl_key_slot(a, strlen(a)), rl_key_slot(b, strlen(b)));
+    cr_assert_eq(rl_key_slot(a, strlen(a)), rl_key_slot("8:org_acme", 10));
+    /* No tag: the untagged key, byte for byte. */
+    cr_assert_eq(rl_key_build_tagged("rl:key:", NULL, 0, "ak_abc123", 9, a,
+                                     sizeof a, &len), RL_OK);
+    cr_assert_str_eq(a, "rl:key:ak_abc123");
+}
+
+Test(keys, a_brace_in_a_tag_keeps_keys_apart)
+{
+    char a[RL_KEY_MAX], b[RL_KEY_MAX];
+    cr_assert_eq(rl_key_build_tagged("rl:key:", "t}", 2, "v", 1, a, sizeof a,
+                                     NULL), RL_OK);
+    cr_assert_eq(rl_key_build_tagged("rl:key:", "t", 1, "}v", 2, b, sizeof b,
+                                     NULL), RL_OK);
+    cr_assert_str_neq(a, b);
+    cr_assert_eq(rl_key_build_tagged("rl:key:", "a\0b", 3, "v", 1, a,
+                                     sizeof a, NULL), RL_EINVAL);
+    char tag[RL_VALUE_MAX + 1];
+    memset(tag, 't', sizeof tag);
+    cr_assert_eq(rl_key_build_tagged("rl:key:", tag, sizeof tag, "v", 1, a,
+                                     sizeof a, NULL), RL_ETOOLONG);
+}
+
 #include <pthread.h>
 
 static void *slot_many(void *arg)
