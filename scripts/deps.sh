@@ -6,12 +6,14 @@
 # nginx-dev brings the sources and configure flags of Debian's nginx, which
 # the module (nginx/) is built against so that it loads into
 # /usr/sbin/nginx; the tests start that nginx, and wrk benchmarks it.
+# prometheus brings promtool, which the metrics tests run on every metrics
+# page (`promtool check metrics`); the Prometheus server is not used.
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
-nginx nginx-dev wrk"
+nginx nginx-dev wrk prometheus"
 [ $# -gt 0 ] && packages="$*"
 
 missing=""
