@@ -140,8 +140,7 @@ static void count(rl_agent *a, const rl_request *req)
         uint64_t started = req->deadline_ns
                            - (uint64_t)a->store_config.timeout_ms * 1000000;
         uint64_t now = uv_hrtime();
-        rl_stats_latency(&a->stats, now > started ? (now - started) / 1000
-                                                  : 0);
+        rl_stats_latency(&a->stats, now > started ? now - started : 0);
         return;
     }
 }

@@ -300,6 +300,21 @@ typedef struct rl_rule_counters {
     uint64_t fallback_allowed, fallback_rejected;
 } rl_rule_counters;
 
+/* A latency histogram in Prometheus's shape, so that a fleet's histograms
+ * add up (bucket by bucket) where percentiles would not. le_s[i] is bucket
+ * i's upper bound in seconds: the same fixed bounds in every histogram,
+ * ascending from 10 us to 10 s. buckets[i] counts the observations of at
+ * most le_s[i] seconds, the ones of the buckets below included
+ * (cumulative); count is all of them (Prometheus's le="+Inf" bucket) and
+ * sum_s their sum. A plain value: it holds no pointer. */
+#define RL_HISTOGRAM_BOUNDS 19
+typedef struct rl_histogram {
+    double le_s[RL_HISTOGRAM_BOUNDS];
+    uint64_t buckets[RL_HISTOGRAM_BOUNDS];
+    uint64_t count;
+    double sum_s;
+} rl_histogram;
+
 /* The agent's counters since it was opened, for a gateway to export. */
 typedef struct rl_agent_counters {
     uint64_t requests;     /* decided requests (rl_check and async) */
@@ -310,11 +325,11 @@ typedef struct rl_agent_counters {
      * (all of a turn's calls to one node leave in one write), and the turns
      * that wrote at all: batches / turns is the shards per turn. */
     uint64_t store_batches, store_turns;
-    /* Requests that waited for the store, and how long: the upper bounds
-     * (in microseconds, about 12 % wide) of the buckets holding the 50th,
-     * 90th and 99th percentile and the largest. */
-    uint64_t exact_checks;
-    uint64_t exact_p50_us, exact_p90_us, exact_p99_us, exact_max_us;
+    /* Requests that waited for the store (some rule of theirs is exact),
+     * and how long each took, from the call to its decision: its buckets
+     * and count are read together, so the buckets never decrease and the
+     * count is never below the last one (sum_s is read apart). */
+    rl_histogram exact_check_seconds;
     /* Keys tracked for synced and local rules, and new keys refused for
      * their caps (aggregator.max_keys, local.max_keys). */
     uint64_t synced_keys, synced_keys_refused;

@@ -32,6 +32,7 @@ int rl_stats_init(rl_stats *s, size_t n_rules)
     s->n_rules = n_rules;
     for (int i = 0; i < RL_STATS_SLOTS; i++)
         atomic_init(&s->slots[i], NULL);
+    rl_histogram_counts_init(&s->latency);
     s->shared = new_block(s);
     if (s->shared == NULL)
         return RL_ENOMEM;
@@ -138,28 +139,9 @@ void rl_stats_count_one(rl_stats *s, size_t rule_index, bool allowed)
     count_row(mine + (1 + rule_index) * RL_COUNTS, own, allowed, false);
 }
 
-/* Bucket b covers [lower(b), lower(b + 1)): 8 steps per power of two. */
-static size_t bucket_of(uint64_t us)
+void rl_stats_latency(rl_stats *s, uint64_t ns)
 {
-    if (us < 8)
-        return (size_t)us;
-    int log = 63 - __builtin_clzll(us);
-    size_t b = (size_t)(log - 2) * 8 + (size_t)((us >> (log - 3)) & 7);
-    return b < RL_LATENCY_BUCKETS ? b : RL_LATENCY_BUCKETS - 1;
-}
-
-static uint64_t upper_of(size_t b)
-{
-    if (b < 8)
-        return b + 1;
-    int log = (int)(b / 8) + 2;
-    uint64_t step = 1ULL << (log - 3);
-    return (1ULL << log) + (b % 8 + 1) * step;
-}
-
-void rl_stats_latency(rl_stats *s, uint64_t us)
-{
-    add(&s->latency[bucket_of(us)]);
+    rl_histogram_observe(&s->latency, ns);
 }
 
 static uint64_t sum(const rl_stats *s, size_t row, int what)
@@ -176,32 +158,6 @@ static uint64_t sum(const rl_stats *s, size_t row, int what)
     return total;
 }
 
-/* The upper bound of the bucket holding the q-th quantile. */
-static void quantiles(const rl_stats *s, rl_agent_counters *out)
-{
-    uint64_t n = 0, counts[RL_LATENCY_BUCKETS];
-    for (size_t b = 0; b < RL_LATENCY_BUCKETS; b++)
-        n += counts[b] = atomic_load_explicit(&s->latency[b],
-                                              memory_order_relaxed);
-    out->exact_checks = n;
-    if (n == 0)
-        return;
-    uint64_t seen = 0, want50 = (n + 1) / 2, want90 = (n * 9 + 9) / 10,
-             want99 = (n * 99 + 99) / 100;
-    for (size_t b = 0; b < RL_LATENCY_BUCKETS; b++) {
-        if (counts[b] == 0)
-            continue;
-        seen += counts[b];
-        if (out->exact_p50_us == 0 && seen >= want50)
-            out->exact_p50_us = upper_of(b);
-        if (out->exact_p90_us == 0 && seen >= want90)
-            out->exact_p90_us = upper_of(b);
-        if (out->exact_p99_us == 0 && seen >= want99)
-            out->exact_p99_us = upper_of(b);
-        out->exact_max_us = upper_of(b);
-    }
-}
-
 void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
                    rl_rule_counters *rules, size_t cap)
 {
@@ -211,7 +167,7 @@ void rl_stats_read(const rl_stats *s, rl_agent_counters *out,
     out->degraded = sum(s, 0, RL_COUNT_DEGRADED);
     out->store_errors = atomic_load_explicit(&s->store_errors,
                                              memory_order_relaxed);
-    quantiles(s, out);
+    rl_histogram_read(&s->latency, &out->exact_check_seconds);
     out->n_rules = s->n_rules;
     for (size_t i = 0; i < s->n_rules && i < cap; i++) {
         rules[i].allowed = sum(s, 1 + i, RL_COUNT_ALLOWED);

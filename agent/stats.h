@@ -1,13 +1,14 @@
 /*
  * stats.h: the agent's counters, for rl_agent_stats. Counted on the
  * caller's thread slot (a thread writes its own cache lines, never another
- * thread's) and summed when read; the exact checks' latency histogram has
- * one writer, the I/O thread. Private to librl.
+ * thread's) and summed when read; the exact checks' latency histogram is
+ * counted on the I/O thread. Private to librl.
  */
 #ifndef RL_AGENT_STATS_H
 #define RL_AGENT_STATS_H
 
 #include "config.h"
+#include "histogram.h"
 #include "rl.h"
 #include "thread_slot.h"
 
@@ -18,8 +19,6 @@
 
 typedef struct rl_rule_state rl_rule_state;
 
-/* Latency buckets: 8 per power of two of microseconds. */
-#define RL_LATENCY_BUCKETS (8 * 36)
 /* Threads with a slot count in blocks of their own; others share one. */
 #define RL_STATS_SLOTS RL_THREAD_SLOTS
 
@@ -40,7 +39,7 @@ typedef struct rl_stats {
     _Atomic(atomic_uint_least64_t *) slots[RL_STATS_SLOTS];
     atomic_uint_least64_t *shared;
     pthread_mutex_t lock;               /* making a block */
-    atomic_uint_least64_t latency[RL_LATENCY_BUCKETS];
+    rl_histogram_counts latency;
     atomic_uint_least64_t store_errors;
 } rl_stats;
 
@@ -55,8 +54,8 @@ void rl_stats_count_one(rl_stats *s, size_t rule_index, bool allowed);
 void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
                     const rl_decision *d, const rl_rule *cfg_rules);
 
-/* The I/O thread: an exact check took us microseconds. */
-void rl_stats_latency(rl_stats *s, uint64_t us);
+/* The I/O thread: an exact check took ns nanoseconds. */
+void rl_stats_latency(rl_stats *s, uint64_t ns);
 
 /* Sums the blocks into out (request counts) and rules[0..cap). */
 void rl_stats_read(const rl_stats *s, rl_agent_counters *out,

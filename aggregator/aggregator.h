@@ -123,6 +123,8 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen);
 void rl_metrics_render(rl_aggregator *agg);
 /* A report's Redis write took us microseconds. */
 void rl_metrics_redis_latency(rl_aggregator *agg, uint64_t us);
+/* A broadcast went out ms after the oldest total in it was noted. */
+void rl_metrics_broadcast_lag(rl_aggregator *agg, uint64_t ms);
 void rl_metrics_stop(rl_aggregator *agg);
 
 /* ingest.c */
@@ -148,9 +150,8 @@ void rl_broadcast_agents(rl_aggregator *agg, const rl_rule *rule,
                          uint64_t agents);
 /* Publishes every rule's changed keys (and a heartbeat for the others). */
 void rl_broadcast_publish(rl_aggregator *agg);
-/* Keys waiting for the next publish; the lag of the last publish. */
+/* Keys waiting for the next publish. */
 size_t rl_broadcast_keys(const rl_aggregator *agg);
-uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg);
 
 /* The synced rule named by bytes, or NULL. */
 const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,

@@ -35,7 +35,6 @@ struct rl_broadcast {
     rule_changes *rules; /* by index in the config */
     size_t n_rules;
     uint64_t first_note_ms; /* loop time of the oldest unpublished total */
-    uint64_t last_lag_ms;   /* how long it had waited, at the last publish */
 };
 
 rl_broadcast *rl_broadcast_new(void)
@@ -228,7 +227,7 @@ void rl_broadcast_publish(rl_aggregator *agg)
     bool stale = !rl_store_up(agg->store);
     rl_broadcast *b = agg->broadcast;
     if (b->first_note_ms != 0)
-        b->last_lag_ms = uv_now(agg->loop) - b->first_note_ms;
+        rl_metrics_broadcast_lag(agg, uv_now(agg->loop) - b->first_note_ms);
     b->first_note_ms = 0;
     for (size_t i = 0; i < agg->config->n_rules; i++) {
         const rl_rule *rule = &agg->config->rules[i];
@@ -245,9 +244,4 @@ size_t rl_broadcast_keys(const rl_aggregator *agg)
     for (size_t i = 0; b != NULL && i < b->n_rules; i++)
         n += b->rules[i].used;
     return n;
-}
-
-uint64_t rl_broadcast_lag_ms(const rl_aggregator *agg)
-{
-    return agg->broadcast != NULL ? agg->broadcast->last_lag_ms : 0;
 }

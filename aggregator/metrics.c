@@ -7,18 +7,15 @@
  */
 #include "aggregator.h"
 
+#include "histogram.h"
 #include "nng_handoff.h"
+#include "prom_text.h"
 
 #include <nng/supplemental/http/http.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Redis write latency buckets, in seconds, Prometheus style (le). */
-static const double buckets_s[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                   0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
-#define N_BUCKETS (sizeof buckets_s / sizeof buckets_s[0])
 
 typedef struct rl_metrics {
     nng_http_server *server;
@@ -29,9 +26,8 @@ typedef struct rl_metrics {
     char *agents;                  /* /agents: one tab-separated line each */
     size_t agents_len;
     atomic_int connections;        /* on the reports socket, from nng */
-    uint64_t latency[N_BUCKETS + 1];
-    uint64_t latency_count;
-    double latency_sum_s;
+    rl_histogram_counts redis_write;   /* per report */
+    rl_histogram_counts broadcast_lag; /* per publish with totals in it */
 } rl_metrics;
 
 static void serve_text(nng_aio *aio, bool agents)
@@ -92,6 +88,8 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
         return -1;
     }
     pthread_mutex_init(&m->lock, NULL);
+    rl_histogram_counts_init(&m->redis_write);
+    rl_histogram_counts_init(&m->broadcast_lag);
     agg->metrics = m;
     char url[RL_HOST_MAX + 32];
     snprintf(url, sizeof url, strchr(c->metrics.host, ':') ? "http://[%s]:%u"
@@ -133,16 +131,14 @@ int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
 
 void rl_metrics_redis_latency(rl_aggregator *agg, uint64_t us)
 {
-    rl_metrics *m = agg->metrics;
-    if (m == NULL)
-        return;
-    double s = (double)us / 1e6;
-    size_t b = 0;
-    while (b < N_BUCKETS && s > buckets_s[b])
-        b++;
-    m->latency[b]++;
-    m->latency_count++;
-    m->latency_sum_s += s;
+    if (agg->metrics != NULL)
+        rl_histogram_observe(&agg->metrics->redis_write, us * 1000);
+}
+
+void rl_metrics_broadcast_lag(rl_aggregator *agg, uint64_t ms)
+{
+    if (agg->metrics != NULL)
+        rl_histogram_observe(&agg->metrics->broadcast_lag, ms * 1000000);
 }
 
 typedef struct text {
@@ -183,7 +179,7 @@ static void put(text *t, const char *fmt, ...)
     va_end(ap);
 }
 
-/* For rl_agents_render. */
+/* For rl_agents_render and prom_text.h. */
 static void put_any(void *t, const char *fmt, ...)
 {
     va_list ap;
@@ -195,7 +191,7 @@ static void put_any(void *t, const char *fmt, ...)
 static void family(text *t, const char *name, const char *type,
                    const char *help)
 {
-    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    rl_prom_family(put_any, t, name, type, help);
 }
 
 static void render_reports(text *t, const rl_aggregator *agg)
@@ -243,28 +239,20 @@ static void render_state(text *t, const rl_aggregator *agg)
     family(t, "rl_agg_pending_reports", "gauge",
            "Reports sent to Redis and not answered yet.");
     put(t, "rl_agg_pending_reports %d\n", agg->in_flight);
-    family(t, "rl_agg_broadcast_lag_milliseconds", "gauge",
-           "At the last broadcast: how long the oldest total in it had "
-           "waited since its report was applied.");
-    put(t, "rl_agg_broadcast_lag_milliseconds %llu\n",
-        (unsigned long long)rl_broadcast_lag_ms(agg));
     family(t, "rl_agg_totals_published_total", "counter",
            "Totals messages published.");
     put(t, "rl_agg_totals_published_total %llu\n",
         (unsigned long long)agg->stats.totals_published);
-    family(t, "rl_agg_redis_write_seconds", "histogram",
-           "Time from a report's send to Redis to its answer.");
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < N_BUCKETS; b++) {
-        cumulative += m->latency[b];
-        put(t, "rl_agg_redis_write_seconds_bucket{le=\"%g\"} %llu\n",
-            buckets_s[b], (unsigned long long)cumulative);
-    }
-    put(t, "rl_agg_redis_write_seconds_bucket{le=\"+Inf\"} %llu\n"
-        "rl_agg_redis_write_seconds_sum %.6f\n"
-        "rl_agg_redis_write_seconds_count %llu\n",
-        (unsigned long long)m->latency_count, m->latency_sum_s,
-        (unsigned long long)m->latency_count);
+    rl_histogram read;
+    rl_histogram_read(&m->redis_write, &read);
+    rl_prom_histogram(put_any, t, "rl_agg_redis_write_seconds",
+                      "Time from a report's send to Redis to its answer.",
+                      &read);
+    rl_histogram_read(&m->broadcast_lag, &read);
+    rl_prom_histogram(put_any, t, "rl_agg_broadcast_lag_seconds",
+                      "At each broadcast with totals in it: how long the "
+                      "oldest of them had waited since its report was "
+                      "applied.", &read);
 }
 
 void rl_metrics_render(rl_aggregator *agg)

@@ -29,11 +29,11 @@ int gw_buf_append(gw_buf *b, const char *p, size_t n, size_t max)
     return 0;
 }
 
-int gw_buf_printf(gw_buf *b, const char *fmt, ...)
+int gw_buf_vprintf(gw_buf *b, const char *fmt, va_list args)
 {
     char small[512];
     va_list ap;
-    va_start(ap, fmt);
+    va_copy(ap, args);
     int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
     if (n < 0)
@@ -43,11 +43,20 @@ int gw_buf_printf(gw_buf *b, const char *fmt, ...)
     char *big = malloc((size_t)n + 1);
     if (big == NULL)
         return -1;
-    va_start(ap, fmt);
+    va_copy(ap, args);
     vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
     int rc = gw_buf_append(b, big, (size_t)n, SIZE_MAX / 2);
     free(big);
+    return rc;
+}
+
+int gw_buf_printf(gw_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = gw_buf_vprintf(b, fmt, ap);
+    va_end(ap);
     return rc;
 }
 

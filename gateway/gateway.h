@@ -18,6 +18,7 @@
 #include <http_parser.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <uv.h>
@@ -43,6 +44,8 @@ typedef struct gw_buf {
 int gw_buf_append(gw_buf *b, const char *p, size_t n, size_t max);
 int gw_buf_printf(gw_buf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+int gw_buf_vprintf(gw_buf *b, const char *fmt, va_list args)
+    __attribute__((format(printf, 2, 0)));
 void gw_buf_free(gw_buf *b);
 
 typedef struct gw_header {

@@ -4,14 +4,24 @@
  * responses this gateway wrote. Anything else there is a 404.
  */
 #include "gateway.h"
+#include "prom_text.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+static void put(void *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    gw_buf_vprintf(b, fmt, ap);
+    va_end(ap);
+}
 
 static void family(gw_buf *b, const char *name, const char *type,
                    const char *help)
 {
-    gw_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    rl_prom_family(put, b, name, type, help);
 }
 
 static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
@@ -65,16 +75,10 @@ static void agent_metrics(gw_buf *b, const rl_agent_counters *s,
            "Writes to store nodes (one per shard per I/O loop turn).");
     gw_buf_printf(b, "rl_store_batches_total %llu\n",
                   (unsigned long long)s->store_batches);
-    family(b, "rl_exact_check_microseconds", "summary",
-           "Time a request waited for the store (bucket upper bounds).");
-    gw_buf_printf(b, "rl_exact_check_microseconds{quantile=\"0.5\"} %llu\n"
-                  "rl_exact_check_microseconds{quantile=\"0.9\"} %llu\n"
-                  "rl_exact_check_microseconds{quantile=\"0.99\"} %llu\n"
-                  "rl_exact_check_microseconds_count %llu\n",
-                  (unsigned long long)s->exact_p50_us,
-                  (unsigned long long)s->exact_p90_us,
-                  (unsigned long long)s->exact_p99_us,
-                  (unsigned long long)s->exact_checks);
+    rl_prom_histogram(put, b, "rl_exact_check_duration_seconds",
+                      "Time from a check's call to its decision, for "
+                      "requests that waited for the store (exact rules).",
+                      &s->exact_check_seconds);
     family(b, "rl_keys", "gauge", "Keys tracked in the agent, by mode "
            "(fallback: on_error: local's buckets; leased: keys holding "
            "leases).");

@@ -462,6 +462,10 @@ Test(gateway, metrics_are_served_on_their_own_socket)
                         "verdict=\"rejected\"}"), 1);
     cr_assert_eq(test_prom_sample(text, "rl_gateway_responses_total{code=\"4xx\"}"), 1);
     cr_assert_eq(test_prom_sample(text, "rl_keys{mode=\"local\"}"), 1);
+    /* A local rule's checks never wait for the store. */
+    test_prom_histogram h;
+    test_prom_histogram_read(text, "rl_exact_check_duration_seconds", &h);
+    cr_assert_eq(h.count, 0, "%s", text);
     /* Every line is a comment or "name[{labels}] value". */
     for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n")) {
         if (line[0] == '#')

@@ -194,6 +194,49 @@ long long test_prom_sample(const char *text, const char *series)
     return at != NULL ? atoll(at + strlen(want)) : -1;
 }
 
+void test_prom_histogram_read(const char *text, const char *name,
+                              test_prom_histogram *h)
+{
+    memset(h, 0, sizeof *h);
+    char want[160];
+    snprintf(want, sizeof want, "\n%s_bucket{le=\"", name);
+    long long inf = -1;
+    for (const char *at = strstr(text, want); at != NULL;
+         at = strstr(at + 1, want)) {
+        const char *le = at + strlen(want);
+        const char *value = strstr(le, "\"} ");
+        cr_assert_not_null(value, "%s: a bucket without a value", name);
+        long long v = atoll(value + 3);
+        cr_assert_eq(inf, -1, "%s: a bucket after le=\"+Inf\"", name);
+        if (strncmp(le, "+Inf\"", 5) == 0) {
+            cr_assert(h->n == 0 || v >= h->buckets[h->n - 1], "%s: the "
+                      "+Inf bucket holds %lld, less than le=\"%g\"", name, v,
+                      h->le[h->n - 1]);
+            inf = v;
+            continue;
+        }
+        cr_assert_lt(h->n, TEST_PROM_BOUNDS_MAX, "%s: too many buckets", name);
+        h->le[h->n] = strtod(le, NULL);
+        h->buckets[h->n] = v;
+        cr_assert(h->n == 0 || (h->le[h->n] > h->le[h->n - 1]
+                                && v >= h->buckets[h->n - 1]),
+                  "%s: le=\"%g\" holds %lld after le=\"%g\" held %lld: "
+                  "bounds ascend and buckets are cumulative", name,
+                  h->le[h->n], v, h->le[h->n - 1], h->buckets[h->n - 1]);
+        h->n++;
+    }
+    cr_assert(h->n > 0 && inf != -1, "%s: no buckets, or no le=\"+Inf\"",
+              name);
+    snprintf(want, sizeof want, "%s_count", name);
+    h->count = test_prom_sample(text, want);
+    cr_assert_eq(inf, h->count, "%s: the +Inf bucket holds %lld, _count "
+                 "says %lld", name, inf, h->count);
+    snprintf(want, sizeof want, "\n%s_sum ", name);
+    const char *sum = strstr(text, want);
+    cr_assert_not_null(sum, "%s: no _sum", name);
+    h->sum = strtod(sum + strlen(want), NULL);
+}
+
 void test_expect_rate_limited(test_http_response *r, const char *rule,
                               unsigned limit, unsigned period_s)
 {

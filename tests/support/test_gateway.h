@@ -30,7 +30,7 @@ typedef struct test_http_response {
     char names[TEST_HTTP_HEADERS_MAX][64];
     char values[TEST_HTTP_HEADERS_MAX][256];
     int n_headers;
-    char body[4096];
+    char body[65536];    /* a metrics page fits */
     size_t body_len;
 } test_http_response;
 
@@ -47,6 +47,24 @@ void test_http_get(uint16_t port, const char *path, const char *headers,
 /* A Prometheus sample's value in text (which starts with a newline), or
  * -1 if the series is not there. */
 long long test_prom_sample(const char *text, const char *series);
+
+#define TEST_PROM_BOUNDS_MAX 32
+
+/* A histogram family read from a Prometheus page (text as above). */
+typedef struct test_prom_histogram {
+    int n;                                     /* finite bounds */
+    double le[TEST_PROM_BOUNDS_MAX];           /* in page order */
+    long long buckets[TEST_PROM_BOUNDS_MAX];   /* cumulative, as read */
+    long long count;                           /* _count */
+    double sum;                                /* _sum */
+} test_prom_histogram;
+
+/* Reads the histogram name from text into *h and asserts that it holds
+ * together as Prometheus requires: bounds ascending, buckets never
+ * decreasing (cumulative), a le="+Inf" bucket last, equal to _count, and
+ * a _sum. */
+void test_prom_histogram_read(const char *text, const char *name,
+                              test_prom_histogram *h);
 
 /* Asserts rl-gateway's 429 for an exact rule of limit requests per
  * period_s seconds with an empty bucket (the nginx module answers the
