@@ -362,9 +362,11 @@ RL_API size_t rl_agent_shards(rl_agent *agent, rl_shard_counters *out,
                               size_t cap);
 
 /* rl_agent_stats fills *out and the first cap elements of rules (one per
- * rule, in config order; rules may be NULL when cap is 0). Reads counters
- * without stopping any check: the figures are each exact but not taken at
- * one instant. Thread-safe. Returns RL_OK, or RL_EINVAL for a NULL agent
+ * rule, in config order; rules may be NULL when cap is 0), both the
+ * caller's. Reads counters without stopping any check: the figures are
+ * each exact but not taken at one instant (the exact checks' histogram is
+ * counted on the I/O thread with atomic adds, and read without a lock).
+ * Thread-safe. Returns RL_OK, or RL_EINVAL for a NULL agent
  * or out. */
 RL_API int rl_agent_stats(rl_agent *agent, rl_agent_counters *out,
                           rl_rule_counters *rules, size_t cap);
