@@ -11,7 +11,12 @@ LIBDIR  ?= $(PREFIX)/lib
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 DESTDIR ?=
-VERSION = 0.1.0
+VERSION = 0.2.0
+# The ABI's number, librl.so.ABI: raised when a struct or a signature of
+# rl.h changes so that a gateway built against the old header would misread
+# the library (1: rl_agent_counters gave its percentiles up for a
+# histogram), and only then.
+ABI = 1
 
 CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
@@ -68,7 +73,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 LIB_A   = $(BUILD)/lib/librl.a
 LIB_SO  = $(BUILD)/lib/librl.so
-SONAME  = librl.so.0
+SONAME  = librl.so.$(ABI)
 HEADER  = $(BUILD)/include/rl.h
 RLCTL   = $(BUILD)/bin/rlctl
 AGG     = $(BUILD)/bin/rl-aggregator
@@ -265,8 +270,8 @@ install-built:
 	# alone, and a gateway built with -flto by another would fail to link.
 	objcopy --wildcard -R '.gnu.lto_*' -R '.gnu.debuglto_*' \
 	    $(DESTDIR)$(LIBDIR)/librl.a
-	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librl.so.$(VERSION)
-	ln -sf librl.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/$(SONAME).0.0
+	ln -sf $(SONAME).0.0 $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/librl.so
 	install -m 644 agent/rl.h $(DESTDIR)$(PREFIX)/include/rl.h
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \

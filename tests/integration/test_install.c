@@ -39,8 +39,8 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
     static const char *const files[] = {
         "/usr/bin/rlctl", "/usr/bin/rl-aggregator", "/usr/bin/rl-gateway",
-        "/usr/lib/librl.a", "/usr/lib/librl.so", "/usr/lib/librl.so.0",
-        "/usr/lib/librl.so.0.1.0", "/usr/include/rl.h",
+        "/usr/lib/librl.a", "/usr/lib/librl.so", "/usr/lib/librl.so.1",
+        "/usr/lib/librl.so.1.0.0", "/usr/include/rl.h",
         "/usr/lib/pkgconfig/rl.pc",
         "/usr/lib/systemd/system/rl-aggregator.service", "/etc/rl/rl.yaml",
         "/usr/lib/nginx/modules/ngx_http_rl_module.so",
@@ -52,10 +52,10 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
              "--config /etc/rl/rl.yaml$' %s/usr/lib/systemd/system/"
              "rl-aggregator.service", dest);
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "ExecStart: %s", out);
-    snprintf(cmd, sizeof cmd, "readelf -d %s/usr/lib/librl.so.0.1.0 | grep "
+    snprintf(cmd, sizeof cmd, "readelf -d %s/usr/lib/librl.so.1.0.0 | grep "
              "SONAME", dest);
     test_run(cmd, out, sizeof out);
-    cr_assert(strstr(out, "[librl.so.0]") != NULL, "soname: %s", out);
+    cr_assert(strstr(out, "[librl.so.1]") != NULL, "soname: %s", out);
     /* The build's archive carries LTO bytecode; the installed one must
      * not, so that any compiler links it. */
     snprintf(cmd, sizeof cmd, "readelf -S %s/usr/lib/librl.a | grep -c "
@@ -70,7 +70,7 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
              "%s/check-request | grep NEEDED", dest, dest, dest,
              "examples", dest);
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "[librl.so.0]") != NULL, "NEEDED: %s", out);
+    cr_assert(strstr(out, "[librl.so.1]") != NULL, "NEEDED: %s", out);
     /* A second install keeps an operator's config. */
     snprintf(cmd, sizeof cmd, "echo '# mine' > %s/etc/rl/rl.yaml && make -s "
              "--no-print-directory install-built BUILD=%s DESTDIR=%s "
