@@ -817,6 +817,19 @@ int main(void)
     rl_config *cfg;
     rl_agent *agent = open_agent("token_bucket", &cfg);
     rl_async(agent, 16, 3, NULL); /* warm-up: connect, load the library */
+    /* RL_BENCH_ONLY=one_call: the issue-18 table alone (its three
+     * targets), a minute instead of five, to compare a change. */
+    const char *only = getenv("RL_BENCH_ONLY");
+    if (only != NULL && strcmp(only, "one_call") == 0) {
+        measure_one_call(agent);
+        print_one_call();
+        report_one_call();
+        rl_agent_close(agent);
+        rl_config_free(cfg);
+        redisFree(ctl);
+        free(latency.us);
+        return 0;
+    }
     bench_script fn = {.command = "FCALL"}, seed;
     snprintf(fn.name, sizeof fn.name, "%s", RL_FUNCTION_BUCKET);
     bench_seed_script(ctl, &seed);
