@@ -29,14 +29,17 @@ static void finish_close(void *arg)
     else
         rl_sync_free(sync);
     uv_close((uv_handle_t *)&a->wakeup, NULL);
+    uv_close((uv_handle_t *)&a->own_wakeup, NULL);
     uv_close((uv_handle_t *)&a->deadline_timer, NULL);
 }
 
+/* The agent whose I/O thread this is, on that thread; NULL elsewhere. */
+static _Thread_local rl_agent *io_thread_of;
+
 /* Runs on the I/O thread when woken: takes every queued request at once,
  * so that all of them are written to the store in one batch. */
-static void on_wakeup(uv_async_t *handle)
+static void serve(rl_agent *a)
 {
-    rl_agent *a = handle->data;
     pthread_mutex_lock(&a->queue_lock);
     /* A new generation first: requests built under it may follow. */
     rl_gen *next_gen = a->io_next;
@@ -87,9 +90,24 @@ static void on_wakeup(uv_async_t *handle)
     rl_exact_arm_deadline(a);
 }
 
+static void on_wakeup(uv_async_t *handle)
+{
+    serve(handle->data);
+}
+
+/* An idle handle runs before the loop's prepare handles, which write what
+ * the store queued (node_uv.c), and while one is active the loop does not
+ * block: the I/O thread's own requests leave in the next write. */
+static void on_own_wakeup(uv_idle_t *handle)
+{
+    uv_idle_stop(handle);
+    serve(handle->data);
+}
+
 static void io_thread(void *arg)
 {
     rl_agent *a = arg;
+    io_thread_of = a;
     /* Its own generation's modes: a reload may be adding others (the
      * I/O thread makes those when it takes the generation up). */
     if (a->io_gen->has_exact || a->io_gen->has_leased) {
@@ -137,10 +155,15 @@ int rl_agent_submit(rl_agent *a, rl_request *req)
     }
     *a->queue_tail = req;
     a->queue_tail = &req->next;
-    /* Under the lock: the I/O thread closes the wakeup handle only after
-     * closing the queue, so the handle is open here. uv_async_send
-     * coalesces: many requests, one wakeup. */
-    uv_async_send(&a->wakeup);
+    /* Under the lock: the I/O thread closes the wakeup handles only after
+     * closing the queue, so they are open here. uv_async_send coalesces
+     * (many requests, one wakeup) but still costs the I/O thread two
+     * system calls per turn (a write and a read of its eventfd) when it
+     * submits from its own callbacks, as an event-loop gateway does. */
+    if (io_thread_of == a)
+        uv_idle_start(&a->own_wakeup, on_own_wakeup);
+    else
+        uv_async_send(&a->wakeup);
     pthread_mutex_unlock(&a->queue_lock);
     return RL_OK;
 }
@@ -212,10 +235,12 @@ static int start_io(rl_agent *a, rl_error *err)
         return rl_error_set(err, RL_ESYS, "rl_agent_open: cannot create an "
                             "event loop");
     uv_async_init(&a->loop, &a->wakeup, on_wakeup);
+    uv_idle_init(&a->loop, &a->own_wakeup);
     uv_timer_init(&a->loop, &a->deadline_timer);
-    a->wakeup.data = a->deadline_timer.data = a;
+    a->wakeup.data = a->own_wakeup.data = a->deadline_timer.data = a;
     if (uv_thread_create(&a->thread, io_thread, a) != 0) {
         uv_close((uv_handle_t *)&a->wakeup, NULL);
+        uv_close((uv_handle_t *)&a->own_wakeup, NULL);
         uv_close((uv_handle_t *)&a->deadline_timer, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);
         uv_loop_close(&a->loop);

@@ -92,6 +92,9 @@ struct rl_request {
     bool finalized;
     rl_decision decision;         /* written by the I/O thread */
     char *keys;
+    /* I/O thread: each rule's bucket call while it is out, by the rule's
+     * index (in the request's block: a call allocates nothing). */
+    rl_bucket_pending *calls;
     rl_rule_state rules[];
 };
 
@@ -133,6 +136,10 @@ struct rl_agent {
     uv_thread_t thread;
     uv_loop_t loop;
     uv_async_t wakeup;
+    /* Requests the I/O thread submits itself (a callback checking again):
+     * served later in the same turn of the loop, with no wakeup through
+     * the kernel (agent.c). */
+    uv_idle_t own_wakeup;
     uv_timer_t deadline_timer;
     rl_store *store;
     rl_store_counters store_counters; /* read by tests from any thread */

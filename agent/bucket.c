@@ -7,6 +7,7 @@
  */
 #include "bucket.h"
 
+#include "resp.h"
 #include "scripts.h"
 
 #include <stdio.h>
@@ -60,14 +61,7 @@ void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
             missing + (uint64_t)cost * rate->period_ms - cap, rate->limit);
 }
 
-/* The rate is copied: an override's args live in the request, which may be
- * gone when a late reply comes. */
-typedef struct pending {
-    rl_bucket_fn fn;
-    void *arg;
-    rl_limit rate;
-    int64_t cost;
-} pending;
+typedef rl_bucket_pending pending;
 
 static bool parse(const pending *p, const redisReply *r,
                   rl_bucket_reply *out)
@@ -149,7 +143,8 @@ static multi_pending *new_multi(rl_multi_mode mode,
     m->out = (rl_bucket_reply *)(m->items + n);
     m->enforced = (bool *)(m->out + n);
     for (int i = 0; i < n; i++) {
-        m->items[i] = (pending){NULL, NULL, items[i].args->rate, cost};
+        m->items[i] = (pending){NULL, NULL, items[i].args->rate, cost,
+                                false};
         m->enforced[i] = items[i].enforced;
     }
     return m;
@@ -183,15 +178,15 @@ void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
         fn(arg, NULL, 0, "out of memory");
         return;
     }
-    char numkeys[16], cost_text[24];
-    snprintf(numkeys, sizeof numkeys, "%d", n);
-    snprintf(cost_text, sizeof cost_text, "%lld", (long long)cost);
+    char numkeys[24], cost_text[24];
+    size_t numkeys_len = rl_resp_decimal(numkeys, n);
+    size_t cost_len = rl_resp_decimal(cost_text, cost);
     flags[0] = (char)mode;
     for (int i = 0; i < n; i++)
         flags[i + 1] = items[i].enforced ? '1' : '0';
     flags[n + 1] = '\0';
     argv[0] = numkeys;
-    lens[0] = strlen(numkeys);
+    lens[0] = numkeys_len;
     argv[n + 1] = flags;
     lens[n + 1] = (size_t)n + 1;
     for (int i = 0; i < n; i++) {
@@ -203,8 +198,9 @@ void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
         at[1] = a->limit;
         at[2] = a->period;
         at[3] = cost_text;
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < 3; k++)
             lens[n + 2 + 4 * i + k] = strlen(at[k]);
+        lens[n + 2 + 4 * i + 3] = cost_len;
     }
     rl_store_run(store, RL_SCRIPT_MULTI, argc, argv, lens, on_multi_reply,
                  m);
@@ -215,7 +211,8 @@ void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
 static void on_reply(void *arg, const redisReply *reply, const char *error)
 {
     pending p = *(pending *)arg;
-    free(arg);
+    if (p.owned)
+        free(arg);
     rl_bucket_reply out;
     if (reply == NULL)
         p.fn(p.arg, NULL, error);
@@ -223,6 +220,27 @@ static void on_reply(void *arg, const redisReply *reply, const char *error)
         p.fn(p.arg, NULL, "unexpected reply from the bucket script");
     else
         p.fn(p.arg, &out, NULL);
+}
+
+static void call_in(rl_store *store, pending *p, const rl_bucket_args *args,
+                    const char *key, size_t key_len)
+{
+    char cost_text[24];
+    size_t cost_len = rl_resp_decimal(cost_text, p->cost);
+    const char *argv[] = {"1", key, args->burst, args->limit, args->period,
+                          cost_text};
+    size_t lens[] = {1, key_len, strlen(args->burst), strlen(args->limit),
+                     strlen(args->period), cost_len};
+    rl_store_run(store, RL_SCRIPT_BUCKET, 6, argv, lens, on_reply, p);
+}
+
+void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
+                       const rl_bucket_args *args, const char *key,
+                       size_t key_len, int64_t cost, rl_bucket_fn fn,
+                       void *arg)
+{
+    *p = (pending){fn, arg, args->rate, cost, false};
+    call_in(store, p, args, key, key_len);
 }
 
 void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
@@ -234,13 +252,6 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
         fn(arg, NULL, "out of memory");
         return;
     }
-    *p = (pending){fn, arg, args->rate, cost};
-    char cost_text[24];
-    snprintf(cost_text, sizeof cost_text, "%lld", (long long)cost);
-    const char *argv[] = {"1", key, args->burst, args->limit, args->period,
-                          cost_text};
-    size_t lens[6];
-    for (int i = 0; i < 6; i++)
-        lens[i] = i == 1 ? key_len : strlen(argv[i]);
-    rl_store_run(store, RL_SCRIPT_BUCKET, 6, argv, lens, on_reply, p);
+    *p = (pending){fn, arg, args->rate, cost, true};
+    call_in(store, p, args, key, key_len);
 }

@@ -55,11 +55,29 @@ void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
 void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
                       int64_t cost, rl_bucket_reply *out);
 
+/* What a bucket call keeps until it is answered. The rate is a copy: an
+ * override's args may live in a request that is gone when a late reply
+ * comes. */
+typedef struct rl_bucket_pending {
+    rl_bucket_fn fn;
+    void *arg;
+    rl_limit rate;
+    int64_t cost;
+    bool owned; /* rl_bucket_call's own block, freed once answered */
+} rl_bucket_pending;
+
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them
  * back) and reports the answer to fn. */
 void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
                     const char *key, size_t key_len, int64_t cost,
                     rl_bucket_fn fn, void *arg);
+
+/* The same in the caller's storage p, which must stay until fn has run
+ * (a request's rule state: a check's call allocates nothing here). */
+void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
+                       const rl_bucket_args *args, const char *key,
+                       size_t key_len, int64_t cost, rl_bucket_fn fn,
+                       void *arg);
 
 /* How a multi call (several buckets of one shard in one function call,
  * scripts.c) charges them: the letter the function reads. */

@@ -253,7 +253,9 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
     }
     if (n_rules == 0)
         return RL_OK;
-    rl_request *req = calloc(1, sizeof *req + n_rules * sizeof req->rules[0]
+    rl_request *req = calloc(1, sizeof *req
+                                    + n_rules * (sizeof req->rules[0]
+                                                 + sizeof *req->calls)
                                     + n_args * sizeof(rl_bucket_args)
                                     + key_bytes);
     if (req == NULL)
@@ -262,7 +264,8 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
     req->gen = g;
     req->cost = cost;
     req->n_rules = n_rules;
-    rl_bucket_args *args = (rl_bucket_args *)&req->rules[n_rules];
+    req->calls = (rl_bucket_pending *)&req->rules[n_rules];
+    rl_bucket_args *args = (rl_bucket_args *)&req->calls[n_rules];
     req->keys = (char *)&args[n_args];
     size_t offset = 0;
     int k = 0;

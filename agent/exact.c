@@ -192,8 +192,9 @@ static void send_rule(rl_agent *a, rl_rule_state *rs)
                        rs->key_len - prefix, req->cost, on_rule_reply, rs);
         return;
     }
-    rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset, rs->key_len,
-                  req->cost, on_rule_reply, rs);
+    rl_bucket_call_in(a->store, &req->calls[rs - req->rules], rs->args,
+                      req->keys + rs->key_offset, rs->key_len, req->cost,
+                      on_rule_reply, rs);
 }
 
 /* The next rule, from index from on, that still waits for the store. */

@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-static size_t digits(size_t n)
+static size_t digits(unsigned long long n)
 {
     size_t d = 1;
     while (n >= 10) {
@@ -53,4 +53,20 @@ size_t rl_resp_format(char *out, int argc, const char *const *argv,
         *p++ = '\n';
     }
     return (size_t)(p - out);
+}
+
+size_t rl_resp_decimal(char *out, long long v)
+{
+    size_t sign = v < 0;
+    /* The magnitude as unsigned: -LLONG_MIN does not fit a long long. */
+    unsigned long long n = sign ? 0ULL - (unsigned long long)v
+                                : (unsigned long long)v;
+    size_t d = digits(n);
+    out[0] = '-';
+    for (size_t i = sign + d; i > sign; i--) {
+        out[i - 1] = (char)('0' + n % 10);
+        n /= 10;
+    }
+    out[sign + d] = '\0';
+    return sign + d;
 }

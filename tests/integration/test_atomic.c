@@ -226,6 +226,44 @@ TEST_BOTH_MODES(atomic, three_rules_are_one_call_under_first_reject)
     one_call_per_request(mode, "first_reject");
 }
 
+/* A token every 864,000.01 ms for each of three rules of one call: the
+ * multi-bucket function writes each key's rounding as the bucket does
+ * (exact::a_fractional_interval_loses_nothing_to_rounding), so a quick
+ * burst admits the whole capacity and no more (no token comes back
+ * meanwhile). Were the rounding lost, up to 1 ms of refill a charge, the
+ * 100th request would be rejected unless the burst took as long. */
+static void fractional_in_one_call(test_scripts mode, const char *charge)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, charge,
+                    "  - {name: per-ip, match: ip, limit: 100, "
+                    "period: 86400001ms}\n"
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 86400001ms}\n"
+                    "  - {name: per-tenant, match: tenant, limit: 100, "
+                    "period: 86400001ms}\n");
+    char ip[48], key[48], tenant[48];
+    snprintf(ip, sizeof ip, "ip=fraction-%s-%d", charge, mode);
+    snprintf(key, sizeof key, "api_key=fraction-%s-%d", charge, mode);
+    snprintf(tenant, sizeof tenant, "tenant=fraction-%s-%d", charge, mode);
+    for (int i = 0; i < 101; i++) {
+        rl_decision d = test_check(&t, ip, key, tenant, NULL);
+        cr_assert(!d.degraded);
+        cr_assert_eq(d.allowed, i < 100, "request %d", i);
+    }
+    test_agent_close(&t);
+}
+
+TEST_BOTH_MODES(atomic, a_fractional_interval_loses_nothing_in_one_call)
+{
+    fractional_in_one_call(mode, "atomic");
+}
+
+TEST_BOTH_MODES(atomic, a_fractional_interval_loses_nothing_under_all)
+{
+    fractional_in_one_call(mode, "all");
+}
+
 /* --- 4. An rl 3 agent and this one share buckets. ---------------------- */
 
 /* rl 3's library as it shipped: an rl 3 agent loads it on connecting. */

@@ -478,6 +478,100 @@ TEST_BOTH_MODES(faults, async_callbacks_run_exactly_once)
     test_agent_close(&t);
 }
 
+/* --- A callback that checks again: served with no wakeup from outside. - */
+
+/* Sixteen chains, each checking again from its callback (an event-loop
+ * gateway's way) until the chains have made `total` checks between them.
+ * The I/O thread's own submissions take no eventfd wakeup (agent.c): if
+ * they were not served, a chain would stop with nothing else to wake the
+ * loop. */
+struct chain {
+    test_agent *t;
+    rl_attr attr;
+    int total;
+    atomic_int started;
+    atomic_int answered;
+    atomic_int allowed;
+    atomic_int refused; /* rl_check_async from a callback failed */
+};
+
+static void chain_next(const rl_decision *d, void *arg)
+{
+    struct chain *c = arg;
+    if (d->allowed && !d->degraded)
+        atomic_fetch_add(&c->allowed, 1);
+    atomic_fetch_add(&c->answered, 1);
+    if (atomic_fetch_add(&c->started, 1) >= c->total)
+        return;
+    int rc = rl_check_async(c->t->agent, &c->attr, 1, 1, chain_next, c);
+    if (rc != RL_OK)
+        atomic_fetch_add(&c->refused, 1);
+}
+
+TEST_BOTH_MODES(faults, a_callback_that_checks_again_is_served)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d}\n");
+    char value[32];
+    snprintf(value, sizeof value, "chain-%d", mode);
+    struct chain c = {.t = &t, .attr = {"api_key", value, strlen(value)},
+                      .total = 300};
+    for (int i = 0; i < 16; i++) {
+        atomic_fetch_add(&c.started, 1);
+        cr_assert_eq(rl_check_async(t.agent, &c.attr, 1, 1, chain_next, &c),
+                     RL_OK);
+    }
+    uint64_t start = test_now_ms();
+    while (atomic_load(&c.answered) < c.total && test_now_ms() - start < 5000)
+        test_sleep_ms(5);
+    test_sleep_ms(50); /* room for a callback that should not come */
+    cr_assert_eq(atomic_load(&c.answered), c.total);
+    cr_assert_eq(atomic_load(&c.refused), 0);
+    cr_assert_eq(atomic_load(&c.allowed), 100);
+    test_agent_close(&t);
+}
+
+/* Closing while chains run: every check a callback makes from then on is
+ * refused (RL_ECLOSED) or answered, none is lost, and close returns. */
+static void chain_until_closed(const rl_decision *d, void *arg)
+{
+    struct chain *c = arg;
+    (void)d;
+    atomic_fetch_add(&c->answered, 1);
+    int rc = rl_check_async(c->t->agent, &c->attr, 1, 1, chain_until_closed,
+                            c);
+    if (rc == RL_OK)
+        atomic_fetch_add(&c->started, 1);
+    else if (rc == RL_ECLOSED)
+        atomic_fetch_add(&c->refused, 1);
+}
+
+TEST_BOTH_MODES(faults, chains_of_callbacks_end_at_the_close)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d}\n");
+    char value[32];
+    snprintf(value, sizeof value, "chain-close-%d", mode);
+    struct chain c = {.t = &t, .attr = {"api_key", value, strlen(value)}};
+    for (int i = 0; i < 16; i++) {
+        atomic_fetch_add(&c.started, 1);
+        cr_assert_eq(rl_check_async(t.agent, &c.attr, 1, 1,
+                                    chain_until_closed, &c), RL_OK);
+    }
+    uint64_t start = test_now_ms();
+    while (atomic_load(&c.answered) < 1000 && test_now_ms() - start < 5000)
+        test_sleep_ms(5);
+    cr_assert_geq(atomic_load(&c.answered), 1000, "the chains stalled");
+    test_agent_close(&t);
+    /* Every check accepted was answered; each chain ended at a refusal. */
+    cr_assert_eq(atomic_load(&c.answered), atomic_load(&c.started));
+    cr_assert_eq(atomic_load(&c.refused), 16);
+}
+
 /* --- 8. Sixteen threads check while the agent shuts down. -------------- */
 
 struct shutdown_load {

@@ -7,6 +7,8 @@
 
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,4 +55,19 @@ Test(resp, empty_binary_and_long_arguments)
         many_lens[i] = (size_t)i * 11;
     }
     same_as_hiredis(12, many, many_lens);
+}
+
+/* The cost argument, as snprintf("%lld") writes it, at the edges. */
+Test(resp, decimal_is_what_snprintf_writes)
+{
+    const long long values[] = {0, 1, 9, 10, 99, 100, -1, -9, -10, 12345,
+                                -12345, 4294967296LL, LLONG_MAX, LLONG_MIN,
+                                LLONG_MIN + 1};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        char want[32], got[32];
+        int n = snprintf(want, sizeof want, "%lld", values[i]);
+        memset(got, 'x', sizeof got);
+        cr_assert_eq(rl_resp_decimal(got, values[i]), (size_t)n);
+        cr_assert_str_eq(got, want);
+    }
 }
