@@ -476,8 +476,9 @@ Test(leased, a_hot_key_costs_under_one_call_per_hundred_checks)
 /* The hand is spent with no system call on the socket or any descriptor
  * but 0-2: the thread below runs under a seccomp filter that traps them
  * (no_network.h). Crossing the hand's low mark wakes the I/O thread once
- * per lease (an eventfd write, trapped here): at most one in a thousand
- * checks from a hand of many thousands. */
+ * per lease (an eventfd write, trapped and counted here, then made): at
+ * most one in a thousand checks from a hand of many thousands. A check
+ * sent to the I/O thread instead would wake it each time. */
 struct filtered {
     rl_agent *agent;
     int guard;
@@ -493,7 +494,7 @@ static void *check_filtered(void *arg)
         rl_decision d;
         if (rl_check(f->agent, &attr, 1, 1, &d) != RL_OK || d.degraded) {
             f->failed++;
-            break; /* each waits out the deadline: the wakeup is trapped */
+            break;
         }
         f->allowed += d.allowed;
     }
