@@ -600,7 +600,7 @@ Test(leased, rlctl_bucket_counts_the_leases_as_taken)
     snprintf(key, sizeof key, "rlctl-%llu", (unsigned long long)test_now_us());
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://%s\"}\nrules:\n"
+    fprintf(f, "store: {url: \"redis://%s\", timeout_ms: 2000}\nrules:\n"
             "  - {name: per-key, match: api_key, limit: 100, period: 1d, "
             "mode: leased}\n", test_env("RL_TEST_REDIS"));
     fclose(f);
