@@ -41,6 +41,18 @@
 #define TICK_MS 5
 #define SWEEP_EVERY (RL_LEASE_MS / TICK_MS)
 
+/* An entry's tokens word: the tokens in hand in its low HAND_BITS, and
+ * above them the number (mod LEASES) of the last lease added to the hand.
+ * A lease's remaining goes to remaining[its number % 2], tagged with the
+ * number, before its tokens reach the hand, and a check answers with the
+ * remaining of the lease its hand came from: never a new lease's
+ * remaining with the hand from before it (short by the lease) nor the
+ * other way round. */
+#define HAND_BITS 54 /* the hand stays under burst + a cost: < 2^53 + 2^32 */
+#define HAND_MASK ((UINT64_C(1) << HAND_BITS) - 1)
+#define LEASE_ONE (UINT64_C(1) << HAND_BITS)
+#define LEASES (UINT64_C(1) << (64 - HAND_BITS))
+
 const char rl_leased_refused[] = "leased keys are at local.max_keys";
 
 struct rl_lease_waiter {
@@ -180,31 +192,53 @@ static int64_t retry_ms(const rl_leased_entry *e, const rl_limit *rate,
     return (int64_t)((need - have + rate->limit - 1) / rate->limit);
 }
 
-static void answer(const rl_leased_entry *e, bool allowed, uint64_t hand,
+static inline uint64_t hand_of(uint64_t word)
+{
+    return word & HAND_MASK;
+}
+
+/* The bucket's remaining as the lease the hand in word came from saw it,
+ * plus that hand. word was read with acquire: the slot was stored before
+ * its lease reached the hand. Once two more leases came, the slot holds a
+ * later one's: then the hand as it is now. */
+static uint64_t remaining_with(const rl_leased_entry *e, uint64_t word)
+{
+    for (;;) {
+        uint64_t lease = word >> HAND_BITS;
+        uint64_t r = atomic_load_explicit(&e->remaining[lease % 2],
+                                          memory_order_relaxed);
+        if (r >> HAND_BITS == lease)
+            return (r & HAND_MASK) + hand_of(word);
+        word = atomic_load_explicit(&e->tokens, memory_order_acquire);
+    }
+}
+
+/* word: the tokens word after the check's spend (or its failed try). */
+static void answer(const rl_leased_entry *e, bool allowed, uint64_t word,
                    int64_t retry, rl_bucket_reply *out)
 {
     out->allowed = allowed;
-    out->remaining = atomic_load_explicit(&e->remaining,
-                                          memory_order_relaxed) + hand;
+    out->remaining = remaining_with(e, word);
     out->reset_ms = atomic_load_explicit(&e->reset_ms, memory_order_relaxed);
     out->retry_ms = allowed ? 0 : retry;
 }
 
-/* Takes cost from the hand; true if it held them. *hand: what is left. */
-static inline bool spend(rl_leased_entry *e, uint32_t cost, uint64_t *hand,
+/* Takes cost from the hand; true if it held them. *word: the tokens word
+ * left; *before: the hand before. */
+static inline bool spend(rl_leased_entry *e, uint32_t cost, uint64_t *word,
                          uint64_t *before)
 {
-    uint64_t t = atomic_load_explicit(&e->tokens, memory_order_relaxed);
-    while (t >= cost) {
+    uint64_t t = atomic_load_explicit(&e->tokens, memory_order_acquire);
+    while (hand_of(t) >= cost) {
         if (atomic_compare_exchange_weak_explicit(&e->tokens, &t, t - cost,
-                                                  memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *before = t;
-            *hand = t - cost;
+                                                  memory_order_acquire,
+                                                  memory_order_acquire)) {
+            *before = hand_of(t);
+            *word = t - cost;
             return true;
         }
     }
-    *hand = t;
+    *word = t;
     return false;
 }
 
@@ -220,18 +254,18 @@ bool rl_leased_check(rl_leased *l, rl_ident *id, const rl_limit *rate,
                                id, value, value_len, &unused);
     if (e == NULL || !same_rate(e, rate))
         return false;
-    uint64_t hand, before;
-    if (spend(e, cost, &hand, &before)) {
+    uint64_t word, before;
+    if (spend(e, cost, &word, &before)) {
         uint64_t low = atomic_load_explicit(&e->low, memory_order_relaxed);
-        if (before >= low && hand < low)
+        if (before >= low && hand_of(word) < low)
             ask(l, e);
-        answer(e, true, hand, 0, out);
+        answer(e, true, word, 0, out);
         return true;
     }
     if (!atomic_load_explicit(&e->dry, memory_order_acquire))
         return false;
     atomic_fetch_add_explicit(&e->refused, cost, memory_order_relaxed);
-    answer(e, false, hand, retry_ms(e, rate, hand, cost), out);
+    answer(e, false, word, retry_ms(e, rate, hand_of(word), cost), out);
     return true;
 }
 
@@ -272,7 +306,7 @@ static uint64_t agents_of(const rl_leased_entry *e, const rl_rule *rule)
 static uint64_t used_of(const rl_leased_entry *e)
 {
     return e->taken
-           - atomic_load_explicit(&e->tokens, memory_order_relaxed)
+           - hand_of(atomic_load_explicit(&e->tokens, memory_order_relaxed))
            + atomic_load_explicit(&e->refused, memory_order_relaxed);
 }
 
@@ -300,7 +334,7 @@ static void on_given_back(void *arg, const rl_bucket_reply *reply,
 /* The hand goes back to the bucket, at the rate it was leased at. */
 static void give_back(rl_leased *l, rl_leased_entry *e)
 {
-    uint64_t n = atomic_exchange(&e->tokens, 0);
+    uint64_t n = hand_of(atomic_fetch_and(&e->tokens, ~HAND_MASK));
     if (n == 0 || l->store == NULL)
         return;
     e->taken -= n;
@@ -355,8 +389,8 @@ static uint64_t serve_waiters(rl_leased_entry *e)
     bool dry = atomic_load(&e->dry);
     while (e->waiters != NULL) {
         rl_lease_waiter *w = e->waiters;
-        uint64_t hand, before;
-        bool ok = spend(e, w->cost, &hand, &before);
+        uint64_t word, before;
+        bool ok = spend(e, w->cost, &word, &before);
         if (!ok && !dry && w->cost <= rate_of(e)->burst)
             break;
         e->waiters = w->next;
@@ -365,8 +399,8 @@ static uint64_t serve_waiters(rl_leased_entry *e)
         if (!ok)
             atomic_fetch_add(&e->refused, w->cost);
         rl_bucket_reply r;
-        answer(e, ok, hand, ok ? 0 : retry_ms(e, rate_of(e), hand, w->cost),
-               &r);
+        answer(e, ok, word,
+               ok ? 0 : retry_ms(e, rate_of(e), hand_of(word), w->cost), &r);
         reply_to(w, &r, NULL);
     }
     uint64_t waiting = 0;
@@ -426,7 +460,9 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
         return;
     }
     e->taken += n;
-    atomic_store_explicit(&e->remaining, (cap - d) / rate->period_ms,
+    uint64_t lease = ((atomic_load(&e->tokens) >> HAND_BITS) + 1) % LEASES;
+    atomic_store_explicit(&e->remaining[lease % 2],
+                          (lease << HAND_BITS) | (cap - d) / rate->period_ms,
                           memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, (d + rate->limit - 1) / rate->limit,
                           memory_order_relaxed);
@@ -451,7 +487,8 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
             l->dry_head = e;
         }
     }
-    atomic_fetch_add_explicit(&e->tokens, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->tokens, LEASE_ONE + n,
+                              memory_order_release);
     if (l->given_back != NULL) {
         /* Closing: what came in goes straight back. */
         give_back(l, e);
@@ -461,7 +498,8 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
     atomic_store_explicit(&e->dry, dry, memory_order_release);
     uint64_t waiting = serve_waiters(e);
     if (!dry && (waiting > 0
-                 || atomic_load(&e->tokens) < atomic_load(&e->low)))
+                 || hand_of(atomic_load(&e->tokens))
+                        < atomic_load(&e->low)))
         send_lease(l, e, waiting);
 }
 
@@ -496,7 +534,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
         share = 1;
     if (e->target > share)
         e->target = share;
-    uint64_t hand = atomic_load(&e->tokens);
+    uint64_t hand = hand_of(atomic_load(&e->tokens));
     uint64_t want = e->target > hand ? e->target - hand : 0;
     if (want < waiting)
         want = waiting;

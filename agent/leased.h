@@ -39,7 +39,8 @@ typedef struct rl_lease_waiter rl_lease_waiter;
 /* One (rule, value). */
 typedef struct rl_leased_entry {
     /* What a check reads and writes, on one line. */
-    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t tokens; /* in hand */
+    /* In hand, with the number of the lease last added (leased.c). */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t tokens;
     atomic_uint_least64_t low;   /* ask for the next lease below this */
     atomic_uint_least64_t limit; /* the rate leased at: a check at another */
     atomic_uint_least64_t burst; /* goes to the I/O thread (0: none yet) */
@@ -47,7 +48,8 @@ typedef struct rl_leased_entry {
     atomic_bool asked;           /* a check asked for the next lease */
     atomic_bool dry;             /* the bucket had no more: refuse here */
     /* Written by the I/O thread at each lease, read for a decision. */
-    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t remaining; /* in Redis */
+    /* In Redis after lease k, in slot k % 2, tagged with k (leased.c). */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t remaining[2];
     atomic_uint_least64_t reset_ms;
     atomic_uint_least64_t avail; /* units in Redis after the last lease */
     atomic_uint_least64_t refused; /* costs refused here (dry), ever */

@@ -327,10 +327,15 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a, &done);
     if (rc != 0 || done)
         return rc;
-    gw_server srv = {.loop = uv_default_loop(),
-                     .log = {rl_log_to_stderr, NULL, a.level},
-                     .trust_forwarded_for = a.trust_forwarded_for,
-                     .config_path = a.config};
+    /* Static, not on main's stack: its signal handles stay registered
+     * until the process ends (see run()), and libuv's signal handler walks
+     * them whenever a signal comes, also during exit() after main has
+     * returned and its frame has been reused. */
+    static gw_server srv;
+    srv = (gw_server){.loop = uv_default_loop(),
+                      .log = {rl_log_to_stderr, NULL, a.level},
+                      .trust_forwarded_for = a.trust_forwarded_for,
+                      .config_path = a.config};
     rl_error err;
     if (rl_config_load(a.config, &srv.boot_config, &err) != RL_OK) {
         fprintf(stderr, "rl-gateway: %s\n", err.message);

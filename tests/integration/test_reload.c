@@ -179,7 +179,7 @@ Test(reload, a_bad_config_is_refused_and_the_old_rules_stay)
              test_env("RL_TEST_TMPDIR"), (int)getpid());
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://%s\"}\nrules:\n"
+    fprintf(f, "store: {url: \"redis://%s\", timeout_ms: 2000}\nrules:\n"
                "  - {name: per-key, match: api_key, limit: 100, period: 1m}\n"
                "  - {name: broken, match: ip, limit: 0, period: 1m}\n",
             test_env("RL_TEST_REDIS"));
@@ -200,7 +200,7 @@ Test(reload, a_bad_config_is_refused_and_the_old_rules_stay)
     cr_assert_eq(c.n_rules, 1);
     /* A good file after the bad one. */
     f = fopen(path, "w");
-    fprintf(f, "store: {url: \"redis://%s\"}\nrules:\n"
+    fprintf(f, "store: {url: \"redis://%s\", timeout_ms: 2000}\nrules:\n"
                "  - {name: per-key, match: api_key, limit: 100, "
                "period: 1m}\n", test_env("RL_TEST_REDIS"));
     fclose(f);

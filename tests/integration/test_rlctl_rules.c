@@ -36,7 +36,8 @@ static const char *write_file(const char *dir, const char *name,
 static const char *with_store(const char *dir, const char *rules)
 {
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\"}\n%s",
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 2000}\n%s",
              test_env("RL_TEST_REDIS"), rules);
     return write_file(dir, "rl.yaml", yaml);
 }

@@ -129,7 +129,7 @@ static void open_agent(fake_agg *f, test_agent *t)
 {
     char yaml[1024];
     snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
+             "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
              "aggregator:\n"
              "  reports: \"%s\"\n"
              "  totals: \"%s\"\n"

@@ -87,7 +87,7 @@ static const char *write_config(const char *name, const aggregator *agg,
     snprintf(p, 700, "%s/%s.yaml", dir, name);
     FILE *f = fopen(p, "w");
     cr_assert_not_null(f);
-    fprintf(f, "store: {url: \"redis://%s\"}\n"
+    fprintf(f, "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
             "aggregator:\n"
             "  reports: \"%s\"\n  totals: \"%s\"\n  sync_interval_ms: 200\n"
             "  tls: {ca: %s/%s.pem, cert: %s/%s.pem, key: %s/%s.key%s}\n"

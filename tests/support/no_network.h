@@ -3,9 +3,12 @@
  * path's promise that a check never touches the network. A seccomp filter
  * on the checking thread alone traps (SIGSYS) every socket system call and
  * every read or write on a descriptor other than 0-2 (a socket, an
- * eventfd...); the trapped call fails with ENOSYS and is counted. Reads and
- * writes on 0-2 stay allowed: sanitizers report on stderr. A call handed to
- * another thread (nng's, the agent's I/O thread) is not seen here.
+ * eventfd...), and counts it. A trapped call fails with ENOSYS, but for a
+ * write on a descriptor that is not a socket, which the handler makes for
+ * the thread: the eventfd write that wakes an I/O thread is counted, and
+ * libuv, which aborts when that write fails, goes on. Reads and writes on
+ * 0-2 stay allowed: sanitizers report on stderr. A call handed to another
+ * thread (nng's, the agent's I/O thread) is not seen here.
  */
 #ifndef RL_NO_NETWORK_H
 #define RL_NO_NETWORK_H
