@@ -327,21 +327,39 @@ Test(synced, presence_reports_make_the_fleet_size_known_without_traffic)
 }
 
 /* The value's count is in one sub-window, a field of its hash
- * rl:tenant:<value>:w, and that sub-window is within first..last. */
+ * rl:tenant:<value>:w, and that sub-window is within first..last. The
+ * hash's other fields are its head and sums (h, r, o: see windows.c): the
+ * head is that sub-window and the sums hold nothing from before it. */
 static void expect_one_window(const char *value, uint64_t first,
                               uint64_t last, long long count)
 {
     redisContext *c = test_redis_connect(NULL);
     redisReply *h = test_redis_command(c, "HGETALL rl:tenant:%s:w", value);
-    cr_assert_eq(h->elements, 2, "%s counted in %zu sub-windows", value,
-                 h->elements / 2);
-    uint64_t window = strtoull(h->element[0]->str, NULL, 10);
-    cr_assert(window >= first && window <= last, "%s counted in sub-window "
+    const char *window = NULL, *counted = NULL, *head = "", *sums = "";
+    size_t windows = 0;
+    for (size_t f = 0; f + 1 < h->elements; f += 2) {
+        const char *name = h->element[f]->str, *v = h->element[f + 1]->str;
+        if (strcmp(name, "h") == 0) {
+            head = v;
+        } else if (strcmp(name, "r") == 0 || strcmp(name, "o") == 0) {
+            cr_expect_str_eq(v, "0", "%s: %s holds %s", value, name, v);
+            sums = "checked";
+        } else {
+            window = name;
+            counted = v;
+            windows++;
+        }
+    }
+    cr_assert_eq(windows, 1, "%s counted in %zu sub-windows", value,
+                 windows);
+    cr_expect_str_eq(head, window, "%s: head %s", value, head);
+    cr_expect_str_eq(sums, "checked", "%s: no sums", value);
+    uint64_t w = strtoull(window, NULL, 10);
+    cr_assert(w >= first && w <= last, "%s counted in sub-window "
               "%llu; by Redis's clock it is %llu..%llu", value,
-              (unsigned long long)window, (unsigned long long)first,
+              (unsigned long long)w, (unsigned long long)first,
               (unsigned long long)last);
-    cr_assert_eq(atoll(h->element[1]->str), count, "%s holds %s", value,
-                 h->element[1]->str);
+    cr_assert_eq(atoll(counted), count, "%s holds %s", value, counted);
     freeReplyObject(h);
     redisFree(c);
 }
