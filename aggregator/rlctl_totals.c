@@ -119,7 +119,7 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
                 unsigned long long w = strtoull(g->element[f]->str, &end, 10);
                 unsigned long long n = strtoull(g->element[f + 1]->str, NULL,
                                                 10);
-                /* Not a sub-window: the head and sums (windows.c). */
+                /* Not a sub-window: the head and sums (m, windows.c). */
                 if (*end != '\0' || end == g->element[f]->str
                     || w > window || w + RL_WIRE_SUBWINDOWS < window)
                     continue;

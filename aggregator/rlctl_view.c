@@ -97,7 +97,7 @@ static int read_synced(rlctl_store *s, const char *value,
         uint64_t w = strtoull(h->element[f]->str, &end, 10);
         uint64_t n = strtoull(h->element[f + 1]->str, NULL, 10);
         if (*end != '\0' || end == h->element[f]->str)
-            continue; /* the head and sums kept beside (windows.c) */
+            continue; /* the head and sums kept beside (m, windows.c) */
         if (w == v->window)
             snprintf(v->state, sizeof v->state, "%llu",
                      (unsigned long long)n);

@@ -56,14 +56,14 @@
  * sub-window and the number of entries, then per entry its count. Answers
  * {duplicate, agents per rule..., (recent, oldest) per entry...}.
  *
- * Besides a field per sub-window a hash holds its head h (the newest
- * sub-window counted), r (the sum of h-N+1..h-1) and o (the count of h-N):
- * while h is the entry's sub-window, its answer is r + its own field and o,
- * read with the HINCRBY's reply and one HMGET of three fields. When a
- * count starts a new sub-window, the head moves (the sums are read from
- * the fields, once per sub-window), and a count for an older sub-window
- * (an aggregator whose estimate of Redis's clock lags) adds to r or o, so
- * that they always equal what the fields hold. */
+ * Besides a field per sub-window a hash holds one field m, "h r o": its
+ * head h (the newest sub-window counted), r (the sum of h-N+1..h-1) and o
+ * (the count of h-N). While h is the entry's sub-window its answer is r
+ * plus its own field, and o: the HINCRBY's reply and one HGET. When a count
+ * starts a new sub-window the head moves (from the last head's sums and two
+ * fields, or from the fields when sub-windows were skipped), and a count
+ * for an older sub-window (an aggregator whose estimate of Redis's clock
+ * lags) adds to r or o, so that they always equal what the fields hold. */
 #define LUA_APPLY_BODY \
     "  local seq, agent = tonumber(ARGV[1]), ARGV[2]\n" \
     "  local nr, n = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
@@ -91,24 +91,27 @@
     "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
     "    return recent, tonumber(v[n + 1] or 0)\n" \
     "  end\n" \
+    "  local function sums(key, h, r, o)\n" \
+    "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
+    "  end\n" \
     "  local function forget_strays(key, w)\n" \
-    "    if redis.call('HLEN', key) <= 2 * n + 5 then return end\n" \
+    "    if redis.call('HLEN', key) <= 2 * n + 3 then return end\n" \
     "    for _, f in ipairs(redis.call('HKEYS', key)) do\n" \
     "      local x = tonumber(f)\n" \
     "      if x ~= nil and x < w - n - 1 then redis.call('HDEL', key, f) end\n" \
     "    end\n" \
     "  end\n" \
-    "  local function move_head(key, m, h, w, ws, ttl, now)\n" \
+    "  local function move_head(key, hs, r, h, w, ws, ttl, now)\n" \
     "    local recent, oldest\n" \
     "    if h == w - 1 then\n" \
-    "      local v = redis.call('HMGET', key, m[1],\n" \
+    "      local v = redis.call('HMGET', key, hs,\n" \
     "                           string.format('%.0f', h - n + 1))\n" \
     "      oldest = tonumber(v[2] or 0)\n" \
-    "      recent = tonumber(m[2]) + tonumber(v[1] or 0) - oldest + now\n" \
+    "      recent = tonumber(r) + tonumber(v[1] or 0) - oldest + now\n" \
     "    else\n" \
     "      recent, oldest = span(key, w)\n" \
     "    end\n" \
-    "    redis.call('HSET', key, 'h', ws, 'r', recent - now, 'o', oldest)\n" \
+    "    sums(key, ws, recent - now, oldest)\n" \
     "    redis.call('PEXPIRE', key, ttl)\n" \
     "    if h == nil then\n" \
     "      forget_strays(key, w)\n" \
@@ -125,26 +128,28 @@
     "    local count = tonumber(counted)\n" \
     "    if fresh and count > 0 then\n" \
     "      local now = redis.call('HINCRBY', key, ws, counted)\n" \
-    "      local m = redis.call('HMGET', key, 'h', 'r', 'o')\n" \
-    "      if m[1] == ws or tonumber(m[1]) == w then\n" \
-    "        return tonumber(m[2]) + now, tonumber(m[3])\n" \
+    "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
+    "                                    '^(%d+) (%d+) (%d+)$')\n" \
+    "      if hs == ws or tonumber(hs) == w then\n" \
+    "        return tonumber(r) + now, tonumber(o)\n" \
     "      end\n" \
-    "      local h = tonumber(m[1])\n" \
+    "      local h = tonumber(hs)\n" \
     "      if h == nil or h < w then\n" \
-    "        return move_head(key, m, h, w, ws, ttl, now)\n" \
+    "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
     "      end\n" \
     "      local recent, oldest = span(key, w)\n" \
     "      if w > h - n then\n" \
-    "        redis.call('HINCRBY', key, 'r', counted)\n" \
+    "        sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
     "      elseif w == h - n then\n" \
-    "        redis.call('HINCRBY', key, 'o', counted)\n" \
+    "        sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
     "      end\n" \
     "      forget_strays(key, w)\n" \
     "      return recent, oldest\n" \
     "    end\n" \
-    "    local m = redis.call('HMGET', key, 'h', 'r', 'o', ws)\n" \
-    "    if m[1] == ws or tonumber(m[1]) == w then\n" \
-    "      return tonumber(m[2]) + tonumber(m[4] or 0), tonumber(m[3])\n" \
+    "    local v = redis.call('HMGET', key, 'm', ws)\n" \
+    "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
+    "    if hs == ws or tonumber(hs) == w then\n" \
+    "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
     "    end\n" \
     "    return span(key, w)\n" \
     "  end\n" \

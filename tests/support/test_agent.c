@@ -254,8 +254,8 @@ long long test_window_total(const char *addr, const char *prefix_value)
 {
     redisContext *c = test_redis_connect(addr);
     /* A synced client's counts: one hash, a field per sub-window, named
-     * by its number; the head and sums beside them (h, r, o) are not
-     * counts. */
+     * by its number; the head and sums beside them (m, windows.c) are
+     * not counts. */
     redisReply *keys = test_redis_command(c, "KEYS %s:w*", prefix_value);
     long long sum = 0;
     for (size_t i = 0; i < keys->elements; i++) {
