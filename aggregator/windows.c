@@ -4,11 +4,21 @@
  * ms; a client's counts live in one hash, "<key_prefix><value>:w" (on a
  * cluster "{<key_prefix><value>}:w"), one field per sub-window, named by
  * its number, window = Redis's ms / g: windows are numbered by Redis's
- * clock, the same for every aggregator and never an agent's. A hash
- * expires by itself two periods after it was last written, and fields
- * older than the span are deleted as it grows. One hash, not a key per
- * sub-window: a report entry then passes one key, not 21, and the
- * aggregator's ingest measured 5.3 times faster (bench-synced).
+ * clock, the same for every aggregator and never an agent's. One hash, not
+ * a key per sub-window: a report entry then passes one key, not 21, and
+ * the aggregator's ingest measured 5.3 times faster (bench-synced).
+ *
+ * Beside the sub-windows the hash holds one field m, "h r o": the head h
+ * (the newest sub-window counted), r, the sum of h-N+1..h-1, and o, the
+ * count of h-N. So a count in the head's sub-window costs two calls,
+ * HINCRBY (whose reply is that sub-window's count) and HGET m, and its
+ * answer is r plus that count, and o, never a read of 21 fields; that took
+ * Redis's work per pair from about 80,000 instructions to 21,000 (callgrind,
+ * docs/performance.md, "Aggregator ingest"). The head moves with the first
+ * count of a new sub-window; only then does the hash get its expiry (two
+ * periods) and lose the field that left the span one sub-window before,
+ * so that an aggregator one sub-window behind still reads what it would
+ * have without m. rlctl and the tests read only fields named by a number.
  *
  * The answer for an entry read in sub-window w is "recent", the sum of
  * w-N+1..w, and "oldest", the count of w-N (N = RL_WIRE_SUBWINDOWS): their
