@@ -123,11 +123,19 @@ static void send_ack(rl_ingest_worker *w, uint64_t status,
         size_t n = totals != NULL ? m->n_entries : 0;
         rl_wire_begin_ack(out, m->seq, status, rl_store_now_ms(agg->store),
                           n);
-        char rule[RL_WIRE_NAME_MAX + 1];
+        /* The rule's name, made a string again only where it changes
+         * (a report's entries are mostly of one rule). */
+        char rule[RL_WIRE_NAME_MAX + 1] = "";
+        size_t rule_len = 0;
         for (size_t i = 0; i < n; i++) {
             const rl_wire_entry *e = &m->entries[i];
-            snprintf(rule, sizeof rule, "%.*s", (int)e->rule.len,
-                     e->rule.ptr);
+            if (e->rule.len != rule_len
+                || memcmp(rule, e->rule.ptr, rule_len) != 0) {
+                rule_len = e->rule.len < RL_WIRE_NAME_MAX ? e->rule.len
+                                                          : RL_WIRE_NAME_MAX;
+                memcpy(rule, e->rule.ptr, rule_len);
+                rule[rule_len] = '\0';
+            }
             rl_wire_put_ack_total(out, rule, e->value.ptr, e->value.len,
                                   totals[i].window, totals[i].current,
                                   totals[i].previous, totals[i].agents);

@@ -115,10 +115,13 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
                               ? row_for(t, 0, value) : NULL;
             for (size_t f = 0; client != NULL && f + 1 < g->elements;
                  f += 2) {
-                unsigned long long w = strtoull(g->element[f]->str, NULL, 10);
+                char *end;
+                unsigned long long w = strtoull(g->element[f]->str, &end, 10);
                 unsigned long long n = strtoull(g->element[f + 1]->str, NULL,
                                                 10);
-                if (w > window || w + RL_WIRE_SUBWINDOWS < window)
+                /* Not a sub-window: the head and sums (m, windows.c). */
+                if (*end != '\0' || end == g->element[f]->str
+                    || w > window || w + RL_WIRE_SUBWINDOWS < window)
                     continue;
                 *(w + RL_WIRE_SUBWINDOWS == window ? &client->previous
                                                    : &client->current) += n;

@@ -93,8 +93,11 @@ static int read_synced(rlctl_store *s, const char *value,
         return store_error(c, h, err, errlen);
     v->exists = h->elements > 0;
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
-        uint64_t w = strtoull(h->element[f]->str, NULL, 10);
+        char *end;
+        uint64_t w = strtoull(h->element[f]->str, &end, 10);
         uint64_t n = strtoull(h->element[f + 1]->str, NULL, 10);
+        if (*end != '\0' || end == h->element[f]->str)
+            continue; /* the head and sums kept beside (m, windows.c) */
         if (w == v->window)
             snprintf(v->state, sizeof v->state, "%llu",
                      (unsigned long long)n);

@@ -4,11 +4,21 @@
  * ms; a client's counts live in one hash, "<key_prefix><value>:w" (on a
  * cluster "{<key_prefix><value>}:w"), one field per sub-window, named by
  * its number, window = Redis's ms / g: windows are numbered by Redis's
- * clock, the same for every aggregator and never an agent's. A hash
- * expires by itself two periods after it was last written, and fields
- * older than the span are deleted as it grows. One hash, not a key per
- * sub-window: a report entry then passes one key, not 21, and the
- * aggregator's ingest measured 5.3 times faster (bench-synced).
+ * clock, the same for every aggregator and never an agent's. One hash, not
+ * a key per sub-window: a report entry then passes one key, not 21, and
+ * the aggregator's ingest measured 5.3 times faster (bench-synced).
+ *
+ * Beside the sub-windows the hash holds one field m, "h r o": the head h
+ * (the newest sub-window counted), r, the sum of h-N+1..h-1, and o, the
+ * count of h-N. So a count in the head's sub-window costs two calls,
+ * HINCRBY (whose reply is that sub-window's count) and HGET m, and its
+ * answer is r plus that count, and o, never a read of 21 fields; that took
+ * Redis's work per pair from about 80,000 instructions to 21,000 (callgrind,
+ * docs/performance.md, "Aggregator ingest"). The head moves with the first
+ * count of a new sub-window; only then does the hash get its expiry (two
+ * periods) and lose the field that left the span one sub-window before,
+ * so that an aggregator one sub-window behind still reads what it would
+ * have without m. rlctl and the tests read only fields named by a number.
  *
  * The answer for an entry read in sub-window w is "recent", the sum of
  * w-N+1..w, and "oldest", the count of w-N (N = RL_WIRE_SUBWINDOWS): their
@@ -51,9 +61,19 @@
 #define SEQ_TTL_S "3600"
 
 /* KEYS: seq, then per rule (agents now, agents before), then per entry
- * its hash. ARGV: seq, agent, n_rules, N, per rule its ttl in ms, then per
- * entry its ttl in ms, count and sub-window. Answers {duplicate, agents per
- * rule..., (recent, oldest) per entry...}. */
+ * its hash, grouped by sub-window. ARGV: seq, agent, n_rules, N, per rule
+ * its ttl in ms, the number of groups, per group the hashes' ttl in ms, the
+ * sub-window and the number of entries, then per entry its count. Answers
+ * {duplicate, agents per rule..., (recent, oldest) per entry...}.
+ *
+ * Besides a field per sub-window a hash holds one field m, "h r o": its
+ * head h (the newest sub-window counted), r (the sum of h-N+1..h-1) and o
+ * (the count of h-N). While h is the entry's sub-window its answer is r
+ * plus its own field, and o: the HINCRBY's reply and one HGET. When a count
+ * starts a new sub-window the head moves (from the last head's sums and two
+ * fields, or from the fields when sub-windows were skipped), and a count
+ * for an older sub-window (an aggregator whose estimate of Redis's clock
+ * lags) adds to r or o, so that they always equal what the fields hold. */
 #define LUA_APPLY_BODY \
     "  local seq, agent = tonumber(ARGV[1]), ARGV[2]\n" \
     "  local nr, n = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
@@ -70,41 +90,101 @@
     "    out[#out + 1] = math.max(redis.call('SCARD', now),\n" \
     "                             redis.call('SCARD', before))\n" \
     "  end\n" \
-    "  local k, a = 2 + 2 * nr, 5 + nr\n" \
     "  local fields, fields_of = {}, nil\n" \
-    "  while k <= #KEYS do\n" \
-    "    local key, count, w = KEYS[k], tonumber(ARGV[a + 1]), ARGV[a + 2]\n" \
-    "    local wn = tonumber(w)\n" \
-    "    if fresh and count > 0 then\n" \
-    "      redis.call('HINCRBY', key, w, count)\n" \
-    "      redis.call('PEXPIRE', key, ARGV[a])\n" \
-    "      if redis.call('HLEN', key) > 2 * n + 2 then\n" \
-    "        for _, f in ipairs(redis.call('HKEYS', key)) do\n" \
-    "          if tonumber(f) < wn - n then redis.call('HDEL', key, f) end\n" \
-    "        end\n" \
-    "      end\n" \
-    "    end\n" \
+    "  local function span(key, w)\n" \
     "    if w ~= fields_of then\n" \
-    "      for i = 0, n do fields[i + 1] = string.format('%.0f', wn - i) end\n" \
+    "      for i = 0, n do fields[i + 1] = string.format('%.0f', w - i) end\n" \
     "      fields_of = w\n" \
     "    end\n" \
     "    local v = redis.call('HMGET', key, unpack(fields))\n" \
     "    local recent = 0\n" \
     "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
-    "    out[#out + 1] = recent\n" \
-    "    out[#out + 1] = tonumber(v[n + 1] or 0)\n" \
-    "    k, a = k + 1, a + 3\n" \
+    "    return recent, tonumber(v[n + 1] or 0)\n" \
+    "  end\n" \
+    "  local function sums(key, h, r, o)\n" \
+    "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
+    "  end\n" \
+    "  local function forget_strays(key, w)\n" \
+    "    if redis.call('HLEN', key) <= 2 * n + 3 then return end\n" \
+    "    for _, f in ipairs(redis.call('HKEYS', key)) do\n" \
+    "      local x = tonumber(f)\n" \
+    "      if x ~= nil and x < w - n - 1 then redis.call('HDEL', key, f) end\n" \
+    "    end\n" \
+    "  end\n" \
+    "  local function move_head(key, hs, r, h, w, ws, ttl, now)\n" \
+    "    local recent, oldest\n" \
+    "    if h == w - 1 then\n" \
+    "      local v = redis.call('HMGET', key, hs,\n" \
+    "                           string.format('%.0f', h - n + 1))\n" \
+    "      oldest = tonumber(v[2] or 0)\n" \
+    "      recent = tonumber(r) + tonumber(v[1] or 0) - oldest + now\n" \
+    "    else\n" \
+    "      recent, oldest = span(key, w)\n" \
+    "    end\n" \
+    "    sums(key, ws, recent - now, oldest)\n" \
+    "    redis.call('PEXPIRE', key, ttl)\n" \
+    "    if h == nil then\n" \
+    "      forget_strays(key, w)\n" \
+    "    else\n" \
+    "      local gone = {}\n" \
+    "      for i = h - n - 1, math.min(h, w - n - 2) do\n" \
+    "        gone[#gone + 1] = string.format('%.0f', i)\n" \
+    "      end\n" \
+    "      if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end\n" \
+    "    end\n" \
+    "    return recent, oldest\n" \
+    "  end\n" \
+    "  local function entry(key, counted, w, ws, ttl)\n" \
+    "    local count = tonumber(counted)\n" \
+    "    if fresh and count > 0 then\n" \
+    "      local now = redis.call('HINCRBY', key, ws, counted)\n" \
+    "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
+    "                                    '^(%d+) (%d+) (%d+)$')\n" \
+    "      if hs == ws or tonumber(hs) == w then\n" \
+    "        return tonumber(r) + now, tonumber(o)\n" \
+    "      end\n" \
+    "      local h = tonumber(hs)\n" \
+    "      if h == nil or h < w then\n" \
+    "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
+    "      end\n" \
+    "      local recent, oldest = span(key, w)\n" \
+    "      if w > h - n then\n" \
+    "        sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
+    "      elseif w == h - n then\n" \
+    "        sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
+    "      end\n" \
+    "      forget_strays(key, w)\n" \
+    "      return recent, oldest\n" \
+    "    end\n" \
+    "    local v = redis.call('HMGET', key, 'm', ws)\n" \
+    "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
+    "    if hs == ws or tonumber(hs) == w then\n" \
+    "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
+    "    end\n" \
+    "    return span(key, w)\n" \
+    "  end\n" \
+    "  local k, g, o = 2 + 2 * nr, 6 + nr, #out\n" \
+    "  local c = g + 3 * tonumber(ARGV[5 + nr])\n" \
+    "  while k <= #KEYS do\n" \
+    "    local ttl, ws = ARGV[g], ARGV[g + 1]\n" \
+    "    local w, upto = tonumber(ws), k + tonumber(ARGV[g + 2])\n" \
+    "    while k < upto do\n" \
+    "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, ttl)\n" \
+    "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
+    "      k, c = k + 1, c + 1\n" \
+    "    end\n" \
+    "    g = g + 3\n" \
     "  end\n" \
     "  return out\n"
 
 static const char library[] =
-    "#!lua name=rl_agg_3\n"
+    "#!lua name=rl_agg_4\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
-    "redis.register_function('rl_agg_3_apply', apply)\n";
+    "redis.register_function('rl_agg_4_apply', apply)\n";
 
 static const char apply_script[] = LUA_APPLY_BODY;
 
-static const char *const functions[] = {"rl_agg_3_apply"};
+static const char *const functions[] = {"rl_agg_4_apply"};
 static const char *const sources[] = {apply_script};
 
 const rl_script_set rl_window_scripts = {
@@ -292,29 +372,90 @@ static size_t args_cap(const report_view *v, const part *pt)
                  + pt->n_rules * (24 + 2 * (RL_NAME_MAX + 48));
     for (size_t k = 0; k < pt->n_entries; k++) {
         size_t i = pt->entries[k];
+        /* The key, its count, and its group's three numbers at most. */
         cap += strlen(v->rules[i]->key_prefix) + v->m->entries[i].value.len
-               + 30 + 3 * 24;
+               + 30 + 4 * 24;
     }
     /* The sequence key may repeat one entry's key. */
     return cap + RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 16;
 }
 
-static bool run_part(rl_store *store, const report_view *v, part *pt,
-                     uint64_t now_ms)
+/* A number as an argument, without printf: a report's counts are most of
+ * its arguments. */
+static void add_u64(args *a, uint64_t v)
 {
+    char digits[20];
+    size_t n = 0;
+    do {
+        digits[sizeof digits - ++n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    add(a, digits + sizeof digits - n, n);
+}
+
+/* Orders the part's entries by rule, so that the script gets them in
+ * groups sharing a sub-window and a ttl; returns the number of groups, or
+ * 0 without memory. The reply follows the new order (entries[k] says which
+ * entry the k-th answer is for). */
+static size_t group_by_rule(part *pt, const size_t *rule_of, size_t n_rules)
+{
+    size_t *next = calloc(n_rules + 1, sizeof *next);
+    size_t *sorted = calloc(pt->n_entries + 1, sizeof *sorted);
+    size_t groups = 0;
+    if (next != NULL && sorted != NULL) {
+        for (size_t k = 0; k < pt->n_entries; k++)
+            next[rule_of[pt->entries[k]] + 1]++;
+        for (size_t r = 0; r < n_rules; r++) {
+            groups += next[r + 1] > 0;
+            next[r + 1] += next[r];
+        }
+        for (size_t k = 0; k < pt->n_entries; k++)
+            sorted[next[rule_of[pt->entries[k]]]++] = pt->entries[k];
+        memcpy(pt->entries, sorted, pt->n_entries * sizeof *sorted);
+    }
+    free(next);
+    free(sorted);
+    return groups;
+}
+
+/* Per group of entries: the hashes' ttl, the sub-window, how many. */
+static void add_groups(args *a, const report_view *v, const part *pt,
+                       const size_t *rule_of, uint64_t now_ms)
+{
+    size_t k = 0;
+    while (k < pt->n_entries) {
+        size_t first = pt->entries[k], len = 0;
+        while (k + len < pt->n_entries
+               && rule_of[pt->entries[k + len]] == rule_of[first])
+            len++;
+        uint64_t period = v->rules[first]->period_ms;
+        add_u64(a, 2 * period);
+        add_u64(a, now_ms / rl_wire_subwindow_ms(period));
+        add_u64(a, len);
+        k += len;
+    }
+}
+
+static bool run_part(rl_store *store, const report_view *v, part *pt,
+                     size_t n_rules, uint64_t now_ms)
+{
+    const size_t *rule_of = pt->job->rule_of;
+    size_t groups = pt->n_entries > 0 ? group_by_rule(pt, rule_of, n_rules)
+                                      : 0;
     /* The final count, plus room for the pieces of a key being joined. */
-    size_t slots = 6 + 3 * pt->n_rules + 4 * pt->n_entries + 8;
+    size_t slots = 7 + 3 * pt->n_rules + 2 * pt->n_entries + 3 * groups + 8;
     args a = {.argv = calloc(slots, sizeof *a.argv),
               .lens = calloc(slots, sizeof *a.lens),
               .cap = args_cap(v, pt)};
     a.text = malloc(a.cap);
-    if (a.argv == NULL || a.lens == NULL || a.text == NULL) {
+    if (a.argv == NULL || a.lens == NULL || a.text == NULL
+        || (pt->n_entries > 0 && groups == 0)) {
         free(a.argv);
         free(a.lens);
         free(a.text);
         return false;
     }
-    addf(&a, "%zu", 1 + 2 * pt->n_rules + pt->n_entries);
+    add_u64(&a, 1 + 2 * pt->n_rules + pt->n_entries);
     add_seq_key(&a, v, pt);
     for (size_t k = 0; k < pt->n_rules; k++) {
         uint64_t w = now_ms / v->distinct[pt->rules[k]]->period_ms;
@@ -323,20 +464,16 @@ static bool run_part(rl_store *store, const report_view *v, part *pt,
     }
     for (size_t k = 0; k < pt->n_entries; k++)
         add_window_key(&a, v, pt->entries[k]);
-    addf(&a, "%llu", (unsigned long long)v->m->seq);
+    add_u64(&a, v->m->seq);
     add(&a, v->m->agent_id.ptr, v->m->agent_id.len);
-    addf(&a, "%zu", pt->n_rules);
-    addf(&a, "%d", RL_WIRE_SUBWINDOWS);
+    add_u64(&a, pt->n_rules);
+    add_u64(&a, RL_WIRE_SUBWINDOWS);
     for (size_t k = 0; k < pt->n_rules; k++)
-        addf(&a, "%llu", (unsigned long long)(2 * v->distinct[pt->rules[k]]
-                                                  ->period_ms));
-    for (size_t k = 0; k < pt->n_entries; k++) {
-        size_t i = pt->entries[k];
-        addf(&a, "%llu", (unsigned long long)(2 * v->rules[i]->period_ms));
-        addf(&a, "%llu", (unsigned long long)v->m->entries[i].count);
-        addf(&a, "%llu", (unsigned long long)(now_ms / rl_wire_subwindow_ms(
-                                                  v->rules[i]->period_ms)));
-    }
+        add_u64(&a, 2 * v->distinct[pt->rules[k]]->period_ms);
+    add_u64(&a, groups);
+    add_groups(&a, v, pt, rule_of, now_ms);
+    for (size_t k = 0; k < pt->n_entries; k++)
+        add_u64(&a, v->m->entries[pt->entries[k]].count);
     rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_part_reply, pt);
     free(a.argv);
     free(a.lens);
@@ -508,7 +645,7 @@ void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
      * fails at once must not finish the job early. */
     j->parts_pending = (int)n_parts + 1;
     for (size_t k = 0; k < n_parts; k++) {
-        if (!run_part(store, &v, parts[k], now_ms)) {
+        if (!run_part(store, &v, parts[k], n_rules, now_ms)) {
             snprintf(j->error_text, sizeof j->error_text, "out of memory");
             j->error = j->error_text;
             free(parts[k]->rules);

@@ -177,23 +177,30 @@ static pid_t start_aggregator(const char *bin, const char *config)
 
 #define PAIRS 1000
 #define REPORTS 200
+#define SENDERS 4
 
-static double ingest_rate(const char *url)
+/* One agent's share of the ingest load: its own id and socket, reports
+ * of PAIRS pairs sent one at a time, each after the last one's ack, as an
+ * agent sends them. */
+typedef struct sender {
+    const char *url;
+    char id[48];
+    int reports;
+} sender;
+
+static void *send_reports(void *arg)
 {
+    sender *me = arg;
     nng_socket s;
     nng_req0_open(&s);
-    if (nng_dial(s, url, NULL, 0) != 0) {
+    if (nng_dial(s, me->url, NULL, 0) != 0) {
         fprintf(stderr, "bench: cannot reach the aggregator\n");
         exit(1);
     }
     rl_wire_writer *w = rl_wire_writer_new();
-    static unsigned run;
-    char id[32];
-    snprintf(id, sizeof id, "bench-%u-%d", ++run, (int)getpid());
-    double start = bench_now_s();
-    for (int r = 0; r < REPORTS; r++) {
+    for (int r = 0; r < me->reports; r++) {
         rl_wire_writer_reset(w);
-        rl_wire_begin_report(w, id, (uint64_t)r + 1, PAIRS);
+        rl_wire_begin_report(w, me->id, (uint64_t)r + 1, PAIRS);
         for (int i = 0; i < PAIRS; i++)
             rl_wire_put_count(w, "per-tenant", values[i], value_lens[i], 1);
         size_t len;
@@ -205,10 +212,30 @@ static double ingest_rate(const char *url)
             exit(1);
         nng_free(buf, size);
     }
-    double rate = (double)PAIRS * REPORTS / (bench_now_s() - start);
     rl_wire_writer_free(w);
     nng_close(s);
-    return rate;
+    return NULL;
+}
+
+/* Pairs per second through the aggregator with SENDERS agents reporting
+ * at once over the same keys, as a fleet's agents do: the aggregator has
+ * reports in flight to Redis while it decodes and answers others. */
+static double ingest_rate(const char *url)
+{
+    static unsigned run;
+    sender senders[SENDERS];
+    pthread_t t[SENDERS];
+    run++;
+    double start = bench_now_s();
+    for (int i = 0; i < SENDERS; i++) {
+        senders[i] = (sender){.url = url, .reports = REPORTS / SENDERS};
+        snprintf(senders[i].id, sizeof senders[i].id, "bench-%u-%d-%d", run,
+                 (int)getpid(), i);
+        pthread_create(&t[i], NULL, send_reports, &senders[i]);
+    }
+    for (int i = 0; i < SENDERS; i++)
+        pthread_join(t[i], NULL);
+    return (double)PAIRS * REPORTS / (bench_now_s() - start);
 }
 
 /* The reference: the same pairs as pipelined INCRBY, 1,000 per round trip. */
@@ -355,19 +382,24 @@ int main(int argc, char **argv)
     sync_lag(config, totals_url);
     kill(agg, SIGTERM);
     waitpid(agg, NULL, 0);
-    printf("\n## Aggregator ingest (%d reports of %d pairs, %d runs)\n\n"
+    printf("\n## Aggregator ingest (%d reports of %d pairs from %d agents at "
+           "once, %d runs)\n\n"
            "| figure | min | median | max | unit |\n|---|---|---|---|---|\n",
-           REPORTS, PAIRS, runs);
+           REPORTS, PAIRS, SENDERS, runs);
     row("rl-aggregator ingest", in, "(key, count) pairs per second");
     row("reference: pipelined INCRBY, 1,000 per round trip", ref,
         "pairs per second");
-    row("ingest / INCRBY", ratio, "x");
+    bench_summary rs = bench_summarize(ratio, runs);
+    printf("| ingest / INCRBY | %.2f | %.2f | %.2f | x |\n", rs.min,
+           rs.median, rs.max);
     char rl[64], others[128];
     snprintf(rl, sizeof rl, "%s (key, count) pairs/s",
              bench_int(bench_summarize(in, runs).median));
     snprintf(others, sizeof others, "pipelined `INCRBY`: %s pairs/s "
              "(%.2f×)", bench_int(bench_summarize(ref, runs).median),
-             bench_summarize(ratio, runs).median);
+             rs.median);
     bench_figure("rl-aggregator ingest", rl, others);
+    bench_target("rl-aggregator ingest / pipelined `INCRBY` on the same "
+                 "Redis, pairs per second", rs.median, ">=", 0.5, "x");
     return 0;
 }

@@ -220,6 +220,122 @@ Test(synced, a_resent_report_is_counted_once)
     test_aggregator_stop(&agg);
 }
 
+/* One count for the hash of org_late_sums in sub-window w, straight through
+ * the aggregator's function (windows.c), as an aggregator whose clock says
+ * w would send it; the answer into recent and oldest. Returns whether the
+ * report was a duplicate. */
+static bool apply_at(redisContext *c, uint64_t seq, uint64_t w,
+                     uint64_t count, long long *recent, long long *oldest)
+{
+    char seq_s[24], w_s[24], count_s[24], n_s[8];
+    snprintf(seq_s, sizeof seq_s, "%llu", (unsigned long long)seq);
+    snprintf(w_s, sizeof w_s, "%llu", (unsigned long long)w);
+    snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
+    snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
+    const char *argv[] = {"FCALL", "rl_agg_4_apply", "4",
+                          "rl:agg:seq:late-sums", "rl:agg:agents:late:w1",
+                          "rl:agg:agents:late:w0",
+                          "rl:tenant:org_late_sums:w", seq_s, "late-sums",
+                          "1", n_s, "60000", "1", "60000", w_s, "1",
+                          count_s};
+    redisReply *r = redisCommandArgv(c, 17, argv, NULL);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 4,
+              "%s", r != NULL && r->type == REDIS_REPLY_ERROR ? r->str : "");
+    bool duplicate = r->element[0]->integer == 1;
+    *recent = r->element[2]->integer;
+    *oldest = r->element[3]->integer;
+    freeReplyObject(r);
+    return duplicate;
+}
+
+/* The hash's m ("h r o") says the same as its fields: r is the sum of
+ * h-N+1..h-1, o the count of h-N. Returns h. */
+static uint64_t expect_sums_match_fields(redisContext *c)
+{
+    redisReply *h = test_redis_command(c,
+                                       "HGETALL rl:tenant:org_late_sums:w");
+    unsigned long long head = 0, r = 0, o = 0, fields[64][2];
+    size_t n = 0;
+    for (size_t f = 0; f + 1 < h->elements; f += 2) {
+        if (strcmp(h->element[f]->str, "m") == 0) {
+            cr_assert_eq(sscanf(h->element[f + 1]->str, "%llu %llu %llu",
+                                &head, &r, &o), 3);
+        } else if (n < 64) {
+            fields[n][0] = strtoull(h->element[f]->str, NULL, 10);
+            fields[n++][1] = strtoull(h->element[f + 1]->str, NULL, 10);
+        }
+    }
+    freeReplyObject(h);
+    unsigned long long want_r = 0, want_o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fields[i][0] + RL_WIRE_SUBWINDOWS == head)
+            want_o += fields[i][1];
+        else if (fields[i][0] < head
+                 && fields[i][0] + RL_WIRE_SUBWINDOWS > head)
+            want_r += fields[i][1];
+    }
+    cr_expect_eq(r, want_r, "head %llu: r %llu, the fields %llu", head, r,
+                 want_r);
+    cr_expect_eq(o, want_o, "head %llu: o %llu, the fields %llu", head, o,
+                 want_o);
+    return head;
+}
+
+/* An entry in the head's sub-window is answered from the sums kept in m
+ * (windows.c), not from the fields: they must stay equal to the fields
+ * when the head moves by one, jumps, and when a count comes for a
+ * sub-window before the head (an aggregator whose clock lags). */
+Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
+{
+    enum { N = RL_WIRE_SUBWINDOWS, W = 1000 };
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    nng_socket s = dial_reports(&agg);
+    rl_wire_msg ack = report(s, "late-loader", 1, "per-tenant", "org_x", 1);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED, "the function is not loaded");
+    rl_wire_msg_free(&ack);
+    nng_close(s);
+    redisContext *c = test_redis_connect(NULL);
+    freeReplyObject(test_redis_command(c, "DEL rl:tenant:org_late_sums:w "
+                                       "rl:agg:seq:late-sums"));
+    static const struct {
+        uint64_t w, count;
+        long long recent, oldest;
+        uint64_t head;
+    } steps[] = {
+        {W, 5, 5, 0, W},               /* a new hash */
+        {W + 1, 3, 8, 0, W + 1},       /* the head moves by one */
+        {W, 2, 7, 0, W + 1},           /* late by one: into r */
+        {W + 1, 1, 11, 0, W + 1},      /* from the sums */
+        {W + N + 1, 1, 1, 4, W + N + 1}, /* the head jumps */
+        {W + N, 2, 6, 7, W + N + 1},   /* late by one again */
+        {W + N + 1, 0, 3, 4, W + N + 1}, /* a count of 0 asks */
+        {W + N + 2, 1, 4, 0, W + N + 2}, /* by one, from the sums */
+        {W + 2, 3, 7, 0, W + N + 2},   /* late by N: into o */
+        {W + N + 2, 1, 5, 3, W + N + 2},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        long long recent, oldest;
+        cr_assert_not(apply_at(c, i + 1, steps[i].w, steps[i].count, &recent,
+                               &oldest), "step %zu a duplicate", i);
+        cr_expect_eq(recent, steps[i].recent, "step %zu: recent %lld", i,
+                     recent);
+        cr_expect_eq(oldest, steps[i].oldest, "step %zu: oldest %lld", i,
+                     oldest);
+        cr_assert_eq(expect_sums_match_fields(c), steps[i].head,
+                     "step %zu: head", i);
+    }
+    /* Sent again, the last is a duplicate with the same answer. */
+    long long recent, oldest;
+    cr_assert(apply_at(c, 10, W + N + 2, 1, &recent, &oldest));
+    cr_expect_eq(recent, 5);
+    cr_expect_eq(oldest, 3);
+    expect_sums_match_fields(c);
+    redisFree(c);
+    test_aggregator_stop(&agg);
+}
+
 /* A key whose agents all reject sends no counts: its agents ask for its
  * totals with a count of 0, which the aggregator answers, applies once by
  * its sequence number, and never stores. */
@@ -327,21 +443,27 @@ Test(synced, presence_reports_make_the_fleet_size_known_without_traffic)
 }
 
 /* The value's count is in one sub-window, a field of its hash
- * rl:tenant:<value>:w, and that sub-window is within first..last. */
+ * rl:tenant:<value>:w, and that sub-window is within first..last. The
+ * hash's one other field is m, its head and sums (windows.c): the head is
+ * that sub-window and the sums hold nothing from before it. */
 static void expect_one_window(const char *value, uint64_t first,
                               uint64_t last, long long count)
 {
     redisContext *c = test_redis_connect(NULL);
     redisReply *h = test_redis_command(c, "HGETALL rl:tenant:%s:w", value);
-    cr_assert_eq(h->elements, 2, "%s counted in %zu sub-windows", value,
-                 h->elements / 2);
-    uint64_t window = strtoull(h->element[0]->str, NULL, 10);
-    cr_assert(window >= first && window <= last, "%s counted in sub-window "
+    cr_assert_eq(h->elements, 4, "%s: %zu fields", value, h->elements / 2);
+    size_t sub = strcmp(h->element[0]->str, "m") == 0 ? 2 : 0;
+    const char *window = h->element[sub]->str;
+    char sums[64];
+    snprintf(sums, sizeof sums, "%s 0 0", window);
+    cr_expect_str_eq(h->element[2 - sub + 1]->str, sums, "%s: m", value);
+    uint64_t w = strtoull(window, NULL, 10);
+    cr_assert(w >= first && w <= last, "%s counted in sub-window "
               "%llu; by Redis's clock it is %llu..%llu", value,
-              (unsigned long long)window, (unsigned long long)first,
+              (unsigned long long)w, (unsigned long long)first,
               (unsigned long long)last);
-    cr_assert_eq(atoll(h->element[1]->str), count, "%s holds %s", value,
-                 h->element[1]->str);
+    cr_assert_eq(atoll(h->element[sub + 1]->str), count, "%s holds %s",
+                 value, h->element[sub + 1]->str);
     freeReplyObject(h);
     redisFree(c);
 }
