@@ -250,7 +250,9 @@ static void handle_report(rl_ingest_worker *w)
     }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
-    if (rl_agents_note(agg, m, w->peer, now) != 0) {
+    /* A ping (seq 0, windows.c) asks whether this aggregator is up: its
+     * agent does not report here (yet). */
+    if (m->seq > 0 && rl_agents_note(agg, m, w->peer, now) != 0) {
         free(rules);
         free(w->presence);
         w->presence = NULL;
@@ -320,7 +322,8 @@ int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
                  nng_strerror(rv));
         return -1;
     }
-    if (rl_nng_listen(agg->reports, c->reports, &c->tls, err, errlen) != 0)
+    if (rl_nng_listen(agg->reports, agg->endpoint->reports, &c->tls, err,
+                      errlen) != 0)
         return -1;
     for (int i = 0; i < RL_INGEST_WORKERS; i++) {
         rl_ingest_worker *w = &agg->workers[i];

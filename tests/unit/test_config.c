@@ -148,8 +148,8 @@ Test(config, omitted_fields_take_the_documented_defaults)
     cr_assert_null(cfg->store.password);
     cr_assert_eq(cfg->store.timeout_ms, 50);
     cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_AUTO);
-    cr_assert_str_eq(cfg->aggregator.reports, "tcp://127.0.0.1:7301");
-    cr_assert_str_eq(cfg->aggregator.totals, "tcp://127.0.0.1:7302");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].reports, "tcp://127.0.0.1:7301");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].totals, "tcp://127.0.0.1:7302");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
     cr_assert_eq(cfg->charge, RL_CHARGE_ALL);
     rl_config_free(cfg);
@@ -224,12 +224,12 @@ Test(config, every_field_can_be_set)
     cr_assert_eq(cfg->store.timeout_ms, 20);
     cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_EVAL);
     cr_assert_eq(cfg->store.wait_replicas, 1);
-    cr_assert_str_eq(cfg->aggregator.reports, "ipc:///run/rl/reports");
-    cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].reports, "ipc:///run/rl/reports");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
-    cr_assert(cfg->aggregator.has_metrics);
+    cr_assert(cfg->aggregator.endpoints[0].has_metrics);
     cr_assert_eq(cfg->log_level, RL_LOG_WARN);
-    cr_assert_eq(cfg->aggregator.metrics.port, 9464);
+    cr_assert_eq(cfg->aggregator.endpoints[0].metrics.port, 9464);
     cr_assert_eq(cfg->charge, RL_CHARGE_REFUND);
     rl_config_free(cfg);
 }
