@@ -1,0 +1,410 @@
+/*
+ * Several aggregators sharing the keys (docs/design.md, "Several
+ * aggregators"): three rl-aggregator processes on one config's
+ * aggregators: list, ten agents in this process, one tenant offered twice
+ * its synced limit round-robin. The aggregator the tenant's key goes to
+ * is killed (SIGKILL) in the middle of the traffic and started again
+ * several periods of sync later. At the end (agents closed: their last
+ * reports are in) Redis holds exactly what the agents admitted: nothing
+ * lost, nothing applied twice across the moves. A subscriber to all three
+ * aggregators' totals sees the key's totals with no gap longer than two
+ * intervals and a little slack, and the admissions stay within the synced
+ * bound over any span of one period.
+ */
+#include "test_agent.h"
+#include "test_aggregator.h"
+#include "test_env.h"
+#include "partition.h"
+#include "redis_server.h"
+#include "wire.h"
+
+#include <criterion/criterion.h>
+#include <hiredis/hiredis.h>
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define AGGREGATORS 3
+#define AGENTS 10
+#define LIMIT 200
+/* As test_synced_accuracy.c: the bound assumes an agent's I/O thread keeps
+ * up with an interval, which under ThreadSanitizer it does at four times
+ * the time scale. */
+#ifdef __SANITIZE_THREAD__
+#define TIME_SCALE 4
+#else
+#define TIME_SCALE 1
+#endif
+#define PERIOD_MS (2000 * TIME_SCALE)
+#define INTERVAL_MS (100 * TIME_SCALE)
+/* Traffic for 9 periods of the rule; the owner of the key is killed after
+ * 2.5 and back 3 later (30 intervals away). */
+#define RUN_MS (9 * PERIOD_MS)
+#define KILL_AT_MS (5 * PERIOD_MS / 2)
+#define DOWN_MS (3 * PERIOD_MS)
+/* How long the key's totals may pause: the interval the kill falls in and
+ * the one its keys move in (the agents' tick), and scheduling slack. */
+#define TOTALS_GAP_MAX_MS (2 * INTERVAL_MS + INTERVAL_MS / 2)
+
+typedef struct admissions {
+    uint64_t *at_us;    /* in the order admitted */
+    size_t n, cap;
+    long offered;
+    long failed;        /* checks that did not return RL_OK */
+} admissions;
+
+typedef struct traffic {
+    rl_agent **agents;
+    const char *tenant;
+    uint64_t ms;
+    admissions a;
+} traffic;
+
+/* Twice the limit, round-robin over the agents; no Criterion assertion on
+ * this thread. */
+static void *offer(void *arg)
+{
+    traffic *t = arg;
+    double rate = 2.0 * LIMIT * 1000 / PERIOD_MS;
+    uint64_t start = test_now_us(), end = start + t->ms * 1000;
+    double due = (double)start;
+    rl_attr attr = {"tenant", t->tenant, strlen(t->tenant)};
+    for (long i = 0;; i++) {
+        uint64_t now = test_now_us();
+        while ((double)now < due) {
+            usleep((useconds_t)(due - (double)now));
+            now = test_now_us();
+        }
+        if (now >= end)
+            break;
+        due += 1e6 / rate;
+        t->a.offered++;
+        rl_decision d;
+        if (rl_check(t->agents[i % AGENTS], &attr, 1, 1, &d) != RL_OK) {
+            t->a.failed++;
+            continue;
+        }
+        if (!d.allowed)
+            continue;
+        if (t->a.n == t->a.cap) {
+            size_t cap = t->a.cap ? 2 * t->a.cap : 4096;
+            uint64_t *grown = realloc(t->a.at_us, cap * sizeof *grown);
+            if (grown == NULL) {
+                t->a.failed++;
+                break;
+            }
+            t->a.at_us = grown;
+            t->a.cap = cap;
+        }
+        t->a.at_us[t->a.n++] = now;
+    }
+    return NULL;
+}
+
+/* The most admitted in any span of one period. */
+static long worst_span(const admissions *a)
+{
+    long worst = 0;
+    for (size_t i = 0, j = 0; j < a->n; j++) {
+        while (a->at_us[j] - a->at_us[i] >= PERIOD_MS * 1000ULL)
+            i++;
+        if ((long)(j - i + 1) > worst)
+            worst = (long)(j - i + 1);
+    }
+    return worst;
+}
+
+/* A subscriber to every aggregator's totals: when the key's totals came,
+ * from whom. */
+typedef struct watch {
+    nng_socket sub;
+    const char *rule, *tenant;
+    atomic_bool stop;
+    uint64_t from_us, to_us;    /* the span the gap is measured in */
+    uint64_t last_us, worst_gap_us, worst_gap_end_us;
+    long messages;
+} watch;
+
+static bool names_key(const watch *w, nng_msg *m)
+{
+    const char *body = nng_msg_body(m);
+    size_t len = nng_msg_len(m);
+    const char *nul = memchr(body, '\0', len);
+    rl_wire_msg t;
+    const char *why;
+    if (nul == NULL
+        || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), &t, &why)
+               != 0)
+        return false;
+    bool found = false;
+    for (size_t i = 0; i < t.n_entries && !found; i++)
+        found = t.entries[i].value.len == strlen(w->tenant)
+                && memcmp(t.entries[i].value.ptr, w->tenant,
+                          t.entries[i].value.len) == 0;
+    rl_wire_msg_free(&t);
+    return found;
+}
+
+static void *watch_totals(void *arg)
+{
+    watch *w = arg;
+    while (!atomic_load(&w->stop)) {
+        nng_msg *m;
+        if (nng_recvmsg(w->sub, &m, 0) != 0)
+            continue;
+        uint64_t now = test_now_us();
+        if (names_key(w, m) && now >= w->from_us && now <= w->to_us) {
+            if (w->last_us != 0 && now - w->last_us > w->worst_gap_us) {
+                w->worst_gap_us = now - w->last_us;
+                w->worst_gap_end_us = now;
+            }
+            w->last_us = now;
+            w->messages++;
+        }
+        nng_msg_free(m);
+    }
+    return NULL;
+}
+
+static void watch_open(watch *w, const test_aggregator *aggs)
+{
+    cr_assert_eq(nng_sub0_open(&w->sub), 0);
+    nng_socket_set_ms(w->sub, NNG_OPT_RECVTIMEO, 50);
+    char topic[RL_WIRE_NAME_MAX + 2];
+    size_t n = rl_wire_topic(w->rule, topic, sizeof topic);
+    cr_assert_eq(nng_socket_set(w->sub, NNG_OPT_SUB_SUBSCRIBE, topic, n), 0);
+    for (int i = 0; i < AGGREGATORS; i++)
+        cr_assert_eq(nng_dial(w->sub, aggs[i].totals, NULL,
+                              NNG_FLAG_NONBLOCK), 0);
+}
+
+/* The key's sub-window counts as seen so far. The hash keeps a period
+ * and a little of them (older fields are deleted as it grows, and it
+ * expires two periods after its last write), so it is read every quarter
+ * period: a sub-window's count is final once Redis's clock has left it
+ * (reports are counted in the sub-window they are applied in), and it
+ * stays in the hash for a period after that. */
+#define FIELDS_MAX 4096
+
+typedef struct windows_seen {
+    const char *store, *key;
+    uint64_t field[FIELDS_MAX];
+    long long count[FIELDS_MAX];
+    size_t n;
+    bool overflow;
+    atomic_bool stop;
+} windows_seen;
+
+/* Reads the hash on one server, or on whichever primary of a cluster holds
+ * it (the others answer MOVED). */
+static void read_windows(windows_seen *ws)
+{
+    char seeds[1024];
+    snprintf(seeds, sizeof seeds, "%s", ws->store);
+    char *save = NULL;
+    bool found = false;
+    for (char *addr = strtok_r(seeds, ",", &save); addr != NULL && !found;
+         addr = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(addr, ':');
+        if (colon == NULL)
+            continue;
+        *colon = '\0';
+        redisContext *c = redisConnect(addr, atoi(colon + 1));
+        if (c == NULL || c->err) {
+            redisFree(c);
+            continue;
+        }
+        redisReply *r = redisCommand(c, "HGETALL %s", ws->key);
+        found = r != NULL && r->type == REDIS_REPLY_ARRAY;
+        for (size_t f = 0; found && f + 1 < r->elements; f += 2) {
+            uint64_t field = strtoull(r->element[f]->str, NULL, 10);
+            long long v = atoll(r->element[f + 1]->str);
+            size_t k = 0;
+            while (k < ws->n && ws->field[k] != field)
+                k++;
+            if (k == ws->n) {
+                if (ws->n == FIELDS_MAX) {
+                    ws->overflow = true;
+                    continue;
+                }
+                ws->field[ws->n] = field;
+                ws->count[ws->n++] = 0;
+            }
+            if (v > ws->count[k])
+                ws->count[k] = v;
+        }
+        freeReplyObject(r);
+        redisFree(c);
+    }
+}
+
+static void *watch_windows(void *arg)
+{
+    windows_seen *ws = arg;
+    while (!atomic_load(&ws->stop)) {
+        read_windows(ws);
+        test_sleep_ms(PERIOD_MS / 4);
+    }
+    return NULL;
+}
+
+static long long windows_total(const windows_seen *ws)
+{
+    long long sum = 0;
+    for (size_t k = 0; k < ws->n; k++)
+        sum += ws->count[k];
+    return sum;
+}
+
+/* The aggregator the tenant's key goes to while all are up. */
+static size_t owner_of(const char *rule, const char *tenant)
+{
+    bool up[AGGREGATORS] = {true, true, true};
+    return rl_partition_owner(rl_partition_key(rule, tenant, strlen(tenant)),
+                              up, AGGREGATORS);
+}
+
+/* store: NULL for the runner's Redis, or a cluster's seeds. */
+static void failover(const char *store, const char *rule, const char *label)
+{
+    const char *tenant = "org_failover";
+    char rules[200];
+    snprintf(rules, sizeof rules, "  - {name: %s, match: tenant, limit: %d, "
+             "period: %dms, mode: synced}\n", rule, LIMIT, PERIOD_MS);
+    test_aggregator aggs[AGGREGATORS];
+    test_aggregators_start(aggs, AGGREGATORS, store, rules, INTERVAL_MS);
+    for (int i = 0; i < AGGREGATORS; i++)
+        test_aggregator_wait_ready(&aggs[i]);
+    rl_agent *agents[AGENTS];
+    rl_config *configs[AGENTS];
+    for (int i = 0; i < AGENTS; i++)
+        agents[i] = test_synced_agent(&aggs[0], &configs[i]);
+    /* The agents know how many they are (presence) before the traffic. */
+    test_sleep_ms(8 * INTERVAL_MS);
+    size_t owner = owner_of(rule, tenant);
+    watch w = {.rule = rule, .tenant = tenant};
+    watch_open(&w, aggs);
+    uint64_t start = test_now_us();
+    /* The gap is measured from the first period on (totals flow then)
+     * to the end of the traffic. */
+    w.from_us = start + PERIOD_MS * 1000ULL / 2;
+    w.to_us = start + RUN_MS * 1000ULL;
+    char key[128];
+    if (store != NULL)
+        snprintf(key, sizeof key, "{rl:tenant:%s}:w", tenant);
+    else
+        snprintf(key, sizeof key, "rl:tenant:%s:w", tenant);
+    static windows_seen ws;
+    memset(&ws, 0, sizeof ws);
+    ws.store = store != NULL ? store : test_env("RL_TEST_REDIS");
+    ws.key = key;
+    pthread_t watcher, offerer, reader;
+    traffic t = {.agents = agents, .tenant = tenant, .ms = RUN_MS};
+    pthread_create(&reader, NULL, watch_windows, &ws);
+    pthread_create(&watcher, NULL, watch_totals, &w);
+    pthread_create(&offerer, NULL, offer, &t);
+    test_sleep_ms(KILL_AT_MS);
+    test_aggregator_kill(&aggs[owner]);
+    uint64_t killed_us = test_now_us();
+    test_sleep_ms(DOWN_MS);
+    test_aggregator_start(&aggs[owner], NULL, NULL, 0, &aggs[owner]);
+    uint64_t back_us = test_now_us();
+    pthread_join(offerer, NULL);
+    atomic_store(&w.stop, true);
+    pthread_join(watcher, NULL);
+    nng_close(w.sub);
+    /* Closing the agents sends their last reports. */
+    for (int i = 0; i < AGENTS; i++) {
+        rl_agent_close(agents[i]);
+        rl_config_free(configs[i]);
+    }
+    /* The agents' last reports are in once closed: a last read. */
+    atomic_store(&ws.stop, true);
+    pthread_join(reader, NULL);
+    read_windows(&ws);
+    cr_assert_not(ws.overflow);
+    long long held = windows_total(&ws);
+    long worst = worst_span(&t.a);
+    fprintf(stderr, "aggregators%s: aggregator %zu (the key's) killed at "
+            "%.1f s, back at %.1f s; offered %ld, admitted %zu, Redis holds "
+            "%lld (lost %lld, doubled %lld); worst span of one period %ld "
+            "(limit %d, bound %d); key's totals: %ld messages, longest gap "
+            "%llu ms ending at %.1f s (interval %d ms, at most %d)\n", label,
+            owner, (double)(killed_us - start) / 1e6,
+            (double)(back_us - start) / 1e6, t.a.offered, t.a.n, held,
+            held < (long long)t.a.n ? (long long)t.a.n - held : 0,
+            held > (long long)t.a.n ? held - (long long)t.a.n : 0, worst,
+            LIMIT, LIMIT * 105 / 100, w.messages,
+            (unsigned long long)(w.worst_gap_us / 1000),
+            (double)(w.worst_gap_end_us - start) / 1e6, INTERVAL_MS,
+            TOTALS_GAP_MAX_MS);
+    for (int i = 0; i < AGGREGATORS; i++)
+        test_aggregator_stop(&aggs[i]);
+    cr_assert_eq(t.a.failed, 0, "checks failed");
+    cr_expect_eq(held, (long long)t.a.n, "Redis holds %lld, the agents "
+                 "admitted %zu", held, t.a.n);
+    cr_expect_leq(worst, LIMIT * 105 / 100);
+    cr_expect_leq(w.worst_gap_us, TOTALS_GAP_MAX_MS * 1000ULL,
+                  "the key's totals stopped for %llu ms",
+                  (unsigned long long)(w.worst_gap_us / 1000));
+    /* Totals flowed all along (one message an interval from the owner). */
+    cr_expect_geq(w.messages, (RUN_MS - PERIOD_MS / 2) / INTERVAL_MS / 2);
+    free(t.a.at_us);
+}
+
+Test(aggregators, the_keys_owner_killed_and_back_loses_and_doubles_nothing)
+{
+    failover(NULL, "fo", "");
+}
+
+Test(aggregators,
+     the_keys_owner_killed_and_back_loses_and_doubles_nothing_on_a_cluster)
+{
+    failover(test_env("RL_TEST_CLUSTER"), "focl", " (cluster)");
+}
+
+/* --- rl-aggregator --index ----------------------------------------------- */
+
+static int run_aggregator(const char *args, char *out, size_t cap)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", test_env("RL_TEST_AGGREGATOR"),
+             args);
+    return test_run(cmd, out, cap);
+}
+
+Test(aggregators, index_picks_an_entry_and_is_needed_with_several)
+{
+    char path[512], out[4096], args[1024];
+    snprintf(path, sizeof path, "%s/index-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "aggregators:\n"
+               "  - {reports: \"tcp://127.0.0.1:1\", totals: "
+               "\"tcp://127.0.0.1:2\"}\n"
+               "  - {reports: \"tcp://127.0.0.1:3\", totals: "
+               "\"tcp://127.0.0.1:4\"}\n"
+               "rules:\n"
+               "  - {name: k, match: a, limit: 1, period: 1s, "
+               "mode: synced}\n");
+    fclose(f);
+    snprintf(args, sizeof args, "--check-config --config %s --index 1", path);
+    cr_assert_eq(run_aggregator(args, out, sizeof out), 0, "%s", out);
+    snprintf(args, sizeof args, "--check-config --config %s", path);
+    cr_assert_eq(run_aggregator(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "lists 2 aggregators: say which one this is with "
+                          "--index N (0 to 1)") != NULL, "%s", out);
+    snprintf(args, sizeof args, "--check-config --config %s --index 2", path);
+    cr_assert_eq(run_aggregator(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "--index: must be a whole number from 0 to 1, got "
+                          "'2' (") != NULL, "%s", out);
+    cr_assert(strstr(out, "lists 2 aggregators, numbered from 0)") != NULL,
+              "%s", out);
+    unlink(path);
+}
