@@ -14,6 +14,7 @@
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "test_proxy.h"
 #include "partition.h"
 #include "redis_server.h"
 #include "wire.h"
@@ -261,12 +262,12 @@ static long long windows_total(const windows_seen *ws)
     return sum;
 }
 
-/* The aggregator the tenant's key goes to while all are up. */
-static size_t owner_of(const char *rule, const char *tenant)
+/* The aggregator of n the tenant's key goes to while all are up. */
+static size_t owner_of(const char *rule, const char *tenant, size_t n)
 {
     bool up[AGGREGATORS] = {true, true, true};
     return rl_partition_owner(rl_partition_key(rule, tenant, strlen(tenant)),
-                              up, AGGREGATORS);
+                              up, n);
 }
 
 /* store: NULL for the runner's Redis, or a cluster's seeds. */
@@ -286,7 +287,7 @@ static void failover(const char *store, const char *rule, const char *label)
         agents[i] = test_synced_agent(&aggs[0], &configs[i]);
     /* The agents know how many they are (presence) before the traffic. */
     test_sleep_ms(8 * INTERVAL_MS);
-    size_t owner = owner_of(rule, tenant);
+    size_t owner = owner_of(rule, tenant, AGGREGATORS);
     watch w = {.rule = rule, .tenant = tenant};
     watch_open(&w, aggs);
     uint64_t start = test_now_us();
@@ -366,6 +367,104 @@ Test(aggregators,
      the_keys_owner_killed_and_back_loses_and_doubles_nothing_on_a_cluster)
 {
     failover(test_env("RL_TEST_CLUSTER"), "focl", " (cluster)");
+}
+
+/* --- A report its aggregator did not answer goes to another, once. ----- */
+
+/* A copy of aggs[0]'s config for the agents, whose first aggregator's
+ * reports go through a proxy on proxy_port. */
+static void config_through(const test_aggregator *aggs, uint16_t proxy_port,
+                           char *path, size_t cap)
+{
+    char text[8192], proxied[64];
+    FILE *f = fopen(aggs[0].config, "r");
+    cr_assert_not_null(f);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    char *at = strstr(text, aggs[0].reports);
+    cr_assert_not_null(at);
+    snprintf(proxied, sizeof proxied, "tcp://127.0.0.1:%u", proxy_port);
+    snprintf(path, cap, "%s.proxied", aggs[0].config);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "%.*s%s%s", (int)(at - text), text, proxied,
+            at + strlen(aggs[0].reports));
+    fclose(f);
+}
+
+static long check_many(rl_agent *a, const char *tenant, int n)
+{
+    long admitted = 0;
+    rl_attr attr = {"tenant", tenant, strlen(tenant)};
+    for (int i = 0; i < n; i++) {
+        rl_decision d;
+        cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+        admitted += d.allowed;
+    }
+    return admitted;
+}
+
+/* Two aggregators; the agent reaches the first, the owner of its key,
+ * through a proxy that stops carrying the answers (the aggregator applies
+ * the report, its ack is lost: answered_not) or everything (it never gets
+ * the report). Two intervals later the report goes to the second, the
+ * same bytes: it is a duplicate there, or applied there. Either way Redis
+ * holds what the agent admitted. */
+static void unanswered(const char *rule, bool applied)
+{
+    char rules[200], tenant[32], path[600];
+    snprintf(rules, sizeof rules, "  - {name: %s, match: tenant, limit: "
+             "1000000000, period: 1m, mode: synced}\n", rule);
+    test_aggregator aggs[2];
+    test_aggregators_start(aggs, 2, NULL, rules, INTERVAL_MS);
+    test_aggregator_wait_ready(&aggs[0]);
+    test_aggregator_wait_ready(&aggs[1]);
+    uint16_t port;
+    test_proxy *p = test_proxy_start(
+        (uint16_t)atoi(strrchr(aggs[0].reports, ':') + 1), &port);
+    config_through(aggs, port, path, sizeof path);
+    for (int i = 0;; i++) {
+        snprintf(tenant, sizeof tenant, "org_%s_%d", rule, i);
+        if (owner_of(rule, tenant, 2) == 0)
+            break;
+    }
+    rl_config *cfg;
+    rl_agent *a = test_agent_on(path, &cfg, NULL);
+    long admitted = check_many(a, tenant, 50);
+    test_sleep_ms(5 * INTERVAL_MS);
+    cr_assert_geq(test_proxy_accepted(p), 1);
+    if (applied)
+        test_proxy_silence_answers(p);
+    else
+        test_proxy_silence(p);
+    /* In the next report to the first aggregator, which goes unanswered;
+     * two intervals on it goes to the second, and so do the key's next
+     * counts. */
+    admitted += check_many(a, tenant, 50);
+    test_sleep_ms(6 * INTERVAL_MS);
+    admitted += check_many(a, tenant, 50);
+    test_sleep_ms(3 * INTERVAL_MS);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    char key[96];
+    snprintf(key, sizeof key, "rl:tenant:%s", tenant);
+    cr_assert_eq(admitted, 150);
+    test_expect_window_total(key, admitted, 5000);
+    test_aggregator_stop(&aggs[0]);
+    test_aggregator_stop(&aggs[1]);
+    test_proxy_stop(p);
+    unlink(path);
+}
+
+Test(aggregators, a_report_applied_but_not_answered_moves_and_counts_once)
+{
+    unanswered("unans", true);
+}
+
+Test(aggregators, a_report_never_received_moves_and_counts_once)
+{
+    unanswered("unrec", false);
 }
 
 /* --- rl-aggregator --index ----------------------------------------------- */
