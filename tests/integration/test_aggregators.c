@@ -120,15 +120,16 @@ static long worst_span(const admissions *a)
     return worst;
 }
 
-/* A subscriber to every aggregator's totals: when the key's totals came,
- * from whom. */
+/* A subscriber to one aggregator's totals: when the key's totals came
+ * from it. */
+#define SEEN_MAX 8192
+
 typedef struct watch {
     nng_socket sub;
     const char *rule, *tenant;
     atomic_bool stop;
-    uint64_t from_us, to_us;    /* the span the gap is measured in */
-    uint64_t last_us, worst_gap_us, worst_gap_end_us;
-    long messages;
+    uint64_t seen_us[SEEN_MAX];
+    size_t n;
 } watch;
 
 static bool names_key(const watch *w, nng_msg *m)
@@ -158,30 +159,67 @@ static void *watch_totals(void *arg)
         nng_msg *m;
         if (nng_recvmsg(w->sub, &m, 0) != 0)
             continue;
-        uint64_t now = test_now_us();
-        if (names_key(w, m) && now >= w->from_us && now <= w->to_us) {
-            if (w->last_us != 0 && now - w->last_us > w->worst_gap_us) {
-                w->worst_gap_us = now - w->last_us;
-                w->worst_gap_end_us = now;
-            }
-            w->last_us = now;
-            w->messages++;
-        }
+        if (names_key(w, m) && w->n < SEEN_MAX)
+            w->seen_us[w->n++] = test_now_us();
         nng_msg_free(m);
     }
     return NULL;
 }
 
-static void watch_open(watch *w, const test_aggregator *aggs)
+static void watch_open(watch *w, const test_aggregator *agg, const char *rule,
+                       const char *tenant)
 {
+    w->rule = rule;
+    w->tenant = tenant;
     cr_assert_eq(nng_sub0_open(&w->sub), 0);
     nng_socket_set_ms(w->sub, NNG_OPT_RECVTIMEO, 50);
     char topic[RL_WIRE_NAME_MAX + 2];
-    size_t n = rl_wire_topic(w->rule, topic, sizeof topic);
+    size_t n = rl_wire_topic(rule, topic, sizeof topic);
     cr_assert_eq(nng_socket_set(w->sub, NNG_OPT_SUB_SUBSCRIBE, topic, n), 0);
-    for (int i = 0; i < AGGREGATORS; i++)
-        cr_assert_eq(nng_dial(w->sub, aggs[i].totals, NULL,
-                              NNG_FLAG_NONBLOCK), 0);
+    cr_assert_eq(nng_dial(w->sub, agg->totals, NULL, NNG_FLAG_NONBLOCK), 0);
+}
+
+static int by_time(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The longest time in [from, to] without the key's totals from any of
+ * the aggregators; *end is when it ended. */
+static uint64_t longest_gap(const watch *w, size_t n, uint64_t from,
+                            uint64_t to, uint64_t *end, long *messages)
+{
+    static uint64_t all[AGGREGATORS * SEEN_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < w[i].n; j++) {
+            if (w[i].seen_us[j] >= from && w[i].seen_us[j] <= to)
+                all[k++] = w[i].seen_us[j];
+        }
+    }
+    qsort(all, k, sizeof *all, by_time);
+    uint64_t worst = 0, last = from;
+    *end = from;
+    for (size_t i = 0; i <= k; i++) {
+        uint64_t at = i < k ? all[i] : to;
+        if (at - last > worst) {
+            worst = at - last;
+            *end = at;
+        }
+        last = at;
+    }
+    *messages = (long)k;
+    return worst;
+}
+
+/* How many of the key's totals came from w after from. */
+static long seen_after(const watch *w, uint64_t from)
+{
+    long n = 0;
+    for (size_t j = 0; j < w->n; j++)
+        n += w->seen_us[j] > from;
+    return n;
 }
 
 /* The key's sub-window counts as seen so far. The hash keeps a period
@@ -288,13 +326,11 @@ static void failover(const char *store, const char *rule, const char *label)
     /* The agents know how many they are (presence) before the traffic. */
     test_sleep_ms(8 * INTERVAL_MS);
     size_t owner = owner_of(rule, tenant, AGGREGATORS);
-    watch w = {.rule = rule, .tenant = tenant};
-    watch_open(&w, aggs);
+    static watch w[AGGREGATORS];
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < AGGREGATORS; i++)
+        watch_open(&w[i], &aggs[i], rule, tenant);
     uint64_t start = test_now_us();
-    /* The gap is measured from the first period on (totals flow then)
-     * to the end of the traffic. */
-    w.from_us = start + PERIOD_MS * 1000ULL / 2;
-    w.to_us = start + RUN_MS * 1000ULL;
     char key[128];
     if (store != NULL)
         snprintf(key, sizeof key, "{rl:tenant:%s}:w", tenant);
@@ -304,10 +340,11 @@ static void failover(const char *store, const char *rule, const char *label)
     memset(&ws, 0, sizeof ws);
     ws.store = store != NULL ? store : test_env("RL_TEST_REDIS");
     ws.key = key;
-    pthread_t watcher, offerer, reader;
+    pthread_t watchers[AGGREGATORS], offerer, reader;
     traffic t = {.agents = agents, .tenant = tenant, .ms = RUN_MS};
     pthread_create(&reader, NULL, watch_windows, &ws);
-    pthread_create(&watcher, NULL, watch_totals, &w);
+    for (int i = 0; i < AGGREGATORS; i++)
+        pthread_create(&watchers[i], NULL, watch_totals, &w[i]);
     pthread_create(&offerer, NULL, offer, &t);
     test_sleep_ms(KILL_AT_MS);
     test_aggregator_kill(&aggs[owner]);
@@ -316,9 +353,21 @@ static void failover(const char *store, const char *rule, const char *label)
     test_aggregator_start(&aggs[owner], NULL, NULL, 0, &aggs[owner]);
     uint64_t back_us = test_now_us();
     pthread_join(offerer, NULL);
-    atomic_store(&w.stop, true);
-    pthread_join(watcher, NULL);
-    nng_close(w.sub);
+    uint64_t end_us = test_now_us();
+    for (int i = 0; i < AGGREGATORS; i++) {
+        atomic_store(&w[i].stop, true);
+        pthread_join(watchers[i], NULL);
+        nng_close(w[i].sub);
+    }
+    /* The gap is measured from half a period in (totals flow then) to the
+     * end of the traffic. */
+    uint64_t gap_end;
+    long messages;
+    uint64_t gap = longest_gap(w, AGGREGATORS,
+                               start + PERIOD_MS * 1000ULL / 2, end_us,
+                               &gap_end, &messages);
+    /* Back, the owner has the key again within a few intervals. */
+    long owner_back = seen_after(&w[owner], back_us + 3 * INTERVAL_MS * 1000);
     /* Closing the agents sends their last reports. */
     for (int i = 0; i < AGENTS; i++) {
         rl_agent_close(agents[i]);
@@ -335,26 +384,31 @@ static void failover(const char *store, const char *rule, const char *label)
             "%.1f s, back at %.1f s; offered %ld, admitted %zu, Redis holds "
             "%lld (lost %lld, doubled %lld); worst span of one period %ld "
             "(limit %d, bound %d); key's totals: %ld messages, longest gap "
-            "%llu ms ending at %.1f s (interval %d ms, at most %d)\n", label,
+            "%llu ms ending at %.1f s (interval %d ms, at most %d), %ld "
+            "from aggregator %zu once back\n", label,
             owner, (double)(killed_us - start) / 1e6,
             (double)(back_us - start) / 1e6, t.a.offered, t.a.n, held,
             held < (long long)t.a.n ? (long long)t.a.n - held : 0,
             held > (long long)t.a.n ? held - (long long)t.a.n : 0, worst,
-            LIMIT, LIMIT * 105 / 100, w.messages,
-            (unsigned long long)(w.worst_gap_us / 1000),
-            (double)(w.worst_gap_end_us - start) / 1e6, INTERVAL_MS,
-            TOTALS_GAP_MAX_MS);
+            LIMIT, LIMIT * 105 / 100, messages,
+            (unsigned long long)(gap / 1000), (double)(gap_end - start) / 1e6,
+            INTERVAL_MS, TOTALS_GAP_MAX_MS, owner_back, owner);
     for (int i = 0; i < AGGREGATORS; i++)
         test_aggregator_stop(&aggs[i]);
     cr_assert_eq(t.a.failed, 0, "checks failed");
     cr_expect_eq(held, (long long)t.a.n, "Redis holds %lld, the agents "
                  "admitted %zu", held, t.a.n);
     cr_expect_leq(worst, LIMIT * 105 / 100);
-    cr_expect_leq(w.worst_gap_us, TOTALS_GAP_MAX_MS * 1000ULL,
+    cr_expect_leq(gap, TOTALS_GAP_MAX_MS * 1000ULL,
                   "the key's totals stopped for %llu ms",
-                  (unsigned long long)(w.worst_gap_us / 1000));
+                  (unsigned long long)(gap / 1000));
     /* Totals flowed all along (one message an interval from the owner). */
-    cr_expect_geq(w.messages, (RUN_MS - PERIOD_MS / 2) / INTERVAL_MS / 2);
+    cr_expect_geq(messages, (RUN_MS - PERIOD_MS / 2) / INTERVAL_MS / 2);
+    /* And the key went back to its owner once it was up again. */
+    uint64_t after_back = (end_us - back_us) / 1000 - 3 * INTERVAL_MS;
+    cr_expect_geq(owner_back, (long)(after_back / INTERVAL_MS / 2),
+                  "aggregator %zu, back, published the key %ld times",
+                  owner, owner_back);
     free(t.a.at_us);
 }
 
