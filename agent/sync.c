@@ -123,6 +123,7 @@ struct rl_sync {
     uv_async_t wakeup;
     uv_timer_t tick;
     pthread_mutex_t lock;       /* nng threads -> loop */
+    bool started;               /* wakeup exists: nng threads may wake */
     bool closing;
     /* Loop thread only. */
     bool stopping;              /* rl_sync_stop was called */
@@ -171,7 +172,9 @@ static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
         l->pipes++;
     } else if (l->pipes > 0 && --l->pipes == 0) {
         l->pipe_lost = true;
-        if (!s->closing)
+        /* Connections come and go before the start too, and at the
+         * close: there is no loop to wake then. */
+        if (s->started && !s->closing)
             uv_async_send(&s->wakeup);
     }
     pthread_mutex_unlock(&s->lock);
@@ -862,6 +865,9 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     uv_timer_init(loop, &s->tick);
     s->wakeup.data = s->tick.data = s;
     s->open_handles = 2;
+    pthread_mutex_lock(&s->lock);
+    s->started = true;
+    pthread_mutex_unlock(&s->lock);
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */
@@ -1003,6 +1009,10 @@ void rl_sync_free(rl_sync *s)
 {
     if (s == NULL)
         return;
+    /* Closing the sockets ends their connections: nothing to wake. */
+    pthread_mutex_lock(&s->lock);
+    s->closing = true;
+    pthread_mutex_unlock(&s->lock);
     for (size_t i = 0; s->links != NULL && i < s->n_links; i++)
         free_link(&s->links[i]);
     free(s->links);

@@ -308,17 +308,25 @@ static size_t owner_of(const char *rule, const char *tenant, size_t n)
                               up, n);
 }
 
+/* n aggregators on store (NULL: the runner's Redis) with one synced rule,
+ * every one with Redis's clock read. */
+static void start_ready(test_aggregator *aggs, size_t n, const char *store,
+                        const char *rule, long limit, unsigned period_ms)
+{
+    char rules[200];
+    snprintf(rules, sizeof rules, "  - {name: %s, match: tenant, limit: %ld, "
+             "period: %ums, mode: synced}\n", rule, limit, period_ms);
+    test_aggregators_start(aggs, n, store, rules, INTERVAL_MS);
+    for (size_t i = 0; i < n; i++)
+        test_aggregator_wait_ready(&aggs[i]);
+}
+
 /* store: NULL for the runner's Redis, or a cluster's seeds. */
 static void failover(const char *store, const char *rule, const char *label)
 {
     const char *tenant = "org_failover";
-    char rules[200];
-    snprintf(rules, sizeof rules, "  - {name: %s, match: tenant, limit: %d, "
-             "period: %dms, mode: synced}\n", rule, LIMIT, PERIOD_MS);
     test_aggregator aggs[AGGREGATORS];
-    test_aggregators_start(aggs, AGGREGATORS, store, rules, INTERVAL_MS);
-    for (int i = 0; i < AGGREGATORS; i++)
-        test_aggregator_wait_ready(&aggs[i]);
+    start_ready(aggs, AGGREGATORS, store, rule, LIMIT, PERIOD_MS);
     rl_agent *agents[AGENTS];
     rl_config *configs[AGENTS];
     for (int i = 0; i < AGENTS; i++)
@@ -467,13 +475,9 @@ static long check_many(rl_agent *a, const char *tenant, int n)
  * holds what the agent admitted. */
 static void unanswered(const char *rule, bool applied)
 {
-    char rules[200], tenant[32], path[600];
-    snprintf(rules, sizeof rules, "  - {name: %s, match: tenant, limit: "
-             "1000000000, period: 1m, mode: synced}\n", rule);
+    char tenant[32], path[600];
     test_aggregator aggs[2];
-    test_aggregators_start(aggs, 2, NULL, rules, INTERVAL_MS);
-    test_aggregator_wait_ready(&aggs[0]);
-    test_aggregator_wait_ready(&aggs[1]);
+    start_ready(aggs, 2, NULL, rule, 1000000000, 60000);
     uint16_t port;
     test_proxy *p = test_proxy_start(
         (uint16_t)atoi(strrchr(aggs[0].reports, ':') + 1), &port);
@@ -519,6 +523,49 @@ Test(aggregators, a_report_applied_but_not_answered_moves_and_counts_once)
 Test(aggregators, a_report_never_received_moves_and_counts_once)
 {
     unanswered("unrec", false);
+}
+
+/* --- rlctl agents with several aggregators ------------------------------ */
+
+/* One agent whose two keys go one to each aggregator is one row, listed
+ * with both; with one aggregator gone it is named in a warning and the
+ * other's agents are still shown. */
+Test(aggregators, rlctl_agents_shows_each_agent_with_its_aggregators)
+{
+    static const char rule[] = "ag";
+    char tenant[2][32], out[8192];
+    test_aggregator aggs[2];
+    start_ready(aggs, 2, NULL, rule, 1000000, 60000);
+    for (size_t k = 0; k < 2; k++) {
+        for (int i = 0;; i++) {
+            snprintf(tenant[k], sizeof tenant[k], "org_ag_%d", i);
+            if (owner_of(rule, tenant[k], 2) == k)
+                break;
+        }
+    }
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&aggs[0], &cfg);
+    check_many(a, tenant[0], 3);
+    check_many(a, tenant[1], 3);
+    test_sleep_ms(5 * INTERVAL_MS);
+    cr_assert_eq(test_rlctl(out, sizeof out, aggs[0].config, "agents"), 0,
+                 "%s", out);
+    cr_assert(strstr(out, "AGGREGATORS") != NULL, "%s", out);
+    cr_assert(strstr(out, " 0,1\n") != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, aggs[0].config, "--json agents"),
+                 0, "%s", out);
+    cr_assert(strstr(out, "\"aggregators\":[0,1]}]}") != NULL, "%s", out);
+    cr_assert_null(strstr(out, "},{"), "one agent, two rows: %s", out);
+    test_aggregator_kill(&aggs[1]);
+    cr_assert_eq(test_rlctl(out, sizeof out, aggs[0].config, "agents"), 0,
+                 "%s", out);
+    cr_assert(strstr(out, "warning: cannot reach the aggregator at "
+                          "127.0.0.1:") != NULL, "%s", out);
+    cr_assert(strstr(out, "(aggregator 1)") != NULL, "%s", out);
+    cr_assert(strstr(out, " 0\n") != NULL, "%s", out);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&aggs[0]);
 }
 
 /* --- rl-aggregator --index ----------------------------------------------- */
