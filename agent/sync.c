@@ -369,7 +369,9 @@ static stream *orphan(rl_sync *s)
  * report first, then its own (resent, or built, at a tick or when it owes
  * one: the stream's next report only once the last is acknowledged). A
  * down link resends its own report, builds one when no link is up (its
- * keys are its own then), or else pings. */
+ * keys are its own then), or else pings. nng's REQ holds a send until it
+ * has a connection: with the aggregator away, the two-interval timeout
+ * ends it. */
 static void serve(agg_link *l, bool tick)
 {
     rl_sync *s = l->s;

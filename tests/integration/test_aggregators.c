@@ -365,7 +365,6 @@ static void failover(const char *store, const char *rule, const char *label)
     for (int i = 0; i < AGGREGATORS; i++) {
         atomic_store(&w[i].stop, true);
         pthread_join(watchers[i], NULL);
-        nng_close(w[i].sub);
     }
     /* The gap is measured from half a period in (totals flow then) to the
      * end of the traffic. */
@@ -403,6 +402,10 @@ static void failover(const char *store, const char *rule, const char *label)
             INTERVAL_MS, TOTALS_GAP_MAX_MS, owner_back, owner);
     for (int i = 0; i < AGGREGATORS; i++)
         test_aggregator_stop(&aggs[i]);
+    /* Only now: nng 1.5.2 can hang closing a SUB socket a message is
+     * arriving on (sync.c). */
+    for (int i = 0; i < AGGREGATORS; i++)
+        nng_close(w[i].sub);
     cr_assert_eq(t.a.failed, 0, "checks failed");
     cr_expect_eq(held, (long long)t.a.n, "Redis holds %lld, the agents "
                  "admitted %zu", held, t.a.n);
