@@ -36,8 +36,8 @@
 /* As test_synced_accuracy.c: the bound assumes an agent's I/O thread keeps
  * up with an interval, which under ThreadSanitizer it does at four times
  * the time scale. Under AddressSanitizer, beside other work on two cores,
- * totals came up to 376 ms apart at 100 ms (a TOTALS message handled late,
- * with no aggregator down): twice the time scale there. */
+ * totals came up to 376 ms apart at 100 ms, seconds after the failover
+ * (totals handled late, not moved late): twice the time scale there. */
 #if defined(__SANITIZE_THREAD__)
 #define TIME_SCALE 4
 #elif defined(__SANITIZE_ADDRESS__)
