@@ -165,6 +165,7 @@ static void on_req(void *arg)
 static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     agg_link *l = arg;
+    rl_nng_handoff(l);
     rl_sync *s = l->s;
     (void)pipe;
     pthread_mutex_lock(&s->lock);
@@ -178,6 +179,7 @@ static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
             uv_async_send(&s->wakeup);
     }
     pthread_mutex_unlock(&s->lock);
+    rl_nng_handoff(l);
 }
 
 static void on_probe(void *arg, int result)
@@ -765,6 +767,8 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
                             nng_strerror(rv));
     /* Our own resends (the same report until acknowledged) replace REQ's. */
     nng_socket_set_ms(l->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    /* The pipe callbacks read the link from the dials on. */
+    rl_nng_handoff(l);
     nng_socket_set_size(l->sub, NNG_OPT_RECVMAXSZ, agg->max_message_bytes);
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
