@@ -149,8 +149,8 @@ static uint32_t interval_ms(const rl_sync *s)
 static void on_req(void *arg)
 {
     agg_link *l = arg;
-    rl_sync *s = l->s;
     rl_nng_handoff(l);
+    rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
     l->req_done = true;
     l->req_result = nng_aio_result(l->req_aio);
@@ -185,6 +185,7 @@ static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 static void on_probe(void *arg, int result)
 {
     agg_link *l = arg;
+    rl_nng_handoff(l);
     rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
     l->probe_done = true;
@@ -197,8 +198,8 @@ static void on_probe(void *arg, int result)
 static void on_sub(void *arg)
 {
     agg_link *l = arg;
-    rl_sync *s = l->s;
     rl_nng_handoff(l);
+    rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
     int rv = nng_aio_result(l->sub_aio);
     if (rv == 0) {
@@ -537,6 +538,7 @@ static void req_finished(agg_link *l, int result)
             && !l->probing) {
             uint32_t wait = 2 * interval_ms(s);
             l->probing = true;
+            rl_nng_handoff(l);
             rl_nng_probe_start(l->probe, wait > 1000 ? (int)wait : 1000);
         }
     } else if (result == 0) {
