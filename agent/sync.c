@@ -1002,8 +1002,15 @@ static void free_link(agg_link *l)
     if (l->sub_aio != NULL)
         nng_aio_free(l->sub_aio);
     rl_nng_probe_free(l->probe);
-    if (nng_socket_id(l->req) > 0)
+    /* No pipe callback once the link is freed: the close ends the
+     * connections, and nng runs their callbacks on its own threads, after
+     * nng_close has returned too (seen under TSan). One already under way
+     * when this unregisters is not waited for; nng has no way to. */
+    if (nng_socket_id(l->req) > 0) {
+        nng_pipe_notify(l->req, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+        nng_pipe_notify(l->req, NNG_PIPE_EV_REM_POST, NULL, NULL);
         nng_close(l->req);
+    }
     if (nng_socket_id(l->sub) > 0)
         nng_close(l->sub);
     for (size_t i = 0; i < l->n_totals; i++)
