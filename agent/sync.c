@@ -371,8 +371,8 @@ static stream *orphan(rl_sync *s)
 /* Gives an idle link its next report. An up link carries a down link's
  * report first, then its own (resent, or built, at a tick or when it owes
  * one: the stream's next report only once the last is acknowledged). A
- * down link resends its own report, builds one when no link is up (its
- * keys are its own then), or else pings. nng's REQ holds a send until it
+ * down link pings; only when no link is up does it resend or build its
+ * own report (its keys are its own then, as with one aggregator). nng's REQ holds a send until it
  * has a connection: with the aggregator away, the two-interval timeout
  * ends it. */
 static void serve(agg_link *l, bool tick)
@@ -398,8 +398,10 @@ static void serve(agg_link *l, bool tick)
     }
     if (!tick)
         return;
-    if (own->carrier == NULL
-        && (has_pending(own) || (!any_up(s) && build_report(s, l))))
+    /* With another link up, this one's report is theirs to carry (taken
+     * here, it would wait two more intervals on a link that is away). */
+    if (own->carrier == NULL && !any_up(s)
+        && (has_pending(own) || build_report(s, l)))
         send_on(l, own);
     else
         send_on(l, NULL);

@@ -262,6 +262,14 @@ static void handle_report(rl_ingest_worker *w)
     }
     agg->in_flight++;
     w->sent_at_us = uv_hrtime() / 1000;
+    /* A ping is answered once this aggregator can apply reports: on a
+     * cluster it touches no key, and a restarted aggregator still
+     * connecting to the shards would take keys back it cannot apply. */
+    if (m->seq == 0 && !rl_store_up(agg->store)) {
+        free(rules);
+        on_applied(w, false, NULL, NULL, "Redis is not reachable yet");
+        return;
+    }
     if (now == 0) {
         free(rules);
         on_applied(w, false, NULL, NULL, "Redis's clock is not known yet");
