@@ -2,24 +2,43 @@
  * sync.c: the agent's conversation with the aggregators, on its I/O
  * thread. Every sync_interval_ms (at the start of each interval of Redis's
  * clock, once the agent has heard it) the counts since the last report go
- * out as one REPORT on an nng REQ socket; the aggregator answers once they
- * are in Redis. Until then the report is kept, and sent again, the same
- * bytes under the same sequence number, until acknowledged: the aggregator
- * applies a sequence number once, so nothing is lost and nothing counted
- * twice while an aggregator is away. Counts made meanwhile wait for the
- * next report (one counter per key: memory stays bounded).
+ * out as REPORTs on nng REQ sockets, one link per aggregator of the
+ * config; an aggregator answers once they are in Redis. Until then a
+ * report is kept, and sent again, the same bytes under the same sequence
+ * number, until acknowledged: the aggregators apply a sequence number
+ * once, so nothing is lost and nothing counted twice while an aggregator
+ * is away. Counts made meanwhile wait for the next report (one counter per
+ * key: memory stays bounded).
+ *
+ * Several aggregators share the keys: each key goes to the aggregator
+ * that partition.c picks among those up, and each link's reports form a
+ * stream of their own, numbered 1, 2, 3... (the stream number is the
+ * link's index; the aggregators keep one sequence per agent and stream).
+ * A link goes down when its report is not acknowledged within two
+ * intervals or its socket loses its connection. Its unacknowledged report
+ * is not dropped nor renumbered: an up link carries it, the same bytes,
+ * before its own next report, and the stream's next report is built only
+ * once it is acknowledged, wherever it went: one report per stream is
+ * outstanding at most, and as every aggregator shares Redis, a report the
+ * lost aggregator applied without answering is a duplicate to the next.
+ * The next tick gives the down link's keys to the others. A down link
+ * pings its aggregator every tick (a REPORT numbered 0, never applied);
+ * the answer brings it up, and the next tick gives its keys back.
  *
  * A key that is at its mark (rejecting) and has no new counts goes in the
  * report with a count of 0: its agents send nothing else, and the ack
  * brings its totals. An agent with rules that need a fleet size (synced,
- * or on_error: local) names them in every report and reports every tick,
- * counts or not (presence), so that the aggregator counts it in them.
+ * or on_error: local) names them in every report of every stream and
+ * reports every tick, counts or not (presence), so that the aggregators
+ * count it in them (in sets shared in Redis: the counts are the fleet's).
  *
- * Totals come on an nng SUB socket subscribed to those rules' topics;
- * each TOTALS message sets its rule's agent count and, for a synced rule,
- * brings its keys' totals up to date and gives them a fresh share of what
- * is left, as every tick does (synced.c). nng's threads only queue what
- * they received and wake the loop.
+ * Totals come on one nng SUB socket per aggregator, subscribed to those
+ * rules' topics; each TOTALS message sets its rule's agent count and, for
+ * a synced rule, brings its keys' totals up to date and gives the keys
+ * this agent reports to that aggregator a fresh share of what is left, as
+ * every tick does (synced.c): an aggregator's snapshot says nothing of the
+ * keys another one applies. nng's threads only queue what they received
+ * and wake the loop.
  *
  * The rules are those of the I/O thread's current generation
  * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
@@ -31,6 +50,7 @@
 #include "nng_tls.h"
 
 #include "nng_handoff.h"
+#include "partition.h"
 #include "wire.h"
 
 #include <nng/nng.h>
@@ -48,6 +68,46 @@ typedef struct reported {
 
 typedef enum req_state { REQ_IDLE, REQ_SENDING, REQ_WAITING } req_state;
 
+struct agg_link;
+
+/* One stream of reports, the one of the link of the same index: its
+ * sequence and the report waiting for its ack, on whichever link carries
+ * it. Loop thread only. */
+typedef struct stream {
+    uint64_t seq;
+    rl_wire_writer *pending;    /* the report waiting for its ack */
+    reported *in_report;
+    size_t n_in_report;
+    struct agg_link *carrier;       /* the link it is on now, or NULL */
+    int stop_reports;           /* reports sent since rl_sync_stop */
+} stream;
+
+/* The conversation with one aggregator. */
+typedef struct agg_link {
+    struct rl_sync *s;
+    size_t index;
+    nng_socket req, sub;
+    nng_aio *req_aio, *sub_aio;
+    /* nng threads -> loop, under s->lock. */
+    bool req_done;              /* the REQ aio finished: result below */
+    int req_result;
+    bool probe_done;            /* the probe finished: result below */
+    int probe_result;
+    int pipes;                  /* the REQ socket's connections */
+    bool pipe_lost;             /* its last one closed */
+    nng_msg **totals;           /* received TOTALS, in order */
+    size_t n_totals, cap_totals;
+    /* Loop thread only. */
+    req_state state;
+    bool up;
+    stream *sending;            /* whose report is on the REQ; NULL: ping */
+    bool owes_own;              /* carried another's report at the tick */
+    stream own;
+    rl_nng_probe *probe;        /* why the reports URL cannot be reached */
+    bool probing;
+    int probe_logged;           /* the reason last logged; 0 after an ack */
+} agg_link;
+
 struct rl_sync {
     rl_synced *synced;
     const rl_config *config;    /* the aggregator settings */
@@ -57,31 +117,18 @@ struct rl_sync {
     size_t n_presence;
     const rl_logger *log;
     uv_loop_t *loop;
-    nng_socket req, sub;
-    nng_aio *req_aio, *sub_aio;
+    agg_link *links;                /* one per aggregator of the config */
+    size_t n_links;
+    rl_wire_writer *ping;       /* scratch for pings */
     uv_async_t wakeup;
     uv_timer_t tick;
     pthread_mutex_t lock;       /* nng threads -> loop */
-    bool req_done;              /* the REQ aio finished: result below */
-    int req_result;
-    bool probe_done;            /* the probe finished: result below */
-    int probe_result;
-    nng_msg **totals;           /* received TOTALS, in order */
-    size_t n_totals, cap_totals;
+    bool started;               /* wakeup exists: nng threads may wake */
     bool closing;
     /* Loop thread only. */
     bool stopping;              /* rl_sync_stop was called */
-    int stop_reports;           /* reports sent since rl_sync_stop */
-    req_state state;
     char agent_id[40];
-    uint64_t seq;
-    rl_wire_writer *pending;    /* the report waiting for its ack */
-    reported *in_report;
-    size_t n_in_report;
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
-    rl_nng_probe *probe;        /* why the reports URL cannot be reached */
-    bool probing;
-    int probe_logged;           /* the reason last logged; 0 after an ack */
     int open_handles;
 };
 
@@ -93,26 +140,56 @@ static uint64_t now_ms(const rl_sync *s)
     return uv_now(s->loop);
 }
 
+static uint32_t interval_ms(const rl_sync *s)
+{
+    return s->config->aggregator.sync_interval_ms;
+}
+
 /* nng threads: note and wake. */
 static void on_req(void *arg)
 {
-    rl_sync *s = arg;
-    rl_nng_handoff(s);
+    agg_link *l = arg;
+    rl_nng_handoff(l);
+    rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
-    s->req_done = true;
-    s->req_result = nng_aio_result(s->req_aio);
+    l->req_done = true;
+    l->req_result = nng_aio_result(l->req_aio);
     if (!s->closing)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
-    rl_nng_handoff(s);
+    rl_nng_handoff(l);
+}
+
+/* A connection to the aggregator came or went: losing the last one takes
+ * the link down at once, rather than after two intervals. */
+static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    agg_link *l = arg;
+    rl_nng_handoff(l);
+    rl_sync *s = l->s;
+    (void)pipe;
+    pthread_mutex_lock(&s->lock);
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        l->pipes++;
+    } else if (l->pipes > 0 && --l->pipes == 0) {
+        l->pipe_lost = true;
+        /* Connections come and go before the start too, and at the
+         * close: there is no loop to wake then. */
+        if (s->started && !s->closing)
+            uv_async_send(&s->wakeup);
+    }
+    pthread_mutex_unlock(&s->lock);
+    rl_nng_handoff(l);
 }
 
 static void on_probe(void *arg, int result)
 {
-    rl_sync *s = arg;
+    agg_link *l = arg;
+    rl_nng_handoff(l);
+    rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
-    s->probe_done = true;
-    s->probe_result = result;
+    l->probe_done = true;
+    l->probe_result = result;
     if (!s->closing)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
@@ -120,24 +197,25 @@ static void on_probe(void *arg, int result)
 
 static void on_sub(void *arg)
 {
-    rl_sync *s = arg;
-    rl_nng_handoff(s);
+    agg_link *l = arg;
+    rl_nng_handoff(l);
+    rl_sync *s = l->s;
     pthread_mutex_lock(&s->lock);
-    int rv = nng_aio_result(s->sub_aio);
+    int rv = nng_aio_result(l->sub_aio);
     if (rv == 0) {
-        nng_msg *m = nng_aio_get_msg(s->sub_aio);
-        if (s->n_totals == s->cap_totals) {
-            size_t cap = s->cap_totals ? 2 * s->cap_totals : 16;
+        nng_msg *m = nng_aio_get_msg(l->sub_aio);
+        if (l->n_totals == l->cap_totals) {
+            size_t cap = l->cap_totals ? 2 * l->cap_totals : 16;
             nng_msg **grown = cap <= 4096
-                                  ? realloc(s->totals, cap * sizeof *grown)
+                                  ? realloc(l->totals, cap * sizeof *grown)
                                   : NULL;
             if (grown != NULL) {
-                s->totals = grown;
-                s->cap_totals = cap;
+                l->totals = grown;
+                l->cap_totals = cap;
             }
         }
-        if (s->n_totals < s->cap_totals)
-            s->totals[s->n_totals++] = m;
+        if (l->n_totals < l->cap_totals)
+            l->totals[l->n_totals++] = m;
         else
             nng_msg_free(m); /* the loop is far behind: the next will do */
     }
@@ -146,10 +224,10 @@ static void on_sub(void *arg)
         uv_async_send(&s->wakeup);
     pthread_mutex_unlock(&s->lock);
     if (again) {
-        rl_nng_handoff(s);
-        nng_recv_aio(s->sub, s->sub_aio);
+        rl_nng_handoff(l);
+        nng_recv_aio(l->sub, l->sub_aio);
     }
-    rl_nng_handoff(s);
+    rl_nng_handoff(l);
 }
 
 /* Whether an entry goes in the next report: it has new counts, or it is
@@ -165,11 +243,34 @@ static bool to_report(const rl_synced_entry *e)
                                                   memory_order_relaxed));
 }
 
-/* Builds the next report from what was counted since the last. */
-static bool build_report(rl_sync *s)
+/* Gives every key to its aggregator among those up now (partition.c). */
+static void assign_owners(rl_sync *s)
+{
+    bool up[RL_AGGREGATORS_MAX];
+    for (size_t i = 0; i < s->n_links; i++)
+        up[i] = s->links[i].up;
+    rl_synced_table *t = atomic_load(&s->synced->table);
+    for (size_t i = 0; i < t->cap; i++) {
+        rl_synced_entry *e = atomic_load(&t->slots[i]);
+        if (e == NULL)
+            continue;
+        if (!e->spread_known) {
+            e->spread = rl_partition_key(e->ident->name, e->value,
+                                         e->value_len);
+            e->spread_known = true;
+        }
+        e->owner = (uint8_t)rl_partition_owner(e->spread, up, s->n_links);
+    }
+}
+
+/* Builds the next report of l's stream from what l's keys counted since
+ * the last. */
+static bool build_report(rl_sync *s, agg_link *l)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
     const rl_aggregator_config *agg = &s->config->aggregator;
+    stream *st = &l->own;
+    size_t index = l->index;
     /* Within both caps: entries, and bytes (each entry's rule name, value
      * and a count, with room for msgpack's framing, after the presence
      * names). The rest go in the next report. */
@@ -178,7 +279,7 @@ static bool build_report(rl_sync *s)
         bytes += strlen(s->presence[i]) + 8;
     for (size_t i = 0; i < t->cap && n < agg->max_entries; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || !to_report(e))
+        if (e == NULL || e->owner != index || !to_report(e))
             continue;
         bytes += strlen(e->ident->name) + e->value_len + 32;
         if (bytes > agg->max_message_bytes)
@@ -187,42 +288,146 @@ static bool build_report(rl_sync *s)
     }
     if (n == 0 && s->n_presence == 0)
         return false;
-    s->in_report = calloc(n + 1, sizeof *s->in_report);
-    if (s->in_report == NULL)
+    st->in_report = calloc(n + 1, sizeof *st->in_report);
+    if (st->in_report == NULL)
         return false;
-    rl_wire_writer_reset(s->pending);
-    rl_wire_begin_report_presence(s->pending, s->agent_id, ++s->seq, n);
+    rl_wire_writer_reset(st->pending);
+    rl_wire_begin_report_stream(st->pending, s->agent_id, ++st->seq, n,
+                                index);
     size_t k = 0;
     for (size_t i = 0; i < t->cap && k < n; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || !to_report(e))
+        if (e == NULL || e->owner != index || !to_report(e))
             continue;
         uint64_t counted = rl_synced_counted(e);
         uint64_t delta = counted > e->reported ? counted - e->reported : 0;
-        rl_wire_put_count(s->pending, e->ident->name, e->value, e->value_len,
-                          delta);
+        rl_wire_put_count(st->pending, e->ident->name, e->value,
+                          e->value_len, delta);
         e->reported = counted;
-        e->in_report = delta;
-        s->in_report[k++] = (reported){e, delta};
+        e->in_report += delta;
+        st->in_report[k++] = (reported){e, delta};
     }
     /* k == n: the table only changes on this thread (the sweep). */
-    rl_wire_put_presence(s->pending, s->presence, s->n_presence);
-    s->n_in_report = k;
+    rl_wire_put_presence(st->pending, s->presence, s->n_presence);
+    st->n_in_report = k;
     return true;
 }
 
-static void send_pending(rl_sync *s)
+static bool has_pending(const stream *st)
 {
     size_t len;
-    const void *data = rl_wire_writer_data(s->pending, &len);
+    rl_wire_writer_data(st->pending, &len);
+    return len > 0;
+}
+
+/* Sends st's pending report on l, or a ping when st is NULL. */
+static void send_on(agg_link *l, stream *st)
+{
+    rl_sync *s = l->s;
+    rl_wire_writer *w = st != NULL ? st->pending : s->ping;
+    if (st == NULL) {
+        rl_wire_writer_reset(w);
+        rl_wire_begin_report(w, s->agent_id, 0, 0);
+    }
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
     nng_msg *m;
-    if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, data, len) != 0)
+    if (nng_msg_alloc(&m, 0) != 0)
         return;
-    nng_aio_set_msg(s->req_aio, m);
-    nng_aio_set_timeout(s->req_aio, 2 * s->config->aggregator.sync_interval_ms);
-    s->state = REQ_SENDING;
-    rl_nng_handoff(s);
-    nng_send_aio(s->req, s->req_aio);
+    if (nng_msg_append(m, data, len) != 0) {
+        nng_msg_free(m);
+        return;
+    }
+    nng_aio_set_msg(l->req_aio, m);
+    nng_aio_set_timeout(l->req_aio, 2 * interval_ms(s));
+    l->state = REQ_SENDING;
+    l->sending = st;
+    if (st != NULL)
+        st->carrier = l;
+    rl_nng_handoff(l);
+    nng_send_aio(l->req, l->req_aio);
+}
+
+static bool any_up(const rl_sync *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (s->links[i].up)
+            return true;
+    }
+    return false;
+}
+
+/* A report of a down link's stream that no link carries. */
+static stream *orphan(rl_sync *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        stream *st = &s->links[i].own;
+        if (!s->links[i].up && st->carrier == NULL && has_pending(st))
+            return st;
+    }
+    return NULL;
+}
+
+/* Gives an idle link its next report. An up link carries a down link's
+ * report first, then its own (resent, or built, at a tick or when it owes
+ * one: the stream's next report only once the last is acknowledged). A
+ * down link pings; only when no link is up does it resend or build its
+ * own report (its keys are its own then, as with one aggregator). nng's REQ holds a send until it
+ * has a connection: with the aggregator away, the two-interval timeout
+ * ends it. */
+static void serve(agg_link *l, bool tick)
+{
+    rl_sync *s = l->s;
+    if (l->state != REQ_IDLE)
+        return;
+    stream *own = &l->own;
+    if (l->up) {
+        stream *st = orphan(s);
+        if (st != NULL) {
+            l->owes_own = l->owes_own || tick;
+            send_on(l, st);
+            return;
+        }
+        if (!tick && !l->owes_own)
+            return;
+        l->owes_own = false;
+        if (own->carrier == NULL
+            && (has_pending(own) || build_report(s, l)))
+            send_on(l, own);
+        return;
+    }
+    if (!tick)
+        return;
+    /* With another link up, this one's report is theirs to carry (taken
+     * here, it would wait two more intervals on a link that is away). */
+    if (own->carrier == NULL && !any_up(s)
+        && (has_pending(own) || build_report(s, l)))
+        send_on(l, own);
+    else
+        send_on(l, NULL);
+}
+
+/* Up links first, so that a down link's report goes to one of them. */
+static void serve_all(rl_sync *s, bool tick)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (s->links[i].up)
+            serve(&s->links[i], tick);
+    }
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (!s->links[i].up)
+            serve(&s->links[i], tick);
+    }
+}
+
+static void link_down(agg_link *l, const char *why)
+{
+    if (!l->up)
+        return;
+    l->up = false;
+    rl_log(l->s->log, RL_LOG_WARN, "aggregator_down", "index=%zu url=%s "
+           "reason=\"%s\"", l->index,
+           l->s->config->aggregator.endpoints[l->index].reports, why);
 }
 
 /* Whether a rule needs the fleet's size: a synced rule shares its limit
@@ -256,22 +461,20 @@ static rl_ident *synced_ident(rl_sync *s, const char *name, size_t len)
     return rule != NULL ? s->idents[rule - s->rules->rules] : NULL;
 }
 
-static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
+static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
 {
-    for (size_t i = 0; i < s->n_in_report; i++) {
-        rl_synced_entry *e = s->in_report[i].entry;
+    for (size_t i = 0; i < st->n_in_report; i++) {
+        rl_synced_entry *e = st->in_report[i].entry;
         e->acked_prior = e->acked;
-        e->acked += s->in_report[i].count;
+        e->acked += st->in_report[i].count;
         e->acked_ms = ack->now_ms != 0 ? ack->now_ms : UINT64_MAX;
-        e->in_report = 0;
+        e->in_report -= st->in_report[i].count;
     }
-    free(s->in_report);
-    s->in_report = NULL;
-    s->n_in_report = 0;
-    s->probe_logged = 0;
+    free(st->in_report);
+    st->in_report = NULL;
+    st->n_in_report = 0;
+    rl_wire_writer_reset(st->pending);
     uint64_t loop_ms = now_ms(s);
-    if (ack->now_ms != 0)
-        rl_synced_set_time(s->synced, ack->now_ms, loop_ms);
     for (size_t i = 0; i < ack->n_entries; i++) {
         const rl_wire_entry *t = &ack->entries[i];
         rl_ident *id = synced_ident(s, t->rule.ptr, t->rule.len);
@@ -287,12 +490,15 @@ static void acknowledged(rl_sync *s, const rl_wire_msg *ack)
     }
 }
 
-static void on_ack(rl_sync *s, nng_msg *m)
+static void on_ack(agg_link *l, nng_msg *m)
 {
+    rl_sync *s = l->s;
+    stream *st = l->sending;
     rl_wire_msg ack;
     const char *why;
     if (rl_wire_decode(nng_msg_body(m), nng_msg_len(m), &ack, &why) != 0
-        || ack.type != RL_WIRE_ACK || ack.seq != s->seq) {
+        || ack.type != RL_WIRE_ACK
+        || ack.seq != (st != NULL ? st->seq : 0)) {
         rl_log(s->log, RL_LOG_WARN, "sync_bad_ack", "reason=\"%s\"",
                why != NULL ? why : "not the ack of the pending report");
         return;
@@ -301,44 +507,71 @@ static void on_ack(rl_sync *s, nng_msg *m)
         rl_log(s->log, RL_LOG_DEBUG, "sync_retry", "seq=%llu",
                (unsigned long long)ack.seq);
     } else {
-        acknowledged(s, &ack);
-        rl_wire_writer_reset(s->pending);
+        /* Answered, with Redis's clock: the aggregator is up. */
+        if (!l->up)
+            rl_log(s->log, RL_LOG_INFO, "aggregator_up", "index=%zu url=%s",
+                   l->index,
+                   s->config->aggregator.endpoints[l->index].reports);
+        l->up = true;
+        l->probe_logged = 0;
+        if (ack.now_ms != 0)
+            rl_synced_set_time(s->synced, ack.now_ms, now_ms(s));
+        if (st != NULL)
+            acknowledged(s, st, &ack);
     }
     rl_wire_msg_free(&ack);
 }
 
 /* The REQ aio finished a send or a receive. */
-static void req_finished(rl_sync *s, int result)
+static void req_finished(agg_link *l, int result)
 {
-    if (s->state == REQ_SENDING && result == 0) {
-        s->state = REQ_WAITING;
-        rl_nng_handoff(s);
-        nng_recv_aio(s->req, s->req_aio);
+    rl_sync *s = l->s;
+    if (l->state == REQ_SENDING && result == 0) {
+        l->state = REQ_WAITING;
+        rl_nng_handoff(l);
+        nng_recv_aio(l->req, l->req_aio);
         return;
     }
-    if (s->state == REQ_SENDING) {
-        nng_msg_free(nng_aio_get_msg(s->req_aio));
+    if (l->state == REQ_SENDING) {
+        nng_msg_free(nng_aio_get_msg(l->req_aio));
         /* No aggregator took the report in two intervals: find out why
          * (a TLS handshake gets at least a second). */
-        if (result == NNG_ETIMEDOUT && s->probe != NULL && !s->stopping
-            && !s->probing) {
-            uint32_t wait = 2 * s->config->aggregator.sync_interval_ms;
-            s->probing = true;
-            rl_nng_probe_start(s->probe, wait > 1000 ? (int)wait : 1000);
+        if (result == NNG_ETIMEDOUT && l->probe != NULL && !s->stopping
+            && !l->probing) {
+            uint32_t wait = 2 * interval_ms(s);
+            l->probing = true;
+            rl_nng_handoff(l);
+            rl_nng_probe_start(l->probe, wait > 1000 ? (int)wait : 1000);
         }
     } else if (result == 0) {
-        nng_msg *m = nng_aio_get_msg(s->req_aio);
-        on_ack(s, m);
+        nng_msg *m = nng_aio_get_msg(l->req_aio);
+        on_ack(l, m);
         nng_msg_free(m);
     } else {
-        rl_log(s->log, RL_LOG_DEBUG, "sync_no_ack", "seq=%llu reason=\"%s\"",
-               (unsigned long long)s->seq, nng_strerror(result));
+        rl_log(s->log, RL_LOG_DEBUG, "sync_no_ack", "index=%zu seq=%llu "
+               "reason=\"%s\"", l->index,
+               (unsigned long long)(l->sending ? l->sending->seq : 0),
+               nng_strerror(result));
     }
-    s->state = REQ_IDLE;
+    /* Cancelled: by the stop (the link is not at fault) or because the
+     * link went down already. */
+    if (result != 0 && result != NNG_ECANCELED)
+        link_down(l, nng_strerror(result));
+    if (l->sending != NULL)
+        l->sending->carrier = NULL;
+    l->sending = NULL;
+    l->state = REQ_IDLE;
 }
 
-static void on_totals(rl_sync *s, nng_msg *m)
+/* Totals from link l's aggregator. Every key's totals are noted (an
+ * agent that saw the aggregators up or down a moment apart from this one
+ * may have sent it a key this one sends elsewhere), but only the keys
+ * this agent reports to l get a fresh share: the message is a snapshot of
+ * what l applied, and says nothing of this agent's acknowledged reports
+ * to another aggregator. */
+static void on_totals(agg_link *l, nng_msg *m)
 {
+    rl_sync *s = l->s;
     const char *body = nng_msg_body(m);
     size_t len = nng_msg_len(m);
     const char *nul = memchr(body, '\0', len < 80 ? len : 80);
@@ -366,7 +599,8 @@ static void on_totals(rl_sync *s, nng_msg *m)
                 rl_synced_note_totals(e, t.entries[i].window,
                                       t.entries[i].current,
                                       t.entries[i].previous);
-                e->partial = false;
+                if (e->owner == l->index)
+                    e->partial = false;
             }
         }
         /* A fresh share for each key whose totals are this snapshot's (or
@@ -374,7 +608,7 @@ static void on_totals(rl_sync *s, nng_msg *m)
         rl_synced_table *table = atomic_load(&s->synced->table);
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
-            if (e != NULL && e->ident == id) {
+            if (e != NULL && e->ident == id && e->owner == l->index) {
                 e->snap_ms = t.now_ms;
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
             }
@@ -384,18 +618,20 @@ static void on_totals(rl_sync *s, nng_msg *m)
 }
 
 /* Logged once per reason, until a report is acknowledged again. */
-static void probe_finished(rl_sync *s, int result)
+static void probe_finished(agg_link *l, int result)
 {
-    s->probing = false;
-    rl_nng_probe_reset(s->probe);
-    if (result == 0 || result == s->probe_logged || s->stopping)
+    rl_sync *s = l->s;
+    l->probing = false;
+    rl_nng_probe_reset(l->probe);
+    if (result == 0 || result == l->probe_logged || s->stopping)
         return;
-    s->probe_logged = result;
+    l->probe_logged = result;
     /* A certificate refused is a configuration to fix, not an outage. */
     bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
     rl_log(s->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
            "aggregator_unreachable", "url=%s "
-           "reason=\"%s\" hint=\"%s\"", s->config->aggregator.reports,
+           "reason=\"%s\" hint=\"%s\"",
+           s->config->aggregator.endpoints[l->index].reports,
            nng_strerror(result), tls
                ? "TLS refused: check aggregator.tls (ca must have signed "
                  "the aggregator's certificate, server_name must be a name "
@@ -405,41 +641,76 @@ static void probe_finished(rl_sync *s, int result)
                  "aggregator.reports");
 }
 
+/* What nng's threads left for one link. */
+typedef struct link_news {
+    bool req_done, probe_done, pipe_lost;
+    int req_result, probe_result;
+    nng_msg **totals;
+    size_t n_totals;
+} link_news;
+
+static link_news take_news(agg_link *l)
+{
+    link_news n = {l->req_done, l->probe_done, l->pipe_lost, l->req_result,
+                   l->probe_result, l->totals, l->n_totals};
+    l->req_done = l->probe_done = l->pipe_lost = false;
+    l->totals = NULL;
+    l->n_totals = l->cap_totals = 0;
+    return n;
+}
+
+static bool all_idle(const rl_sync *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (s->links[i].state != REQ_IDLE)
+            return false;
+    }
+    return true;
+}
+
 static void on_wakeup(uv_async_t *h)
 {
     rl_sync *s = h->data;
+    link_news news[RL_AGGREGATORS_MAX];
     pthread_mutex_lock(&s->lock);
-    bool req_done = s->req_done;
-    int result = s->req_result;
-    s->req_done = false;
-    bool probe_done = s->probe_done;
-    int probe_result = s->probe_result;
-    s->probe_done = false;
-    nng_msg **totals = s->totals;
-    size_t n = s->n_totals;
-    s->totals = NULL;
-    s->n_totals = s->cap_totals = 0;
+    for (size_t i = 0; i < s->n_links; i++)
+        news[i] = take_news(&s->links[i]);
     pthread_mutex_unlock(&s->lock);
-    if (req_done)
-        req_finished(s, result);
-    if (probe_done)
-        probe_finished(s, probe_result);
-    for (size_t i = 0; i < n; i++) {
-        on_totals(s, totals[i]);
-        nng_msg_free(totals[i]);
+    for (size_t i = 0; i < s->n_links; i++) {
+        agg_link *l = &s->links[i];
+        link_news *n = &news[i];
+        if (n->req_done)
+            req_finished(l, n->req_result);
+        /* The report on it will not be answered: cancel it (its
+         * completion, NNG_ECANCELED, frees it for another link). */
+        if (n->pipe_lost && !s->stopping) {
+            link_down(l, "connection lost");
+            if (l->state != REQ_IDLE)
+                nng_aio_cancel(l->req_aio);
+        }
+        if (n->probe_done)
+            probe_finished(l, n->probe_result);
+        for (size_t k = 0; k < n->n_totals; k++) {
+            on_totals(l, n->totals[k]);
+            nng_msg_free(n->totals[k]);
+        }
+        free(n->totals);
     }
-    free(totals);
-    /* Stopping, and the report that was in flight is over: the last
-     * report, then close (once, as this handle closes with the rest). */
-    if (s->stopping && s->state == REQ_IDLE)
-        finish_stopping(s);
+    /* Stopping, and the reports that were in flight are over: the last
+     * reports, then close (once, as this handle closes with the rest). */
+    if (s->stopping) {
+        if (all_idle(s))
+            finish_stopping(s);
+        return;
+    }
+    serve_all(s, false);
 }
 
 /* Until the next interval of Redis's clock, or a whole interval when that
  * clock is not known yet. */
 static uint64_t until_next_tick(const rl_sync *s)
 {
-    uint64_t interval = s->config->aggregator.sync_interval_ms;
+    uint64_t interval = interval_ms(s);
     uint64_t now = rl_synced_now(s->synced, now_ms(s));
     return now == 0 ? interval : interval - now % interval;
 }
@@ -466,13 +737,8 @@ static void on_tick(uv_timer_t *t)
          * report follows. */
         rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
     }
-    if (s->state == REQ_IDLE) {
-        size_t len;
-        rl_wire_writer_data(s->pending, &len);
-        bool have = len > 0 || build_report(s);
-        if (have)
-            send_pending(s);
-    }
+    assign_owners(s);
+    serve_all(s, true);
     rl_synced_sweep(s->synced, loop_ms);
     uint64_t refused = atomic_load(&s->synced->keys_refused);
     if (refused != s->refused_logged) {
@@ -484,29 +750,39 @@ static void on_tick(uv_timer_t *t)
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
 }
 
-static int open_sockets(rl_sync *s, rl_error *err)
+static int open_link(rl_sync *s, agg_link *l, rl_error *err)
 {
     const rl_aggregator_config *agg = &s->config->aggregator;
+    const rl_aggregator_endpoint *at = &agg->endpoints[l->index];
     int rv;
-    if ((rv = nng_req0_open(&s->req)) != 0
-        || (rv = nng_aio_alloc(&s->req_aio, on_req, s)) != 0
-        || (rv = nng_sub0_open(&s->sub)) != 0
-        || (rv = nng_aio_alloc(&s->sub_aio, on_sub, s)) != 0)
+    l->s = s;
+    l->up = true;
+    if ((l->own.pending = rl_wire_writer_new()) == NULL)
+        return rl_error_set(err, RL_ENOMEM, "out of memory");
+    if ((rv = nng_req0_open(&l->req)) != 0
+        || (rv = nng_aio_alloc(&l->req_aio, on_req, l)) != 0
+        || (rv = nng_sub0_open(&l->sub)) != 0
+        || (rv = nng_aio_alloc(&l->sub_aio, on_sub, l)) != 0
+        || (rv = nng_pipe_notify(l->req, NNG_PIPE_EV_ADD_POST, on_pipe, l))
+               != 0
+        || (rv = nng_pipe_notify(l->req, NNG_PIPE_EV_REM_POST, on_pipe, l))
+               != 0)
         return rl_error_set(err, RL_ESYS, "cannot open nng sockets: %s",
                             nng_strerror(rv));
     /* Our own resends (the same report until acknowledged) replace REQ's. */
-    nng_socket_set_ms(s->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-    nng_socket_set_size(s->sub, NNG_OPT_RECVMAXSZ,
-                        s->config->aggregator.max_message_bytes);
+    nng_socket_set_ms(l->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    /* The pipe callbacks read the link from the dials on. */
+    rl_nng_handoff(l);
+    nng_socket_set_size(l->sub, NNG_OPT_RECVMAXSZ, agg->max_message_bytes);
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
     char why[512];
-    if (rl_nng_dial(s->req, agg->reports, &agg->tls, why, sizeof why) != 0
-        || rl_nng_dial(s->sub, agg->totals, &agg->tls, why, sizeof why) != 0)
+    if (rl_nng_dial(l->req, at->reports, &agg->tls, why, sizeof why) != 0
+        || rl_nng_dial(l->sub, at->totals, &agg->tls, why, sizeof why) != 0)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
                             why);
     /* None for inproc://, which has no stream to probe: no diagnosis. */
-    s->probe = rl_nng_probe_new(agg->reports, &agg->tls, on_probe, s, why,
+    l->probe = rl_nng_probe_new(at->reports, &agg->tls, on_probe, l, why,
                                 sizeof why);
     return RL_OK;
 }
@@ -523,24 +799,31 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
     s->config = config;
     s->log = log;
     pthread_mutex_init(&s->lock, NULL);
-    s->pending = rl_wire_writer_new();
-    /* Unique per agent instance: a restarted agent starts a new sequence. */
+    /* Unique per agent instance: a restarted agent starts new sequences. */
     snprintf(s->agent_id, sizeof s->agent_id, "%lx-%lx-%p",
              (unsigned long)getpid(), (unsigned long)uv_hrtime(), (void *)s);
-    if (s->pending == NULL) {
+    /* At most RL_AGGREGATORS_MAX (the config's cap). */
+    size_t n = config->aggregator.n_endpoints;
+    s->ping = rl_wire_writer_new();
+    s->links = calloc(n, sizeof *s->links);
+    if (s->ping == NULL || s->links == NULL) {
         rl_error_set(err, RL_ENOMEM, "out of memory");
         rl_sync_free(s);
         return NULL;
     }
-    if (open_sockets(s, err) != RL_OK) {
-        rl_sync_free(s);
-        return NULL;
+    s->n_links = n;
+    for (size_t i = 0; i < n; i++) {
+        s->links[i].index = i;
+        if (open_link(s, &s->links[i], err) != RL_OK) {
+            rl_sync_free(s);
+            return NULL;
+        }
     }
     return s;
 }
 
 /* Subscribes to the topics of from's rules that need a fleet size and
- * that to lacks (or unsubscribes, with opt). */
+ * that to lacks (or unsubscribes, with opt), on every aggregator. */
 static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
                    const char *opt)
 {
@@ -551,7 +834,8 @@ static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
             continue;
         char topic[RL_NAME_MAX + 2];
         size_t n = rl_wire_topic(r->name, topic, sizeof topic);
-        nng_socket_set(s->sub, opt, topic, n);
+        for (size_t k = 0; k < s->n_links; k++)
+            nng_socket_set(s->links[k].sub, opt, topic, n);
     }
 }
 
@@ -591,11 +875,16 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     uv_timer_init(loop, &s->tick);
     s->wakeup.data = s->tick.data = s;
     s->open_handles = 2;
+    pthread_mutex_lock(&s->lock);
+    s->started = true;
+    pthread_mutex_unlock(&s->lock);
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */
-    rl_nng_handoff(s);
-    nng_recv_aio(s->sub, s->sub_aio);
+    for (size_t i = 0; i < s->n_links; i++) {
+        rl_nng_handoff(&s->links[i]);
+        nng_recv_aio(s->links[i].sub, s->links[i].sub_aio);
+    }
 }
 
 static void handle_closed(uv_handle_t *h)
@@ -605,6 +894,26 @@ static void handle_closed(uv_handle_t *h)
         rl_sync_free(s);
 }
 
+/* A request that finished after the loop's last look still holds its
+ * message: an ack received, or a report nng did not take. */
+static void drop_unseen_request(agg_link *l)
+{
+    rl_sync *s = l->s;
+    nng_aio_stop(l->req_aio);
+    nng_aio_stop(l->sub_aio);
+    rl_nng_probe_free(l->probe);
+    l->probe = NULL;
+    rl_nng_handoff(l);
+    pthread_mutex_lock(&s->lock);
+    bool done = l->req_done;
+    int result = l->req_result;
+    l->req_done = false;
+    pthread_mutex_unlock(&s->lock);
+    if (done && ((l->state == REQ_WAITING && result == 0)
+                 || (l->state == REQ_SENDING && result != 0)))
+        nng_msg_free(nng_aio_get_msg(l->req_aio));
+}
+
 /* Stops the aios, closes the handles; the sockets close with the object,
  * in rl_sync_free, once the handles are closed. */
 static void close_sync(rl_sync *s)
@@ -612,43 +921,53 @@ static void close_sync(rl_sync *s)
     pthread_mutex_lock(&s->lock);
     s->closing = true;
     pthread_mutex_unlock(&s->lock);
-    nng_aio_stop(s->req_aio);
-    nng_aio_stop(s->sub_aio);
-    rl_nng_probe_free(s->probe);
-    s->probe = NULL;
-    rl_nng_handoff(s);
-    /* A request that finished after the loop's last look still holds its
-     * message: an ack received, or a report nng did not take. */
-    pthread_mutex_lock(&s->lock);
-    bool done = s->req_done;
-    int result = s->req_result;
-    s->req_done = false;
-    pthread_mutex_unlock(&s->lock);
-    if (done && ((s->state == REQ_WAITING && result == 0)
-                 || (s->state == REQ_SENDING && result != 0)))
-        nng_msg_free(nng_aio_get_msg(s->req_aio));
+    for (size_t i = 0; i < s->n_links; i++)
+        drop_unseen_request(&s->links[i]);
     uv_close((uv_handle_t *)&s->wakeup, handle_closed);
     uv_close((uv_handle_t *)&s->tick, handle_closed);
 }
 
+/* The link a stream's last report goes out on: its own while it is up (or
+ * when none is), else an up one. */
+static agg_link *stop_carrier(rl_sync *s, agg_link *own)
+{
+    if (own->up || !any_up(s))
+        return own;
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (s->links[i].up)
+            return &s->links[i];
+    }
+    return own;
+}
+
 /* At stop, what was counted since the last report goes out in one last
- * report before the sync closes, after its ack or its timeout (two
- * intervals): a gateway that stops or reloads loses no count (nginx's
- * workers close their agents at every reload). */
+ * report per stream before the sync closes, after its ack or its timeout
+ * (two intervals): a gateway that stops or reloads loses no count
+ * (nginx's workers close their agents at every reload). Streams whose
+ * link is down go out on an up link, one report per link at a time: this
+ * runs again whenever every link is idle, until no stream has one to
+ * send. */
 static void finish_stopping(rl_sync *s)
 {
-    size_t len;
-    rl_wire_writer_data(s->pending, &len);
-    /* At most two: a report cancelled at the stop, then one with what was
-     * counted since; none after a report sent at the stop went unanswered
-     * (it is still pending), as no aggregator takes them. */
-    bool unanswered = s->stop_reports > 0 && len > 0;
-    if (s->stop_reports < 2 && !unanswered && (len > 0 || build_report(s))) {
-        s->stop_reports++;
-        send_pending(s);
-        return;
+    assign_owners(s);
+    bool sent = false;
+    for (size_t i = 0; i < s->n_links; i++) {
+        stream *st = &s->links[i].own;
+        agg_link *l = stop_carrier(s, &s->links[i]);
+        bool pending = has_pending(st);
+        /* At most two: a report cancelled at the stop, then one with what
+         * was counted since; none after a report sent at the stop went
+         * unanswered (it is still pending), as no aggregator takes them. */
+        bool unanswered = st->stop_reports > 0 && pending;
+        if (l->state != REQ_IDLE || st->stop_reports >= 2 || unanswered
+            || !(pending || build_report(s, &s->links[i])))
+            continue;
+        st->stop_reports++;
+        send_on(l, st);
+        sent = true;
     }
-    close_sync(s);
+    if (!sent && all_idle(s))
+        close_sync(s);
 }
 
 void rl_sync_stop(rl_sync *s)
@@ -662,40 +981,60 @@ void rl_sync_stop(rl_sync *s)
      * nng_close() then waits for the pipe forever, and so would
      * rl_agent_close() (nng issue #1813, fixed upstream by nng PR #1824).
      * The ack of a report in flight is such a message, due right after
-     * each tick: close once the exchange is over, acknowledged or timed
+     * each tick: close once every exchange is over, acknowledged or timed
      * out (two intervals at most). A report nng has not handed to a pipe
      * yet is cancelled, as no ack can follow it; one already sent comes
      * back through on_wakeup, which waits for its ack. */
-    if (s->state == REQ_SENDING) {
+    for (size_t i = 0; i < s->n_links; i++) {
         /* The cancelled report stays pending: the last report resends it
          * (same number, applied once) with what was counted since, and
          * gives it two intervals, as any report: a report is briefly
          * SENDING after every tick, not only when no aggregator is up. */
-        nng_aio_cancel(s->req_aio);
-    } else if (s->state == REQ_IDLE) {
-        finish_stopping(s);
+        if (s->links[i].state == REQ_SENDING)
+            nng_aio_cancel(s->links[i].req_aio);
     }
+    if (all_idle(s))
+        finish_stopping(s);
+}
+
+static void free_link(agg_link *l)
+{
+    if (l->req_aio != NULL)
+        nng_aio_free(l->req_aio);
+    if (l->sub_aio != NULL)
+        nng_aio_free(l->sub_aio);
+    rl_nng_probe_free(l->probe);
+    /* No pipe callback once the link is freed: the close ends the
+     * connections, and nng runs their callbacks on its own threads, after
+     * nng_close has returned too (seen under TSan). One already under way
+     * when this unregisters is not waited for; nng has no way to. */
+    if (nng_socket_id(l->req) > 0) {
+        nng_pipe_notify(l->req, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+        nng_pipe_notify(l->req, NNG_PIPE_EV_REM_POST, NULL, NULL);
+        nng_close(l->req);
+    }
+    if (nng_socket_id(l->sub) > 0)
+        nng_close(l->sub);
+    for (size_t i = 0; i < l->n_totals; i++)
+        nng_msg_free(l->totals[i]);
+    free(l->totals);
+    free(l->own.in_report);
+    rl_wire_writer_free(l->own.pending);
 }
 
 void rl_sync_free(rl_sync *s)
 {
     if (s == NULL)
         return;
-    if (s->req_aio != NULL)
-        nng_aio_free(s->req_aio);
-    if (s->sub_aio != NULL)
-        nng_aio_free(s->sub_aio);
-    rl_nng_probe_free(s->probe);
-    if (nng_socket_id(s->req) > 0)
-        nng_close(s->req);
-    if (nng_socket_id(s->sub) > 0)
-        nng_close(s->sub);
-    for (size_t i = 0; i < s->n_totals; i++)
-        nng_msg_free(s->totals[i]);
-    free(s->totals);
-    free(s->in_report);
+    /* Closing the sockets ends their connections: nothing to wake. */
+    pthread_mutex_lock(&s->lock);
+    s->closing = true;
+    pthread_mutex_unlock(&s->lock);
+    for (size_t i = 0; s->links != NULL && i < s->n_links; i++)
+        free_link(&s->links[i]);
+    free(s->links);
     free(s->presence);
-    rl_wire_writer_free(s->pending);
+    rl_wire_writer_free(s->ping);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

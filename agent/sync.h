@@ -15,9 +15,9 @@
 
 typedef struct rl_sync rl_sync;
 
-/* rl_sync_new opens the REQ and SUB sockets and starts dialing the
- * aggregator (in the background: it need not be up). NULL with err set on
- * failure (a malformed URL, say). */
+/* rl_sync_new opens a REQ and a SUB socket per aggregator of the config
+ * and starts dialing them (in the background: they need not be up). NULL
+ * with err set on failure (a malformed URL, say). */
 rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
                      const rl_logger *log, rl_error *err);
 

@@ -34,7 +34,12 @@ typedef struct rl_synced_entry {
     uint64_t acked_prior; /* acked before the last ack */
     uint64_t acked_ms;    /* the last ack's Redis ms (UINT64_MAX: unknown) */
     uint64_t snap_ms;     /* the last TOTALS snapshot's Redis ms */
-    uint64_t in_report;  /* in the report waiting for its ack */
+    uint64_t in_report;  /* in the reports waiting for their acks (after a
+                          * failover, two streams' may hold it) */
+    uint64_t spread;     /* rl_partition_key's, once known */
+    bool spread_known;
+    uint8_t owner;       /* the aggregator it is reported to, as the last
+                          * tick (or stop) assigned it */
     uint64_t window;     /* the sub-window the totals below were read in */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;   /* oldest: fleet total of sub-window w-N */

@@ -75,6 +75,9 @@ typedef struct rl_complaint {
 struct rl_aggregator {
     rl_config *boot_config;        /* store and sockets settings */
     rl_config *config;             /* the rules, replaced on SIGHUP */
+    /* The entry of aggregator.endpoints this one serves (--index), in
+     * boot_config. */
+    const rl_aggregator_endpoint *endpoint;
     char *config_path;
     rl_logger log;
     uv_loop_t *loop;

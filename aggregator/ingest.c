@@ -258,7 +258,9 @@ static void handle_report(rl_ingest_worker *w)
     }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
-    if (rl_agents_note(agg, m, w->peer, now) != 0) {
+    /* A ping (seq 0, windows.c) asks whether this aggregator is up: its
+     * agent does not report here (yet). */
+    if (m->seq > 0 && rl_agents_note(agg, m, w->peer, now) != 0) {
         free(rules);
         free(w->presence);
         w->presence = NULL;
@@ -268,6 +270,14 @@ static void handle_report(rl_ingest_worker *w)
     }
     agg->in_flight++;
     w->sent_at_us = uv_hrtime() / 1000;
+    /* A ping is answered once this aggregator can apply reports: on a
+     * cluster it touches no key, and a restarted aggregator still
+     * connecting to the shards would take keys back it cannot apply. */
+    if (m->seq == 0 && !rl_store_up(agg->store)) {
+        free(rules);
+        on_applied(w, false, NULL, NULL, "Redis is not reachable yet");
+        return;
+    }
     if (now == 0) {
         free(rules);
         on_applied(w, false, NULL, NULL, "Redis's clock is not known yet");
@@ -328,7 +338,8 @@ int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
                  nng_strerror(rv));
         return -1;
     }
-    if (rl_nng_listen(agg->reports, c->reports, &c->tls, err, errlen) != 0)
+    if (rl_nng_listen(agg->reports, agg->endpoint->reports, &c->tls, err,
+                      errlen) != 0)
         return -1;
     for (int i = 0; i < RL_INGEST_WORKERS; i++) {
         rl_ingest_worker *w = &agg->workers[i];

@@ -20,6 +20,7 @@
 #include "windows.h"
 
 #include "config_diff.h"
+#include "config_loader.h"
 
 #include "nng_tls.h"
 
@@ -33,8 +34,8 @@
 #define EXIT_RUNTIME 4
 
 static const char usage[] =
-    "usage: rl-aggregator --config FILE [--log-level LEVEL]\n"
-    "       rl-aggregator --check-config --config FILE\n"
+    "usage: rl-aggregator --config FILE [--index N] [--log-level LEVEL]\n"
+    "       rl-aggregator --check-config --config FILE [--index N]\n"
     "       rl-aggregator --version | --help\n"
     "\n"
     "Receives synced counts from rl agents on aggregator.reports, adds them\n"
@@ -42,6 +43,8 @@ static const char usage[] =
     "aggregator.sync_interval_ms.\n"
     "\n"
     "  --config FILE      the rules config (default /etc/rl/rl.yaml)\n"
+    "  --index N          serve entry N (from 0) of the config's\n"
+    "                     aggregators list; needed when it has several\n"
     "  --check-config     validate the config and exit\n"
     "  --log-level LEVEL  debug, info, warn or error (default: the config's\n"
     "                     log_level, info if unset)\n"
@@ -280,7 +283,7 @@ static int start(rl_aggregator *agg)
         return EXIT_RUNTIME;
     }
     int rv = nng_pub0_open(&agg->totals);
-    if (rv != 0 || rl_nng_listen(agg->totals, agg->config->aggregator.totals,
+    if (rv != 0 || rl_nng_listen(agg->totals, agg->endpoint->totals,
                                  &agg->config->aggregator.tls, err,
                                  sizeof err) != 0) {
         fprintf(stderr, "rl-aggregator: %s\n",
@@ -311,15 +314,42 @@ static int start(rl_aggregator *agg)
         uv_signal_start(sigs[i], i == 2 ? on_reload : on_stop_signal,
                         nums[i]);
     }
-    rl_log(&agg->log, RL_LOG_INFO, "listening", "reports=%s totals=%s "
-           "store=%s:%u interval_ms=%u", agg->config->aggregator.reports,
-           agg->config->aggregator.totals, agg->config->store.nodes[0].host,
+    rl_log(&agg->log, RL_LOG_INFO, "listening", "index=%zu reports=%s "
+           "totals=%s store=%s:%u interval_ms=%u",
+           (size_t)(agg->endpoint - agg->boot_config->aggregator.endpoints),
+           agg->endpoint->reports, agg->endpoint->totals,
+           agg->config->store.nodes[0].host,
            agg->config->store.nodes[0].port,
            agg->config->aggregator.sync_interval_ms);
     rl_service_start(&agg->service, agg->loop, agg->store, &agg->log);
     return 0;
 }
 
+/* The aggregators entry to serve: --index N, which a config with several
+ * entries needs (each aggregator of the list runs with its own). */
+static int choose_endpoint(rl_aggregator *agg, const char *path,
+                           const char *index)
+{
+    const rl_aggregator_config *c = &agg->boot_config->aggregator;
+    uint64_t n = 0;
+    char why[256];
+    if (index == NULL && c->n_endpoints > 1) {
+        fprintf(stderr, "rl-aggregator: %s lists %zu aggregators: say which "
+                "one this is with --index N (0 to %zu)\n", path,
+                c->n_endpoints, c->n_endpoints - 1);
+        return -1;
+    }
+    if (index != NULL
+        && !rl_config_parse_u64(index, 0, c->n_endpoints - 1, &n, why,
+                                sizeof why)) {
+        fprintf(stderr, "rl-aggregator: --index: %s (%s lists %zu "
+                "aggregator%s, numbered from 0)\n", why, path,
+                c->n_endpoints, c->n_endpoints == 1 ? "" : "s");
+        return -1;
+    }
+    agg->endpoint = &c->endpoints[n];
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -327,6 +357,7 @@ int main(int argc, char **argv)
     bool check_only = false;
     rl_log_level level = RL_LOG_INFO;
     bool level_given = false;
+    const char *index = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
@@ -338,6 +369,8 @@ int main(int argc, char **argv)
             check_only = true;
         } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             path = argv[++i];
+        } else if (strcmp(argv[i], "--index") == 0 && i + 1 < argc) {
+            index = argv[++i];
         } else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc
                    && rl_log_level_parse(argv[i + 1], &level) == 0) {
             level_given = true;
@@ -357,6 +390,10 @@ int main(int argc, char **argv)
         return EXIT_CONFIG;
     }
     agg.config = agg.boot_config;
+    if (choose_endpoint(&agg, path, index) != 0) {
+        rl_config_free(agg.boot_config);
+        return EXIT_USAGE;
+    }
     if (!level_given)
         agg.log.level = agg.config->log_level;
     if (check_only) {

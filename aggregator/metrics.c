@@ -79,7 +79,7 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 
 int rl_metrics_start(rl_aggregator *agg, char *err, size_t errlen)
 {
-    const rl_aggregator_config *c = &agg->boot_config->aggregator;
+    const rl_aggregator_endpoint *c = agg->endpoint;
     if (!c->has_metrics)
         return 0;
     rl_metrics *m = calloc(1, sizeof *m);

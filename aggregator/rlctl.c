@@ -174,9 +174,15 @@ static int cmd_config(cli *c)
     printf("config:      %s (%zu rule%s, valid)\n", c->config_path,
            cfg->n_rules, cfg->n_rules == 1 ? "" : "s");
     print_store(&cfg->store);
-    printf("aggregator:  reports %s, totals %s, sync every %ums\n",
-           cfg->aggregator.reports, cfg->aggregator.totals,
-           cfg->aggregator.sync_interval_ms);
+    for (size_t i = 0; i < cfg->aggregator.n_endpoints; i++) {
+        const rl_aggregator_endpoint *e = &cfg->aggregator.endpoints[i];
+        char label[32] = "";
+        if (cfg->aggregator.n_endpoints > 1)
+            snprintf(label, sizeof label, "[%zu] ", i);
+        printf("aggregator:  %sreports %s, totals %s, sync every %ums\n",
+               label, e->reports, e->totals,
+               cfg->aggregator.sync_interval_ms);
+    }
     printf("charge:      %s\n", rl_charge_name(cfg->charge));
     printf("\n%-20s %-12s %10s %8s %10s %-7s %-13s %-8s %-6s %s\n", "RULE",
            "MATCH", "LIMIT", "PERIOD", "BURST", "MODE", "ALGORITHM",

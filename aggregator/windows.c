@@ -41,6 +41,12 @@
  * agent id; agents number their reports 1, 2, 3... and send the same
  * report again until it is acknowledged.
  *
+ * An agent with several aggregators sends several streams of reports,
+ * each numbered on its own: the sequence is per (agent, stream), its key
+ * rl:agg:seq:<agent>/<stream> (rl:agg:seq:<agent> for stream 0). A report
+ * numbered 0 is a ping: 0 is never greater than the last, so it is
+ * answered as a duplicate and writes nothing.
+ *
  * On one server that is one call (rl:agg:seq:<agent>). On a cluster a
  * call may only touch one slot, so a report becomes one call per slot its
  * counts fall in, plus one per rule for the agent sets, each with its own
@@ -349,7 +355,14 @@ static void add_seq_key(args *a, const report_view *v, const part *pt)
 {
     const rl_wire_msg *m = v->m;
     size_t start = a->used;
-    addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len, m->agent_id.ptr);
+    /* One sequence per (agent, stream): an agent's streams (one per
+     * aggregator of its config) number their reports each on their own,
+     * and a stream's report may reach any aggregator (failover). */
+    if (m->stream > 0)
+        addf(a, "rl:agg:seq:%.*s/%llu", (int)m->agent_id.len,
+             m->agent_id.ptr, (unsigned long long)m->stream);
+    else
+        addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len, m->agent_id.ptr);
     if (!v->cluster)
         return;
     if (pt->n_rules > 0) {

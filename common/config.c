@@ -555,23 +555,49 @@ static int load_nng_url(struct loader *ld, const char *path, const char *text,
     return RL_OK;
 }
 
-static bool uses_tls(const rl_aggregator_config *agg)
+/* Where an endpoint's field was written: aggregator.<field> for the one
+ * of `aggregator:`, aggregators.<i>.<field> for an entry of the list. */
+static const char *endpoint_path(char *buf, size_t cap, bool listed,
+                                 size_t i, const char *field)
 {
-    return strncmp(agg->reports, "tls+tcp://", 10) == 0
-           || strncmp(agg->totals, "tls+tcp://", 10) == 0;
+    if (listed)
+        snprintf(buf, cap, "aggregators.%zu.%s", i, field);
+    else
+        snprintf(buf, cap, "aggregator.%s", field);
+    return buf;
+}
+
+static bool is_tls_url(const char *url)
+{
+    return strncmp(url, "tls+tcp://", 10) == 0;
+}
+
+/* The first endpoint URL that is tls+tcp://, as its path into buf, or
+ * NULL when none is. */
+static const char *tls_url_path(const rl_aggregator_config *agg, bool listed,
+                                char *buf, size_t cap)
+{
+    for (size_t i = 0; i < agg->n_endpoints; i++) {
+        const rl_aggregator_endpoint *e = &agg->endpoints[i];
+        if (is_tls_url(e->reports) || is_tls_url(e->totals))
+            return endpoint_path(buf, cap, listed, i, is_tls_url(e->reports)
+                                                          ? "reports"
+                                                          : "totals");
+    }
+    return NULL;
 }
 
 static int load_tls(struct loader *ld, const rl_raw_tls *raw,
-                    rl_aggregator_config *agg)
+                    rl_aggregator_config *agg, bool listed)
 {
     static const char *const auth_names[] = {"none", "required", NULL};
     rl_tls_config *t = &agg->tls;
+    char path[64];
+    const char *tls_url = tls_url_path(agg, listed, path, sizeof path);
     if (raw == NULL) {
-        if (uses_tls(agg))
-            return bad(ld, strncmp(agg->reports, "tls+tcp://", 10) == 0
-                               ? "aggregator.reports" : "aggregator.totals",
-                       "a tls+tcp:// URL needs aggregator.tls with at least "
-                       "ca, cert and key");
+        if (tls_url != NULL)
+            return bad(ld, tls_url, "a tls+tcp:// URL needs aggregator.tls "
+                       "with at least ca, cert and key");
         return RL_OK;
     }
     snprintf(t->ca, sizeof t->ca, "%s", raw->ca ? raw->ca : "");
@@ -592,27 +618,104 @@ static int load_tls(struct loader *ld, const rl_raw_tls *raw,
         return bad(ld, "aggregator.tls", "give ca (to verify the other "
                    "side), cert and key (the aggregator's own; agents "
                    "present theirs when client_auth is required)");
-    if (!uses_tls(agg))
+    if (tls_url == NULL)
         return bad(ld, "aggregator.tls", "set, but neither reports nor "
                    "totals is a tls+tcp:// URL");
     return RL_OK;
 }
 
-static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
+/* One aggregator's addresses; raw fields not given take the defaults (only
+ * `aggregator:`'s can be left out). */
+static int load_endpoint(struct loader *ld, const rl_raw_aggregator_at *raw,
+                         bool listed, size_t i, rl_aggregator_endpoint *e)
+{
+    char path[64];
+    int rc;
+    if ((rc = load_nng_url(ld, endpoint_path(path, sizeof path, listed, i,
+                                             "reports"),
+                           raw->reports, DEFAULT_REPORTS_URL, e->reports))
+            != RL_OK
+        || (rc = load_nng_url(ld, endpoint_path(path, sizeof path, listed, i,
+                                                "totals"),
+                              raw->totals, DEFAULT_TOTALS_URL, e->totals))
+               != RL_OK)
+        return rc;
+    if (strcmp(e->reports, e->totals) == 0)
+        return bad(ld, path, "reports and totals need two different URLs, "
+                   "both are '%s'", e->reports);
+    if (raw->metrics != NULL) {
+        if (rl_endpoint_parse(raw->metrics, &e->metrics) != RL_OK)
+            return bad(ld, endpoint_path(path, sizeof path, listed, i,
+                                         "metrics"),
+                       "'%s' is not host:port (an HTTP address such as "
+                       "127.0.0.1:9464)", raw->metrics);
+        e->has_metrics = true;
+    }
+    return RL_OK;
+}
+
+/* Whether url is one of the first n endpoints' listen URLs. */
+static bool url_taken(const rl_aggregator_config *agg, size_t n,
+                      const char *url)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(agg->endpoints[k].reports, url) == 0
+            || strcmp(agg->endpoints[k].totals, url) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The aggregators' addresses: the list `aggregators:`, or the one
+ * aggregator of `aggregator:` (a list of one), never both. */
+static int load_endpoints(struct loader *ld, const rl_raw_config *raw,
+                          rl_aggregator_config *agg, bool *listed)
+{
+    static const rl_raw_aggregator none = {0};
+    const rl_raw_aggregator *one = raw->aggregator ? raw->aggregator : &none;
+    *listed = raw->aggregators_count > 0;
+    if (!*listed) {
+        rl_raw_aggregator_at at = {one->reports, one->totals, one->metrics};
+        agg->n_endpoints = 1;
+        return load_endpoint(ld, &at, false, 0, &agg->endpoints[0]);
+    }
+    if (one->reports != NULL || one->totals != NULL || one->metrics != NULL)
+        return bad(ld, "aggregators", "aggregators are given twice: in "
+                   "aggregator (reports, totals, metrics) and in "
+                   "aggregators; list every aggregator under aggregators "
+                   "and keep only the shared settings (sync_interval_ms, "
+                   "tls, max_*) in aggregator");
+    if (raw->aggregators_count > RL_AGGREGATORS_MAX)
+        return bad(ld, "aggregators", "%u aggregators, at most %d are "
+                   "supported", raw->aggregators_count, RL_AGGREGATORS_MAX);
+    char path[64];
+    for (size_t i = 0; i < raw->aggregators_count; i++) {
+        rl_aggregator_endpoint *e = &agg->endpoints[i];
+        int rc = load_endpoint(ld, &raw->aggregators[i], true, i, e);
+        if (rc != RL_OK)
+            return rc;
+        if (url_taken(agg, i, e->reports) || url_taken(agg, i, e->totals))
+            return bad(ld, endpoint_path(path, sizeof path, true, i,
+                                         "reports"),
+                       "aggregators.%zu listens where an aggregator before "
+                       "it does: each needs its own reports and totals URLs",
+                       i);
+        agg->n_endpoints = i + 1;
+    }
+    return RL_OK;
+}
+
+static int load_aggregator(struct loader *ld, const rl_raw_config *top,
                            rl_aggregator_config *agg)
 {
     static const rl_raw_aggregator none = {0};
+    const rl_raw_aggregator *raw = top->aggregator;
+    bool listed;
     int rc;
     if (raw == NULL)
         raw = &none;
-    if ((rc = load_nng_url(ld, "aggregator.reports", raw->reports,
-                           DEFAULT_REPORTS_URL, agg->reports)) != RL_OK
-        || (rc = load_nng_url(ld, "aggregator.totals", raw->totals,
-                              DEFAULT_TOTALS_URL, agg->totals)) != RL_OK)
+    if ((rc = load_endpoints(ld, top, agg, &listed)) != RL_OK)
         return rc;
-    if (strcmp(agg->reports, agg->totals) == 0)
-        return bad(ld, "aggregator.totals", "reports and totals need two "
-                   "different URLs, both are '%s'", agg->reports);
     agg->sync_interval_ms = DEFAULT_SYNC_INTERVAL_MS;
     uint64_t n;
     if (raw->sync_interval_ms != NULL) {
@@ -650,13 +753,7 @@ static int load_aggregator(struct loader *ld, const rl_raw_aggregator *raw,
             return rc;
         agg->max_agents = (uint32_t)n;
     }
-    if (raw->metrics != NULL) {
-        if (rl_endpoint_parse(raw->metrics, &agg->metrics) != RL_OK)
-            return bad(ld, "aggregator.metrics", "'%s' is not host:port (an "
-                       "HTTP address such as 127.0.0.1:9464)", raw->metrics);
-        agg->has_metrics = true;
-    }
-    return load_tls(ld, raw->tls, agg);
+    return load_tls(ld, raw->tls, agg, listed);
 }
 
 static int load_local(struct loader *ld, const rl_raw_local *raw,
@@ -760,7 +857,7 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
 {
     int rc, choice = RL_CHARGE_ALL;
     if ((rc = load_store(ld, raw->store, &cfg->store)) != RL_OK
-        || (rc = load_aggregator(ld, raw->aggregator, &cfg->aggregator))
+        || (rc = load_aggregator(ld, raw, &cfg->aggregator))
                != RL_OK
         || (rc = load_local(ld, raw->local, cfg)) != RL_OK
         || (rc = load_gateway(ld, raw->gateway, &cfg->gateway)) != RL_OK

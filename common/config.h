@@ -176,17 +176,28 @@ typedef struct rl_tls_config {
     bool require_client_cert;     /* the aggregator asks agents for theirs */
 } rl_tls_config;
 
-typedef struct rl_aggregator_config {
+/* Aggregators in one config, at most: an agent keeps a link to each. */
+#define RL_AGGREGATORS_MAX 16
+
+/* Where one aggregator listens. */
+typedef struct rl_aggregator_endpoint {
     char reports[RL_NNG_URL_MAX]; /* where agents push their counts */
     char totals[RL_NNG_URL_MAX];  /* where agents hear the fleet's totals */
+    bool has_metrics;             /* serve Prometheus text on metrics */
+    rl_endpoint metrics;
+} rl_aggregator_endpoint;
+
+/* The aggregators (`aggregators:`, or the one of `aggregator:`) and the
+ * settings they all share. */
+typedef struct rl_aggregator_config {
+    rl_aggregator_endpoint endpoints[RL_AGGREGATORS_MAX];
+    size_t n_endpoints;           /* at least 1 */
     uint32_t sync_interval_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
     uint32_t max_agents;          /* agents one aggregator keeps track of */
     uint32_t max_message_bytes;   /* a report or totals message, at most */
     uint32_t max_entries;         /* (key, count) pairs in one report */
     rl_tls_config tls;
-    bool has_metrics;             /* serve Prometheus text on metrics */
-    rl_endpoint metrics;
 } rl_aggregator_config;
 
 /* What rl-gateway reads from the config besides the rules. */

@@ -135,6 +135,21 @@ static const cyaml_schema_field_t aggregator_fields[] = {
     CYAML_FIELD_END,
 };
 
+static const cyaml_schema_field_t aggregator_at_fields[] = {
+    STR_FIELD("reports", 0, rl_raw_aggregator_at, reports,
+              RL_NNG_URL_MAX - 1),
+    STR_FIELD("totals", 0, rl_raw_aggregator_at, totals,
+              RL_NNG_URL_MAX - 1),
+    STR_FIELD("metrics", CYAML_FLAG_OPTIONAL, rl_raw_aggregator_at, metrics,
+              RL_HOST_MAX + 8),
+    CYAML_FIELD_END,
+};
+
+static const cyaml_schema_value_t aggregator_at_schema = {
+    CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, rl_raw_aggregator_at,
+                        aggregator_at_fields),
+};
+
 static const cyaml_schema_field_t local_fields[] = {
     STR_FIELD("max_keys", CYAML_FLAG_OPTIONAL, rl_raw_local, max_keys, 32),
     CYAML_FIELD_END,
@@ -165,6 +180,12 @@ static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("aggregator",
                             CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_config, aggregator, aggregator_fields),
+    /* Bounded here only against a huge list; config.c refuses more than
+     * RL_AGGREGATORS_MAX with a message that says so. */
+    CYAML_FIELD_SEQUENCE("aggregators",
+                         CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                         rl_raw_config, aggregators, &aggregator_at_schema,
+                         0, 1024),
     CYAML_FIELD_MAPPING_PTR("local", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_config, local, local_fields),
     CYAML_FIELD_MAPPING_PTR("gateway",

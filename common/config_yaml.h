@@ -76,6 +76,13 @@ typedef struct rl_raw_aggregator {
     rl_raw_tls *tls;
 } rl_raw_aggregator;
 
+/* One entry of `aggregators:`: where one aggregator listens. */
+typedef struct rl_raw_aggregator_at {
+    char *reports;
+    char *totals;
+    char *metrics;
+} rl_raw_aggregator_at;
+
 typedef struct rl_raw_local {
     char *max_keys;
 } rl_raw_local;
@@ -94,6 +101,8 @@ typedef struct rl_raw_gateway {
 typedef struct rl_raw_config {
     rl_raw_store *store;
     rl_raw_aggregator *aggregator;
+    rl_raw_aggregator_at *aggregators;
+    unsigned aggregators_count;
     rl_raw_local *local;
     rl_raw_gateway *gateway;
     char *log_level;

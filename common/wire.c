@@ -209,11 +209,13 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
 {
     switch (m->type) {
     case RL_WIRE_REPORT:
-        return (fields == 5 || fields == 6
+        return (fields == 5 || fields == 6 || fields == 7
                 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
                && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry)
-               && (fields == 5 || rd_presence(r, m));
+               && (fields == 5 || rd_presence(r, m))
+               && (fields < 7
+                   || rd_bounded(r, RL_WIRE_STREAMS_MAX - 1, &m->stream));
     case RL_WIRE_ACK:
         return (fields == 6 || fail(r, "wrong number of fields"))
                && rd_uint(r, &m->seq)
@@ -269,6 +271,7 @@ void rl_wire_msg_free(rl_wire_msg *m)
 struct rl_wire_writer {
     msgpack_sbuffer buf;
     msgpack_packer pk;
+    uint64_t stream;    /* the REPORT's, written after its presence */
 };
 
 rl_wire_writer *rl_wire_writer_new(void)
@@ -277,6 +280,7 @@ rl_wire_writer *rl_wire_writer_new(void)
     if (w == NULL)
         return NULL;
     msgpack_sbuffer_init(&w->buf);
+    w->stream = 0;
     msgpack_packer_init(&w->pk, &w->buf, msgpack_sbuffer_write);
     return w;
 }
@@ -332,7 +336,15 @@ void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
 void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
                                    uint64_t seq, size_t n_entries)
 {
-    put_header(w, 6, RL_WIRE_REPORT);
+    rl_wire_begin_report_stream(w, agent_id, seq, n_entries, 0);
+}
+
+void rl_wire_begin_report_stream(rl_wire_writer *w, const char *agent_id,
+                                 uint64_t seq, size_t n_entries,
+                                 uint64_t stream)
+{
+    w->stream = stream;
+    put_header(w, stream > 0 ? 7 : 6, RL_WIRE_REPORT);
     put_str(w, agent_id, strlen(agent_id));
     msgpack_pack_uint64(&w->pk, seq);
     msgpack_pack_array(&w->pk, n_entries);
@@ -344,6 +356,8 @@ void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
     msgpack_pack_array(&w->pk, n);
     for (size_t i = 0; i < n; i++)
         put_str(w, rules[i], strlen(rules[i]));
+    if (w->stream > 0)
+        msgpack_pack_uint64(&w->pk, w->stream);
 }
 
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,

@@ -5,12 +5,17 @@
  *
  *   REPORT  agent -> aggregator (REQ)
  *           [1, 1, agent_id, seq, [[rule, value, count], ...]
- *            (, [rule, ...])]
- *           The optional last field names the agent's rules that need a
- *           fleet size (every synced rule, every rule with on_error:
- *           local), counts or not: the aggregator counts the agent in
- *           them (presence). A count of 0 asks for the key's totals
- *           without adding to them.
+ *            (, [rule, ...] (, stream))]
+ *           The optional presence field names the agent's rules that
+ *           need a fleet size (every synced rule, every rule with
+ *           on_error: local), counts or not: the aggregator counts the
+ *           agent in them (presence). A count of 0 asks for the key's
+ *           totals without adding to them. stream (0 when absent) is
+ *           which of the agent's report streams this is, one per
+ *           aggregator in its config: each stream is numbered 1, 2, 3...
+ *           on its own, and applied once per (agent_id, stream).
+ *           Sequence number 0 is a ping: never applied, it is answered
+ *           as a duplicate, with Redis's clock.
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
@@ -52,6 +57,7 @@
 #define RL_WIRE_VALUE_MAX 256
 #define RL_WIRE_COUNT_MAX ((1ULL << 53) - 1)
 #define RL_WIRE_PRESENCE_MAX 4096   /* rule names in one REPORT */
+#define RL_WIRE_STREAMS_MAX 16      /* report streams of one agent */
 
 /* Sub-windows per period: the trailing estimate over-counts by at most one
  * sub-window's requests, and room freed comes back one sub-window late. */
@@ -91,6 +97,7 @@ typedef struct rl_wire_msg {
     rl_wire_bytes agent_id; /* REPORT */
     rl_wire_bytes rule;     /* TOTALS */
     uint64_t seq;           /* REPORT, ACK */
+    uint64_t stream;        /* REPORT: 0 when the field is absent */
     uint64_t status;        /* ACK */
     uint64_t now_ms;        /* ACK, TOTALS */
     bool stale;             /* TOTALS: the aggregator cannot reach Redis */
@@ -130,6 +137,11 @@ void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
                                    uint64_t seq, size_t n_entries);
 void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
                           size_t n);
+/* The same for report stream stream (< RL_WIRE_STREAMS_MAX): stream 0
+ * writes the 6-field REPORT an aggregator without streams reads. */
+void rl_wire_begin_report_stream(rl_wire_writer *w, const char *agent_id,
+                                 uint64_t seq, size_t n_entries,
+                                 uint64_t stream);
 
 void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,
                        uint64_t now_ms, size_t n_entries);

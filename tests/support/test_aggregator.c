@@ -23,7 +23,7 @@
 
 static void spawn(test_aggregator *agg)
 {
-    char *argv[WRAPPER_MAX + 6];
+    char *argv[WRAPPER_MAX + 8];
     size_t n = 0;
     for (const char *const *w = agg->wrapper; w != NULL && *w != NULL; w++) {
         cr_assert_lt(n, WRAPPER_MAX, "a wrapper of more than %d words",
@@ -31,9 +31,68 @@ static void spawn(test_aggregator *agg)
         argv[n++] = (char *)*w;
     }
     char *own[] = {(char *)test_env("RL_TEST_AGGREGATOR"), "--config",
-                   agg->config, "--log-level", "info", NULL};
+                   agg->config, "--log-level", "info", NULL, NULL, NULL};
+    if (agg->index[0] != '\0') {
+        own[5] = "--index";
+        own[6] = agg->index;
+    }
     memcpy(argv + n, own, sizeof own);
     agg->pid = test_spawn(argv, agg->log);
+}
+
+/* store: redis (host:port, or a cluster's seeds separated by commas), or
+ * RL_TEST_REDIS when NULL. */
+static void write_store(FILE *f, const char *redis)
+{
+    const char *store = redis != NULL ? redis : test_env("RL_TEST_REDIS");
+    /* A comma-separated list is a cluster's seeds. */
+    if (strchr(store, ',') != NULL) {
+        fprintf(f, "store: {cluster: [");
+        for (const char *p = store; *p; p++)
+            fputs(*p == ',' ? ", " : (char[]){*p, 0}, f);
+        fprintf(f, "]}\n");
+    } else {
+        fprintf(f, "store: {url: \"redis://%s\"}\n", store);
+    }
+}
+
+static int config_serial;
+
+void test_aggregators_start(test_aggregator *aggs, size_t n,
+                            const char *redis, const char *rules_yaml,
+                            unsigned sync_interval_ms)
+{
+    char config[512];
+    snprintf(config, sizeof config, "%s/aggs-%d-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid(), ++config_serial);
+    FILE *f = fopen(config, "w");
+    cr_assert_not_null(f);
+    write_store(f, redis);
+    fprintf(f, "aggregator:\n  sync_interval_ms: %u\naggregators:\n",
+            sync_interval_ms);
+    for (size_t i = 0; i < n; i++) {
+        test_aggregator *agg = &aggs[i];
+        memset(agg, 0, sizeof *agg);
+        agg->extra = "";
+        snprintf(agg->config, sizeof agg->config, "%s", config);
+        snprintf(agg->index, sizeof agg->index, "%zu", i);
+        snprintf(agg->reports, sizeof agg->reports, "tcp://127.0.0.1:%u",
+                 test_free_port());
+        snprintf(agg->totals, sizeof agg->totals, "tcp://127.0.0.1:%u",
+                 test_free_port());
+        agg->metrics = test_free_port();
+        test_log_path(agg->log, sizeof agg->log, "aggregator");
+        fprintf(f, "  - {reports: \"%s\", totals: \"%s\", "
+                "metrics: \"127.0.0.1:%u\"}\n", agg->reports, agg->totals,
+                agg->metrics);
+    }
+    fprintf(f, "rules:\n%s", rules_yaml);
+    fclose(f);
+    for (size_t i = 0; i < n; i++) {
+        spawn(&aggs[i]);
+        test_wait_for_log(&aggs[i].pid, aggs[i].log, "event=listening",
+                          30000);
+    }
 }
 
 void test_aggregator_start(test_aggregator *agg, const char *redis,
@@ -53,22 +112,12 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
         snprintf(agg->totals, sizeof agg->totals, "tcp://127.0.0.1:%u",
                  test_free_port());
         agg->metrics = test_free_port();
-        static int serial;
         snprintf(agg->config, sizeof agg->config, "%s/agg-%d-%d.yaml",
-                 test_env("RL_TEST_TMPDIR"), (int)getpid(), ++serial);
+                 test_env("RL_TEST_TMPDIR"), (int)getpid(), ++config_serial);
         test_log_path(agg->log, sizeof agg->log, "aggregator");
         FILE *f = fopen(agg->config, "w");
         cr_assert_not_null(f);
-        const char *store = redis != NULL ? redis : test_env("RL_TEST_REDIS");
-        /* A comma-separated list is a cluster's seeds. */
-        if (strchr(store, ',') != NULL) {
-            fprintf(f, "store: {cluster: [");
-            for (const char *p = store; *p; p++)
-                fputs(*p == ',' ? ", " : (char[]){*p, 0}, f);
-            fprintf(f, "]}\n");
-        } else {
-            fprintf(f, "store: {url: \"redis://%s\"}\n", store);
-        }
+        write_store(f, redis);
         fprintf(f,
                 "aggregator:\n"
                 "  reports: \"%s\"\n"

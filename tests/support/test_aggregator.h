@@ -21,6 +21,7 @@ typedef struct test_aggregator {
     /* Words run before rl-aggregator's own (the first a full path, e.g.
      * "/usr/bin/env", "LD_PRELOAD=..."), NULL-terminated; or NULL. */
     const char *const *wrapper;
+    char index[24];      /* its --index in an aggregators: list, or "" */
 } test_aggregator;
 
 /* A template for test_aggregator_start's reuse_from that asks for a fresh
@@ -41,6 +42,15 @@ typedef struct test_aggregator {
 void test_aggregator_start(test_aggregator *agg, const char *redis,
                            const char *rules_yaml, unsigned sync_interval_ms,
                            const test_aggregator *reuse_from);
+
+/* test_aggregators_start writes one config listing n aggregators
+ * (aggregators:, each on its own free ports) and starts one rl-aggregator
+ * per entry with its --index; agents on aggs[0]'s config report to all
+ * of them. A restart of one is test_aggregator_start(&aggs[i], NULL, NULL,
+ * 0, &aggs[i]). */
+void test_aggregators_start(test_aggregator *aggs, size_t n,
+                            const char *redis, const char *rules_yaml,
+                            unsigned sync_interval_ms);
 
 /* SIGTERM and wait: the aggregator's clean exit (status 0 asserted). */
 /* Waits until the aggregator has read Redis's clock (event=store_ready):

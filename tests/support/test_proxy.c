@@ -19,7 +19,7 @@
 
 typedef struct pair {
     int fd[2];   /* the client's side, the server's side; -1 when closed */
-    bool silent;
+    bool mute[2]; /* what that side sends is no longer carried */
 } pair;
 
 struct test_proxy {
@@ -65,7 +65,7 @@ static void take_connection(test_proxy *p)
             close(server);
         return;
     }
-    p->pairs[p->n_pairs++] = (pair){{client, server}, false};
+    p->pairs[p->n_pairs++] = (pair){{client, server}, {false, false}};
     p->accepted++;
 }
 
@@ -95,7 +95,7 @@ static void *run(void *arg)
         fds[n++] = (struct pollfd){p->wake[0], POLLIN, 0};
         for (int i = 0; i < p->n_pairs; i++) {
             for (int side = 0; side < 2; side++) {
-                if (p->pairs[i].silent || p->pairs[i].fd[side] < 0)
+                if (p->pairs[i].mute[side] || p->pairs[i].fd[side] < 0)
                     continue;
                 owner[n] = 2 * i + side;
                 fds[n++] = (struct pollfd){p->pairs[i].fd[side], POLLIN, 0};
@@ -111,7 +111,8 @@ static void *run(void *arg)
         /* Whatever was silenced while this thread polled stays silent. */
         for (int k = 2; k < n; k++) {
             pair *c = &p->pairs[owner[k] / 2];
-            if (fds[k].revents && !c->silent && c->fd[owner[k] % 2] >= 0)
+            if (fds[k].revents && !c->mute[owner[k] % 2]
+                && c->fd[owner[k] % 2] >= 0)
                 carry(c, owner[k] % 2);
         }
         if (fds[0].revents)
@@ -148,13 +149,25 @@ static void wake(test_proxy *p)
     (void)!write(p->wake[1], "x", 1);
 }
 
-void test_proxy_silence(test_proxy *p)
+static void mute(test_proxy *p, bool requests)
 {
     pthread_mutex_lock(&p->lock);
-    for (int i = 0; i < p->n_pairs; i++)
-        p->pairs[i].silent = true;
+    for (int i = 0; i < p->n_pairs; i++) {
+        p->pairs[i].mute[0] = p->pairs[i].mute[0] || requests;
+        p->pairs[i].mute[1] = true;
+    }
     pthread_mutex_unlock(&p->lock);
     wake(p);
+}
+
+void test_proxy_silence(test_proxy *p)
+{
+    mute(p, true);
+}
+
+void test_proxy_silence_answers(test_proxy *p)
+{
+    mute(p, false);
 }
 
 int test_proxy_accepted(test_proxy *p)

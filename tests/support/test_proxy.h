@@ -19,6 +19,10 @@ test_proxy *test_proxy_start(uint16_t to_port, uint16_t *port);
 /* Every connection open now goes silent for good. */
 void test_proxy_silence(test_proxy *p);
 
+/* Every connection open now carries what its client sends, but nothing
+ * back, for good: the server does the work, its answers are lost. */
+void test_proxy_silence_answers(test_proxy *p);
+
 /* How many connections the proxy has accepted. */
 int test_proxy_accepted(test_proxy *p);
 

@@ -148,8 +148,8 @@ Test(config, omitted_fields_take_the_documented_defaults)
     cr_assert_null(cfg->store.password);
     cr_assert_eq(cfg->store.timeout_ms, 50);
     cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_AUTO);
-    cr_assert_str_eq(cfg->aggregator.reports, "tcp://127.0.0.1:7301");
-    cr_assert_str_eq(cfg->aggregator.totals, "tcp://127.0.0.1:7302");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].reports, "tcp://127.0.0.1:7301");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].totals, "tcp://127.0.0.1:7302");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
     cr_assert_eq(cfg->charge, RL_CHARGE_ALL);
     rl_config_free(cfg);
@@ -224,14 +224,76 @@ Test(config, every_field_can_be_set)
     cr_assert_eq(cfg->store.timeout_ms, 20);
     cr_assert_eq(cfg->store.scripts, RL_SCRIPTS_EVAL);
     cr_assert_eq(cfg->store.wait_replicas, 1);
-    cr_assert_str_eq(cfg->aggregator.reports, "ipc:///run/rl/reports");
-    cr_assert_str_eq(cfg->aggregator.totals, "tcp://[::1]:9000");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].reports, "ipc:///run/rl/reports");
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
-    cr_assert(cfg->aggregator.has_metrics);
+    cr_assert(cfg->aggregator.endpoints[0].has_metrics);
     cr_assert_eq(cfg->log_level, RL_LOG_WARN);
-    cr_assert_eq(cfg->aggregator.metrics.port, 9464);
+    cr_assert_eq(cfg->aggregator.endpoints[0].metrics.port, 9464);
     cr_assert_eq(cfg->charge, RL_CHARGE_REFUND);
     rl_config_free(cfg);
+}
+
+Test(config, aggregators_list_their_endpoints_and_share_the_rest)
+{
+    rl_config *cfg = load_ok(
+        "aggregator:\n"
+        "  sync_interval_ms: 500\n"
+        "  max_entries: 1000\n"
+        "aggregators:\n"
+        "  - reports: tcp://10.0.0.1:7301\n"
+        "    totals: tcp://10.0.0.1:7302\n"
+        "    metrics: 10.0.0.1:9464\n"
+        "  - reports: tcp://10.0.0.2:7301\n"
+        "    totals: tcp://10.0.0.2:7302\n"
+        "  - {reports: \"ipc:///run/rl/r3\", totals: \"ipc:///run/rl/t3\"}\n"
+        "rules:\n"
+        "  - {name: per-key, match: api_key, limit: 100, period: 1m}\n");
+    const rl_aggregator_config *a = &cfg->aggregator;
+    cr_assert_eq(a->n_endpoints, 3);
+    cr_assert_str_eq(a->endpoints[0].reports, "tcp://10.0.0.1:7301");
+    cr_assert_str_eq(a->endpoints[0].totals, "tcp://10.0.0.1:7302");
+    cr_assert(a->endpoints[0].has_metrics);
+    cr_assert_eq(a->endpoints[0].metrics.port, 9464);
+    cr_assert_str_eq(a->endpoints[1].totals, "tcp://10.0.0.2:7302");
+    cr_assert_not(a->endpoints[1].has_metrics);
+    cr_assert_str_eq(a->endpoints[2].reports, "ipc:///run/rl/r3");
+    cr_assert_eq(a->sync_interval_ms, 500);
+    cr_assert_eq(a->max_entries, 1000);
+    rl_config_free(cfg);
+    /* Today's single aggregator is a list of one. */
+    cfg = load_ok("rules:\n"
+                  "  - {name: per-key, match: api_key, limit: 100, "
+                  "period: 1m}\n");
+    cr_assert_eq(cfg->aggregator.n_endpoints, 1);
+    cr_assert_str_eq(cfg->aggregator.endpoints[0].reports,
+                     "tcp://127.0.0.1:7301");
+    rl_config_free(cfg);
+}
+
+Test(config, aggregators_are_bounded_and_need_their_own_addresses)
+{
+    char yaml[8192] = "aggregators:\n";
+    for (int i = 0; i <= RL_AGGREGATORS_MAX; i++) {
+        size_t n = strlen(yaml);
+        snprintf(yaml + n, sizeof yaml - n, "  - {reports: \"tcp://h%d:1\", "
+                 "totals: \"tcp://h%d:2\"}\n", i, i);
+    }
+    strcat(yaml, "rules:\n  - {name: k, match: a, limit: 1, period: 1s}\n");
+    expect_refused(yaml, "<test>:2:3: aggregators: 17 aggregators, at most "
+                         "16 are supported");
+    expect_refused("aggregators:\n"
+                   "  - {reports: \"tcp://h:1\", totals: \"tcp://h:2\"}\n"
+                   "  - {reports: \"tcp://h:3\", totals: \"tcp://h:2\"}\n"
+                   "rules:\n  - {name: k, match: a, limit: 1, period: 1s}\n",
+                   "<test>:3:15: aggregators[1].reports: aggregators.1 "
+                   "listens where an aggregator before it does: each needs "
+                   "its own reports and totals URLs");
+    expect_refused("aggregators:\n"
+                   "  - {reports: \"tcp://h:1\"}\n"
+                   "rules:\n  - {name: k, match: a, limit: 1, period: 1s}\n",
+                   "<test>:2:5: aggregators[0].totals: missing required "
+                   "field 'totals'");
 }
 
 Test(config, cluster_seeds_take_names_ipv4_and_ipv6)
@@ -534,6 +596,7 @@ static const struct bad_file bad_files[] = {
     {"burst-times-period-too-large.yaml", ":5:12: rules[0].limit (rule \"per-tenant\"): burst 1000000000 (the bucket's capacity, limit unless set) over a period of 31536000000 ms is more than rl can count exactly: burst x period in ms must stay below 2^53; shorten the period or lower the burst"},
     {"unknown-scripts.yaml", ":3:12: store.scripts: unknown value 'lua' (choose one of: auto, function, eval)"},
     {"aggregator-same-urls.yaml", ":4:11: aggregator.totals: reports and totals need two different URLs, both are 'tcp://127.0.0.1:7301'"},
+    {"aggregators-and-aggregator-endpoints.yaml", ":6:3: aggregators: aggregators are given twice: in aggregator (reports, totals, metrics) and in aggregators; list every aggregator under aggregators and keep only the shared settings (sync_interval_ms, tls, max_*) in aggregator"},
     {"aggregator-url.yaml", ":3:12: aggregator.reports: '127.0.0.1:7301' is not an nng URL such as tcp://127.0.0.1:7301 or ipc:///run/rl/reports"},
     {"burst-zero.yaml", ":7:12: rules[0].burst (rule \"per-key\"): must be a whole number from 1 to 9007199254740991, got '0'"},
     {"cluster-seed-no-port.yaml", ":5:7: store.cluster[1]: '127.0.0.1' is not host:port (IPv6 as [addr]:port)"},

@@ -208,9 +208,43 @@ Test(wire, presence_names_are_checked_and_bounded)
     }
     cr_assert_str_eq(refusal(big, len), "too many rule names");
     free(big);
-    /* Seven fields. */
-    const unsigned char seven[] = {0x97, 1, 1, 0xa1, 'a', 1, 0x90, 0x90, 0};
-    cr_assert_str_eq(refusal(seven, sizeof seven), "wrong number of fields");
+    /* Eight fields. */
+    const unsigned char eight[] = {0x98, 1, 1, 0xa1, 'a', 1, 0x90, 0x90, 0,
+                                   0};
+    cr_assert_str_eq(refusal(eight, sizeof eight), "wrong number of fields");
+}
+
+Test(wire, a_report_names_its_stream_and_an_old_one_is_stream_0)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    const char *names[] = {"api"};
+    rl_wire_begin_report_stream(w, "agent-1", 7, 1, 2);
+    rl_wire_put_count(w, "api", "t1", 2, 5);
+    rl_wire_put_presence(w, names, 1);
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    rl_wire_msg m;
+    const char *why = NULL;
+    cr_assert_eq(rl_wire_decode(data, len, &m, &why), 0, "%s", why);
+    cr_assert_eq(m.stream, 2);
+    cr_assert_eq(m.seq, 7);
+    cr_assert_eq(m.n_entries, 1);
+    cr_assert_eq(m.n_presence, 1);
+    rl_wire_msg_free(&m);
+    /* Stream 0 is the six-field report an aggregator without streams
+     * reads, and a report without the field is stream 0. */
+    rl_wire_writer_reset(w);
+    rl_wire_begin_report_stream(w, "agent-1", 8, 0, 0);
+    rl_wire_put_presence(w, names, 1);
+    data = rl_wire_writer_data(w, &len);
+    cr_assert_eq(((const unsigned char *)data)[0], 0x96);
+    cr_assert_eq(rl_wire_decode(data, len, &m, &why), 0, "%s", why);
+    cr_assert_eq(m.stream, 0);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+    /* [1, 1, "a", 1, [], [], 16]: past the streams an agent has. */
+    const unsigned char far[] = {0x97, 1, 1, 0xa1, 'a', 1, 0x90, 0x90, 16};
+    cr_assert_str_eq(refusal(far, sizeof far), "number out of range");
 }
 
 Test(wire, fuzz_seeds_decode)
