@@ -265,7 +265,12 @@ static void read_windows(windows_seen *ws)
         redisReply *r = redisCommand(c, "HGETALL %s", ws->key);
         found = r != NULL && r->type == REDIS_REPLY_ARRAY;
         for (size_t f = 0; found && f + 1 < r->elements; f += 2) {
-            uint64_t field = strtoull(r->element[f]->str, NULL, 10);
+            /* Sub-windows are named by their numbers; the head and sums
+             * beside them (m, windows.c) are not counts. */
+            const char *name = r->element[f]->str;
+            if (name[0] < '0' || name[0] > '9')
+                continue;
+            uint64_t field = strtoull(name, NULL, 10);
             long long v = atoll(r->element[f + 1]->str);
             size_t k = 0;
             while (k < ws->n && ws->field[k] != field)
