@@ -40,8 +40,11 @@ static void serve_text(nng_aio *aio, bool agents)
         nng_aio_finish(aio, NNG_ENOMEM);
         return;
     }
+    /* /agents is tab-separated lines, not the exposition format: a
+     * scraper pointed at it by mistake should not parse it as metrics. */
     nng_http_res_set_header(res, "Content-Type",
-                            "text/plain; version=0.0.4");
+                            agents ? "text/tab-separated-values"
+                                   : "text/plain; version=0.0.4");
     pthread_mutex_lock(&m->lock);
     const char *body = agents ? m->agents : m->text;
     int rv = nng_http_res_copy_data(res, body != NULL ? body : "",

@@ -143,6 +143,16 @@ Test(metrics, aggregator_page_passes_promtool_check_metrics)
         fetch(agg.metrics, text, sizeof text);
     } while (test_prom_sample(text, "rl_agg_broadcast_lag_seconds_count") < 1
              && now_s() < until);
+    /* Scrapers go by the content type: only /metrics is the exposition
+     * format, /agents (rlctl agents' tab-separated lines) is not. */
+    test_http_response r;
+    test_http_get(agg.metrics, "/metrics", "", &r);
+    cr_assert_str_eq(test_http_header(&r, "Content-Type"),
+                     "text/plain; version=0.0.4");
+    test_http_get(agg.metrics, "/agents", "", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(test_http_header(&r, "Content-Type"),
+                     "text/tab-separated-values");
     rl_agent_close(a);
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
