@@ -5,9 +5,9 @@
  * miss the reports other agents made at the same moment: a share worked
  * out from them gives those agents' admissions out again.
  *
- * The aggregator here is a fake in this process, so that the test says
- * what Redis's clock reads and what the totals hold, and when each message
- * goes: it answers the agent's reports on REP and publishes TOTALS on PUB.
+ * The aggregator here is a fake in this process (fake_aggregator.h), so
+ * that the test says what Redis's clock reads and what the totals hold,
+ * and when each message goes.
  * The fleet is the real agent (A) and a second one (B) that exists only in
  * the fake's counts. The story, with a limit of 100 and two agents:
  *
@@ -28,16 +28,14 @@
  * The rule's period is an hour (sub-windows of three minutes): the window
  * moves only when the fake's clock jumps.
  */
+#include "fake_aggregator.h"
+#include "partition.h"
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_env.h"
 #include "wire.h"
 
 #include <criterion/criterion.h>
-#include <nng/nng.h>
-#include <nng/protocol/pubsub0/pub.h>
-#include <nng/protocol/reqrep0/rep.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,199 +51,89 @@
  * the agent less than that while holding one. */
 #define HOLD_MS 1500
 
-typedef struct fake_agg {
-    nng_socket rep, pub;
-    char reports[64], totals[64];
-    atomic_int subscribers;
-    int64_t clock_offset;  /* Redis's clock: test_now_ms() + this */
-    uint64_t window;       /* the sub-window that clock is in */
-    uint64_t recent, oldest; /* the key's totals in it (wire.h) */
-    char value[RL_WIRE_VALUE_MAX];
-    size_t value_len;      /* the key, as the agent's reports name it */
-} fake_agg;
-
-/* A report received and not answered yet: while it is held the agent
- * sends no other. */
-typedef struct held {
-    nng_msg *msg;
-    rl_wire_msg report;
-    uint64_t count;        /* the key's count in it */
-} held;
-
-static uint64_t fake_now(const fake_agg *f)
+/* One aggregator as `aggregator:`, several as `aggregators:`. */
+static void open_agent(fake_agg *f, size_t n, test_agent *t)
 {
-    return (uint64_t)((int64_t)test_now_ms() + f->clock_offset);
-}
-
-/* Redis's clock jumps to just inside sub-window w, where the key's totals
- * are recent and oldest. */
-static void fake_enter(fake_agg *f, uint64_t w, uint64_t recent,
-                       uint64_t oldest)
-{
-    uint64_t at = w * rl_wire_subwindow_ms(PERIOD_MS) + 500;
-    f->clock_offset = (int64_t)at - (int64_t)test_now_ms();
-    f->window = w;
-    f->recent = recent;
-    f->oldest = oldest;
-}
-
-static void on_subscriber(nng_pipe p, nng_pipe_ev ev, void *arg)
-{
-    (void)p;
-    (void)ev;
-    fake_agg *f = arg;
-    atomic_fetch_add(&f->subscribers, 1);
-}
-
-static void fake_listen(nng_socket s, char *url, size_t cap)
-{
-    snprintf(url, cap, "tcp://127.0.0.1:%u", test_free_port());
-    int rv = nng_listen(s, url, NULL, 0);
-    cr_assert_eq(rv, 0, "listen on %s: %s", url, nng_strerror(rv));
-}
-
-static void fake_start(fake_agg *f)
-{
-    memset(f, 0, sizeof *f);
-    atomic_init(&f->subscribers, 0);
-    cr_assert_eq(nng_rep0_open(&f->rep), 0);
-    cr_assert_eq(nng_pub0_open(&f->pub), 0);
-    nng_socket_set_ms(f->rep, NNG_OPT_RECVTIMEO, 3000);
-    nng_pipe_notify(f->pub, NNG_PIPE_EV_ADD_POST, on_subscriber, f);
-    fake_listen(f->rep, f->reports, sizeof f->reports);
-    fake_listen(f->pub, f->totals, sizeof f->totals);
-    fake_enter(f, FIRST_WINDOW, 0, 0);
-}
-
-/* Only once the agent is closed: nng 1.5.2 can hang closing a socket a
- * message is arriving on (see rl_sync_stop). */
-static void fake_stop(fake_agg *f)
-{
-    nng_close(f->rep);
-    nng_close(f->pub);
-}
-
-static void open_agent(fake_agg *f, test_agent *t)
-{
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
-             "aggregator:\n"
-             "  reports: \"%s\"\n"
-             "  totals: \"%s\"\n"
-             "  sync_interval_ms: %d\n"
+    char yaml[2048];
+    int len = snprintf(yaml, sizeof yaml,
+                       "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
+                       "aggregator:\n"
+                       "  sync_interval_ms: %d\n",
+                       test_env("RL_TEST_REDIS"), INTERVAL_MS);
+    if (n == 1)
+        len += snprintf(yaml + len, sizeof yaml - (size_t)len,
+                        "  reports: \"%s\"\n  totals: \"%s\"\n",
+                        f[0].reports, f[0].totals);
+    else
+        len += snprintf(yaml + len, sizeof yaml - (size_t)len,
+                        "aggregators:\n");
+    for (size_t i = 0; n > 1 && i < n; i++)
+        len += snprintf(yaml + len, sizeof yaml - (size_t)len,
+                        "  - {reports: \"%s\", totals: \"%s\"}\n",
+                        f[i].reports, f[i].totals);
+    snprintf(yaml + len, sizeof yaml - (size_t)len,
              "rules:\n"
              "  - {name: " RULE ", match: tenant, limit: %d, "
              "period: %llums, mode: synced}\n",
-             test_env("RL_TEST_REDIS"), f->reports, f->totals, INTERVAL_MS,
              LIMIT, (unsigned long long)PERIOD_MS);
     memset(t, 0, sizeof *t);
     t->agent = test_agent_on(test_write_config("synced-ack", yaml),
                              &t->config, NULL);
-    /* TOTALS published before the agent's SUB pipe is up are lost. */
-    for (int waited = 0; atomic_load(&f->subscribers) == 0; waited += 10) {
-        cr_assert_lt(waited, 5000, "the agent never subscribed to totals");
-        test_sleep_ms(10);
-    }
+    for (size_t i = 0; i < n; i++)
+        fake_wait_subscribed(&f[i]);
 }
 
-static bool is_key(const fake_agg *f, rl_wire_bytes value)
+static bool allowed_to(test_agent *t, const char *tenant)
 {
-    return value.len == f->value_len
-           && memcmp(value.ptr, f->value, value.len) == 0;
-}
-
-/* The agent's next report (the first names the key for the fake). */
-static held fake_receive(fake_agg *f)
-{
-    held r = {0};
-    int rv = nng_recvmsg(f->rep, &r.msg, 0);
-    cr_assert_eq(rv, 0, "no report from the agent: %s", nng_strerror(rv));
-    const char *why;
-    cr_assert_eq(rl_wire_decode(nng_msg_body(r.msg), nng_msg_len(r.msg),
-                                &r.report, &why), 0, "bad report: %s", why);
-    cr_assert_eq(r.report.type, RL_WIRE_REPORT);
-    for (size_t i = 0; i < r.report.n_entries; i++) {
-        const rl_wire_entry *e = &r.report.entries[i];
-        if (f->value_len == 0) {
-            memcpy(f->value, e->value.ptr, e->value.len);
-            f->value_len = e->value.len;
-        }
-        cr_assert(is_key(f, e->value), "a report of another key");
-        r.count += e->count;
-    }
-    return r;
-}
-
-/* Applies the report's count in the current sub-window and acknowledges
- * it with the key's totals, as they are once it is applied. */
-static void fake_ack(fake_agg *f, held *r)
-{
-    f->recent += r->count;
-    rl_wire_writer *w = rl_wire_writer_new();
-    rl_wire_begin_ack(w, r->report.seq, RL_ACK_APPLIED, fake_now(f),
-                      r->report.n_entries);
-    for (size_t i = 0; i < r->report.n_entries; i++)
-        rl_wire_put_ack_total(w, RULE, f->value, f->value_len, f->window,
-                              f->recent, f->oldest, AGENTS);
-    size_t len;
-    const void *data = rl_wire_writer_data(w, &len);
-    nng_msg *reply;
-    cr_assert_eq(nng_msg_alloc(&reply, 0), 0);
-    cr_assert_eq(nng_msg_append(reply, data, len), 0);
-    cr_assert_eq(nng_sendmsg(f->rep, reply, 0), 0);
-    rl_wire_writer_free(w);
-    rl_wire_msg_free(&r->report);
-    nng_msg_free(r->msg);
-    r->msg = NULL;
-}
-
-static void fake_publish(fake_agg *f)
-{
-    rl_wire_writer *w = rl_wire_writer_new();
-    rl_wire_begin_totals(w, RULE, fake_now(f), false, AGENTS, 1);
-    rl_wire_put_total(w, f->value, f->value_len, f->window, f->recent,
-                      f->oldest, AGENTS);
-    size_t len;
-    const void *data = rl_wire_writer_data(w, &len);
-    cr_assert_eq(nng_send(f->pub, (void *)data, len, 0), 0);
-    rl_wire_writer_free(w);
+    char attr[96];
+    snprintf(attr, sizeof attr, "tenant=%s", tenant);
+    return test_check(t, attr, NULL).allowed;
 }
 
 static bool allowed(test_agent *t)
 {
-    return test_check(t, "tenant=" TENANT, NULL).allowed;
+    return allowed_to(t, TENANT);
 }
 
 /* What the agent admits now, before its first rejection. */
-static long admitted(test_agent *t)
+static long admitted_to(test_agent *t, const char *tenant)
 {
     long n = 0;
-    while (allowed(t))
+    while (allowed_to(t, tenant))
         cr_assert_leq(++n, LIMIT, "the key was never rejected");
     return n;
 }
 
+static long admitted(test_agent *t)
+{
+    return admitted_to(t, TENANT);
+}
+
 /* What the agent admits once the TOTALS just published have reached it:
  * the key rejects until then, so its first admission says they have. */
-static long admitted_after_totals(test_agent *t)
+static long admitted_after_totals_to(test_agent *t, const char *tenant)
 {
     for (int waited = 0; waited < HOLD_MS; waited++) {
-        if (allowed(t))
-            return 1 + admitted(t);
+        if (allowed_to(t, tenant))
+            return 1 + admitted_to(t, tenant);
         test_sleep_ms(1);
     }
     return 0;
 }
 
+static long admitted_after_totals(test_agent *t)
+{
+    return admitted_after_totals_to(t, TENANT);
+}
+
 Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
 {
-    fake_agg f;
-    fake_start(&f);
+    fake_agg f = {0};
+    fake_start(&f, RULE, PERIOD_MS, AGENTS, FIRST_WINDOW);
     test_agent t;
-    open_agent(&f, &t);
+    open_agent(&f, 1, &t);
     /* A report of presence only: its ack tells the agent Redis's clock. */
-    held r = fake_receive(&f);
+    fake_held r = fake_receive(&f);
     fake_ack(&f, &r);
     /* Before anything says how many agents there are, the agent takes the
      * whole limit; once its report of it is acknowledged, the key is at
@@ -255,7 +143,7 @@ Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
     r = fake_receive(&f);
     cr_assert_eq(r.count, (uint64_t)cold);
     fake_ack(&f, &r);
-    held asking = fake_receive(&f);
+    fake_held asking = fake_receive(&f);
     cr_assert_eq(asking.count, 0);
     /* Two periods on, B's 60 are the oldest sub-window. */
     uint64_t w = FIRST_WINDOW + 40;
@@ -272,7 +160,7 @@ Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
     f.recent += (uint64_t)share;
     /* The next report comes after the ack is handled, and after a tick
      * (which gives no fresh share from an ack's totals either). */
-    held last = fake_receive(&f);
+    fake_held last = fake_receive(&f);
     long after_ack = 0;
     for (int i = 0; i < LIMIT; i++)
         after_ack += allowed(&t);
@@ -288,4 +176,88 @@ Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
                  "the share of the totals that hold both agents' counts");
     test_agent_close(&t);
     fake_stop(&f);
+}
+
+/* --- Several aggregators: a TOTALS message is a snapshot of what its
+ * sender applied, so it gives a fresh share only to the keys this agent
+ * reports there (docs/design.md, "Several aggregators"). Here the agent
+ * has two aggregators, O and N, and a key of each (k_O goes to O, k_N to
+ * N). N's TOTALS hold k_O in a newer sub-window with nothing counted: N
+ * never saw k_O's counts, which went to O. A fresh share of k_O from them
+ * would give out again what the agent admitted from O's totals. N's
+ * TOTALS for k_N, published just after, say the agent has handled N's
+ * message: k_N gets its share. */
+
+/* A tenant whose key goes to aggregator `owner` of two. */
+static void tenant_of(size_t owner, char *out, size_t cap)
+{
+    const bool up[2] = {true, true};
+    for (int i = 0;; i++) {
+        snprintf(out, cap, "org_owner_%d", i);
+        if (rl_partition_owner(rl_partition_key(RULE, out, strlen(out)), up,
+                               2) == owner)
+            return;
+    }
+}
+
+/* The reports of a tick on both links, acknowledged (their counts
+ * applied). */
+static void ack_both(fake_agg *f)
+{
+    for (int i = 0; i < 2; i++) {
+        fake_held r = fake_receive(&f[i]);
+        fake_ack(&f[i], &r);
+    }
+}
+
+Test(synced_ack, totals_give_fresh_shares_only_to_the_keys_their_sender_owns)
+{
+    enum { O = 0, N = 1 };
+    fake_agg f[2];
+    memset(f, 0, sizeof f);
+    char k[2][32];
+    for (int i = 0; i < 2; i++) {
+        tenant_of((size_t)i, k[i], sizeof k[i]);
+        f[i].value_len = strlen(k[i]);
+        memcpy(f[i].value, k[i], f[i].value_len);
+        fake_start(&f[i], RULE, PERIOD_MS, AGENTS, FIRST_WINDOW);
+    }
+    test_agent t;
+    open_agent(f, 2, &t);
+    ack_both(f); /* presence only: the acks tell the agent Redis's clock */
+    /* Cold, each key takes the whole limit; its report goes to its owner. */
+    cr_assert_eq(admitted_to(&t, k[O]), LIMIT);
+    cr_assert_eq(admitted_to(&t, k[N]), LIMIT);
+    ack_both(f);
+    cr_assert_eq(f[O].recent, LIMIT, "k_O's count did not go to O");
+    cr_assert_eq(f[N].recent, LIMIT, "k_N's count did not go to N");
+    /* Held: the agent reports nothing more while the test goes on. */
+    fake_held asking[2] = {fake_receive(&f[O]), fake_receive(&f[N])};
+    /* Two periods on, O's totals leave room for a share of 20 of k_O. */
+    uint64_t w = FIRST_WINDOW + 40;
+    fake_enter(&f[O], w, 0, 60);
+    fake_publish(&f[O]);
+    long from_o = admitted_after_totals_to(&t, k[O]);
+    /* N's totals of k_O (nothing counted, a sub-window on), then of k_N. */
+    fake_agg n_of_k_o = f[N];
+    n_of_k_o.value_len = strlen(k[O]);
+    memcpy(n_of_k_o.value, k[O], n_of_k_o.value_len);
+    fake_enter(&n_of_k_o, w + 1, 0, 0);
+    fake_publish(&n_of_k_o);
+    fake_enter(&f[N], w + 1, 0, 0);
+    fake_publish(&f[N]);
+    long from_n = admitted_after_totals_to(&t, k[N]);
+    long k_o_after_n = 0;
+    for (int i = 0; i < LIMIT; i++)
+        k_o_after_n += allowed_to(&t, k[O]);
+    fprintf(stderr, "synced owner: k_O %ld from O's totals, %ld after N's; "
+            "k_N %ld from N's\n", from_o, k_o_after_n, from_n);
+    cr_expect_eq(from_o, (LIMIT - 60) / AGENTS, "O's share of k_O");
+    cr_expect_eq(from_n, LIMIT / AGENTS, "N's share of k_N");
+    cr_expect_eq(k_o_after_n, 0, "a fresh share of k_O from N's totals");
+    for (int i = 0; i < 2; i++)
+        fake_ack(&f[i], &asking[i]);
+    test_agent_close(&t);
+    for (int i = 0; i < 2; i++)
+        fake_stop(&f[i]);
 }
