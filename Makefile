@@ -312,15 +312,18 @@ TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_NGINX_PRELOAD=$(NGINX_PRELOAD) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
            RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
-           RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs
+           RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs \
+           RL_TEST_ALONE=tests/run-alone.txt
 CRITERION_ARGS ?=
+# The tests in tests/run-alone.txt run one at a time, before the others.
+TEST_COMMAND = $(if $(HARNESS_SRC),$(TESTS),bash scripts/criterion-alone.sh $(TESTS))
 # What the runner starts besides one redis-server: a Redis Cluster unless
 # told otherwise (make mutants leaves it out for tests that never use one).
 RUNNER_ARGS ?= --cluster
 
 test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
 	@sh scripts/run-tests.sh $(BUILD)/test.log env $(TEST_ENV) \
-	    $(RUNNER) $(RUNNER_ARGS) -- $(TESTS) $(CRITERION_ARGS)
+	    $(RUNNER) $(RUNNER_ARGS) -- $(TEST_COMMAND) $(CRITERION_ARGS)
 
 # Sanitizer builds live in their own trees so that they never mix objects
 # with the normal build.

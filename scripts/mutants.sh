@@ -127,8 +127,11 @@ failed_in() {
         paste -sd ' ' -
 }
 
+# The tests a run ran: Criterion's syntheses (one a pass of
+# scripts/criterion-alone.sh) summed.
 tested_in() {
-    sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -n 1
+    sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" |
+        awk '{ n += $1 } END { if (NR) print n }'
 }
 
 # restore N FILE: puts tree-N's FILE back as it was before the mutant,
@@ -243,6 +246,9 @@ if [ -n "$filters" ]; then
     rc=$?
     failed=$(failed_in "$logs/clean.test.log")
     if [ "$rc" -ne 0 ] || [ -n "$failed" ]; then
+        # CI keeps only the end of what a run printed: the failures' lines.
+        grep -E '^\[(----|FAIL)\]|Assertion|CRASH|Timed out' \
+            "$logs/clean.test.log" | tail -n 40 >&2
         die "the unmutated copy fails the mutants' tests (${failed:-exit status $rc}); see $logs/clean.test.log"
     fi
     echo "mutants: the unmutated copy passes $(tested_in "$logs/clean.test.log") tests in $(since "$t") s"

@@ -4,8 +4,11 @@
  * process with a time limit, and ends with one "tsan: N passed, N failed"
  * line. Exit status 1 if any test failed or crashed.
  */
+#define _GNU_SOURCE /* FNM_EXTMATCH */
 #include "criterion/criterion.h"
 
+#include <ctype.h>
+#include <fnmatch.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -136,8 +139,8 @@ static bool report(const struct test *t, int status, double seconds)
 }
 
 /* How many tests run at once: TSAN_JOBS, else JOBS_DEFAULT. The tests
- * in `alone` below never share the machine: they run first, one at a time,
- * and the others after them, TSAN_JOBS at a time. Two at a time with that
+ * in tests/run-alone.txt never share the machine: they run first, one at
+ * a time, and the others after them, TSAN_JOBS at a time. Two at a time with that
  * list passed all 250 tests twice on a shared 2-core machine, in 234 s and
  * 233 s against 397 s one at a time (TSAN_JOBS=1). */
 #define JOBS_DEFAULT 2
@@ -150,54 +153,47 @@ static long jobs(void)
     return n > MAX_JOBS ? MAX_JOBS : n;
 }
 
-/* The tests that start many threads (eight or more checking at once, or
- * ten agents), and one that times its checks: beside another test on two
- * cores, one run of reload::eight_threads_check_through_a_hundred_reloads
- * was still running after 300 s (4 s alone), and
- * fallback::ten_agents_admit_the_limit_while_redis_is_down fails when its
- * probe oversleeps. One at a time they take some 20 s in all under TSan.
- * ("suite::name", or "suite::name_" for both of a TEST_BOTH_MODES pair.) */
-static const char *const alone[] = {
-    "reload::eight_threads_check_through_a_hundred_reloads",
-    "cluster::fifty_threads_admit_exactly_capacity_on_each_primary",
-    "cluster::resharding_under_load_loses_no_check_and_no_token",
-    "exact::fifty_threads_admit_exactly_capacity_token_bucket_",
-    "exact::fifty_threads_admit_exactly_capacity_gcra_",
-    "exact::a_fractional_interval_loses_nothing_to_rounding_",
-    "faults::shutdown_while_sixteen_threads_check_",
-    "faults::scripts_flushed_under_load_lose_no_check_",
-    "leased::fifty_threads_on_two_agents_never_pass_the_bucket_",
-    "leased_cluster::fifty_threads_on_two_agents_never_pass_its_bucket",
-    "leased::ten_agents_at_ten_times_the_limit_admit_the_limit",
-    "thread_slot::many_more_threads_than_slots_count_every_check",
-    "fallback::ten_agents_admit_the_limit_while_redis_is_down",
-    /* Ten agents held to 5 % over any span: their ticks must keep time. */
-    "synced::twice_the_limit_from_cold_stays_within_5_percent_over_any_span",
-    "synced::ten_times_the_limit_stays_within_5_percent_and_gets_90_percent",
-    /* One agent syncing every 20 or 50 ms, and one hand of leased tokens
-     * checked to the token: late ticks under load change what they see. */
-    "synced::a_sub_window_counts_whole_until_it_has_left_the_span",
-    "synced::a_blocked_key_gets_room_when_its_oldest_requests_leave",
-    "leased::remaining_is_the_buckets_less_what_was_spent_",
-    /* Four agents' shares within 5 %: it went over once beside another. */
-    "synced::four_agents_split_the_room",
-    /* Three aggregators and ten agents, one killed: totals' gaps timed. */
-    "aggregators::the_keys_owner_killed_and_back_loses_and_doubles_nothing",
-    "aggregators::the_keys_owner_killed_and_back_loses_and_doubles_nothing_"
-    "on_a_cluster",
-    NULL,
-};
+/* The tests that never share the machine (tests/run-alone.txt, named by
+ * RL_TEST_ALONE): "suite/name" globs, read once. */
+#define MAX_ALONE 128
+static char *alone[MAX_ALONE];
+static size_t n_alone;
+
+static bool read_alone(void)
+{
+    const char *path = getenv("RL_TEST_ALONE");
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    if (f == NULL) {
+        fprintf(stderr, "tsan runner: cannot read RL_TEST_ALONE (%s)\n",
+                path != NULL ? path : "unset");
+        return false;
+    }
+    char line[512];
+    bool ok = true;
+    while (ok && fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "#")] = '\0';
+        size_t n = strlen(line);
+        while (n > 0 && isspace((unsigned char)line[n - 1]))
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        ok = n_alone < MAX_ALONE
+             && (alone[n_alone++] = strdup(line)) != NULL;
+        if (!ok)
+            fprintf(stderr, "tsan runner: %s: over %d patterns\n", path,
+                    MAX_ALONE);
+    }
+    fclose(f);
+    return ok;
+}
 
 static bool runs_alone(const struct test *t)
 {
     char full[512];
-    snprintf(full, sizeof full, "%s::%s", t->suite, t->name);
-    for (size_t i = 0; alone[i] != NULL; i++) {
-        size_t n = strlen(alone[i]);
-        if (strncmp(full, alone[i], n) == 0
-            && (full[n] == '\0' || alone[i][n - 1] == '_'))
+    snprintf(full, sizeof full, "%s/%s", t->suite, t->name);
+    for (size_t i = 0; i < n_alone; i++)
+        if (fnmatch(alone[i], full, FNM_EXTMATCH) == 0)
             return true;
-    }
     return false;
 }
 
@@ -265,6 +261,8 @@ int main(int argc, char **argv)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;
     size_t passed = 0, failed = 0;
+    if (!read_alone())
+        return 1;
     if (!run_tests(filter, true, 1, &passed, &failed)
         || !run_tests(filter, false, jobs(), &passed, &failed))
         return 1;
