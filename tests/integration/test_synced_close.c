@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #define RULE "closing"
-#define CLOSES 30
+#define CLOSES 60
 #define MAX_PEERS 8
 
 typedef struct flood {
@@ -80,7 +80,7 @@ static void flood_accept(flood *f)
     close(fd);
 }
 
-/* Sends the message to every peer about every 100 us; a peer whose
+/* Sends the message to every peer about every 20 us; a peer whose
  * connection fails is dropped (what it sent is never read: the kernel
  * keeps it). */
 static void *flood_run(void *arg)
@@ -99,7 +99,7 @@ static void *flood_run(void *arg)
                 f->peers[i] = -1;
             }
         }
-        usleep(100);
+        usleep(20);
     }
     return NULL;
 }
