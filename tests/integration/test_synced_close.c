@@ -6,9 +6,9 @@
  * is arriving at nearly every moment, and agents are opened on it and
  * closed, one after another. Nobody answers the reports: each close gives
  * the last one its two intervals. Closing the TOTALS socket at once after
- * the last report hung within the first few closes in every run (the
- * test's timeout ends it); the agent closes it once its connections have
- * ended at a message over the one-byte limit.
+ * the last report (as the agent did) hung in nng_close in 6 runs of 6
+ * under ASan; the agent now closes it once its connections have ended at
+ * a message over the one-byte limit.
  *
  * The publisher speaks the SP protocol over TCP itself: nng's PUB loses a
  * message now and then when it sends on a connection that is closing, and
