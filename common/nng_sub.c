@@ -5,6 +5,8 @@
  */
 #include "nng_sub.h"
 
+#include "nng_handoff.h"
+
 #include <errno.h>
 #include <nng/protocol/pubsub0/sub.h>
 #include <time.h>
@@ -13,6 +15,7 @@ static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     rl_nng_sub *s = arg;
     (void)pipe;
+    rl_nng_handoff(s);
     pthread_mutex_lock(&s->lock);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         s->pipes++;
@@ -24,6 +27,7 @@ static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
         pthread_cond_broadcast(&s->changed);
     }
     pthread_mutex_unlock(&s->lock);
+    rl_nng_handoff(s);
 }
 
 int rl_nng_sub_open(rl_nng_sub *s)
@@ -37,6 +41,8 @@ int rl_nng_sub_open(rl_nng_sub *s)
     s->pipes = s->undrained = 0;
     s->open = true;
     s->draining = false;
+    /* The callbacks find the lock made, from the dial on. */
+    rl_nng_handoff(s);
     int rv;
     if ((rv = nng_sub0_open(&s->sock)) != 0
         || (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, on_pipe, s))
@@ -82,9 +88,8 @@ void rl_nng_sub_close(rl_nng_sub *s, int wait_ms)
     /* The callbacks stay: nng_close returns once every pipe's have run. */
     if (nng_socket_id(s->sock) > 0)
         nng_close(s->sock);
-    /* After the last callback's unlock, for ThreadSanitizer too. */
-    pthread_mutex_lock(&s->lock);
-    pthread_mutex_unlock(&s->lock);
+    /* After the last callback. */
+    rl_nng_handoff(s);
     pthread_cond_destroy(&s->changed);
     pthread_mutex_destroy(&s->lock);
 }
