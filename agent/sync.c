@@ -50,6 +50,7 @@
 #include "nng_tls.h"
 
 #include "nng_handoff.h"
+#include "nng_sub.h"
 #include "partition.h"
 #include "wire.h"
 
@@ -86,7 +87,8 @@ typedef struct stream {
 typedef struct agg_link {
     struct rl_sync *s;
     size_t index;
-    nng_socket req, sub;
+    nng_socket req;
+    rl_nng_sub sub;             /* its TOTALS (nng_sub.h: its close) */
     nng_aio *req_aio, *sub_aio;
     /* nng threads -> loop, under s->lock. */
     bool req_done;              /* the REQ aio finished: result below */
@@ -225,7 +227,7 @@ static void on_sub(void *arg)
     pthread_mutex_unlock(&s->lock);
     if (again) {
         rl_nng_handoff(l);
-        nng_recv_aio(l->sub, l->sub_aio);
+        nng_recv_aio(l->sub.sock, l->sub_aio);
     }
     rl_nng_handoff(l);
 }
@@ -761,7 +763,7 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
         return rl_error_set(err, RL_ENOMEM, "out of memory");
     if ((rv = nng_req0_open(&l->req)) != 0
         || (rv = nng_aio_alloc(&l->req_aio, on_req, l)) != 0
-        || (rv = nng_sub0_open(&l->sub)) != 0
+        || (rv = rl_nng_sub_open(&l->sub)) != 0
         || (rv = nng_aio_alloc(&l->sub_aio, on_sub, l)) != 0
         || (rv = nng_pipe_notify(l->req, NNG_PIPE_EV_ADD_POST, on_pipe, l))
                != 0
@@ -773,12 +775,14 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
     nng_socket_set_ms(l->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     /* The pipe callbacks read the link from the dials on. */
     rl_nng_handoff(l);
-    nng_socket_set_size(l->sub, NNG_OPT_RECVMAXSZ, agg->max_message_bytes);
+    nng_socket_set_size(l->sub.sock, NNG_OPT_RECVMAXSZ,
+                        agg->max_message_bytes);
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
     char why[512];
     if (rl_nng_dial(l->req, at->reports, &agg->tls, why, sizeof why) != 0
-        || rl_nng_dial(l->sub, at->totals, &agg->tls, why, sizeof why) != 0)
+        || rl_nng_dial(l->sub.sock, at->totals, &agg->tls, why, sizeof why)
+               != 0)
         return rl_error_set(err, RL_EINVAL, "cannot dial the aggregator: %s",
                             why);
     /* None for inproc://, which has no stream to probe: no diagnosis. */
@@ -835,7 +839,7 @@ static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
         char topic[RL_NAME_MAX + 2];
         size_t n = rl_wire_topic(r->name, topic, sizeof topic);
         for (size_t k = 0; k < s->n_links; k++)
-            nng_socket_set(s->links[k].sub, opt, topic, n);
+            nng_socket_set(s->links[k].sub.sock, opt, topic, n);
     }
 }
 
@@ -883,7 +887,7 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
      * which exists from here on. */
     for (size_t i = 0; i < s->n_links; i++) {
         rl_nng_handoff(&s->links[i]);
-        nng_recv_aio(s->links[i].sub, s->links[i].sub_aio);
+        nng_recv_aio(s->links[i].sub.sock, s->links[i].sub_aio);
     }
 }
 
@@ -940,6 +944,16 @@ static agg_link *stop_carrier(rl_sync *s, agg_link *own)
     return own;
 }
 
+/* No totals are needed once stopping: the TOTALS sockets' connections end
+ * at their next message, during the last reports, so that the close can
+ * follow (nng_sub.h). All links at once: their aggregators publish at the
+ * same moment of each interval. */
+static void drain_totals(rl_sync *s)
+{
+    for (size_t i = 0; s->links != NULL && i < s->n_links; i++)
+        rl_nng_sub_drain(&s->links[i].sub);
+}
+
 /* At stop, what was counted since the last report goes out in one last
  * report per stream before the sync closes, after its ack or its timeout
  * (two intervals): a gateway that stops or reloads loses no count
@@ -974,6 +988,7 @@ void rl_sync_stop(rl_sync *s)
 {
     s->stopping = true;
     uv_timer_stop(&s->tick);
+    drain_totals(s);
     /* nng 1.5.2 (Debian 12's libnng1) can lose a TCP pipe's read when the
      * pipe is closed here while a message is arriving on it: the transport
      * re-arms the read on an aio the close has stopped, nng drops it
@@ -997,7 +1012,9 @@ void rl_sync_stop(rl_sync *s)
         finish_stopping(s);
 }
 
-static void free_link(agg_link *l)
+/* wait_ms: for the TOTALS pipes to end (nng_sub.h), at their next
+ * message, which comes every interval. */
+static void free_link(agg_link *l, int wait_ms)
 {
     if (l->req_aio != NULL)
         nng_aio_free(l->req_aio);
@@ -1013,8 +1030,7 @@ static void free_link(agg_link *l)
         nng_pipe_notify(l->req, NNG_PIPE_EV_REM_POST, NULL, NULL);
         nng_close(l->req);
     }
-    if (nng_socket_id(l->sub) > 0)
-        nng_close(l->sub);
+    rl_nng_sub_close(&l->sub, wait_ms);
     for (size_t i = 0; i < l->n_totals; i++)
         nng_msg_free(l->totals[i]);
     free(l->totals);
@@ -1030,8 +1046,9 @@ void rl_sync_free(rl_sync *s)
     pthread_mutex_lock(&s->lock);
     s->closing = true;
     pthread_mutex_unlock(&s->lock);
+    drain_totals(s);
     for (size_t i = 0; s->links != NULL && i < s->n_links; i++)
-        free_link(&s->links[i]);
+        free_link(&s->links[i], 2 * (int)interval_ms(s));
     free(s->links);
     free(s->presence);
     rl_wire_writer_free(s->ping);

@@ -14,6 +14,7 @@
  * agents in them would change every share.
  */
 #include "config.h"
+#include "nng_sub.h"
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
@@ -217,16 +218,23 @@ static offered offer(fleet *f, const char *attr, const char *value,
     return o;
 }
 
-/* A subscriber to the aggregator's totals for one rule. */
-static nng_socket subscribe(const test_aggregator *agg, const char *rule)
+/* A subscriber to the aggregator's totals for one rule. It is closed
+ * with unsubscribe, while the aggregator publishes (nng_sub.h). */
+static void subscribe(rl_nng_sub *s, const test_aggregator *agg,
+                      const char *rule)
 {
-    nng_socket s;
-    cr_assert_eq(nng_sub0_open(&s), 0);
-    cr_assert_eq(nng_socket_set(s, NNG_OPT_SUB_SUBSCRIBE, rule,
+    cr_assert_eq(rl_nng_sub_open(s), 0);
+    cr_assert_eq(nng_socket_set(s->sock, NNG_OPT_SUB_SUBSCRIBE, rule,
                                 strlen(rule) + 1), 0);
-    cr_assert_eq(nng_dial(s, agg->totals, NULL, 0), 0);
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 200);
-    return s;
+    cr_assert_eq(nng_dial(s->sock, agg->totals, NULL, 0), 0);
+    nng_socket_set_ms(s->sock, NNG_OPT_RECVTIMEO, 200);
+}
+
+/* The next publish ends its connection: at most an interval (two
+ * seconds in the slowest test here). */
+static void unsubscribe(rl_nng_sub *s)
+{
+    rl_nng_sub_close(s, 4000);
 }
 
 /* A TOTALS message, decoded: t points into m's body, so m lives as long. */
@@ -313,7 +321,8 @@ Test(aggregator_reload, an_added_synced_rule_is_summed_and_broadcast)
 
     char name[64];
     snprintf(name, sizeof name, "added-%d", (int)getpid());
-    nng_socket sub = subscribe(&f.agg, name);
+    rl_nng_sub sub;
+    subscribe(&sub, &f.agg, name);
     snprintf(rules, sizeof rules, "%s%s", base, added);
     reload_all(&f, rules);
     offered o = offer(&f, "org", org, 2000);
@@ -326,8 +335,8 @@ Test(aggregator_reload, an_added_synced_rule_is_summed_and_broadcast)
     for (int i = 0; i < N_AGENTS; i++)
         cr_expect_gt(o.admitted[i], 0, "agent %d admitted nothing", i);
     expect_redis_total_stays(key, o.admitted_sum);
-    expect_broadcast(sub, org, o.admitted_sum);
-    nng_close(sub);
+    expect_broadcast(sub.sock, org, o.admitted_sum);
+    unsubscribe(&sub);
     fleet_stop(&f);
     cr_assert_eq(count_lines(f.agg.log, "event=report_rejected"), 0,
                  "see %s", f.agg.log);
@@ -474,7 +483,8 @@ Test(aggregator_reload, a_shadow_synced_rule_is_summed_and_never_rejects)
     fleet_start(&f, base);
     fresh(org, sizeof org, "org");
     snprintf(key, sizeof key, "rl:org:%s", org);
-    nng_socket sub = subscribe(&f.agg, name);
+    rl_nng_sub sub;
+    subscribe(&sub, &f.agg, name);
     snprintf(rules, sizeof rules, "%s%s", base, shadow);
     reload_all(&f, rules);
 
@@ -488,8 +498,8 @@ Test(aggregator_reload, a_shadow_synced_rule_is_summed_and_never_rejects)
     cr_assert_geq(counted, LIMIT);
     cr_assert_leq(counted, 2 * (LIMIT + N_AGENTS));
     expect_redis_total_stays(key, counted);
-    expect_broadcast(sub, org, counted);
-    nng_close(sub);
+    expect_broadcast(sub.sock, org, counted);
+    unsubscribe(&sub);
 
     snprintf(shadow, sizeof shadow,
              "  - {name: %s, match: org, limit: %d, period: " PERIOD ", "
@@ -629,13 +639,14 @@ Test(aggregator_reload, the_agent_count_survives_a_reload)
     for (int i = 0; i < N_AGENTS; i++)
         cr_assert(check(f.agents[i], "tenant", tenant).allowed);
     expect_redis_total(key, N_AGENTS, 5000);
-    nng_socket sub = subscribe(&f.agg, name);
+    rl_nng_sub sub;
+    subscribe(&sub, &f.agg, name);
     /* Past the totals that carried the counts: heartbeats now. */
-    totals x = next_totals(sub, 2000);
+    totals x = next_totals(sub.sock, 2000);
     cr_assert_eq(x.t.type, RL_WIRE_TOTALS, "no totals for %s", name);
     totals_free(&x);
     for (int k = 0; k < 3; k++) {
-        x = next_totals(sub, 2000);
+        x = next_totals(sub.sock, 2000);
         cr_assert_eq(x.t.agents, N_AGENTS, "before the reload: %llu agents",
                      (unsigned long long)x.t.agents);
         totals_free(&x);
@@ -645,18 +656,18 @@ Test(aggregator_reload, the_agent_count_survives_a_reload)
         f.agents[i] = NULL;
     }
     /* The closing agents' last reports are in. */
-    x = next_totals(sub, 2000);
+    x = next_totals(sub.sock, 2000);
     totals_free(&x);
     write_rules(&f.agg, rule);
     hup(&f.agg);
     for (int k = 0; k < 3; k++) {
-        x = next_totals(sub, 2000);
+        x = next_totals(sub.sock, 2000);
         cr_assert_eq(x.t.type, RL_WIRE_TOTALS, "no totals after the reload");
         cr_assert_eq(x.t.agents, N_AGENTS, "totals %d after the reload say "
                      "%llu agents", k, (unsigned long long)x.t.agents);
         totals_free(&x);
     }
-    nng_close(sub);
+    unsubscribe(&sub);
     fleet_stop(&f);
 }
 
@@ -683,7 +694,8 @@ Test(aggregator_reload, totals_noted_before_a_reload_are_published)
     rl_agent *a = test_synced_agent(&agg, &cfg);
     fresh(tenant, sizeof tenant, "t");
     snprintf(key, sizeof key, "rl:tenant:%s", tenant);
-    nng_socket sub = subscribe(&agg, name);
+    rl_nng_sub sub;
+    subscribe(&sub, &agg, name);
     for (int n = 0; n < N; n++)
         cr_assert(check(a, "tenant", tenant).allowed);
     uint64_t start = test_now_ms();
@@ -693,8 +705,8 @@ Test(aggregator_reload, totals_noted_before_a_reload_are_published)
     }
     /* The same file: a reload that changes nothing but the tables. */
     cr_assert_eq(kill(agg.pid, SIGHUP), 0);
-    expect_broadcast(sub, tenant, N);
-    nng_close(sub);
+    expect_broadcast(sub.sock, tenant, N);
+    unsubscribe(&sub);
     test_wait_for_log(&agg.pid, agg.log, "event=reloaded ", 5000);
     rl_agent_close(a);
     rl_config_free(cfg);

@@ -39,7 +39,9 @@ void tsan_suite_register(const char *suite, struct tsan_suite_options o);
                             (struct tsan_suite_options){__VA_ARGS__});      \
     }
 
-#define Test(suite, name)                                                   \
+/* Test(suite, name, .timeout = s): the options are Criterion's; this
+ * runner does without them. */
+#define Test(suite, name, ...)                                              \
     static void suite##_##name##_test(void);                                \
     __attribute__((constructor)) static void suite##_##name##_add(void)     \
     {                                                                       \
