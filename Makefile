@@ -57,7 +57,8 @@ RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
              aggregator/rlctl_config.c
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c aggregator/metrics.c \
-             aggregator/agents.c
+             aggregator/agents.c aggregator/window_call.c \
+             aggregator/window_args.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \

@@ -82,6 +82,7 @@ struct rl_aggregator {
     rl_logger log;
     uv_loop_t *loop;
     rl_store *store;
+    struct rl_windows *windows;    /* reports into the store */
     nng_socket reports;
     nng_socket totals;
     rl_ingest_worker workers[RL_INGEST_WORKERS];

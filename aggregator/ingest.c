@@ -283,7 +283,7 @@ static void handle_report(rl_ingest_worker *w)
         on_applied(w, false, NULL, NULL, "Redis's clock is not known yet");
         return;
     }
-    rl_windows_apply(agg->store, m, rules, w->presence, w->n_presence, now,
+    rl_windows_apply(agg->windows, m, rules, w->presence, w->n_presence, now,
                      on_applied, w);
     free(rules);
 }

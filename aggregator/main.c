@@ -277,8 +277,11 @@ static int start(rl_aggregator *agg)
     char err[512];
     agg->store = rl_store_new(agg->loop, &agg->boot_config->store,
                               &rl_window_scripts, NULL, &agg->log);
+    agg->windows = rl_windows_new(agg->store,
+                                  agg->boot_config->aggregator.max_entries);
     agg->broadcast = rl_broadcast_new();
-    if (agg->store == NULL || agg->broadcast == NULL) {
+    if (agg->store == NULL || agg->windows == NULL
+        || agg->broadcast == NULL) {
         fprintf(stderr, "rl-aggregator: out of memory\n");
         return EXIT_RUNTIME;
     }
@@ -412,6 +415,7 @@ int main(int argc, char **argv)
     uv_run(&loop, UV_RUN_NOWAIT);
     uv_loop_close(&loop);
     rl_broadcast_free(agg.broadcast);
+    rl_windows_free(agg.windows);
     free_retired(&agg);
     if (agg.config != agg.boot_config)
         rl_config_free(agg.config);

@@ -30,9 +30,9 @@
  * at its end then counts for less than it was.
  *
  * A report is applied by function calls that each check a sequence number
- * and, only if the report is new to them, add its counts (INCRBY; a count
- * of 0 only asks for the totals and writes nothing) or record the agent in
- * the rule's set of reporting agents for the period window
+ * and, only if the report is new to them, add its counts (HINCRBY; a
+ * count of 0 only asks for the totals and writes nothing) or record the
+ * agent in the rule's set of reporting agents for the period window
  * (rl:agg:agents:<rule>:w<period window>): the rules its counts are for and
  * the rules it names as present. Either way they answer the current
  * totals, so an agent that resends a report whose acknowledgement was lost
@@ -47,157 +47,45 @@
  * numbered 0 is a ping: 0 is never greater than the last, so it is
  * answered as a duplicate and writes nothing.
  *
- * On one server that is one call (rl:agg:seq:<agent>). On a cluster a
- * call may only touch one slot, so a report becomes one call per slot its
- * counts fall in, plus one per rule for the agent sets, each with its own
- * sequence key in that slot (rl:agg:seq:<agent>:counts:{...} and
- * rl:agg:seq:<agent>:agents:{<rule>}), all sent at once. If any of them
+ * On one server a report is one part (rl:agg:seq:<agent>), and the parts
+ * are gathered: while a call is at Redis, the reports that arrive are
+ * queued, and when it answers they all go as one call (window_call.c),
+ * each key once with the sum of the fresh reports' counts, each report
+ * still checked against its own sequence key. A report that arrives with
+ * no call at Redis goes at once: gathering adds no wait when idle. A
+ * gathered call carries at most aggregator.max_entries entries (the first
+ * report whatever its size), and at most the reports the aggregator
+ * handles at once (RL_INGEST_WORKERS): the queue holds nothing the workers
+ * do not. With four agents reporting the same 1,000 keys, a call of four
+ * reports costs Redis one HINCRBY and one HGET per key, not four
+ * (docs/performance.md, "Aggregator ingest").
+ *
+ * On a cluster a call may only touch one slot, so a report becomes one
+ * call per slot its counts fall in, plus one per rule for the agent sets,
+ * each with its own sequence key in that slot
+ * (rl:agg:seq:<agent>:counts:{...} and rl:agg:seq:<agent>:agents:{<rule>}),
+ * all sent at once. They are not gathered (not built: that would be per
+ * slot, and a report's counts spread over many slots). If any of them
  * fails the report is not acknowledged; its resend is then applied by the
  * calls that failed and skipped by the ones that did not.
  */
 #include "windows.h"
 
 #include "keys.h"
+#include "window_args.h"
 
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SEQ_TTL_S "3600"
-
-/* KEYS: seq, then per rule (agents now, agents before), then per entry
- * its hash, grouped by sub-window. ARGV: seq, agent, n_rules, N, per rule
- * its ttl in ms, the number of groups, per group the hashes' ttl in ms, the
- * sub-window and the number of entries, then per entry its count. Answers
- * {duplicate, agents per rule..., (recent, oldest) per entry...}.
- *
- * Besides a field per sub-window a hash holds one field m, "h r o": its
- * head h (the newest sub-window counted), r (the sum of h-N+1..h-1) and o
- * (the count of h-N). While h is the entry's sub-window its answer is r
- * plus its own field, and o: the HINCRBY's reply and one HGET. When a count
- * starts a new sub-window the head moves (from the last head's sums and two
- * fields, or from the fields when sub-windows were skipped), and a count
- * for an older sub-window (an aggregator whose estimate of Redis's clock
- * lags) adds to r or o, so that they always equal what the fields hold. */
-#define LUA_APPLY_BODY \
-    "  local seq, agent = tonumber(ARGV[1]), ARGV[2]\n" \
-    "  local nr, n = tonumber(ARGV[3]), tonumber(ARGV[4])\n" \
-    "  local last = tonumber(redis.call('GET', KEYS[1]) or '0')\n" \
-    "  local fresh = seq > last\n" \
-    "  if fresh then redis.call('SET', KEYS[1], seq, 'EX', " SEQ_TTL_S ") end\n" \
-    "  local out = {fresh and 0 or 1}\n" \
-    "  for r = 1, nr do\n" \
-    "    local now, before = KEYS[2 * r], KEYS[2 * r + 1]\n" \
-    "    if fresh then\n" \
-    "      redis.call('SADD', now, agent)\n" \
-    "      redis.call('PEXPIRE', now, ARGV[4 + r])\n" \
-    "    end\n" \
-    "    out[#out + 1] = math.max(redis.call('SCARD', now),\n" \
-    "                             redis.call('SCARD', before))\n" \
-    "  end\n" \
-    "  local fields, fields_of = {}, nil\n" \
-    "  local function span(key, w)\n" \
-    "    if w ~= fields_of then\n" \
-    "      for i = 0, n do fields[i + 1] = string.format('%.0f', w - i) end\n" \
-    "      fields_of = w\n" \
-    "    end\n" \
-    "    local v = redis.call('HMGET', key, unpack(fields))\n" \
-    "    local recent = 0\n" \
-    "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
-    "    return recent, tonumber(v[n + 1] or 0)\n" \
-    "  end\n" \
-    "  local function sums(key, h, r, o)\n" \
-    "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
-    "  end\n" \
-    "  local function forget_strays(key, w)\n" \
-    "    if redis.call('HLEN', key) <= 2 * n + 3 then return end\n" \
-    "    for _, f in ipairs(redis.call('HKEYS', key)) do\n" \
-    "      local x = tonumber(f)\n" \
-    "      if x ~= nil and x < w - n - 1 then redis.call('HDEL', key, f) end\n" \
-    "    end\n" \
-    "  end\n" \
-    "  local function move_head(key, hs, r, h, w, ws, ttl, now)\n" \
-    "    local recent, oldest\n" \
-    "    if h == w - 1 then\n" \
-    "      local v = redis.call('HMGET', key, hs,\n" \
-    "                           string.format('%.0f', h - n + 1))\n" \
-    "      oldest = tonumber(v[2] or 0)\n" \
-    "      recent = tonumber(r) + tonumber(v[1] or 0) - oldest + now\n" \
-    "    else\n" \
-    "      recent, oldest = span(key, w)\n" \
-    "    end\n" \
-    "    sums(key, ws, recent - now, oldest)\n" \
-    "    redis.call('PEXPIRE', key, ttl)\n" \
-    "    if h == nil then\n" \
-    "      forget_strays(key, w)\n" \
-    "    else\n" \
-    "      local gone = {}\n" \
-    "      for i = h - n - 1, math.min(h, w - n - 2) do\n" \
-    "        gone[#gone + 1] = string.format('%.0f', i)\n" \
-    "      end\n" \
-    "      if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end\n" \
-    "    end\n" \
-    "    return recent, oldest\n" \
-    "  end\n" \
-    "  local function entry(key, counted, w, ws, ttl)\n" \
-    "    local count = tonumber(counted)\n" \
-    "    if fresh and count > 0 then\n" \
-    "      local now = redis.call('HINCRBY', key, ws, counted)\n" \
-    "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
-    "                                    '^(%d+) (%d+) (%d+)$')\n" \
-    "      if hs == ws or tonumber(hs) == w then\n" \
-    "        return tonumber(r) + now, tonumber(o)\n" \
-    "      end\n" \
-    "      local h = tonumber(hs)\n" \
-    "      if h == nil or h < w then\n" \
-    "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
-    "      end\n" \
-    "      local recent, oldest = span(key, w)\n" \
-    "      if w > h - n then\n" \
-    "        sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
-    "      elseif w == h - n then\n" \
-    "        sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
-    "      end\n" \
-    "      forget_strays(key, w)\n" \
-    "      return recent, oldest\n" \
-    "    end\n" \
-    "    local v = redis.call('HMGET', key, 'm', ws)\n" \
-    "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
-    "    if hs == ws or tonumber(hs) == w then\n" \
-    "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
-    "    end\n" \
-    "    return span(key, w)\n" \
-    "  end\n" \
-    "  local k, g, o = 2 + 2 * nr, 6 + nr, #out\n" \
-    "  local c = g + 3 * tonumber(ARGV[5 + nr])\n" \
-    "  while k <= #KEYS do\n" \
-    "    local ttl, ws = ARGV[g], ARGV[g + 1]\n" \
-    "    local w, upto = tonumber(ws), k + tonumber(ARGV[g + 2])\n" \
-    "    while k < upto do\n" \
-    "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, ttl)\n" \
-    "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
-    "      k, c = k + 1, c + 1\n" \
-    "    end\n" \
-    "    g = g + 3\n" \
-    "  end\n" \
-    "  return out\n"
-
-static const char library[] =
-    "#!lua name=rl_agg_4\n"
-    "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
-    "redis.register_function('rl_agg_4_apply', apply)\n";
-
-static const char apply_script[] = LUA_APPLY_BODY;
-
-static const char *const functions[] = {"rl_agg_4_apply"};
-static const char *const sources[] = {apply_script};
-
-const rl_script_set rl_window_scripts = {
-    .library = library,
-    .functions = functions,
-    .sources = sources,
-    .n = 1,
+/* Reports applied on one server: the parts waiting while a call is at
+ * Redis. */
+struct rl_windows {
+    rl_store *store;
+    size_t max_entries;
+    rl_window_part *queue, *queue_tail;
+    bool busy;
 };
 
 /* One report being applied: its parts answer into it. */
@@ -218,13 +106,32 @@ typedef struct job {
     char error_text[256];
 } job;
 
-/* One call: the report rules whose agent sets it writes and the entries
- * whose counts it adds, by their indexes in the report. */
+/* One call's worth of a report: the report rules whose agent sets it
+ * writes and the entries whose counts it adds, by their indexes in the
+ * report, and what it asks of Redis, its keys made when it is planned
+ * (a queued part must not hold on to the rules: a reload frees them). */
 typedef struct part {
     job *job;
     size_t n_rules, n_entries;
     size_t *rules, *entries;
+    rl_window_part call;
+    rl_args keys;
 } part;
+
+static part *part_of(rl_window_part *p)
+{
+    return (part *)((char *)p - offsetof(part, call));
+}
+
+static void part_free(part *pt)
+{
+    free(pt->rules);
+    free(pt->entries);
+    free(pt->call.sets);
+    free(pt->call.counts);
+    rl_args_fini(&pt->keys);
+    free(pt);
+}
 
 static void job_done(job *j)
 {
@@ -249,72 +156,66 @@ static void job_done(job *j)
     free(j);
 }
 
-static void on_part_reply(void *arg, const redisReply *r, const char *error)
+static void part_answered(part *pt, const char *error)
 {
-    part *pt = arg;
     job *j = pt->job;
-    size_t want = 1 + pt->n_rules + 2 * pt->n_entries;
-    if (r != NULL && (r->type != REDIS_REPLY_ARRAY || r->elements != want))
-        error = "unexpected reply from the window script";
-    if (r != NULL && error == NULL) {
-        j->all_duplicate &= r->element[0]->integer == 1;
+    if (error == NULL) {
+        j->all_duplicate &= pt->call.duplicate;
         for (size_t k = 0; k < pt->n_rules; k++)
-            j->agents[pt->rules[k]] = (uint64_t)r->element[1 + k]->integer;
+            j->agents[pt->rules[k]] = pt->call.sets[k].agents;
         for (size_t k = 0; k < pt->n_entries; k++) {
             rl_window_total *t = &j->totals[pt->entries[k]];
-            t->current = (uint64_t)r->element[1 + pt->n_rules + 2 * k]
-                             ->integer;
-            t->previous = (uint64_t)r->element[2 + pt->n_rules + 2 * k]
-                              ->integer;
+            t->current = pt->call.counts[k].recent;
+            t->previous = pt->call.counts[k].oldest;
         }
     } else if (j->error == NULL) {
-        snprintf(j->error_text, sizeof j->error_text, "%s",
-                 error != NULL ? error : "no reply");
+        snprintf(j->error_text, sizeof j->error_text, "%s", error);
         j->error = j->error_text;
     }
-    free(pt->rules);
-    free(pt->entries);
-    free(pt);
+    part_free(pt);
     if (--j->parts_pending == 0)
         job_done(j);
 }
 
-/* The argument list, built in one buffer of strings. */
-typedef struct args {
-    const char **argv;
-    size_t *lens;
-    char *text;
-    size_t n, used, cap;
-} args;
-
-static void add(args *a, const char *s, size_t len)
+static void on_answered(void *arg, rl_window_part *parts, const char *error)
 {
-    memcpy(a->text + a->used, s, len);
-    a->argv[a->n] = a->text + a->used;
-    a->lens[a->n++] = len;
-    a->used += len;
+    (void)arg;
+    while (parts != NULL) {
+        rl_window_part *next = parts->next;
+        part_answered(part_of(parts), error);
+        parts = next;
+    }
 }
 
-static void addf(args *a, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static void on_gathered(void *arg, rl_window_part *parts,
+                        const char *error);
 
-static void addf(args *a, const char *fmt, ...)
+/* Sends the parts queued, as many as the cap lets into one call. */
+static void send_gathered(rl_windows *ws)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(a->text + a->used, a->cap - a->used, fmt, ap);
-    va_end(ap);
-    a->argv[a->n] = a->text + a->used;
-    a->lens[a->n++] = (size_t)n;
-    a->used += (size_t)n;
+    rl_window_part *first = ws->queue, *last = first;
+    if (first == NULL) {
+        ws->busy = false;
+        return;
+    }
+    size_t entries = first->n_counts;
+    while (last->next != NULL && entries <= ws->max_entries
+           && last->next->n_counts <= ws->max_entries - entries) {
+        last = last->next;
+        entries += last->n_counts;
+    }
+    ws->queue = last->next;
+    if (ws->queue == NULL)
+        ws->queue_tail = NULL;
+    last->next = NULL;
+    ws->busy = true;
+    rl_window_call(ws->store, first, on_gathered, ws);
 }
 
-/* Joins the last `pieces` arguments into one. */
-static void join(args *a, size_t pieces, size_t start)
+static void on_gathered(void *arg, rl_window_part *parts, const char *error)
 {
-    a->n -= pieces;
-    a->argv[a->n] = a->text + start;
-    a->lens[a->n++] = a->used - start;
+    on_answered(NULL, parts, error);
+    send_gathered(arg);
 }
 
 /* What the report is applied with, shared by its parts. */
@@ -326,32 +227,33 @@ typedef struct report_view {
 } report_view;
 
 /* An entry's hash of sub-windows. */
-static void add_window_key(args *a, const report_view *v, size_t i)
+static void add_window_key(rl_args *a, const report_view *v, size_t i)
 {
     size_t start = a->used;
     const rl_rule *rule = v->rules[i];
     const rl_wire_entry *e = &v->m->entries[i];
-    add(a, v->cluster ? "{" : "", v->cluster ? 1 : 0);
-    add(a, rule->key_prefix, strlen(rule->key_prefix));
-    add(a, e->value.ptr, e->value.len);
-    add(a, v->cluster ? "}" : "", v->cluster ? 1 : 0);
-    add(a, ":w", 2);
-    join(a, 5, start);
+    rl_args_add(a, v->cluster ? "{" : "", v->cluster ? 1 : 0);
+    rl_args_add(a, rule->key_prefix, strlen(rule->key_prefix));
+    rl_args_add(a, e->value.ptr, e->value.len);
+    rl_args_add(a, v->cluster ? "}" : "", v->cluster ? 1 : 0);
+    rl_args_add(a, ":w", 2);
+    rl_args_join(a, 5, start);
 }
 
-static void add_agents_key(args *a, const report_view *v, size_t r,
+static void add_agents_key(rl_args *a, const report_view *v, size_t r,
                            uint64_t window)
 {
     const char *name = v->distinct[r]->name;
     if (v->cluster)
-        addf(a, "rl:agg:agents:{%s}:w%llu", name,
-             (unsigned long long)window);
+        rl_args_addf(a, "rl:agg:agents:{%s}:w%llu", name,
+                     (unsigned long long)window);
     else
-        addf(a, "rl:agg:agents:%s:w%llu", name, (unsigned long long)window);
+        rl_args_addf(a, "rl:agg:agents:%s:w%llu", name,
+                     (unsigned long long)window);
 }
 
 /* The part's sequence key, in the slot of its keys. */
-static void add_seq_key(args *a, const report_view *v, const part *pt)
+static void add_seq_key(rl_args *a, const report_view *v, const part *pt)
 {
     const rl_wire_msg *m = v->m;
     size_t start = a->used;
@@ -359,139 +261,82 @@ static void add_seq_key(args *a, const report_view *v, const part *pt)
      * aggregator of its config) number their reports each on their own,
      * and a stream's report may reach any aggregator (failover). */
     if (m->stream > 0)
-        addf(a, "rl:agg:seq:%.*s/%llu", (int)m->agent_id.len,
-             m->agent_id.ptr, (unsigned long long)m->stream);
+        rl_args_addf(a, "rl:agg:seq:%.*s/%llu", (int)m->agent_id.len,
+                     m->agent_id.ptr, (unsigned long long)m->stream);
     else
-        addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len, m->agent_id.ptr);
+        rl_args_addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len,
+                     m->agent_id.ptr);
     if (!v->cluster)
         return;
     if (pt->n_rules > 0) {
-        addf(a, ":agents:{%s}", v->distinct[pt->rules[0]]->name);
+        rl_args_addf(a, ":agents:{%s}", v->distinct[pt->rules[0]]->name);
     } else {
         const rl_wire_entry *e = &m->entries[pt->entries[0]];
         const char *prefix = v->rules[pt->entries[0]]->key_prefix;
-        addf(a, ":counts:{%s", prefix);
-        add(a, e->value.ptr, e->value.len);
-        add(a, "}", 1);
-        join(a, 4, start);
+        rl_args_addf(a, ":counts:{%s", prefix);
+        rl_args_add(a, e->value.ptr, e->value.len);
+        rl_args_add(a, "}", 1);
+        rl_args_join(a, 4, start);
         return;
     }
-    join(a, 2, start);
+    rl_args_join(a, 2, start);
 }
 
-static size_t args_cap(const report_view *v, const part *pt)
+static size_t keys_cap(const report_view *v, const part *pt)
 {
-    size_t cap = 5 * 24 + 2 * (RL_WIRE_ID_MAX + 40)
-                 + pt->n_rules * (24 + 2 * (RL_NAME_MAX + 48));
+    size_t cap = 2 * (RL_WIRE_ID_MAX + 40)
+                 + pt->n_rules * 2 * (RL_NAME_MAX + 48);
     for (size_t k = 0; k < pt->n_entries; k++) {
         size_t i = pt->entries[k];
-        /* The key, its count, and its group's three numbers at most. */
         cap += strlen(v->rules[i]->key_prefix) + v->m->entries[i].value.len
-               + 30 + 4 * 24;
+               + 8;
     }
     /* The sequence key may repeat one entry's key. */
     return cap + RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 16;
 }
 
-/* A number as an argument, without printf: a report's counts are most of
- * its arguments. */
-static void add_u64(args *a, uint64_t v)
+/* Makes the part's keys and what it asks of Redis; -1 without memory. */
+static int prepare(const report_view *v, part *pt, uint64_t now_ms)
 {
-    char digits[20];
-    size_t n = 0;
-    do {
-        digits[sizeof digits - ++n] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    add(a, digits + sizeof digits - n, n);
-}
-
-/* Orders the part's entries by rule, so that the script gets them in
- * groups sharing a sub-window and a ttl; returns the number of groups, or
- * 0 without memory. The reply follows the new order (entries[k] says which
- * entry the k-th answer is for). */
-static size_t group_by_rule(part *pt, const size_t *rule_of, size_t n_rules)
-{
-    size_t *next = calloc(n_rules + 1, sizeof *next);
-    size_t *sorted = calloc(pt->n_entries + 1, sizeof *sorted);
-    size_t groups = 0;
-    if (next != NULL && sorted != NULL) {
-        for (size_t k = 0; k < pt->n_entries; k++)
-            next[rule_of[pt->entries[k]] + 1]++;
-        for (size_t r = 0; r < n_rules; r++) {
-            groups += next[r + 1] > 0;
-            next[r + 1] += next[r];
-        }
-        for (size_t k = 0; k < pt->n_entries; k++)
-            sorted[next[rule_of[pt->entries[k]]]++] = pt->entries[k];
-        memcpy(pt->entries, sorted, pt->n_entries * sizeof *sorted);
-    }
-    free(next);
-    free(sorted);
-    return groups;
-}
-
-/* Per group of entries: the hashes' ttl, the sub-window, how many. */
-static void add_groups(args *a, const report_view *v, const part *pt,
-                       const size_t *rule_of, uint64_t now_ms)
-{
-    size_t k = 0;
-    while (k < pt->n_entries) {
-        size_t first = pt->entries[k], len = 0;
-        while (k + len < pt->n_entries
-               && rule_of[pt->entries[k + len]] == rule_of[first])
-            len++;
-        uint64_t period = v->rules[first]->period_ms;
-        add_u64(a, 2 * period);
-        add_u64(a, now_ms / rl_wire_subwindow_ms(period));
-        add_u64(a, len);
-        k += len;
-    }
-}
-
-static bool run_part(rl_store *store, const report_view *v, part *pt,
-                     size_t n_rules, uint64_t now_ms)
-{
-    const size_t *rule_of = pt->job->rule_of;
-    size_t groups = pt->n_entries > 0 ? group_by_rule(pt, rule_of, n_rules)
-                                      : 0;
-    /* The final count, plus room for the pieces of a key being joined. */
-    size_t slots = 7 + 3 * pt->n_rules + 2 * pt->n_entries + 3 * groups + 8;
-    args a = {.argv = calloc(slots, sizeof *a.argv),
-              .lens = calloc(slots, sizeof *a.lens),
-              .cap = args_cap(v, pt)};
-    a.text = malloc(a.cap);
-    if (a.argv == NULL || a.lens == NULL || a.text == NULL
-        || (pt->n_entries > 0 && groups == 0)) {
-        free(a.argv);
-        free(a.lens);
-        free(a.text);
-        return false;
-    }
-    add_u64(&a, 1 + 2 * pt->n_rules + pt->n_entries);
-    add_seq_key(&a, v, pt);
+    rl_window_part *c = &pt->call;
+    /* Every key, plus room for the pieces of a key being joined. */
+    size_t slots = 1 + 2 * pt->n_rules + pt->n_entries + 8;
+    c->sets = calloc(pt->n_rules + 1, sizeof *c->sets);
+    c->counts = calloc(pt->n_entries + 1, sizeof *c->counts);
+    if (c->sets == NULL || c->counts == NULL
+        || rl_args_init(&pt->keys, slots, keys_cap(v, pt)) != 0)
+        return -1;
+    rl_args *a = &pt->keys;
+    add_seq_key(a, v, pt);
+    *c = (rl_window_part){.seq_key = a->argv[0], .seq_key_len = a->lens[0],
+                          .agent = v->m->agent_id.ptr,
+                          .agent_len = v->m->agent_id.len,
+                          .seq = v->m->seq,
+                          .duplicate = v->m->seq == 0,
+                          .n_sets = pt->n_rules, .sets = c->sets,
+                          .n_counts = pt->n_entries, .counts = c->counts};
     for (size_t k = 0; k < pt->n_rules; k++) {
-        uint64_t w = now_ms / v->distinct[pt->rules[k]]->period_ms;
-        add_agents_key(&a, v, pt->rules[k], w);
-        add_agents_key(&a, v, pt->rules[k], w - 1);
+        const rl_rule *rule = v->distinct[pt->rules[k]];
+        uint64_t w = now_ms / rule->period_ms;
+        add_agents_key(a, v, pt->rules[k], w);
+        add_agents_key(a, v, pt->rules[k], w - 1);
+        c->sets[k] = (rl_window_set){.now = a->argv[a->n - 2],
+                                     .now_len = a->lens[a->n - 2],
+                                     .before = a->argv[a->n - 1],
+                                     .before_len = a->lens[a->n - 1],
+                                     .ttl_ms = 2 * rule->period_ms};
     }
-    for (size_t k = 0; k < pt->n_entries; k++)
-        add_window_key(&a, v, pt->entries[k]);
-    add_u64(&a, v->m->seq);
-    add(&a, v->m->agent_id.ptr, v->m->agent_id.len);
-    add_u64(&a, pt->n_rules);
-    add_u64(&a, RL_WIRE_SUBWINDOWS);
-    for (size_t k = 0; k < pt->n_rules; k++)
-        add_u64(&a, 2 * v->distinct[pt->rules[k]]->period_ms);
-    add_u64(&a, groups);
-    add_groups(&a, v, pt, rule_of, now_ms);
-    for (size_t k = 0; k < pt->n_entries; k++)
-        add_u64(&a, v->m->entries[pt->entries[k]].count);
-    rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_part_reply, pt);
-    free(a.argv);
-    free(a.lens);
-    free(a.text);
-    return true;
+    for (size_t k = 0; k < pt->n_entries; k++) {
+        size_t i = pt->entries[k];
+        uint64_t period = v->rules[i]->period_ms;
+        add_window_key(a, v, i);
+        c->counts[k] = (rl_window_count){
+            .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
+            .ttl_ms = 2 * period,
+            .window = now_ms / rl_wire_subwindow_ms(period),
+            .count = v->m->entries[i].count};
+    }
+    return 0;
 }
 
 static part *new_part(job *j, size_t max_rules, size_t max_entries)
@@ -503,9 +348,7 @@ static part *new_part(job *j, size_t max_rules, size_t max_entries)
     pt->rules = calloc(max_rules + 1, sizeof *pt->rules);
     pt->entries = calloc(max_entries + 1, sizeof *pt->entries);
     if (pt->rules == NULL || pt->entries == NULL) {
-        free(pt->rules);
-        free(pt->entries);
-        free(pt);
+        part_free(pt);
         return NULL;
     }
     return pt;
@@ -523,7 +366,6 @@ static uint16_t entry_slot(const report_view *v, size_t i)
     key[1 + plen + e->value.len] = '}';
     return rl_key_slot(key, plen + e->value.len + 2);
 }
-
 /* Splits the report into parts: one for everything on one server; on a
  * cluster one per rule (agent sets) and one per slot (counts). */
 static int plan(const report_view *v, job *j, size_t n_rules,
@@ -624,7 +466,37 @@ static job *new_job(const rl_wire_msg *m, const rl_rule *const *rules,
     return j;
 }
 
-void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
+rl_windows *rl_windows_new(rl_store *store, size_t max_entries)
+{
+    rl_windows *ws = calloc(1, sizeof *ws);
+    if (ws != NULL)
+        *ws = (rl_windows){.store = store, .max_entries = max_entries};
+    return ws;
+}
+
+void rl_windows_free(rl_windows *ws)
+{
+    free(ws);
+}
+
+/* On one server the part waits for the call at Redis, if there is one;
+ * on a cluster it goes now, on its own. */
+static void submit(rl_windows *ws, part *pt, bool cluster)
+{
+    if (cluster) {
+        rl_window_call(ws->store, &pt->call, on_answered, NULL);
+        return;
+    }
+    if (ws->queue_tail != NULL)
+        ws->queue_tail->next = &pt->call;
+    else
+        ws->queue = &pt->call;
+    ws->queue_tail = &pt->call;
+    if (!ws->busy)
+        send_gathered(ws);
+}
+
+void rl_windows_apply(rl_windows *ws, const rl_wire_msg *m,
                       const rl_rule *const *rules,
                       const rl_rule *const *presence, size_t n_presence,
                       uint64_t now_ms, rl_windows_fn fn, void *arg)
@@ -636,14 +508,13 @@ void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
                  ? new_job(m, rules, presence, n_presence, distinct, &n_rules,
                            now_ms, fn, arg)
                  : NULL;
-    report_view v = {m, rules, distinct, rl_store_is_cluster(store)};
+    report_view v = {m, rules, distinct, rl_store_is_cluster(ws->store)};
     bool ok = j != NULL && plan(&v, j, n_rules, parts, &n_parts) == 0;
+    for (size_t k = 0; ok && k < n_parts; k++)
+        ok = prepare(&v, parts[k], now_ms) == 0;
     if (!ok) {
-        for (size_t k = 0; k < n_parts; k++) {
-            free(parts[k]->rules);
-            free(parts[k]->entries);
-            free(parts[k]);
-        }
+        for (size_t k = 0; k < n_parts; k++)
+            part_free(parts[k]);
         if (j != NULL) {
             j->error = "out of memory";
             job_done(j);
@@ -657,16 +528,8 @@ void rl_windows_apply(rl_store *store, const rl_wire_msg *m,
     /* Every part counts as pending before the first is sent: a part that
      * fails at once must not finish the job early. */
     j->parts_pending = (int)n_parts + 1;
-    for (size_t k = 0; k < n_parts; k++) {
-        if (!run_part(store, &v, parts[k], n_rules, now_ms)) {
-            snprintf(j->error_text, sizeof j->error_text, "out of memory");
-            j->error = j->error_text;
-            free(parts[k]->rules);
-            free(parts[k]->entries);
-            free(parts[k]);
-            j->parts_pending--;
-        }
-    }
+    for (size_t k = 0; k < n_parts; k++)
+        submit(ws, parts[k], v.cluster);
     free(distinct);
     free(parts);
     if (--j->parts_pending == 0)

@@ -1,18 +1,18 @@
 /*
- * windows.h: the aggregator's side of Redis: window keys, and the script
- * that adds one report's counts in one atomic step, skipping a report it has
- * applied before. Private to rl-aggregator.
+ * windows.h: the aggregator's side of Redis: window keys, and the reports
+ * applied by the window function (window_call.h), each once, those that
+ * arrive while a call is at Redis gathered into the next call. Private to
+ * rl-aggregator.
  */
 #ifndef RL_AGGREGATOR_WINDOWS_H
 #define RL_AGGREGATOR_WINDOWS_H
 
 #include "config.h"
 #include "store.h"
+#include "window_call.h"
 #include "wire.h"
 
 #include <stdint.h>
-
-extern const rl_script_set rl_window_scripts;
 
 /* One report entry after it was applied (see windows.c and wire.h). */
 typedef struct rl_window_total {
@@ -31,11 +31,20 @@ typedef void (*rl_windows_fn)(void *arg, bool duplicate,
                               const uint64_t *presence_agents,
                               const char *error);
 
+/* Reports being applied through one store. */
+typedef struct rl_windows rl_windows;
+
+/* A gathered call carries at most max_entries report entries (a single
+ * report more if it is larger). NULL without memory. */
+rl_windows *rl_windows_new(rl_store *store, size_t max_entries);
+/* Once no report is being applied (or the store closed). */
+void rl_windows_free(rl_windows *ws);
+
 /* rl_windows_apply adds the counts of a decoded report into the
  * sub-windows of now_ms (Redis's clock), and the agent into the agent sets
  * of its entries' rules and of presence[0..n_presence). rules[i] is the
  * synced rule of entry i. */
-void rl_windows_apply(rl_store *store, const rl_wire_msg *report,
+void rl_windows_apply(rl_windows *ws, const rl_wire_msg *report,
                       const rl_rule *const *rules,
                       const rl_rule *const *presence, size_t n_presence,
                       uint64_t now_ms, rl_windows_fn fn, void *arg);

@@ -1,0 +1,505 @@
+/*
+ * window_call.c: one call of the window function for several parts of
+ * reports (window_call.h). The parts are those that arrived while the last
+ * call was at Redis (windows.c): a fleet's agents report the same keys at
+ * the same moments, so a key carried by several parts appears once in the
+ * call, with the sum of their counts, and costs Redis one HINCRBY and one
+ * HGET however many reports carried it.
+ *
+ * Each part is still applied once, by its own sequence key. The function
+ * first checks every part not known to be a duplicate; if any is not new,
+ * it writes nothing and answers which: the call is made again with those
+ * parts marked as duplicates, whose counts are then left out of the sums
+ * and whose agents are not added (they are only answered). Another way
+ * would be to pass every part's counts and sum in Lua only the fresh ones,
+ * but that costs Lua work per report entry in every call, for the rare
+ * resent report; this costs one more call when one comes. The check and
+ * the writes are one atomic call, so a part found new is applied exactly
+ * once; a part once found not new never becomes new again (sequence
+ * numbers only grow), and each repeat marks at least one more part, so a
+ * call of p parts is made at most p + 1 times.
+ */
+#include "window_call.h"
+
+#include "keys.h"
+#include "window_args.h"
+#include "wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEQ_TTL_S "3600"
+
+/* KEYS: per part its sequence key, per agent set rule (this period
+ * window's set, the last one's), then the hashes of sub-windows, grouped
+ * by sub-window. ARGV: the number of parts, of set rules, N; per part its
+ * seq, agent, 1 if known a duplicate (else 0), its number of set rules and
+ * their numbers (from 1); per set rule its ttl in ms; the number of
+ * groups, per group the hashes' ttl in ms, the sub-window and the number
+ * of hashes; then per hash its count (summed over the fresh parts).
+ * Answers {0, agents per set rule..., (recent, oldest) per hash...}, or
+ * {1, the numbers of the parts found not new...} having written nothing.
+ *
+ * Besides a field per sub-window a hash holds one field m, "h r o": its
+ * head h (the newest sub-window counted), r (the sum of h-N+1..h-1) and o
+ * (the count of h-N). While h is the entry's sub-window its answer is r
+ * plus its own field, and o: the HINCRBY's reply and one HGET. When a count
+ * starts a new sub-window the head moves (from the last head's sums and two
+ * fields, or from the fields when sub-windows were skipped), and a count
+ * for an older sub-window (an aggregator whose estimate of Redis's clock
+ * lags) adds to r or o, so that they always equal what the fields hold. */
+#define LUA_APPLY_BODY \
+    "  local nparts, nsets = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
+    "  local n = tonumber(ARGV[3])\n" \
+    "  local a, last, stale, fresh = 4, {}, {}, {}\n" \
+    "  for p = 1, nparts do\n" \
+    "    if ARGV[a + 2] == '0' then\n" \
+    "      local seq, key = tonumber(ARGV[a]), KEYS[p]\n" \
+    "      local applied = last[key]\n" \
+    "                      or tonumber(redis.call('GET', key) or '0')\n" \
+    "      if seq > applied then\n" \
+    "        last[key], fresh[#fresh + 1] = seq, a\n" \
+    "      else\n" \
+    "        stale[#stale + 1] = p\n" \
+    "      end\n" \
+    "    end\n" \
+    "    a = a + 4 + tonumber(ARGV[a + 3])\n" \
+    "  end\n" \
+    "  if #stale > 0 then return {1, unpack(stale)} end\n" \
+    "  for key, seq in pairs(last) do\n" \
+    "    redis.call('SET', key, seq, 'EX', " SEQ_TTL_S ")\n" \
+    "  end\n" \
+    "  for _, f in ipairs(fresh) do\n" \
+    "    for i = 1, tonumber(ARGV[f + 3]) do\n" \
+    "      local s = tonumber(ARGV[f + 3 + i])\n" \
+    "      redis.call('SADD', KEYS[nparts + 2 * s - 1], ARGV[f + 1])\n" \
+    "      redis.call('PEXPIRE', KEYS[nparts + 2 * s - 1], ARGV[a + s - 1])\n" \
+    "    end\n" \
+    "  end\n" \
+    "  local out = {0}\n" \
+    "  for s = 1, nsets do\n" \
+    "    out[s + 1] = math.max(redis.call('SCARD', KEYS[nparts + 2 * s - 1]),\n" \
+    "                          redis.call('SCARD', KEYS[nparts + 2 * s]))\n" \
+    "  end\n" \
+    "  local fields, fields_of = {}, nil\n" \
+    "  local function span(key, w)\n" \
+    "    if w ~= fields_of then\n" \
+    "      for i = 0, n do fields[i + 1] = string.format('%.0f', w - i) end\n" \
+    "      fields_of = w\n" \
+    "    end\n" \
+    "    local v = redis.call('HMGET', key, unpack(fields))\n" \
+    "    local recent = 0\n" \
+    "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
+    "    return recent, tonumber(v[n + 1] or 0)\n" \
+    "  end\n" \
+    "  local function sums(key, h, r, o)\n" \
+    "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
+    "  end\n" \
+    "  local function forget_strays(key, w)\n" \
+    "    if redis.call('HLEN', key) <= 2 * n + 3 then return end\n" \
+    "    for _, f in ipairs(redis.call('HKEYS', key)) do\n" \
+    "      local x = tonumber(f)\n" \
+    "      if x ~= nil and x < w - n - 1 then redis.call('HDEL', key, f) end\n" \
+    "    end\n" \
+    "  end\n" \
+    "  local function move_head(key, hs, r, h, w, ws, ttl, now)\n" \
+    "    local recent, oldest\n" \
+    "    if h == w - 1 then\n" \
+    "      local v = redis.call('HMGET', key, hs,\n" \
+    "                           string.format('%.0f', h - n + 1))\n" \
+    "      oldest = tonumber(v[2] or 0)\n" \
+    "      recent = tonumber(r) + tonumber(v[1] or 0) - oldest + now\n" \
+    "    else\n" \
+    "      recent, oldest = span(key, w)\n" \
+    "    end\n" \
+    "    sums(key, ws, recent - now, oldest)\n" \
+    "    redis.call('PEXPIRE', key, ttl)\n" \
+    "    if h == nil then\n" \
+    "      forget_strays(key, w)\n" \
+    "    else\n" \
+    "      local gone = {}\n" \
+    "      for i = h - n - 1, math.min(h, w - n - 2) do\n" \
+    "        gone[#gone + 1] = string.format('%.0f', i)\n" \
+    "      end\n" \
+    "      if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end\n" \
+    "    end\n" \
+    "    return recent, oldest\n" \
+    "  end\n" \
+    "  local function entry(key, counted, w, ws, ttl)\n" \
+    "    local count = tonumber(counted)\n" \
+    "    if count > 0 then\n" \
+    "      local now = redis.call('HINCRBY', key, ws, counted)\n" \
+    "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
+    "                                    '^(%d+) (%d+) (%d+)$')\n" \
+    "      if hs == ws or tonumber(hs) == w then\n" \
+    "        return tonumber(r) + now, tonumber(o)\n" \
+    "      end\n" \
+    "      local h = tonumber(hs)\n" \
+    "      if h == nil or h < w then\n" \
+    "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
+    "      end\n" \
+    "      local recent, oldest = span(key, w)\n" \
+    "      if w > h - n then\n" \
+    "        sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
+    "      elseif w == h - n then\n" \
+    "        sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
+    "      end\n" \
+    "      forget_strays(key, w)\n" \
+    "      return recent, oldest\n" \
+    "    end\n" \
+    "    local v = redis.call('HMGET', key, 'm', ws)\n" \
+    "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
+    "    if hs == ws or tonumber(hs) == w then\n" \
+    "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
+    "    end\n" \
+    "    return span(key, w)\n" \
+    "  end\n" \
+    "  local k, g, o = nparts + 2 * nsets + 1, a + nsets + 1, #out\n" \
+    "  local c = g + 3 * tonumber(ARGV[g - 1])\n" \
+    "  while k <= #KEYS do\n" \
+    "    local ttl, ws = ARGV[g], ARGV[g + 1]\n" \
+    "    local w, upto = tonumber(ws), k + tonumber(ARGV[g + 2])\n" \
+    "    while k < upto do\n" \
+    "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, ttl)\n" \
+    "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
+    "      k, c = k + 1, c + 1\n" \
+    "    end\n" \
+    "    g = g + 3\n" \
+    "  end\n" \
+    "  return out\n"
+
+
+/* rl_agg_5: rl_agg_4 applied one report per call; an rl_agg_4 aggregator
+ * on the same Redis keeps its own library and function. The hashes are
+ * the same. */
+static const char library[] =
+    "#!lua name=rl_agg_5\n"
+    "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
+    "redis.register_function('rl_agg_5_apply', apply)\n";
+
+static const char apply_script[] = LUA_APPLY_BODY;
+
+static const char *const functions[] = {"rl_agg_5_apply"};
+static const char *const sources[] = {apply_script};
+
+const rl_script_set rl_window_scripts = {
+    .library = library,
+    .functions = functions,
+    .sources = sources,
+    .n = 1,
+};
+
+/* One call in flight. */
+typedef struct call {
+    rl_store *store;
+    rl_window_part *parts;
+    rl_window_call_fn fn;
+    void *arg;
+    size_t n_sets, n_keys;
+} call;
+
+/* The distinct set rules, sub-windows and hashes of a call's parts. */
+typedef struct merge {
+    uint64_t *group_ttl, *group_window;
+    size_t *group_keys, n_groups, last_group; /* hashes per group */
+    size_t *group_first, *group_filled;      /* their places */
+    const rl_window_count **key_first; /* per distinct hash, in order met */
+    size_t *key_group, *key_slot, *by_slot, n_keys;
+    uint64_t *key_sum;
+    size_t *table, mask;               /* distinct hash + 1; 0: empty */
+    const rl_window_set **sets;
+    size_t n_sets;
+} merge;
+
+static void merge_free(merge *g)
+{
+    free(g->group_ttl);
+    free(g->group_window);
+    free(g->group_keys);
+    free(g->group_first);
+    free(g->group_filled);
+    free(g->key_slot);
+    free(g->key_first);
+    free(g->key_group);
+    free(g->by_slot);
+    free(g->key_sum);
+    free(g->table);
+    free(g->sets);
+}
+
+static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
+{
+    size_t cap = 2;
+    while (cap < 2 * n_counts)
+        cap *= 2;
+    *g = (merge){.group_ttl = calloc(n_counts + 1, sizeof *g->group_ttl),
+                 .group_window = calloc(n_counts + 1,
+                                        sizeof *g->group_window),
+                 .group_keys = calloc(n_counts + 1, sizeof *g->group_keys),
+                 .group_first = calloc(n_counts + 1,
+                                       sizeof *g->group_first),
+                 .group_filled = calloc(n_counts + 1,
+                                        sizeof *g->group_filled),
+                 .key_slot = calloc(n_counts + 1, sizeof *g->key_slot),
+                 .key_first = calloc(n_counts + 1, sizeof *g->key_first),
+                 .key_group = calloc(n_counts + 1, sizeof *g->key_group),
+                 .by_slot = calloc(n_counts + 1, sizeof *g->by_slot),
+                 .key_sum = calloc(n_counts + 1, sizeof *g->key_sum),
+                 .table = calloc(cap, sizeof *g->table),
+                 .mask = cap - 1,
+                 .sets = calloc(n_sets + 1, sizeof *g->sets)};
+    if (g->group_ttl == NULL || g->group_window == NULL
+        || g->group_keys == NULL || g->group_first == NULL
+        || g->group_filled == NULL || g->key_slot == NULL
+        || g->key_first == NULL
+        || g->key_group == NULL || g->by_slot == NULL || g->key_sum == NULL
+        || g->table == NULL || g->sets == NULL) {
+        merge_free(g);
+        return -1;
+    }
+    return 0;
+}
+
+/* The group of a count's hash: its sub-window and ttl (a call's counts
+ * are mostly of one rule, so the last group is tried first). */
+static size_t group_of(merge *g, const rl_window_count *c)
+{
+    size_t k = g->last_group;
+    if (k < g->n_groups && g->group_window[k] == c->window
+        && g->group_ttl[k] == c->ttl_ms)
+        return k;
+    for (k = 0; k < g->n_groups; k++) {
+        if (g->group_window[k] == c->window && g->group_ttl[k] == c->ttl_ms)
+            break;
+    }
+    if (k == g->n_groups) {
+        g->group_window[k] = c->window;
+        g->group_ttl[k] = c->ttl_ms;
+        g->n_groups++;
+    }
+    return g->last_group = k;
+}
+
+/* The distinct hash a count is for (its index in the order met). */
+static size_t key_of(merge *g, const rl_window_count *c, size_t group)
+{
+    size_t h = rl_key_hash(group + 1, c->key, c->key_len) & g->mask;
+    for (;; h = (h + 1) & g->mask) {
+        size_t d = g->table[h];
+        if (d == 0)
+            break;
+        const rl_window_count *f = g->key_first[d - 1];
+        if (g->key_group[d - 1] == group && f->key_len == c->key_len
+            && memcmp(f->key, c->key, c->key_len) == 0)
+            return d - 1;
+    }
+    size_t d = g->n_keys++;
+    g->table[h] = d + 1;
+    g->key_first[d] = c;
+    g->key_group[d] = group;
+    g->group_keys[group]++;
+    return d;
+}
+
+static size_t set_of(merge *g, const rl_window_set *s)
+{
+    size_t k = 0;
+    while (k < g->n_sets && (g->sets[k]->now_len != s->now_len
+                             || memcmp(g->sets[k]->now, s->now,
+                                       s->now_len) != 0))
+        k++;
+    if (k == g->n_sets)
+        g->sets[g->n_sets++] = s;
+    return k;
+}
+
+/* Finds the distinct hashes and set rules; a count's slot becomes its
+ * hash's place in the call (hashes ordered by group), a set's its rule's.
+ * The counts of parts known to be duplicates are left out of the sums.
+ * A sum stops at RL_WIRE_COUNT_MAX, as one count does: past 2^53 the
+ * script's numbers would not be exact. */
+static void merge_parts(merge *g, rl_window_part *parts)
+{
+    for (rl_window_part *p = parts; p != NULL; p = p->next) {
+        for (size_t k = 0; k < p->n_sets; k++)
+            p->sets[k].slot = set_of(g, &p->sets[k]);
+        for (size_t k = 0; k < p->n_counts; k++) {
+            rl_window_count *c = &p->counts[k];
+            size_t d = key_of(g, c, group_of(g, c));
+            c->slot = d;
+            if (!p->duplicate)
+                g->key_sum[d] = c->count < RL_WIRE_COUNT_MAX - g->key_sum[d]
+                                    ? g->key_sum[d] + c->count
+                                    : RL_WIRE_COUNT_MAX;
+        }
+    }
+    /* Each group's hashes after the groups before it. */
+    for (size_t k = 1; k < g->n_groups; k++)
+        g->group_first[k] = g->group_first[k - 1] + g->group_keys[k - 1];
+    for (size_t d = 0; d < g->n_keys; d++) {
+        size_t k = g->key_group[d];
+        g->key_slot[d] = g->group_first[k] + g->group_filled[k]++;
+        g->by_slot[g->key_slot[d]] = d;
+    }
+    for (rl_window_part *p = parts; p != NULL; p = p->next) {
+        for (size_t k = 0; k < p->n_counts; k++)
+            p->counts[k].slot = g->key_slot[p->counts[k].slot];
+    }
+}
+
+/* The bytes and strings the call's arguments take. */
+static size_t args_cap(const merge *g, const rl_window_part *parts,
+                       size_t *slots)
+{
+    size_t cap = 8 * 24 + 3 * 24 * g->n_groups, n = 8 + 3 * g->n_groups;
+    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+        cap += p->seq_key_len + p->agent_len + 24 * (3 + p->n_sets);
+        n += 5 + p->n_sets;
+    }
+    for (size_t k = 0; k < g->n_sets; k++) {
+        cap += g->sets[k]->now_len + g->sets[k]->before_len + 24;
+        n += 3;
+    }
+    for (size_t d = 0; d < g->n_keys; d++)
+        cap += g->key_first[d]->key_len + 24;
+    *slots = n + 2 * g->n_keys;
+    return cap;
+}
+
+static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
+                     size_t n_parts)
+{
+    rl_args_add_u64(a, n_parts + 2 * g->n_sets + g->n_keys);
+    for (const rl_window_part *p = parts; p != NULL; p = p->next)
+        rl_args_add(a, p->seq_key, p->seq_key_len);
+    for (size_t k = 0; k < g->n_sets; k++) {
+        rl_args_add(a, g->sets[k]->now, g->sets[k]->now_len);
+        rl_args_add(a, g->sets[k]->before, g->sets[k]->before_len);
+    }
+    for (size_t s = 0; s < g->n_keys; s++) {
+        const rl_window_count *c = g->key_first[g->by_slot[s]];
+        rl_args_add(a, c->key, c->key_len);
+    }
+    rl_args_add_u64(a, n_parts);
+    rl_args_add_u64(a, g->n_sets);
+    rl_args_add_u64(a, RL_WIRE_SUBWINDOWS);
+    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+        rl_args_add_u64(a, p->seq);
+        rl_args_add(a, p->agent, p->agent_len);
+        rl_args_add(a, p->duplicate ? "1" : "0", 1);
+        rl_args_add_u64(a, p->n_sets);
+        for (size_t k = 0; k < p->n_sets; k++)
+            rl_args_add_u64(a, p->sets[k].slot + 1);
+    }
+    for (size_t k = 0; k < g->n_sets; k++)
+        rl_args_add_u64(a, g->sets[k]->ttl_ms);
+    rl_args_add_u64(a, g->n_groups);
+    for (size_t k = 0; k < g->n_groups; k++) {
+        rl_args_add_u64(a, g->group_ttl[k]);
+        rl_args_add_u64(a, g->group_window[k]);
+        rl_args_add_u64(a, g->group_keys[k]);
+    }
+    for (size_t s = 0; s < g->n_keys; s++)
+        rl_args_add_u64(a, g->key_sum[g->by_slot[s]]);
+}
+
+static bool all_integers(const redisReply *r)
+{
+    for (size_t i = 0; i < r->elements; i++) {
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return false;
+    }
+    return true;
+}
+
+/* Marks the parts the function found not new; false if the answer names
+ * none, or one that is not a part still taken as new. */
+static bool mark_duplicates(const call *c, const redisReply *r)
+{
+    if (r->elements < 2)
+        return false;
+    for (size_t i = 1; i < r->elements; i++) {
+        long long number = r->element[i]->integer;
+        rl_window_part *p = c->parts;
+        for (long long k = 1; p != NULL && k < number; k++)
+            p = p->next;
+        if (number < 1 || p == NULL || p->duplicate)
+            return false;
+        p->duplicate = true;
+    }
+    return true;
+}
+
+static void take_answer(const call *c, const redisReply *r)
+{
+    for (rl_window_part *p = c->parts; p != NULL; p = p->next) {
+        for (size_t k = 0; k < p->n_sets; k++)
+            p->sets[k].agents = (uint64_t)r->element[1 + p->sets[k].slot]
+                                    ->integer;
+        for (size_t k = 0; k < p->n_counts; k++) {
+            rl_window_count *t = &p->counts[k];
+            size_t at = 1 + c->n_sets + 2 * t->slot;
+            t->recent = (uint64_t)r->element[at]->integer;
+            t->oldest = (uint64_t)r->element[at + 1]->integer;
+        }
+    }
+}
+
+static void on_reply(void *arg, const redisReply *r, const char *error)
+{
+    call *c = arg;
+    if (error == NULL && r == NULL)
+        error = "no reply";
+    if (error == NULL && (r->type != REDIS_REPLY_ARRAY || r->elements < 1
+                          || !all_integers(r)))
+        error = "unexpected reply from the window script";
+    if (error == NULL && r->element[0]->integer == 1) {
+        if (mark_duplicates(c, r)) {
+            rl_window_call(c->store, c->parts, c->fn, c->arg);
+            free(c);
+            return;
+        }
+        error = "unexpected reply from the window script";
+    } else if (error == NULL
+               && r->elements != 1 + c->n_sets + 2 * c->n_keys) {
+        error = "unexpected reply from the window script";
+    }
+    if (error == NULL)
+        take_answer(c, r);
+    c->fn(c->arg, c->parts, error);
+    free(c);
+}
+
+void rl_window_call(rl_store *store, rl_window_part *parts,
+                    rl_window_call_fn fn, void *arg)
+{
+    size_t n_parts = 0, n_counts = 0, n_sets = 0, slots = 0;
+    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+        n_parts++;
+        n_counts += p->n_counts;
+        n_sets += p->n_sets;
+    }
+    call *c = calloc(1, sizeof *c);
+    merge g;
+    if (c == NULL || merge_alloc(&g, n_counts, n_sets) != 0) {
+        free(c);
+        fn(arg, parts, "out of memory");
+        return;
+    }
+    merge_parts(&g, parts);
+    rl_args a;
+    size_t cap = args_cap(&g, parts, &slots);
+    if (rl_args_init(&a, slots, cap) != 0) {
+        merge_free(&g);
+        free(c);
+        fn(arg, parts, "out of memory");
+        return;
+    }
+    add_args(&a, &g, parts, n_parts);
+    *c = (call){.store = store, .parts = parts, .fn = fn, .arg = arg,
+                .n_sets = g.n_sets, .n_keys = g.n_keys};
+    merge_free(&g);
+    rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_reply, c);
+    rl_args_fini(&a);
+}

@@ -1,0 +1,63 @@
+/*
+ * window_call.h: one call of the window function (rl_agg_5) for several
+ * parts of reports at once, each checked against its own sequence key, the
+ * counts of one key summed over the parts so that Redis adds them once.
+ * Private to rl-aggregator; windows.c makes the parts.
+ */
+#ifndef RL_AGGREGATOR_WINDOW_CALL_H
+#define RL_AGGREGATOR_WINDOW_CALL_H
+
+#include "store.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern const rl_script_set rl_window_scripts;
+
+/* A rule's agent sets (this period window and the last) that a part adds
+ * its agent to; answered with the rule's agent count. */
+typedef struct rl_window_set {
+    const char *now, *before;
+    size_t now_len, before_len;
+    uint64_t ttl_ms;
+    uint64_t agents;  /* the answer */
+    size_t slot;      /* its place in the call */
+} rl_window_set;
+
+/* A count for a client's hash of sub-windows; answered with its totals. */
+typedef struct rl_window_count {
+    const char *key;
+    size_t key_len;
+    uint64_t ttl_ms, window, count;
+    uint64_t recent, oldest; /* the answer */
+    size_t slot;             /* its place in the call */
+} rl_window_count;
+
+/* What one part of a report asks of Redis: written only if its sequence
+ * number is greater than the last applied under seq_key. */
+typedef struct rl_window_part {
+    const char *seq_key, *agent;
+    size_t seq_key_len, agent_len;
+    uint64_t seq;
+    /* Known not to be new (the call found so, or seq is 0): it writes
+     * nothing and is only answered. Set by the call. */
+    bool duplicate;
+    size_t n_sets, n_counts;
+    rl_window_set *sets;
+    rl_window_count *counts;
+    struct rl_window_part *next;   /* the parts of one call */
+} rl_window_part;
+
+/* Called once per rl_window_call: the answers are in the parts (and a
+ * part's duplicate says whether it was applied before), or error says why
+ * none is. */
+typedef void (*rl_window_call_fn)(void *arg, rl_window_part *parts,
+                                  const char *error);
+
+/* rl_window_call applies the list of parts in one call (on a cluster their
+ * keys must share a slot). The parts must stay valid until fn. */
+void rl_window_call(rl_store *store, rl_window_part *parts,
+                    rl_window_call_fn fn, void *arg);
+
+#endif
