@@ -330,6 +330,7 @@ test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
 # with the normal build.
 asan:
 	UBSAN_OPTIONS=print_stacktrace=1 \
+	LSAN_OPTIONS="suppressions=$(abspath tests/lsan.supp)" \
 	$(MAKE) BUILD=build/asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	    test

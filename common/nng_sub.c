@@ -11,6 +11,8 @@
 #include <nng/protocol/pubsub0/sub.h>
 #include <time.h>
 
+#define RECONNECT_MS (3600 * 1000)
+
 static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     rl_nng_sub *s = arg;
@@ -59,6 +61,11 @@ void rl_nng_sub_drain(rl_nng_sub *s)
         return;
     s->draining = true;
     clock_gettime(CLOCK_MONOTONIC, &s->drained_at);
+    /* No new connection meanwhile, as a rule (nng waits a random time
+     * below the minimum): one in its handshake at the close is left
+     * behind by nng 1.5.2. */
+    nng_socket_set_ms(s->sock, NNG_OPT_RECONNMAXT, RECONNECT_MS);
+    nng_socket_set_ms(s->sock, NNG_OPT_RECONNMINT, RECONNECT_MS);
     /* The limit first: a pipe counted after it reads under it. */
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, 1);
     pthread_mutex_lock(&s->lock);
