@@ -23,7 +23,8 @@
  * lost aggregator applied without answering is a duplicate to the next.
  * The next tick gives the down link's keys to the others. A down link
  * pings its aggregator every tick (a REPORT numbered 0, never applied);
- * the answer brings it up, and the next tick gives its keys back.
+ * the answer brings it up once its totals socket is connected too, and the
+ * next tick gives its keys back.
  *
  * A key that is at its mark (rejecting) and has no new counts goes in the
  * report with a count of 0: its agents send nothing else, and the ack
@@ -509,12 +510,15 @@ static void on_ack(agg_link *l, nng_msg *m)
         rl_log(s->log, RL_LOG_DEBUG, "sync_retry", "seq=%llu",
                (unsigned long long)ack.seq);
     } else {
-        /* Answered, with Redis's clock: the aggregator is up. */
-        if (!l->up)
+        /* Answered, with Redis's clock: the aggregator is up, once this
+         * agent hears its totals too (the two sockets redial on their
+         * own): keys given back before then would get no totals. */
+        if (!l->up && rl_nng_sub_connected(&l->sub)) {
             rl_log(s->log, RL_LOG_INFO, "aggregator_up", "index=%zu url=%s",
                    l->index,
                    s->config->aggregator.endpoints[l->index].reports);
-        l->up = true;
+            l->up = true;
+        }
         l->probe_logged = 0;
         if (ack.now_ms != 0)
             rl_synced_set_time(s->synced, ack.now_ms, now_ms(s));
@@ -752,6 +756,18 @@ static void on_tick(uv_timer_t *t)
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
 }
 
+/* nng 1.5.2 redials after a random wait below a second by default, so an
+ * aggregator that came back would wait that long for its keys, and its
+ * subscribers for its totals. Below an interval instead (nng waits a random
+ * time below the minimum, which doubles up to the maximum): a link is back
+ * within two. */
+static void redial_within(nng_socket sock, uint32_t interval)
+{
+    nng_duration most = interval > 10 ? (nng_duration)interval : 10;
+    nng_socket_set_ms(sock, NNG_OPT_RECONNMINT, most / 2);
+    nng_socket_set_ms(sock, NNG_OPT_RECONNMAXT, most);
+}
+
 static int open_link(rl_sync *s, agg_link *l, rl_error *err)
 {
     const rl_aggregator_config *agg = &s->config->aggregator;
@@ -777,6 +793,8 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
     rl_nng_handoff(l);
     nng_socket_set_size(l->sub.sock, NNG_OPT_RECVMAXSZ,
                         agg->max_message_bytes);
+    redial_within(l->req, interval_ms(s));
+    redial_within(l->sub.sock, interval_ms(s));
     /* Non-blocking dials keep trying in the background: an aggregator that
      * is not up yet is not an error. */
     char why[512];

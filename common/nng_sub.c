@@ -55,6 +55,14 @@ int rl_nng_sub_open(rl_nng_sub *s)
     return 0;
 }
 
+bool rl_nng_sub_connected(rl_nng_sub *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool connected = s->pipes > 0;
+    pthread_mutex_unlock(&s->lock);
+    return connected;
+}
+
 void rl_nng_sub_drain(rl_nng_sub *s)
 {
     if (!s->open || s->draining)

@@ -46,6 +46,10 @@ typedef struct rl_nng_sub {
  * or an nng error. */
 int rl_nng_sub_open(rl_nng_sub *s);
 
+/* Whether the socket has a connection to its publisher now (a pipe from
+ * before its first read to its end). Thread-safe. */
+bool rl_nng_sub_connected(rl_nng_sub *s);
+
 /* Lowers the limit: from here on the socket receives nothing, and its
  * pipes end at their next message. Once; not thread-safe. */
 void rl_nng_sub_drain(rl_nng_sub *s);

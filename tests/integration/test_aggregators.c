@@ -4,7 +4,7 @@
  * aggregators: list, ten agents in this process, one tenant offered twice
  * its synced limit round-robin. The aggregator the tenant's key goes to
  * is killed (SIGKILL) in the middle of the traffic and started again
- * several periods of sync later. At the end (agents closed: their last
+ * 10 s later. At the end (agents closed: their last
  * reports are in) Redis holds exactly what the agents admitted: nothing
  * lost, nothing applied twice across the moves. A subscriber to all three
  * aggregators' totals sees the key's totals with no gap longer than two
@@ -47,14 +47,19 @@
 #endif
 #define PERIOD_MS (2000 * TIME_SCALE)
 #define INTERVAL_MS (100 * TIME_SCALE)
-/* Traffic for 9 periods of the rule; the owner of the key is killed after
- * 2.5 and back 3 later (30 intervals away). */
-#define RUN_MS (9 * PERIOD_MS)
+/* The owner of the key is killed 2.5 periods into the traffic and back
+ * 10 s later, at any time scale (issue 19's figure: 100 intervals away,
+ * 25 under ThreadSanitizer); the traffic goes on 3 periods more. */
 #define KILL_AT_MS (5 * PERIOD_MS / 2)
-#define DOWN_MS (3 * PERIOD_MS)
+#define DOWN_MS 10000
+#define RUN_MS (KILL_AT_MS + DOWN_MS + 3 * PERIOD_MS)
 /* How long the key's totals may pause: the interval the kill falls in and
  * the one its keys move in (the agents' tick), and scheduling slack. */
 #define TOTALS_GAP_MAX_MS (2 * INTERVAL_MS + INTERVAL_MS / 2)
+/* How long after the owner is back any agent may still send it elsewhere:
+ * a redial (below an interval), the ping's tick, the tick that moves the
+ * key, the other aggregator's last broadcast of it, and slack. */
+#define KEY_BACK_MAX_MS (6 * INTERVAL_MS)
 
 typedef struct admissions {
     uint64_t *at_us;    /* in the order admitted */
@@ -177,6 +182,10 @@ static void watch_open(watch *w, const test_aggregator *agg, const char *rule,
     w->tenant = tenant;
     cr_assert_eq(nng_sub0_open(&w->sub), 0);
     nng_socket_set_ms(w->sub, NNG_OPT_RECVTIMEO, 50);
+    /* The watch redials within 20 ms, not nng's second: the gaps timed are
+     * the aggregators', not its own. */
+    nng_socket_set_ms(w->sub, NNG_OPT_RECONNMINT, 10);
+    nng_socket_set_ms(w->sub, NNG_OPT_RECONNMAXT, 20);
     char topic[RL_WIRE_NAME_MAX + 2];
     size_t n = rl_wire_topic(rule, topic, sizeof topic);
     cr_assert_eq(nng_socket_set(w->sub, NNG_OPT_SUB_SUBSCRIBE, topic, n), 0);
@@ -224,6 +233,17 @@ static long seen_after(const watch *w, uint64_t from)
     for (size_t j = 0; j < w->n; j++)
         n += w->seen_us[j] > from;
     return n;
+}
+
+/* The last time any aggregator but `owner` published the key, or 0. */
+static uint64_t last_elsewhere(const watch *w, size_t n, size_t owner)
+{
+    uint64_t last = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; i != owner && j < w[i].n; j++)
+            last = w[i].seen_us[j] > last ? w[i].seen_us[j] : last;
+    }
+    return last;
 }
 
 /* The key's sub-window counts as seen so far. The hash keeps a period
@@ -384,6 +404,9 @@ static void failover(const char *store, const char *rule, const char *label)
                                &gap_end, &messages);
     /* Back, the owner has the key again within a few intervals. */
     long owner_back = seen_after(&w[owner], back_us + 3 * INTERVAL_MS * 1000);
+    /* And every agent gave it back: no other aggregator publishes it. */
+    uint64_t elsewhere = last_elsewhere(w, AGGREGATORS, owner);
+    uint64_t lingered = elsewhere > back_us ? elsewhere - back_us : 0;
     /* Closing the agents sends their last reports. */
     for (int i = 0; i < AGENTS; i++) {
         rl_agent_close(agents[i]);
@@ -401,14 +424,16 @@ static void failover(const char *store, const char *rule, const char *label)
             "%lld (lost %lld, doubled %lld); worst span of one period %ld "
             "(limit %d, bound %d); key's totals: %ld messages, longest gap "
             "%llu ms ending at %.1f s (interval %d ms, at most %d), %ld "
-            "from aggregator %zu once back\n", label,
+            "from aggregator %zu once back, elsewhere until %llu ms after\n",
+            label,
             owner, (double)(killed_us - start) / 1e6,
             (double)(back_us - start) / 1e6, t.a.offered, t.a.n, held,
             held < (long long)t.a.n ? (long long)t.a.n - held : 0,
             held > (long long)t.a.n ? held - (long long)t.a.n : 0, worst,
             LIMIT, LIMIT * 105 / 100, messages,
             (unsigned long long)(gap / 1000), (double)(gap_end - start) / 1e6,
-            INTERVAL_MS, TOTALS_GAP_MAX_MS, owner_back, owner);
+            INTERVAL_MS, TOTALS_GAP_MAX_MS, owner_back, owner,
+            (unsigned long long)(lingered / 1000));
     for (int i = 0; i < AGGREGATORS; i++)
         test_aggregator_stop(&aggs[i]);
     /* Only now: nng 1.5.2 can hang closing a SUB socket a message is
@@ -424,6 +449,12 @@ static void failover(const char *store, const char *rule, const char *label)
                   (unsigned long long)(gap / 1000));
     /* Totals flowed all along (one message an interval from the owner). */
     cr_expect_geq(messages, (RUN_MS - PERIOD_MS / 2) / INTERVAL_MS / 2);
+    /* Every agent redials, pings, hears the owner's totals and gives the
+     * key back within a few intervals (nng's default redial alone waits up
+     * to a second). */
+    cr_expect_leq(lingered, KEY_BACK_MAX_MS * 1000ULL, "the key was still "
+                  "published elsewhere %llu ms after aggregator %zu was back",
+                  (unsigned long long)(lingered / 1000), owner);
     /* And the key went back to its owner once it was up again. */
     uint64_t after_back = (end_us - back_us) / 1000 - 3 * INTERVAL_MS;
     cr_expect_geq(owner_back, (long)(after_back / INTERVAL_MS / 2),

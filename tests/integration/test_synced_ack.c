@@ -261,3 +261,72 @@ Test(synced_ack, totals_give_fresh_shares_only_to_the_keys_their_sender_owns)
     for (int i = 0; i < 2; i++)
         fake_stop(&f[i]);
 }
+
+/* --- A link that comes back takes its keys back only once the agent hears
+ * its aggregator's totals: the agent's two sockets to it redial on their
+ * own, and a key reported where its totals cannot be heard would get
+ * none (docs/design.md, "Coming back"). Here N, the key's aggregator of
+ * two, is killed and comes back answering reports (the agent's pings),
+ * its totals address still closed: the key stays with O. Once N's totals
+ * listen again, the key goes back to N. */
+
+/* One tick: each fake's report, acknowledged; the key's count in each,
+ * and whether N's was a ping (numbered 0). */
+static void tick_both(fake_agg *f, uint64_t counts[2], bool *n_pinged)
+{
+    for (int i = 0; i < 2; i++) {
+        fake_held r = fake_receive(&f[i]);
+        counts[i] = r.count;
+        if (i == 1)
+            *n_pinged = r.report.seq == 0;
+        fake_ack(&f[i], &r);
+    }
+}
+
+Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
+{
+    enum { O = 0, N = 1, TICKS_AWAY = 4, TICKS_BACK = 4 };
+    fake_agg f[2];
+    memset(f, 0, sizeof f);
+    char k[32];
+    tenant_of(N, k, sizeof k);
+    for (int i = 0; i < 2; i++) {
+        f[i].value_len = strlen(k);
+        memcpy(f[i].value, k, f[i].value_len);
+        fake_start(&f[i], RULE, PERIOD_MS, AGENTS, FIRST_WINDOW);
+    }
+    test_agent t;
+    open_agent(f, 2, &t);
+    uint64_t counts[2];
+    bool pinged;
+    tick_both(f, counts, &pinged); /* presence: Redis's clock */
+    cr_assert(allowed_to(&t, k));
+    tick_both(f, counts, &pinged);
+    cr_assert_eq(counts[N], 1, "the key did not go to N while it was up");
+    /* N killed and back, its totals address closed: one request a tick. */
+    fake_restart(&f[N], false);
+    for (int i = 0; i < TICKS_AWAY; i++) {
+        cr_assert(allowed_to(&t, k));
+        tick_both(f, counts, &pinged);
+        cr_assert(pinged, "tick %d: N got a report, not a ping, while "
+                  "the agent could not hear its totals", i);
+        cr_assert_eq(counts[O], 1, "tick %d: the key did not go to O", i);
+    }
+    /* Its totals listen again: the key goes back within a few ticks. */
+    fake_listen_totals(&f[N]);
+    fake_wait_subscribed(&f[N]);
+    int back_at = -1;
+    for (int i = 0; i < TICKS_BACK && back_at < 0; i++) {
+        cr_assert(allowed_to(&t, k));
+        tick_both(f, counts, &pinged);
+        if (!pinged && counts[N] == 1)
+            back_at = i;
+    }
+    fprintf(stderr, "synced back: the key stayed with O for %d ticks while "
+            "N answered without totals; back to N %d ticks after its "
+            "totals listened\n", TICKS_AWAY, back_at + 1);
+    cr_expect_geq(back_at, 0, "the key never went back to N");
+    test_agent_close(&t);
+    for (int i = 0; i < 2; i++)
+        fake_stop(&f[i]);
+}

@@ -41,6 +41,14 @@ static void fake_listen(nng_socket s, char *url, size_t cap)
     cr_assert_eq(rv, 0, "listen on %s: %s", url, nng_strerror(rv));
 }
 
+static void open_sockets(fake_agg *f)
+{
+    cr_assert_eq(nng_rep0_open(&f->rep), 0);
+    cr_assert_eq(nng_pub0_open(&f->pub), 0);
+    nng_socket_set_ms(f->rep, NNG_OPT_RECVTIMEO, 3000);
+    nng_pipe_notify(f->pub, NNG_PIPE_EV_ADD_POST, on_subscriber, f);
+}
+
 void fake_start(fake_agg *f, const char *rule, uint64_t period_ms,
                 uint64_t agents, uint64_t first_window)
 {
@@ -54,10 +62,7 @@ void fake_start(fake_agg *f, const char *rule, uint64_t period_ms,
     f->period_ms = period_ms;
     f->agents = agents;
     atomic_init(&f->subscribers, 0);
-    cr_assert_eq(nng_rep0_open(&f->rep), 0);
-    cr_assert_eq(nng_pub0_open(&f->pub), 0);
-    nng_socket_set_ms(f->rep, NNG_OPT_RECVTIMEO, 3000);
-    nng_pipe_notify(f->pub, NNG_PIPE_EV_ADD_POST, on_subscriber, f);
+    open_sockets(f);
     fake_listen(f->rep, f->reports, sizeof f->reports);
     fake_listen(f->pub, f->totals, sizeof f->totals);
     fake_enter(f, first_window, 0, 0);
@@ -67,6 +72,27 @@ void fake_stop(fake_agg *f)
 {
     nng_close(f->rep);
     nng_close(f->pub);
+}
+
+static void listen_again(nng_socket s, const char *url)
+{
+    int rv = nng_listen(s, url, NULL, 0);
+    cr_assert_eq(rv, 0, "listen again on %s: %s", url, nng_strerror(rv));
+}
+
+void fake_restart(fake_agg *f, bool totals)
+{
+    fake_stop(f);
+    atomic_store(&f->subscribers, 0);
+    open_sockets(f);
+    listen_again(f->rep, f->reports);
+    if (totals)
+        fake_listen_totals(f);
+}
+
+void fake_listen_totals(fake_agg *f)
+{
+    listen_again(f->pub, f->totals);
 }
 
 void fake_wait_subscribed(fake_agg *f)

@@ -12,6 +12,7 @@
 
 #include <nng/nng.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct fake_agg {
@@ -44,6 +45,12 @@ void fake_start(fake_agg *f, const char *rule, uint64_t period_ms,
 /* Only once the agent is closed: nng 1.5.2 can hang closing a socket a
  * message is arriving on (see rl_sync_stop). */
 void fake_stop(fake_agg *f);
+
+/* As if killed and started again: both sockets closed (the agent's
+ * connections end), then listening again on the same addresses, the
+ * totals' only if totals (else fake_listen_totals does it later). */
+void fake_restart(fake_agg *f, bool totals);
+void fake_listen_totals(fake_agg *f);
 
 /* Waits (up to 5 s) until an agent has subscribed to the totals: TOTALS
  * published before are lost. */
