@@ -178,15 +178,7 @@ TEST_BOTH_MODES(atomic, fifty_threads_admit_each_rule_exactly_its_capacity)
 
 static long long script_calls(const char *addr, test_scripts mode)
 {
-    redisContext *c = test_redis_connect(addr);
-    redisReply *r = test_redis_command(c, "INFO commandstats");
-    const char *name = mode == TEST_FCALL ? "cmdstat_fcall:calls="
-                                          : "cmdstat_evalsha:calls=";
-    const char *p = strstr(r->str, name);
-    long long calls = p != NULL ? atoll(p + strlen(name)) : 0;
-    freeReplyObject(r);
-    redisFree(c);
-    return calls;
+    return test_redis_calls(addr, mode == TEST_FCALL ? "fcall" : "evalsha");
 }
 
 static void one_call_per_request(test_scripts mode, const char *charge)

@@ -364,18 +364,7 @@ TEST_BOTH_MODES(faults, scripts_flushed_under_load_lose_no_check)
 
 static long long script_calls(const char *addr)
 {
-    redisContext *c = test_redis_connect(addr);
-    redisReply *r = test_redis_command(c, "INFO commandstats");
-    long long calls = 0;
-    const char *names[] = {"cmdstat_fcall:calls=", "cmdstat_evalsha:calls="};
-    for (int i = 0; i < 2; i++) {
-        const char *p = strstr(r->str, names[i]);
-        if (p != NULL)
-            calls += atoll(p + strlen(names[i]));
-    }
-    freeReplyObject(r);
-    redisFree(c);
-    return calls;
+    return test_redis_calls(addr, "fcall") + test_redis_calls(addr, "evalsha");
 }
 
 TEST_BOTH_MODES(faults, bad_input_is_refused_before_redis)

@@ -252,16 +252,6 @@ static rl_wire_msg receive_ack(nng_socket s)
     return m;
 }
 
-static long long fcalls(redisContext *c)
-{
-    redisReply *r = test_redis_command(c, "INFO commandstats");
-    const char *at = strstr(r->str, "cmdstat_fcall:calls=");
-    long long n = at != NULL ? atoll(at + strlen("cmdstat_fcall:calls="))
-                             : 0;
-    freeReplyObject(r);
-    return n;
-}
-
 /* While a call is at Redis (held there by DEBUG SLEEP), reports from four
  * agents queue and then go as one call, each key once with the sum of the
  * fresh reports' counts. Among them a report applied before (its ack
@@ -286,7 +276,7 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     rl_wire_msg_free(&ack);
     redisContext *c = test_redis_connect(addr);
     redisContext *sleeper = test_redis_connect(addr);
-    long long calls_before = fcalls(c);
+    long long calls_before = test_redis_calls(addr, "fcall");
     cr_assert_eq(redisAppendCommand(sleeper, "DEBUG SLEEP 0.6"), REDIS_OK);
     int written = 0;
     while (!written)
@@ -337,7 +327,7 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     /* The one at Redis, then the five gathered: found to hold duplicates,
      * then made again without their counts. One call per report would be
      * six. */
-    long long calls = fcalls(c) - calls_before;
+    long long calls = test_redis_calls(addr, "fcall") - calls_before;
     cr_expect_leq(calls, 3, "%lld calls for 6 reports", calls);
     redisReply *slept;
     cr_assert_eq(redisGetReply(sleeper, (void **)&slept), REDIS_OK);

@@ -46,6 +46,20 @@ redisReply *test_redis_command(redisContext *c, const char *fmt, ...)
     return r;
 }
 
+long long test_redis_calls(const char *addr, const char *command)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = test_redis_command(c, "INFO commandstats");
+    cr_assert_eq(r->type, REDIS_REPLY_STRING, "INFO: %s", r->str);
+    char name[64];
+    snprintf(name, sizeof name, "cmdstat_%s:calls=", command);
+    const char *at = strstr(r->str, name);
+    long long calls = at != NULL ? atoll(at + strlen(name)) : 0;
+    freeReplyObject(r);
+    redisFree(c);
+    return calls;
+}
+
 uint64_t test_redis_time_ms(redisContext *c)
 {
     redisReply *r = test_redis_command(c, "TIME");

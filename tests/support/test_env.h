@@ -21,6 +21,11 @@ redisContext *test_redis_connect(const char *addr);
  * (a lost connection). The caller frees the reply. */
 redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
 
+/* test_redis_calls is how many times the server at addr ran command
+ * (lower case, as INFO commandstats names it: "fcall", "evalsha"), 0 if
+ * never. */
+long long test_redis_calls(const char *addr, const char *command);
+
 /* test_redis_time_ms is Redis's clock (TIME) in ms, on the connection c. */
 uint64_t test_redis_time_ms(redisContext *c);
 
