@@ -69,9 +69,10 @@ void rl_nng_sub_drain(rl_nng_sub *s)
         return;
     s->draining = true;
     clock_gettime(CLOCK_MONOTONIC, &s->drained_at);
-    /* No new connection meanwhile, as a rule (nng waits a random time
-     * below the minimum): one in its handshake at the close is left
-     * behind by nng 1.5.2. */
+    /* Fewer new connections meanwhile: one in its handshake at the close
+     * is left behind by nng 1.5.2. Not none: nng 1.5.2 waits
+     * (int) nni_random() % minimum ms, and at once when that is negative,
+     * half its draws (socket.c, dialer_timer_start_locked). */
     nng_socket_set_ms(s->sock, NNG_OPT_RECONNMAXT, RECONNECT_MS);
     nng_socket_set_ms(s->sock, NNG_OPT_RECONNMINT, RECONNECT_MS);
     /* The limit first: a pipe counted after it reads under it. */
