@@ -31,6 +31,7 @@
  */
 #include "leased.h"
 
+#include "key_table.h"
 #include "rl.h"
 #include "scripts.h"
 
@@ -71,14 +72,6 @@ typedef struct lease_call {
     uint32_t epoch;             /* the entry's, then */
 } lease_call;
 
-static size_t table_cap(size_t max_keys)
-{
-    size_t cap = 16;
-    while (cap < 2 * max_keys)
-        cap *= 2;
-    return cap;
-}
-
 static rl_leased_table *table_new(size_t cap)
 {
     rl_leased_table *t = calloc(1, sizeof *t + cap * sizeof t->slots[0]);
@@ -95,7 +88,7 @@ int rl_leased_init(rl_leased *l, size_t max_keys, uv_async_t *wakeup,
     l->max_keys = max_keys;
     l->wakeup = wakeup;
     l->closing = closing;
-    rl_leased_table *t = table_new(table_cap(max_keys));
+    rl_leased_table *t = table_new(rl_key_table_cap(max_keys));
     if (t == NULL)
         return RL_ENOMEM;
     atomic_init(&l->table, t);

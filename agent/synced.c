@@ -51,6 +51,7 @@
  */
 #include "synced.h"
 
+#include "key_table.h"
 #include "keys.h"
 #include "rl.h"
 
@@ -67,14 +68,6 @@ static uint64_t mix(uint64_t x)
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
-}
-
-static size_t table_cap(size_t max_keys)
-{
-    size_t cap = 16;
-    while (cap < 2 * max_keys)
-        cap *= 2;
-    return cap;
 }
 
 static rl_synced_table *table_new(size_t cap)
@@ -96,7 +89,7 @@ int rl_synced_init(rl_synced *s, const rl_config *config, rl_calls *calls)
     s->salt = mix((uint64_t)(uintptr_t)s ^ (uint64_t)ts.tv_nsec
                   ^ ((uint64_t)ts.tv_sec << 32));
     s->max_keys = config->aggregator.max_keys;
-    rl_synced_table *t = table_new(table_cap(s->max_keys));
+    rl_synced_table *t = table_new(rl_key_table_cap(s->max_keys));
     if (t == NULL)
         return RL_ENOMEM;
     atomic_init(&s->table, t);
