@@ -388,6 +388,9 @@ static void failover(const char *store, const char *rule, const char *label)
     uint64_t killed_us = test_now_us();
     test_sleep_ms(DOWN_MS);
     test_aggregator_start(&aggs[owner], NULL, NULL, 0, &aggs[owner]);
+    /* Back once it answers: its store connected (the agents' pings are
+     * answered from then on). */
+    test_aggregator_wait_ready(&aggs[owner]);
     uint64_t back_us = test_now_us();
     pthread_join(offerer, NULL);
     uint64_t end_us = test_now_us();

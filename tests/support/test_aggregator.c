@@ -37,6 +37,7 @@ static void spawn(test_aggregator *agg)
         own[6] = agg->index;
     }
     memcpy(argv + n, own, sizeof own);
+    agg->log_from = test_log_size(agg->log);
     agg->pid = test_spawn(argv, agg->log);
 }
 
@@ -54,6 +55,13 @@ static void write_store(FILE *f, const char *redis)
     } else {
         fprintf(f, "store: {url: \"redis://%s\"}\n", store);
     }
+}
+
+/* This run's line, not the last run's: a restart appends to the log. */
+static void wait_listening(test_aggregator *agg)
+{
+    test_wait_for_log_from(&agg->pid, agg->log, agg->log_from,
+                           "event=listening", 30000);
 }
 
 static int config_serial;
@@ -90,8 +98,7 @@ void test_aggregators_start(test_aggregator *aggs, size_t n,
     fclose(f);
     for (size_t i = 0; i < n; i++) {
         spawn(&aggs[i]);
-        test_wait_for_log(&aggs[i].pid, aggs[i].log, "event=listening",
-                          30000);
+        wait_listening(&aggs[i]);
     }
 }
 
@@ -130,12 +137,13 @@ void test_aggregator_start(test_aggregator *agg, const char *redis,
         fclose(f);
     }
     spawn(agg);
-    test_wait_for_log(&agg->pid, agg->log, "event=listening", 30000);
+    wait_listening(agg);
 }
 
 void test_aggregator_wait_ready(test_aggregator *agg)
 {
-    test_wait_for_log(&agg->pid, agg->log, "event=store_ready", 10000);
+    test_wait_for_log_from(&agg->pid, agg->log, agg->log_from,
+                           "event=store_ready", 10000);
 }
 
 void test_aggregator_stop(test_aggregator *agg)

@@ -22,6 +22,7 @@ typedef struct test_aggregator {
      * "/usr/bin/env", "LD_PRELOAD=..."), NULL-terminated; or NULL. */
     const char *const *wrapper;
     char index[24];      /* its --index in an aggregators: list, or "" */
+    long log_from;       /* the log's size when this run started */
 } test_aggregator;
 
 /* A template for test_aggregator_start's reuse_from that asks for a fresh

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,8 +60,21 @@ void test_show_log(const char *log)
 void test_wait_for_log(pid_t *pid, const char *log, const char *what,
                        int timeout_ms)
 {
+    test_wait_for_log_from(pid, log, 0, what, timeout_ms);
+}
+
+long test_log_size(const char *log)
+{
+    struct stat st;
+    return stat(log, &st) == 0 ? (long)st.st_size : 0;
+}
+
+void test_wait_for_log_from(pid_t *pid, const char *log, long from,
+                            const char *what, int timeout_ms)
+{
     char cmd[700], out[64];
-    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", what, log);
+    snprintf(cmd, sizeof cmd, "tail -c +%ld %s | grep -c '%s'", from + 1,
+             log, what);
     for (int waited = 0; waited < timeout_ms; waited += 20) {
         int status;
         if (waitpid(*pid, &status, WNOHANG) != 0) {

@@ -25,6 +25,14 @@ const char *test_log_path(char *buf, size_t cap, const char *what);
 void test_wait_for_log(pid_t *pid, const char *log, const char *what,
                        int timeout_ms);
 
+/* The same in what the log gained after its first `from` bytes: a
+ * process started again appends to the log of its last run. */
+void test_wait_for_log_from(pid_t *pid, const char *log, long from,
+                            const char *what, int timeout_ms);
+
+/* The log's size in bytes, 0 if there is none yet. */
+long test_log_size(const char *log);
+
 /* SIGTERM, then waits up to timeout_ms for a clean exit (status 0); fails
  * the test with the log's last lines otherwise (a process still running is
  * killed). */
