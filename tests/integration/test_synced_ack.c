@@ -285,7 +285,7 @@ static void tick_both(fake_agg *f, uint64_t counts[2], bool *n_pinged)
 
 Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
 {
-    enum { O = 0, N = 1, TICKS_AWAY = 4, TICKS_BACK = 4 };
+    enum { O = 0, N = 1, TICKS_AWAY = 4, TICKS_BACK = 6 };
     fake_agg f[2];
     memset(f, 0, sizeof f);
     char k[32];
