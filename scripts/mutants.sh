@@ -90,7 +90,7 @@ sync_tree() {
 # build TREE LOG
 build() {
     make -C "$1" -j"$jobs" LTO= all build/tests/rl-tests \
-        build/tests/with-redis >"$2" 2>&1
+        build/tests/with-redis build/nginx/ngx_http_rl_module.so >"$2" 2>&1
 }
 
 # The tests that use the Redis Cluster the runner can start: starting one
@@ -267,10 +267,31 @@ list_cluster_tests "$out/tree-1/build/tests/rl-tests"
 # name, status, file, tests, reason: one line per mutant.
 mapfile -t checked < <(perl scripts/mutants.pl check "$out/tree-1" "${mutants[@]}")
 
+# own_path FILE TREE: FILE, copied from tree-1 into TREE, names tree-1's
+# path. nginx's configure (half a minute on one core) wrote its text files
+# with it: they get TREE's, so nginx is not configured again; its objects
+# name it only in their debug information. Anything else (a linked
+# program, the example's rpath) goes, to be linked again in TREE.
+own_path() {
+    case $1 in
+    "$2"/build/nginx/objs/*.o) ;;
+    "$2"/build/nginx/*)
+        if grep -qI . "$1"; then
+            # Its time kept, so that nothing is older or newer than it was.
+            cp -p "$1" "$1.time" &&
+                sed -i "s|$PWD/$out/tree-1|$PWD/$2|g" "$1" &&
+                touch -r "$1.time" "$1" && rm -f "$1.time"
+        else
+            rm -f "$1"
+        fi
+        ;;
+    *) rm -f "$1" ;;
+    esac
+}
+
 # As many copies as mutants to try at once. A new one starts as a copy of
 # the built tree-1 (same times, so nothing is compiled again) less what
-# names tree-1's path (the linked programs, the example's rpath among
-# them: linked again in their own tree), then each is refreshed and built.
+# names tree-1's path (own_path), then each is refreshed and built.
 ok=$(printf '%s\n' "${checked[@]}" | awk -F'\t' '$2 == "ok"' | wc -l)
 trees=$((workers < ok ? workers : ok))
 [ "$trees" -ge 1 ] || trees=1
@@ -279,7 +300,7 @@ for ((n = 2; n <= trees; n++)); do
     if [ ! -d "$tree" ]; then
         cp -a "$out/tree-1" "$tree" || die "cannot copy $out/tree-1 to $tree"
         grep -rlF "$PWD/$out/tree-1" "$tree/build" --exclude-dir=obj |
-            while IFS= read -r f; do rm -f "$f"; done
+            while IFS= read -r f; do own_path "$f" "$tree"; done
     fi
     sync_tree "$tree"
     build "$tree" "$logs/clean.build-$n.log" ||
