@@ -322,8 +322,11 @@ TEST_COMMAND = $(if $(HARNESS_SRC),$(TESTS),bash scripts/criterion-alone.sh $(TE
 # told otherwise (make mutants leaves it out for tests that never use one).
 RUNNER_ARGS ?= --cluster
 
+# The tests run without make's flags: a `make -j` build's jobserver is
+# not theirs (test_install.c runs make).
 test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
-	@sh scripts/run-tests.sh $(BUILD)/test.log env $(TEST_ENV) \
+	@sh scripts/run-tests.sh $(BUILD)/test.log \
+	    env -u MAKEFLAGS -u MFLAGS $(TEST_ENV) \
 	    $(RUNNER) $(RUNNER_ARGS) -- $(TEST_COMMAND) $(CRITERION_ARGS)
 
 # Sanitizer builds live in their own trees so that they never mix objects
@@ -343,12 +346,16 @@ tsan:
 # Not part of `make test`: every tests/mutants/*.mutant (MUTANTS="a b" for
 # some) applied to a copy of the tree in build/mutants, built, and the
 # tests it names run: some must fail. MUTANT_JOBS at once (empty: one per
-# core), each in its own copy. See tests/mutants/README.md.
+# core), each in its own copy. MUTANT_BASELINE=no: no run of their tests
+# on the unmutated copy first (CI: make test has just passed them). See
+# tests/mutants/README.md.
 MUTANTS ?=
 MUTANT_JOBS ?=
+MUTANT_BASELINE ?=
 
 mutants:
-	@MUTANT_JOBS=$(MUTANT_JOBS) bash scripts/mutants.sh $(MUTANTS)
+	@MUTANT_JOBS=$(MUTANT_JOBS) MUTANT_BASELINE=$(MUTANT_BASELINE) \
+	    bash scripts/mutants.sh $(MUTANTS)
 
 # libFuzzer (clang) on the wire decoder. New inputs go to build/fuzz/corpus;
 # tests/fuzz/corpus/wire holds the seeds. FUZZ_SECONDS=600 for a long run.

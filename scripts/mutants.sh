@@ -18,7 +18,10 @@
 # malformed, does not build, or its run fails without a failing test.
 # A run that takes over MUTANT_TIMEOUT seconds (default 300) is stopped and
 # counted as caught: `make test` would hang on it.
+# MUTANT_BASELINE=no skips the run of every mutant's tests on the unmutated
+# copy: for CI, where `make test` has just passed them on the same files.
 set -uo pipefail
+shopt -s extglob
 cd "$(dirname "$0")/.."
 out=build/mutants
 logs=$out/logs
@@ -28,6 +31,11 @@ jobs=$(nproc)
 workers=${MUTANT_JOBS:-$jobs}
 [[ $workers =~ ^[1-9][0-9]*$ ]] || {
     echo "mutants: MUTANT_JOBS must be a positive number, not '$workers'" >&2
+    exit 1
+}
+baseline=${MUTANT_BASELINE:-yes}
+[[ $baseline =~ ^(yes|no)$ ]] || {
+    echo "mutants: MUTANT_BASELINE must be yes or no, not '$baseline'" >&2
     exit 1
 }
 # The copy is built the same way whatever make called this script with.
@@ -82,27 +90,64 @@ sync_tree() {
 # build TREE LOG
 build() {
     make -C "$1" -j"$jobs" LTO= all build/tests/rl-tests \
-        build/tests/with-redis >"$2" 2>&1
+        build/tests/with-redis build/nginx/ngx_http_rl_module.so >"$2" 2>&1
 }
 
-# The suites of the test files that use the Redis Cluster the runner can
-# start: starting one takes seconds, most mutants' tests never touch it.
-cluster_suites=$(grep -l RL_TEST_CLUSTER tests/unit/*.c tests/integration/*.c |
-    xargs sed -n 's/^\(Parameterized\)\{0,1\}Test(\([a-z_0-9]*\),.*/\2/p' |
-    sort -u)
-
-# --cluster when a filter (suite/test globs, or @(a|b) of them) may select
-# a test of those suites: the suite part of each glob is matched as a glob.
-runner_args() {
-    local f=${1#@(} alt pattern suite
-    local -a alts
-    IFS='|' read -ra alts <<<"${f%)}"
-    for alt in "${alts[@]}"; do
-        pattern=${alt%%/*}
-        for suite in $cluster_suites; do
+# The tests that use the Redis Cluster the runner can start: starting one
+# takes seconds, most mutants' tests never touch it. A test is one if its
+# body names RL_TEST_CLUSTER; every test of a file that names it outside a
+# test's body (in a helper) is one too. Listed from tree-1's test binary,
+# once it is built (list_cluster_tests).
+cluster_patterns() {
+    awk '
+    FNR == 1 { head = ""; intest = 0 }
+    /^(Parameterized)?Test\(/ { head = $0; intest = 0 }
+    head != "" && !intest {
+        if (head != $0) head = head $0
+        if (head ~ /\)/) {
+            h = head
+            sub(/^(Parameterized)?Test\(/, "", h)
+            gsub(/[ \t]/, "", h)
+            split(h, a, /[,)]/)
+            test = a[1] "/" a[2]
+            suite_of[FILENAME, a[1]] = 1
+            intest = 1
+            head = ""
+        }
+        next
+    }
+    /^}/ { intest = 0; next }
+    /RL_TEST_CLUSTER/ { if (intest) print test; else helper[FILENAME] = 1 }
+    END {
+        for (k in suite_of) {
+            split(k, p, SUBSEP)
+            if (p[1] in helper) print p[2] "/*"
+        }
+    }' tests/unit/*.c tests/integration/*.c
+}
+# list_cluster_tests BINARY
+list_cluster_tests() {
+    local t p
+    local -a patterns
+    mapfile -t patterns < <(cluster_patterns)
+    cluster_tests=()
+    for t in $("$1" --list 2>&1 | awk '
+        /^[^ ]+: [0-9]+ tests?$/ { suite = $1; sub(/:$/, "", suite); next }
+        NF { print suite "/" $NF }'); do
+        for p in "${patterns[@]}"; do
             # shellcheck disable=SC2053 # the pattern is a glob on purpose
-            [[ $suite == $pattern ]] && { echo --cluster; return; }
+            [[ $t == $p ]] && { cluster_tests+=("$t"); break; }
         done
+    done
+}
+
+# --cluster when a filter (a Criterion --filter glob, extended) selects
+# one of those tests.
+runner_args() {
+    local t
+    for t in "${cluster_tests[@]}"; do
+        # shellcheck disable=SC2053 # the filter is a glob on purpose
+        [[ $t == $1 ]] && { echo --cluster; return; }
     done
 }
 
@@ -163,7 +208,9 @@ try() {
         failed=$(failed_in "$logs/$name.test.log")
         tested=$(tested_in "$logs/$name.test.log")
         secs=$(since "$t")
-        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        if grep -q 'RL_TEST_CLUSTER is not set' "$logs/$name.test.log"; then
+            result=ERROR reason="a test wants the cluster the runner did not start; see $logs/$name.test.log"
+        elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
             result=caught reason="timeout: over ${timeout_s} s"
         elif [ -n "$failed" ]; then
             result=caught reason=$failed
@@ -213,14 +260,38 @@ list_files
 sync_tree "$out/tree-1"
 build "$out/tree-1" "$logs/clean.build.log" ||
     die "the unmutated copy does not build; see $logs/clean.build.log"
+list_cluster_tests "$out/tree-1/build/tests/rl-tests"
+[ "${#cluster_tests[@]}" -gt 0 ] ||
+    die "no test of $out/tree-1 uses the Redis Cluster: is --list broken?"
 
 # name, status, file, tests, reason: one line per mutant.
 mapfile -t checked < <(perl scripts/mutants.pl check "$out/tree-1" "${mutants[@]}")
 
+# own_path FILE TREE: FILE, copied from tree-1 into TREE, names tree-1's
+# path. nginx's configure (half a minute on one core) wrote its text files
+# with it: they get TREE's, so nginx is not configured again; its objects
+# name it only in their debug information. Anything else (a linked
+# program, the example's rpath) goes, to be linked again in TREE.
+own_path() {
+    case $1 in
+    "$2"/build/nginx/objs/*.o) ;;
+    "$2"/build/nginx/*)
+        if grep -qI . "$1"; then
+            # Its time kept, so that nothing is older or newer than it was.
+            cp -p "$1" "$1.time" &&
+                sed -i "s|$PWD/$out/tree-1|$PWD/$2|g" "$1" &&
+                touch -r "$1.time" "$1" && rm -f "$1.time"
+        else
+            rm -f "$1"
+        fi
+        ;;
+    *) rm -f "$1" ;;
+    esac
+}
+
 # As many copies as mutants to try at once. A new one starts as a copy of
 # the built tree-1 (same times, so nothing is compiled again) less what
-# names tree-1's path (the linked programs, the example's rpath among
-# them: linked again in their own tree), then each is refreshed and built.
+# names tree-1's path (own_path), then each is refreshed and built.
 ok=$(printf '%s\n' "${checked[@]}" | awk -F'\t' '$2 == "ok"' | wc -l)
 trees=$((workers < ok ? workers : ok))
 [ "$trees" -ge 1 ] || trees=1
@@ -229,7 +300,7 @@ for ((n = 2; n <= trees; n++)); do
     if [ ! -d "$tree" ]; then
         cp -a "$out/tree-1" "$tree" || die "cannot copy $out/tree-1 to $tree"
         grep -rlF "$PWD/$out/tree-1" "$tree/build" --exclude-dir=obj |
-            while IFS= read -r f; do rm -f "$f"; done
+            while IFS= read -r f; do own_path "$f" "$tree"; done
     fi
     sync_tree "$tree"
     build "$tree" "$logs/clean.build-$n.log" ||
@@ -237,10 +308,13 @@ for ((n = 2; n <= trees; n++)); do
 done
 
 # Every filter once, on the unmutated copy: a test that fails there would
-# "catch" every mutant.
+# "catch" every mutant. MUTANT_BASELINE=no leaves it out where every test
+# has just passed on the same files (CI runs make test first).
 filters=$(printf '%s\n' "${checked[@]}" | awk -F'\t' '$2 == "ok" { print $4 }' |
     sort -u | paste -sd '|' -)
-if [ -n "$filters" ]; then
+if [ "$baseline" = no ]; then
+    echo "mutants: the unmutated copy's run left out (MUTANT_BASELINE=no)"
+elif [ -n "$filters" ]; then
     t=$(now)
     run_tests "$out/tree-1" "@($filters)" "$logs/clean.test.log"
     rc=$?
