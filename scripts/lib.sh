@@ -70,6 +70,8 @@ running() {
 nginx_conf() {
     local dir=$1
     mkdir -p "$dir/html" "$dir/tmp"
+    # nginx reads a relative path from its prefix (-p DIR): DIR/DIR/...
+    dir=$(cd "$dir" && pwd)
     echo hello > "$dir/html/index.html"
     cat > "$dir/nginx.conf" <<EOF
 $4
@@ -99,7 +101,8 @@ EOF
 # foreground (daemon off: $! is the master) and waits until its workers
 # have started and it accepts connections (15 s at most).
 nginx_start() {
-    local dir=$1 workers=$2 pid port
+    local dir workers=$2 pid port
+    dir=$(cd "$1" && pwd)
     port=$(sed -n 's/.*listen 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/nginx.conf")
     setsid "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" \
         -g 'daemon off;' 2>> "$dir/error.log" &

@@ -45,6 +45,8 @@ trap 'exit 130' INT TERM
 
 rm -rf "$out"
 mkdir -p "$out"
+# nginx reads relative paths (rl_config's too) from its prefix, $out/$c.
+out=$(cd "$out" && pwd)
 
 free_port reports
 free_port totals
