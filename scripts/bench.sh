@@ -77,7 +77,7 @@ fleet_table() {
     echo "## Ten agents, one tenant, offered five times its limit"
     echo
     echo "The synced columns are the test \`synced::ten_agents_stay_within_the_bound\`"
-    echo "(limit 1,000 per 10 s, ten agents, one request every 5 ms). The last"
+    echo "(limit 1,000 per 10 s, ten agents, one request every 2 ms). The last"
     echo "two are the same load offered at the same time to ten agents with a"
     echo "\`mode: local\` rule of the same limit, each counting alone (measured)."
     echo
@@ -100,8 +100,8 @@ fleet_table() {
         "$synced" "$bound" "$alone" >>"$out/figures.tsv"
 }
 if [ "$quick" = 0 ]; then
-    echo "bench: the ten-agent test and ten agents alone (about 50 s)"
-    "$build/bench/bench-alone" 3 >"$out/alone.log" 2>&1 &
+    echo "bench: the ten-agent test and ten agents alone (about 60 s)"
+    "$build/bench/bench-alone" 4 >"$out/alone.log" 2>&1 &
     alone_pid=$!
     # The test's daemons log where the tests' own runs keep theirs.
     rm -rf "$out/daemon-logs" && mkdir -p "$out/daemon-logs"

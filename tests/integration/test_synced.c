@@ -754,12 +754,16 @@ Test(synced, bad_input_does_not_stop_the_aggregator)
     cr_assert_eq(atoi(out), 1, "six bad reports were not all counted");
 }
 
-/* --- Ten agents, one tenant, five times the limit, three windows. -------- */
+/* --- Ten agents, one tenant, five times the limit, four windows. --------- */
 
 #define FLEET 10
 #define LIMIT 1000
 #define PERIOD_MS 10000
-#define WINDOWS 3
+/* Four, not three: the fleet admits in bursts a period and the sync's lag
+ * apart, and one window in the run may catch little of one (375 of the
+ * limit seen in make test); three windows then averaged 0.67 against the
+ * floor of 0.66 in CI. */
+#define WINDOWS 4
 
 /* Requests spread evenly over the agents, at five times the limit: 5,000
  * per 10 s, one every 2 ms, so that a fleet that let too much through
@@ -819,7 +823,7 @@ static void ten_agents(const char *store, const char *label)
     /* The agents' presence reports make the fleet's size known to each
      * within two intervals; then warm up for a window, so that the windows
      * measured come after the first burst (the steady state), then measure
-     * three whole windows. */
+     * four whole windows. */
     test_sleep_ms(2500);
     uint64_t first = redis_time_ms() / PERIOD_MS + 2;
     long admitted[WINDOWS] = {0}, offered[WINDOWS] = {0};
@@ -827,7 +831,7 @@ static void ten_agents(const char *store, const char *label)
     /* The stated bound (docs/design.md): any span of one period, so every
      * window too, within 5 % of the limit. In overload the fleet admits in
      * bursts as room comes back, a period and the sync's lag after it was
-     * used, so a window may catch less than the limit; over the three,
+     * used, so a window may catch less than the limit; over the four,
      * the average must stay above two thirds at this sync of a tenth of
      * the period (FLOOR_PERCENT; synced_accuracy's sync of a twentieth
      * holds it to 90 %). What
@@ -836,13 +840,15 @@ static void ten_agents(const char *store, const char *label)
     long bound = LIMIT * 105 / 100, sum = 0;
     for (int w = 0; w < WINDOWS; w++) {
         fprintf(stderr, "synced fleet%s: window %d: offered %ld, admitted "
-                "%ld (limit %d, 90%% floor %d, stated bound %ld)\n", label,
-                w, offered[w], admitted[w], LIMIT, LIMIT * 9 / 10, bound);
+                "%ld (limit %d, stated bound %ld)\n", label, w, offered[w],
+                admitted[w], LIMIT, bound);
         cr_expect_leq(admitted[w], bound);
         sum += admitted[w];
     }
-    cr_expect_geq(sum, WINDOWS * LIMIT * FLOOR_PERCENT / 100,
-                  "%ld admitted in %d windows", sum, WINDOWS);
+    long least = WINDOWS * LIMIT * FLOOR_PERCENT / 100;
+    fprintf(stderr, "synced fleet%s: %ld admitted in %d windows (floor %ld)\n",
+            label, sum, WINDOWS, least);
+    cr_expect_geq(sum, least, "%ld admitted in %d windows", sum, WINDOWS);
     for (int i = 0; i < FLEET; i++) {
         rl_agent_close(agents[i]);
         rl_config_free(cfgs[i]);
