@@ -109,6 +109,7 @@ typedef struct agg_link {
     rl_nng_probe *probe;        /* why the reports URL cannot be reached */
     bool probing;
     int probe_logged;           /* the reason last logged; 0 after an ack */
+    int acks_unheard;           /* answers in a row with no totals socket */
 } agg_link;
 
 struct rl_sync {
@@ -493,6 +494,34 @@ static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
     }
 }
 
+/* Both sockets redial within an interval: reports answered this many
+ * times in a row while the totals socket has no connection mean its
+ * address cannot be reached, not a restart still under way. */
+#define ACKS_UNHEARD_LOGGED 3
+
+/* Whether the agent can hear the totals of l's aggregator, which has just
+ * answered. Said once when it cannot, naming the totals address: the link
+ * stays down (its keys with the others), or, up since the start, its keys
+ * get no fresh shares, and the reports' side looks healthy. */
+static bool totals_heard(agg_link *l)
+{
+    if (rl_nng_sub_connected(&l->sub)) {
+        l->acks_unheard = 0;
+        return true;
+    }
+    if (++l->acks_unheard == ACKS_UNHEARD_LOGGED) {
+        const rl_aggregator_endpoint *e =
+            &l->s->config->aggregator.endpoints[l->index];
+        rl_log(l->s->log, RL_LOG_WARN, "aggregator_totals_unreachable",
+               "index=%zu url=%s reports=%s hint=\"the aggregator answers "
+               "reports but this agent cannot connect to its totals: check "
+               "that rl-aggregator listens on this address (its totals "
+               "entry) and that the agent can reach it\"", l->index,
+               e->totals, e->reports);
+    }
+    return false;
+}
+
 static void on_ack(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
@@ -513,7 +542,8 @@ static void on_ack(agg_link *l, nng_msg *m)
         /* Answered, with Redis's clock: the aggregator is up, once this
          * agent hears its totals too (the two sockets redial on their
          * own): keys given back before then would get no totals. */
-        if (!l->up && rl_nng_sub_connected(&l->sub)) {
+        bool heard = totals_heard(l);
+        if (!l->up && heard) {
             rl_log(s->log, RL_LOG_INFO, "aggregator_up", "index=%zu url=%s",
                    l->index,
                    s->config->aggregator.endpoints[l->index].reports);

@@ -51,8 +51,10 @@
  * the agent less than that while holding one. */
 #define HOLD_MS 1500
 
-/* One aggregator as `aggregator:`, several as `aggregators:`. */
-static void open_agent(fake_agg *f, size_t n, test_agent *t)
+/* One aggregator as `aggregator:`, several as `aggregators:`; the agent's
+ * lines go to log unless it is NULL. */
+static void open_agent_logged(fake_agg *f, size_t n, test_agent *t,
+                              test_log *log)
 {
     char yaml[2048];
     int len = snprintf(yaml, sizeof yaml,
@@ -78,9 +80,14 @@ static void open_agent(fake_agg *f, size_t n, test_agent *t)
              LIMIT, (unsigned long long)PERIOD_MS);
     memset(t, 0, sizeof *t);
     t->agent = test_agent_on(test_write_config("synced-ack", yaml),
-                             &t->config, NULL);
+                             &t->config, log);
     for (size_t i = 0; i < n; i++)
         fake_wait_subscribed(&f[i]);
+}
+
+static void open_agent(fake_agg *f, size_t n, test_agent *t)
+{
+    open_agent_logged(f, n, t, NULL);
 }
 
 static bool allowed_to(test_agent *t, const char *tenant)
@@ -286,7 +293,9 @@ Test(synced_ack, totals_give_fresh_shares_only_to_the_keys_their_sender_owns)
  * none (docs/design.md, "Coming back"). Here N, the key's aggregator of
  * two, is killed and comes back answering reports (the agent's pings),
  * its totals address still closed: the key stays with O. Once N's totals
- * listen again, the key goes back to N.
+ * listen again, the key goes back to N. The agent says which address it
+ * cannot reach, once that lasts past the redial, and says nothing when N
+ * was only restarted (its totals listening at once).
  *
  * The key is at its mark, so that it is in every report of the link it
  * goes to (with a count of 0): which link has it shows at each tick,
@@ -305,9 +314,23 @@ static void tick_both(fake_agg *f, bool has_key[2], bool *n_pinged)
     }
 }
 
+/* The tick (of at most `ticks`) at which the key is back with N. */
+static int ticks_to_n(fake_agg *f, int ticks)
+{
+    bool has_key[2], pinged;
+    for (int i = 0; i < ticks; i++) {
+        tick_both(f, has_key, &pinged);
+        if (!pinged && has_key[1])
+            return i;
+    }
+    return -1;
+}
+
 Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
 {
     enum { O = 0, N = 1, TICKS_AWAY = 4, TICKS_BACK = 6 };
+    static test_log log;
+    test_log_init(&log);
     fake_agg f[2];
     memset(f, 0, sizeof f);
     char k[32];
@@ -318,13 +341,21 @@ Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
         fake_start(&f[i], RULE, PERIOD_MS, AGENTS, FIRST_WINDOW);
     }
     test_agent t;
-    open_agent(f, 2, &t);
+    open_agent_logged(f, 2, &t, &log);
     bool has_key[2], pinged;
     tick_both(f, has_key, &pinged); /* presence: Redis's clock */
     cr_assert_eq(admitted_to(&t, k), LIMIT);
     tick_both(f, has_key, &pinged);
     cr_assert(has_key[N] && !has_key[O],
               "the key did not go to N while it was up");
+    /* N restarted, both its addresses listening at once: it has the key
+     * back within a few ticks, and no line says its totals are away. */
+    fake_restart(&f[N], true);
+    int restarted_back = ticks_to_n(f, TICKS_BACK);
+    cr_assert_geq(restarted_back, 0, "the key never went back to N after "
+                  "a restart");
+    test_log_lacks(&log, "event=aggregator_totals_unreachable",
+                   "the agent's log after a restart");
     /* N killed and back, its totals address closed. */
     fake_restart(&f[N], false);
     for (int i = 0; i < TICKS_AWAY; i++) {
@@ -333,18 +364,19 @@ Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
                   "the agent could not hear its totals", i);
         cr_assert(has_key[O], "tick %d: the key did not go to O", i);
     }
+    char url[80];
+    snprintf(url, sizeof url, "url=%s ", f[N].totals);
+    cr_assert(test_log_wait(&log, "event=aggregator_totals_unreachable", url,
+                            0),
+              "no line named N's totals address, %s", f[N].totals);
     /* Its totals listen again: the key goes back within a few ticks. */
     fake_listen_totals(&f[N]);
     fake_wait_subscribed(&f[N]);
-    int back_at = -1;
-    for (int i = 0; i < TICKS_BACK && back_at < 0; i++) {
-        tick_both(f, has_key, &pinged);
-        if (!pinged && has_key[N])
-            back_at = i;
-    }
-    fprintf(stderr, "synced back: the key stayed with O for %d ticks while "
-            "N answered without totals; back to N %d ticks after its "
-            "totals listened\n", TICKS_AWAY, back_at + 1);
+    int back_at = ticks_to_n(f, TICKS_BACK);
+    fprintf(stderr, "synced back: restarted, the key was back to N in %d "
+            "ticks; killed, it stayed with O for %d ticks while N answered "
+            "without totals; back to N %d ticks after its totals "
+            "listened\n", restarted_back + 1, TICKS_AWAY, back_at + 1);
     cr_expect_geq(back_at, 0, "the key never went back to N");
     test_agent_close(&t);
     for (int i = 0; i < 2; i++)
