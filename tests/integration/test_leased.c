@@ -183,27 +183,46 @@ Test(leased_cluster, fifty_threads_on_two_agents_never_pass_its_bucket)
 }
 
 /* fleet_size 2: an agent holds at most half the bucket in hand, however
- * fast it checks, and the other agent gets all the rest. */
+ * fast it takes tokens, and the other agent gets all the rest. A lease's
+ * target is the tokens the agent took per lease time (RL_LEASE_MS), so
+ * the agent takes 40 at once, then 1 two milliseconds later: the second
+ * lease asks for more than half of 100 unless 78 ms pass between the two,
+ * on any machine. (Thirty
+ * checks of 1 asked for more only as fast as the machine ran them, and a
+ * loaded one left the bound untested.) Unbounded, it holds 59. */
+static bool allowed_at_cost(test_agent *t, const char *value, uint64_t cost)
+{
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(t->agent, &attr, 1, cost, &d), RL_OK);
+    return d.allowed;
+}
+
 Test(leased, one_agent_cannot_hoard_the_bucket)
 {
+    enum { FIRST = 40 };
     const char *rules = "  - {name: per-key, match: api_key, limit: 100, "
                         "period: 1d, mode: leased, fleet_size: 2}\n";
     test_agent a, b;
     test_agent_open(&a, NULL, TEST_FCALL, NULL, NULL, rules);
     test_agent_open(&b, NULL, TEST_FCALL, NULL, NULL, rules);
-    for (int i = 0; i < 30; i++)
-        cr_assert(test_check(&a, "api_key=hoard", NULL).allowed);
+    /* The warm-up's lease (another key) is not this key's. */
+    uint64_t warm_up = counters(a.agent).lease_tokens_taken;
+    cr_assert(allowed_at_cost(&a, "hoard", FIRST));
+    /* The rate is taken over a millisecond at least (leased.c). */
+    test_sleep_ms(2);
+    cr_assert(allowed_at_cost(&a, "hoard", 1));
     test_sleep_ms(50); /* a lease asked for is in */
-    rl_agent_counters c = counters(a.agent);
-    uint64_t hand = c.lease_tokens_taken - c.allowed;
+    uint64_t taken = counters(a.agent).lease_tokens_taken - warm_up;
+    uint64_t hand = taken - (FIRST + 1);
     cr_assert_leq(hand, 50, "one agent of two holds %llu of 100",
                   (unsigned long long)hand);
     int allowed = 0;
     for (int i = 0; i < 80; i++)
-        allowed += test_check(&b, "api_key=hoard", NULL).allowed;
-    cr_assert_eq((uint64_t)allowed, 100 - 30 - hand,
+        allowed += allowed_at_cost(&b, "hoard", 1);
+    cr_assert_eq((uint64_t)allowed, 100 - (FIRST + 1) - hand,
                  "the other agent got %d of the %llu left", allowed,
-                 (unsigned long long)(100 - 30 - hand));
+                 (unsigned long long)(100 - (FIRST + 1) - hand));
     test_agent_close(&a);
     test_agent_close(&b);
 }
