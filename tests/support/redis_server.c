@@ -25,21 +25,49 @@
 #define START_ATTEMPTS 10
 #define READY_TIMEOUT_MS 10000
 
-/* A port the kernel had free just now. */
-static uint16_t kernel_free_port(void)
+/* Whether port can be bound on loopback now. */
+static bool bindable(uint16_t port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
-        return 0;
-    struct sockaddr_in sa = {.sin_family = AF_INET};
+        return false;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    uint16_t port = 0;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0
-        && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
+    bool ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
     close(fd);
-    return port;
+    return ok;
+}
+
+/* Ports are drawn below the kernel's ephemeral range
+ * (net.ipv4.ip_local_port_range), where bind(0) would take them: a port
+ * from there can become the source port of any outgoing connection on the
+ * machine between the pick and the daemon's bind ("Address in use" for an
+ * aggregator in CI run ci16, with hundreds of connections open around
+ * it). */
+#define PORTS_LOW 10000
+
+static unsigned ephemeral_low(void)
+{
+    unsigned low = 32768, high;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%u %u", &low, &high) != 2)
+            low = 32768;
+        fclose(f);
+    }
+    return low;
+}
+
+/* A loopback port that could be bound just now; 0 if none was found.
+ * The caller holds the lock that guards seed. */
+static uint16_t loopback_free_port(unsigned *seed)
+{
+    unsigned low = ephemeral_low();
+    if (low <= PORTS_LOW + 1000 || low > 65535)
+        return 0;
+    unsigned draw = (unsigned)rand_r(seed) % (low - PORTS_LOW);
+    uint16_t port = (uint16_t)(PORTS_LOW + draw);
+    return bindable(port) ? port : 0;
 }
 
 /* Two calls in a row can get the same port from the kernel (nothing is
@@ -52,11 +80,20 @@ uint16_t test_free_port(void)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static uint16_t recent[RECENT_PORTS];
-    static unsigned next;
+    static unsigned next, seed;
+    static pid_t seeded_in;
     pthread_mutex_lock(&lock);
+    /* Each test runs in a process of its own, forked with this state:
+     * each draws its own ports. */
+    if (seeded_in != getpid()) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)ts.tv_nsec;
+        seeded_in = getpid();
+    }
     uint16_t port = 0;
     for (int attempt = 0; attempt < 100 && port == 0; attempt++) {
-        port = kernel_free_port();
+        port = loopback_free_port(&seed);
         for (int i = 0; i < RECENT_PORTS && port != 0; i++) {
             if (recent[i] == port)
                 port = 0;
