@@ -70,8 +70,8 @@ static uint16_t loopback_free_port(unsigned *seed)
     return bindable(port) ? port : 0;
 }
 
-/* Two calls in a row can get the same port from the kernel (nothing is
- * bound to it in between), and a caller asking for two ports at once (an
+/* Two draws can give the same port (nothing is bound to it in between),
+ * and a caller asking for two ports at once (an
  * aggregator's reports and totals) needs two: a port handed out recently
  * in this process is not handed out again. */
 #define RECENT_PORTS 64
