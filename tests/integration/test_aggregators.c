@@ -542,7 +542,7 @@ static void unanswered(const char *rule, bool applied)
     test_sleep_ms(5 * INTERVAL_MS);
     cr_assert_geq(test_proxy_accepted(p), 1);
     if (applied)
-        test_proxy_silence_answers(p);
+        test_proxy_silence_answers_after_the_next(p);
     else
         test_proxy_silence(p);
     /* In the next report to the first aggregator, which goes unanswered;
@@ -550,6 +550,8 @@ static void unanswered(const char *rule, bool applied)
      * counts. */
     admitted += check_many(a, tenant, 50);
     test_sleep_ms(6 * INTERVAL_MS);
+    cr_assert(!applied || test_proxy_carried(p, tenant, strlen(tenant)),
+              "the first aggregator never had the key's report to apply");
     admitted += check_many(a, tenant, 50);
     test_sleep_ms(3 * INTERVAL_MS);
     rl_agent_close(a);

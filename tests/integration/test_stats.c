@@ -4,6 +4,8 @@
  * decisions when the store is away.
  */
 #include "rl.h"
+#include "redis_server.h"
+#include "test_agent.h"
 #include "test_env.h"
 
 #include <criterion/criterion.h>
@@ -11,6 +13,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* How long Redis is paused under one of the checks, in ms. */
+#define PAUSE_MS 100
 
 static double now_s(void)
 {
@@ -48,6 +53,21 @@ static void assert_histogram(const rl_histogram *h, uint64_t n,
               (unsigned long long)n, total_s);
 }
 
+/* One of the checks took at least least_s seconds: it is in no bucket
+ * below that, and the sum holds it. A histogram fed in a smaller unit
+ * than the one it shows puts it a thousand times lower. */
+static void assert_one_took(const rl_histogram *h, double least_s)
+{
+    cr_assert_gt(least_s, PAUSE_MS / 2e3, "the paused check started %g s "
+                 "after the pause", PAUSE_MS / 1e3 - least_s);
+    for (int i = 0; i < RL_HISTOGRAM_BOUNDS && h->le_s[i] < least_s; i++)
+        cr_assert_lt(h->buckets[i], h->count, "le=%g holds all %llu checks, "
+                     "one of which took %g s at least", h->le_s[i],
+                     (unsigned long long)h->count, least_s);
+    cr_assert_geq(h->sum_s, least_s, "sum %g s, one check alone took %g s",
+                  h->sum_s, least_s);
+}
+
 static rl_agent *open_agent(const char *store, rl_config **cfg)
 {
     char yaml[1024];
@@ -70,9 +90,11 @@ static rl_agent *open_agent(const char *store, rl_config **cfg)
 
 Test(stats, requests_rules_latency_and_batches_are_counted)
 {
-    char store[128], key[64];
-    snprintf(store, sizeof store, "url: \"redis://%s\"",
-             test_env("RL_TEST_REDIS"));
+    /* A Redis of its own: one check waits out a pause of its clients. */
+    test_redis srv;
+    char store[128], key[64], addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(store, sizeof store, "url: \"redis://%s\"", addr);
     snprintf(key, sizeof key, "stats-%d-%ld", (int)getpid(),
              (long)time(NULL));
     rl_config *cfg;
@@ -81,14 +103,23 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
                        {"user", key, strlen(key)},
                        {"ip", "10.1.1.1", 8}};
     rl_decision d;
-    double longest_s = 0, total_s = 0;
+    double longest_s = 0, total_s = 0, paused_s = 0;
+    redisContext *c = test_redis_connect(addr);
     for (int i = 0; i < 5; i++) {
         double started = now_s();
+        /* The last check waits out a pause of Redis's clients: it takes
+         * PAUSE_MS at least, less the time taken to start it. */
+        if (i == 4) {
+            freeReplyObject(test_redis_command(c, "CLIENT PAUSE %d ALL",
+                                               PAUSE_MS));
+            paused_s = PAUSE_MS / 1e3 - (now_s() - started);
+        }
         cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
         double took = now_s() - started;
         total_s += took;
         longest_s = took > longest_s ? took : longest_s;
     }
+    redisFree(c);
     cr_assert_eq(rl_check(a, &attrs[2], 1, 1, &d), RL_OK);
     cr_assert_eq(rl_check(a, &attrs[2], 1, 1, &d), RL_OK);
     rl_agent_counters s;
@@ -110,12 +141,14 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
     cr_assert_eq(rules[2].rejected, 1);
     /* The two local-only checks never waited for the store. */
     assert_histogram(&s.exact_check_seconds, 5, longest_s, total_s);
+    assert_one_took(&s.exact_check_seconds, paused_s);
     cr_assert_geq(s.store_batches, 5, "one batch per request at least");
     cr_assert_eq(s.local_keys, 1);
     cr_assert_eq(rl_agent_stats(NULL, &s, NULL, 0), RL_EINVAL);
     cr_assert_eq(rl_agent_stats(a, &s, NULL, 0), RL_OK);
     rl_agent_close(a);
     rl_config_free(cfg);
+    test_redis_stop(&srv);
 }
 
 Test(stats, degraded_decisions_and_store_errors_are_counted)

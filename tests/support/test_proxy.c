@@ -3,6 +3,7 @@
  * a wake-up pipe and the connections still carried; a silenced connection
  * is simply no longer polled, its sockets held open until the proxy stops.
  */
+#define _GNU_SOURCE /* memmem */
 #include "test_proxy.h"
 
 #include <arpa/inet.h>
@@ -12,14 +13,18 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define PAIRS_MAX 64
+#define KEPT_MAX 65536
 
 typedef struct pair {
     int fd[2];   /* the client's side, the server's side; -1 when closed */
     bool mute[2]; /* what that side sends is no longer carried */
+    bool mute_after_answer; /* the server's side, once it has sent */
+    bool keep;              /* what the client sends is kept */
 } pair;
 
 struct test_proxy {
@@ -28,7 +33,9 @@ struct test_proxy {
     pthread_t thread;
     pthread_mutex_t lock; /* over everything below, while not polling */
     pair pairs[PAIRS_MAX];
-    int n_pairs, accepted;
+    int n_pairs, accepted, answered_last;
+    char kept[KEPT_MAX];
+    size_t n_kept;
     bool stop;
 };
 
@@ -65,22 +72,38 @@ static void take_connection(test_proxy *p)
             close(server);
         return;
     }
-    p->pairs[p->n_pairs++] = (pair){{client, server}, {false, false}};
+    p->pairs[p->n_pairs++] = (pair){{client, server}, {false, false},
+                                    false, false};
     p->accepted++;
 }
 
+/* What a kept client sent, as far as there is room. */
+static void keep(test_proxy *p, const char *buf, size_t n)
+{
+    size_t room = KEPT_MAX - p->n_kept;
+    memcpy(p->kept + p->n_kept, buf, n < room ? n : room);
+    p->n_kept += n < room ? n : room;
+}
+
 /* Moves what one side has to the other; closes both on EOF or error. */
-static void carry(pair *c, int from)
+static void carry(test_proxy *p, pair *c, int from)
 {
     char buf[16384];
     ssize_t n = read(c->fd[from], buf, sizeof buf);
+    if (n > 0 && from == 0 && c->keep)
+        keep(p, buf, (size_t)n);
     for (ssize_t done = 0, w = 0; n > 0 && done < n; done += w) {
         w = write(c->fd[!from], buf + done, (size_t)(n - done));
         if (w <= 0)
             n = -1;
     }
-    if (n <= 0)
+    if (n <= 0) {
         close_pair(c);
+    } else if (from == 1 && c->mute_after_answer) {
+        c->mute[1] = true;
+        c->keep = true;
+        p->answered_last++;
+    }
 }
 
 static void *run(void *arg)
@@ -113,7 +136,7 @@ static void *run(void *arg)
             pair *c = &p->pairs[owner[k] / 2];
             if (fds[k].revents && !c->mute[owner[k] % 2]
                 && c->fd[owner[k] % 2] >= 0)
-                carry(c, owner[k] % 2);
+                carry(p, c, owner[k] % 2);
         }
         if (fds[0].revents)
             take_connection(p);
@@ -168,6 +191,32 @@ void test_proxy_silence(test_proxy *p)
 void test_proxy_silence_answers(test_proxy *p)
 {
     mute(p, false);
+}
+
+void test_proxy_silence_answers_after_the_next(test_proxy *p)
+{
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->n_pairs; i++)
+        p->pairs[i].mute_after_answer = true;
+    pthread_mutex_unlock(&p->lock);
+    for (int waited = 0;; waited++) {
+        pthread_mutex_lock(&p->lock);
+        int answered = p->answered_last;
+        pthread_mutex_unlock(&p->lock);
+        if (answered > 0)
+            return;
+        cr_assert_lt(waited, 5000, "no connection through the proxy was "
+                     "answered in 5 s");
+        usleep(1000);
+    }
+}
+
+bool test_proxy_carried(test_proxy *p, const void *s, size_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    bool found = memmem(p->kept, p->n_kept, s, len) != NULL;
+    pthread_mutex_unlock(&p->lock);
+    return found;
 }
 
 int test_proxy_accepted(test_proxy *p)

@@ -8,6 +8,8 @@
 #ifndef RL_TEST_PROXY_H
 #define RL_TEST_PROXY_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct test_proxy test_proxy;
@@ -22,6 +24,18 @@ void test_proxy_silence(test_proxy *p);
 /* Every connection open now carries what its client sends, but nothing
  * back, for good: the server does the work, its answers are lost. */
 void test_proxy_silence_answers(test_proxy *p);
+
+/* Every connection open now carries one more answer, then goes on as
+ * test_proxy_silence_answers says: a request sent after this call is the
+ * first to go unanswered, none is in flight. Returns once one connection
+ * has so gone (the test fails if none has after 5 s). What those
+ * connections' clients send from then on is kept for test_proxy_carried
+ * (the first 64 KiB). */
+void test_proxy_silence_answers_after_the_next(test_proxy *p);
+
+/* Whether the len bytes at s were carried, in one piece, to the server of
+ * a connection silenced by test_proxy_silence_answers_after_the_next. */
+bool test_proxy_carried(test_proxy *p, const void *s, size_t len);
 
 /* How many connections the proxy has accepted. */
 int test_proxy_accepted(test_proxy *p);
