@@ -8,12 +8,13 @@
 # /usr/sbin/nginx; the tests start that nginx, and wrk benchmarks it.
 # prometheus brings promtool, which the metrics tests run on every metrics
 # page (`promtool check metrics`); the Prometheus server is not used.
+# gdb prints the stacks of a daemon that a test could not stop.
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
-nginx nginx-dev wrk prometheus"
+nginx nginx-dev wrk prometheus gdb"
 [ $# -gt 0 ] && packages="$*"
 
 # One dpkg-query for all: every make runs this (make mutants, twice a

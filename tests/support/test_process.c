@@ -91,6 +91,16 @@ void test_wait_for_log_from(pid_t *pid, const char *log, long from,
     cr_assert_fail("no '%s' in %s within %d ms", what, log, timeout_ms);
 }
 
+/* Where a process that will not stop is stuck: every thread's stack, by
+ * gdb, at the end of its log (kept by CI). */
+static void append_stacks(pid_t pid, const char *log)
+{
+    char cmd[1024], out[256];
+    snprintf(cmd, sizeof cmd, "gdb -batch -nx -p %d -ex 'thread apply all "
+             "bt' >> '%s' 2>&1", (int)pid, log);
+    test_run(cmd, out, sizeof out);
+}
+
 void test_stop(pid_t pid, const char *log, int timeout_ms)
 {
     kill(pid, SIGTERM);
@@ -103,10 +113,11 @@ void test_stop(pid_t pid, const char *log, int timeout_ms)
     }
     if (done == 0) {
         test_show_log(log);
+        append_stacks(pid, log);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
-        cr_assert_fail("did not stop within %d ms of SIGTERM; see %s",
-                       timeout_ms, log);
+        cr_assert_fail("did not stop within %d ms of SIGTERM; see %s (its "
+                       "threads' stacks at the end)", timeout_ms, log);
     }
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         test_show_log(log);
