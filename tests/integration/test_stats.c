@@ -58,8 +58,6 @@ static void assert_histogram(const rl_histogram *h, uint64_t n,
  * than the one it shows puts it a thousand times lower. */
 static void assert_one_took(const rl_histogram *h, double least_s)
 {
-    cr_assert_gt(least_s, PAUSE_MS / 2e3, "the paused check started %g s "
-                 "after the pause", PAUSE_MS / 1e3 - least_s);
     for (int i = 0; i < RL_HISTOGRAM_BOUNDS && h->le_s[i] < least_s; i++)
         cr_assert_lt(h->buckets[i], h->count, "le=%g holds all %llu checks, "
                      "one of which took %g s at least", h->le_s[i],
@@ -72,7 +70,7 @@ static rl_agent *open_agent(const char *store, rl_config **cfg)
 {
     char yaml[1024];
     snprintf(yaml, sizeof yaml,
-             "store: {%s, timeout_ms: 200}\n"
+             "store: {%s}\n"
              "rules:\n"
              "  - {name: per-key, match: api_key, limit: 3, period: 1h}\n"
              "  - {name: per-user, match: user, limit: 100, period: 1h, "
@@ -94,7 +92,9 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
     test_redis srv;
     char store[128], key[64], addr[64];
     test_agent_private_redis(&srv, addr, sizeof addr);
-    snprintf(store, sizeof store, "url: \"redis://%s\"", addr);
+    /* Time enough for the pause and Redis to notice its end. */
+    snprintf(store, sizeof store, "url: \"redis://%s\", timeout_ms: 1000",
+             addr);
     snprintf(key, sizeof key, "stats-%d-%ld", (int)getpid(),
              (long)time(NULL));
     rl_config *cfg;
@@ -103,8 +103,11 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
                        {"user", key, strlen(key)},
                        {"ip", "10.1.1.1", 8}};
     rl_decision d;
-    double longest_s = 0, total_s = 0, paused_s = 0;
+    double longest_s = 0, total_s = 0, pause_to_check_s = 0;
     redisContext *c = test_redis_connect(addr);
+    /* Redis sees a pause's end at its next wake-up: with nothing else to
+     * do, its cron's, every 10 ms at hz 100 (100 ms by default). */
+    freeReplyObject(test_redis_command(c, "CONFIG SET hz 100"));
     for (int i = 0; i < 5; i++) {
         double started = now_s();
         /* The last check waits out a pause of Redis's clients: it takes
@@ -112,7 +115,7 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
         if (i == 4) {
             freeReplyObject(test_redis_command(c, "CLIENT PAUSE %d ALL",
                                                PAUSE_MS));
-            paused_s = PAUSE_MS / 1e3 - (now_s() - started);
+            pause_to_check_s = now_s() - started;
         }
         cr_assert_eq(rl_check(a, attrs, 2, 1, &d), RL_OK);
         double took = now_s() - started;
@@ -141,7 +144,11 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
     cr_assert_eq(rules[2].rejected, 1);
     /* The two local-only checks never waited for the store. */
     assert_histogram(&s.exact_check_seconds, 5, longest_s, total_s);
-    assert_one_took(&s.exact_check_seconds, paused_s);
+    /* Started within half the pause of it, the check took a quarter of
+     * it at least, even if its thread was held a while after starting. */
+    cr_assert_lt(pause_to_check_s, PAUSE_MS / 2e3, "the paused check "
+                 "started %g s after the pause", pause_to_check_s);
+    assert_one_took(&s.exact_check_seconds, PAUSE_MS / 4e3);
     cr_assert_geq(s.store_batches, 5, "one batch per request at least");
     cr_assert_eq(s.local_keys, 1);
     cr_assert_eq(rl_agent_stats(NULL, &s, NULL, 0), RL_EINVAL);
@@ -154,7 +161,8 @@ Test(stats, requests_rules_latency_and_batches_are_counted)
 Test(stats, degraded_decisions_and_store_errors_are_counted)
 {
     rl_config *cfg;
-    rl_agent *a = open_agent("url: \"redis://127.0.0.1:1\"", &cfg);
+    rl_agent *a = open_agent("url: \"redis://127.0.0.1:1\", timeout_ms: 200",
+                             &cfg);
     rl_attr attrs[] = {{"api_key", "k", 1}, {"user", "u", 1}};
     rl_decision d;
     for (int i = 0; i < 4; i++) {

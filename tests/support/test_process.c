@@ -92,12 +92,12 @@ void test_wait_for_log_from(pid_t *pid, const char *log, long from,
 }
 
 /* Where a process that will not stop is stuck: every thread's stack, by
- * gdb, at the end of its log (kept by CI). */
+ * gdb (a minute at most), at the end of its log. */
 static void append_stacks(pid_t pid, const char *log)
 {
     char cmd[1024], out[256];
-    snprintf(cmd, sizeof cmd, "gdb -batch -nx -p %d -ex 'thread apply all "
-             "bt' >> '%s' 2>&1", (int)pid, log);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 gdb -batch -nx -p %d -ex "
+             "'thread apply all bt' >> '%s' 2>&1", (int)pid, log);
     test_run(cmd, out, sizeof out);
 }
 
@@ -112,8 +112,8 @@ void test_stop(pid_t pid, const char *log, int timeout_ms)
             usleep(20 * 1000);
     }
     if (done == 0) {
-        test_show_log(log);
         append_stacks(pid, log);
+        test_show_log(log);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         cr_assert_fail("did not stop within %d ms of SIGTERM; see %s (its "

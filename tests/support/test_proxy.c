@@ -23,8 +23,6 @@
 typedef struct pair {
     int fd[2];   /* the client's side, the server's side; -1 when closed */
     bool mute[2]; /* what that side sends is no longer carried */
-    bool mute_after_answer; /* the server's side, once it has sent */
-    bool keep;              /* what the client sends is kept */
 } pair;
 
 struct test_proxy {
@@ -33,10 +31,12 @@ struct test_proxy {
     pthread_t thread;
     pthread_mutex_t lock; /* over everything below, while not polling */
     pair pairs[PAIRS_MAX];
-    int n_pairs, accepted, answered_last;
-    char kept[KEPT_MAX];
-    size_t n_kept;
-    bool stop;
+    int n_pairs, accepted;
+    /* What clients sent since test_proxy_silence_answers_from, searched
+     * for its needle until found. */
+    char kept[KEPT_MAX], needle[256];
+    size_t n_kept, n_needle;
+    bool watching, silenced, stop;
 };
 
 static void close_pair(pair *c)
@@ -72,17 +72,23 @@ static void take_connection(test_proxy *p)
             close(server);
         return;
     }
-    p->pairs[p->n_pairs++] = (pair){{client, server}, {false, false},
-                                    false, false};
+    p->pairs[p->n_pairs++] = (pair){{client, server}, {false, false}};
     p->accepted++;
 }
 
-/* What a kept client sent, as far as there is room. */
-static void keep(test_proxy *p, const char *buf, size_t n)
+/* What c's client sent, as far as there is room: once the needle is in
+ * it, c's server is heard no more. The answer to this request cannot
+ * have been read yet: the server has not had it. */
+static void watch(test_proxy *p, pair *c, const char *buf, size_t n)
 {
     size_t room = KEPT_MAX - p->n_kept;
     memcpy(p->kept + p->n_kept, buf, n < room ? n : room);
     p->n_kept += n < room ? n : room;
+    if (memmem(p->kept, p->n_kept, p->needle, p->n_needle) != NULL) {
+        c->mute[1] = true;
+        p->watching = false;
+        p->silenced = true;
+    }
 }
 
 /* Moves what one side has to the other; closes both on EOF or error. */
@@ -90,20 +96,15 @@ static void carry(test_proxy *p, pair *c, int from)
 {
     char buf[16384];
     ssize_t n = read(c->fd[from], buf, sizeof buf);
-    if (n > 0 && from == 0 && c->keep)
-        keep(p, buf, (size_t)n);
+    if (n > 0 && from == 0 && p->watching)
+        watch(p, c, buf, (size_t)n);
     for (ssize_t done = 0, w = 0; n > 0 && done < n; done += w) {
         w = write(c->fd[!from], buf + done, (size_t)(n - done));
         if (w <= 0)
             n = -1;
     }
-    if (n <= 0) {
+    if (n <= 0)
         close_pair(c);
-    } else if (from == 1 && c->mute_after_answer) {
-        c->mute[1] = true;
-        c->keep = true;
-        p->answered_last++;
-    }
 }
 
 static void *run(void *arg)
@@ -172,51 +173,33 @@ static void wake(test_proxy *p)
     (void)!write(p->wake[1], "x", 1);
 }
 
-static void mute(test_proxy *p, bool requests)
+void test_proxy_silence(test_proxy *p)
 {
     pthread_mutex_lock(&p->lock);
-    for (int i = 0; i < p->n_pairs; i++) {
-        p->pairs[i].mute[0] = p->pairs[i].mute[0] || requests;
-        p->pairs[i].mute[1] = true;
-    }
+    for (int i = 0; i < p->n_pairs; i++)
+        p->pairs[i].mute[0] = p->pairs[i].mute[1] = true;
     pthread_mutex_unlock(&p->lock);
     wake(p);
 }
 
-void test_proxy_silence(test_proxy *p)
+void test_proxy_silence_answers_from(test_proxy *p, const void *needle,
+                                     size_t len)
 {
-    mute(p, true);
+    cr_assert(len > 0 && len <= sizeof p->needle);
+    pthread_mutex_lock(&p->lock);
+    memcpy(p->needle, needle, len);
+    p->n_needle = len;
+    p->n_kept = 0;
+    p->watching = true;
+    pthread_mutex_unlock(&p->lock);
 }
 
-void test_proxy_silence_answers(test_proxy *p)
-{
-    mute(p, false);
-}
-
-void test_proxy_silence_answers_after_the_next(test_proxy *p)
+bool test_proxy_silenced(test_proxy *p)
 {
     pthread_mutex_lock(&p->lock);
-    for (int i = 0; i < p->n_pairs; i++)
-        p->pairs[i].mute_after_answer = true;
+    bool silenced = p->silenced;
     pthread_mutex_unlock(&p->lock);
-    for (int waited = 0;; waited++) {
-        pthread_mutex_lock(&p->lock);
-        int answered = p->answered_last;
-        pthread_mutex_unlock(&p->lock);
-        if (answered > 0)
-            return;
-        cr_assert_lt(waited, 5000, "no connection through the proxy was "
-                     "answered in 5 s");
-        usleep(1000);
-    }
-}
-
-bool test_proxy_carried(test_proxy *p, const void *s, size_t len)
-{
-    pthread_mutex_lock(&p->lock);
-    bool found = memmem(p->kept, p->n_kept, s, len) != NULL;
-    pthread_mutex_unlock(&p->lock);
-    return found;
+    return silenced;
 }
 
 int test_proxy_accepted(test_proxy *p)

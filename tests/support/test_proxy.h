@@ -21,21 +21,18 @@ test_proxy *test_proxy_start(uint16_t to_port, uint16_t *port);
 /* Every connection open now goes silent for good. */
 void test_proxy_silence(test_proxy *p);
 
-/* Every connection open now carries what its client sends, but nothing
- * back, for good: the server does the work, its answers are lost. */
-void test_proxy_silence_answers(test_proxy *p);
+/* From now on, the connection that carries the len bytes at needle to its
+ * server carries nothing back from then on, for good: the server does the
+ * work of that request and of those after it, and their answers are lost.
+ * Answers to what was sent before pass. (For a REQ socket, with one request
+ * in flight at most: the request that names needle is the first to go
+ * unanswered.) needle is copied; up to 64 KiB sent after this call are
+ * searched. */
+void test_proxy_silence_answers_from(test_proxy *p, const void *needle,
+                                     size_t len);
 
-/* Every connection open now carries one more answer, then goes on as
- * test_proxy_silence_answers says: a request sent after this call is the
- * first to go unanswered, none is in flight. Returns once one connection
- * has so gone (the test fails if none has after 5 s). What those
- * connections' clients send from then on is kept for test_proxy_carried
- * (the first 64 KiB). */
-void test_proxy_silence_answers_after_the_next(test_proxy *p);
-
-/* Whether the len bytes at s were carried, in one piece, to the server of
- * a connection silenced by test_proxy_silence_answers_after_the_next. */
-bool test_proxy_carried(test_proxy *p, const void *s, size_t len);
+/* Whether a connection has carried the needle and gone silent so. */
+bool test_proxy_silenced(test_proxy *p);
 
 /* How many connections the proxy has accepted. */
 int test_proxy_accepted(test_proxy *p);
