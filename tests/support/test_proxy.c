@@ -36,7 +36,7 @@ struct test_proxy {
      * for its needle until found. */
     char kept[KEPT_MAX], needle[256];
     size_t n_kept, n_needle;
-    bool watching, silenced, stop;
+    bool watching, requests_too, silenced, stop;
 };
 
 static void close_pair(pair *c)
@@ -77,18 +77,21 @@ static void take_connection(test_proxy *p)
 }
 
 /* What c's client sent, as far as there is room: once the needle is in
- * it, c's server is heard no more. The answer to this request cannot
- * have been read yet: the server has not had it. */
-static void watch(test_proxy *p, pair *c, const char *buf, size_t n)
+ * it, c's server is heard no more (the answer to this request cannot have
+ * been read yet: the server has not had it), nor with requests_too is its
+ * client. Returns whether buf is to be carried. */
+static bool watch(test_proxy *p, pair *c, const char *buf, size_t n)
 {
     size_t room = KEPT_MAX - p->n_kept;
     memcpy(p->kept + p->n_kept, buf, n < room ? n : room);
     p->n_kept += n < room ? n : room;
     if (memmem(p->kept, p->n_kept, p->needle, p->n_needle) != NULL) {
         c->mute[1] = true;
+        c->mute[0] = p->requests_too;
         p->watching = false;
         p->silenced = true;
     }
+    return !c->mute[0];
 }
 
 /* Moves what one side has to the other; closes both on EOF or error. */
@@ -96,8 +99,8 @@ static void carry(test_proxy *p, pair *c, int from)
 {
     char buf[16384];
     ssize_t n = read(c->fd[from], buf, sizeof buf);
-    if (n > 0 && from == 0 && p->watching)
-        watch(p, c, buf, (size_t)n);
+    if (n > 0 && from == 0 && p->watching && !watch(p, c, buf, (size_t)n))
+        return;
     for (ssize_t done = 0, w = 0; n > 0 && done < n; done += w) {
         w = write(c->fd[!from], buf + done, (size_t)(n - done));
         if (w <= 0)
@@ -182,14 +185,15 @@ void test_proxy_silence(test_proxy *p)
     wake(p);
 }
 
-void test_proxy_silence_answers_from(test_proxy *p, const void *needle,
-                                     size_t len)
+void test_proxy_silence_from(test_proxy *p, const void *needle, size_t len,
+                             bool requests_too)
 {
     cr_assert(len > 0 && len <= sizeof p->needle);
     pthread_mutex_lock(&p->lock);
     memcpy(p->needle, needle, len);
     p->n_needle = len;
     p->n_kept = 0;
+    p->requests_too = requests_too;
     p->watching = true;
     pthread_mutex_unlock(&p->lock);
 }

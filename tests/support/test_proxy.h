@@ -21,15 +21,16 @@ test_proxy *test_proxy_start(uint16_t to_port, uint16_t *port);
 /* Every connection open now goes silent for good. */
 void test_proxy_silence(test_proxy *p);
 
-/* From now on, the connection that carries the len bytes at needle to its
- * server carries nothing back from then on, for good: the server does the
- * work of that request and of those after it, and their answers are lost.
- * Answers to what was sent before pass. (For a REQ socket, with one request
- * in flight at most: the request that names needle is the first to go
- * unanswered.) needle is copied; up to 64 KiB sent after this call are
- * searched. */
-void test_proxy_silence_answers_from(test_proxy *p, const void *needle,
-                                     size_t len);
+/* From now on, the connection whose client sends the len bytes at needle
+ * goes silent for good from the request that holds them on (for a REQ
+ * socket, with one request in flight at most, that request is the first
+ * to go unanswered; what was sent before is answered): nothing comes back,
+ * and with requests_too nothing more reaches the server, that request
+ * included (never received); without, the server gets it and those after
+ * it and does the work, and its answers are lost. needle is copied; up to
+ * 64 KiB sent after this call are searched. */
+void test_proxy_silence_from(test_proxy *p, const void *needle, size_t len,
+                             bool requests_too);
 
 /* Whether a connection has carried the needle and gone silent so. */
 bool test_proxy_silenced(test_proxy *p);
