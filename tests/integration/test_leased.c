@@ -182,14 +182,7 @@ Test(leased_cluster, fifty_threads_on_two_agents_never_pass_its_bucket)
     rl_config_free(cfg);
 }
 
-/* fleet_size 2: an agent holds at most half the bucket in hand, however
- * fast it takes tokens, and the other agent gets all the rest. A lease's
- * target is the tokens the agent took per lease time (RL_LEASE_MS), so
- * the agent takes 40 at once, then 1 two milliseconds later: the second
- * lease asks for more than half of 100 unless 78 ms pass between the two,
- * on any machine. (Thirty
- * checks of 1 asked for more only as fast as the machine ran them, and a
- * loaded one left the bound untested.) Unbounded, it holds 59. */
+/* Whether one check of api_key=value at cost was allowed. */
 static bool allowed_at_cost(test_agent *t, const char *value, uint64_t cost)
 {
     rl_attr attr = {"api_key", value, strlen(value)};
@@ -198,6 +191,14 @@ static bool allowed_at_cost(test_agent *t, const char *value, uint64_t cost)
     return d.allowed;
 }
 
+/* fleet_size 2: an agent holds at most half the bucket in hand, however
+ * fast it takes tokens, and the other agent gets all the rest. A lease's
+ * target is the tokens the agent took per lease time (RL_LEASE_MS), so
+ * the agent takes 40 at once, then 1 two milliseconds later: the second
+ * lease asks for more than half of 100 unless 78 ms pass between the two,
+ * on any machine. (Thirty checks of 1 asked for more only as fast as the
+ * machine ran them, and a loaded one left the bound untested.) Unbounded,
+ * it holds 59. */
 Test(leased, one_agent_cannot_hoard_the_bucket)
 {
     enum { FIRST = 40 };

@@ -32,8 +32,8 @@ struct test_proxy {
     pthread_mutex_t lock; /* over everything below, while not polling */
     pair pairs[PAIRS_MAX];
     int n_pairs, accepted;
-    /* What clients sent since test_proxy_silence_answers_from, searched
-     * for its needle until found. */
+    /* What clients sent since test_proxy_silence_from, searched for its
+     * needle until found. */
     char kept[KEPT_MAX], needle[256];
     size_t n_kept, n_needle;
     bool watching, requests_too, silenced, stop;
