@@ -620,8 +620,12 @@ static void on_totals(agg_link *l, nng_msg *m)
         rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
         return;
     }
+    /* An agent count of 0 is one not known: an aggregator that has
+     * applied nothing since it started (back from a crash, say) has read
+     * none from Redis yet. Taken as the fleet's size, it would give every
+     * agent the whole room (share_of divides by one). */
     const rl_rule *rule = fleet_rule(s->rules, t.rule.ptr, t.rule.len);
-    if (rule != NULL && !t.stale)
+    if (rule != NULL && !t.stale && t.agents > 0)
         atomic_store(&s->idents[rule - s->rules->rules]->agents, t.agents);
     rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     uint64_t loop_ms = now_ms(s);

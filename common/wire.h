@@ -25,7 +25,9 @@
  *            previous, agents], ...]]
  *
  * agents is how many agents reported the rule (counts or presence) in the
- * current or the previous period window.
+ * current or the previous period window; 0 in TOTALS means not known (an
+ * aggregator that has applied nothing since it started has read no count
+ * from Redis yet), and agents keep the count they had.
  *
  * Counts are kept per sub-window of g = rl_wire_subwindow_ms(period) ms,
  * RL_WIRE_SUBWINDOWS to a period. In ACK and TOTALS, window is the

@@ -386,3 +386,52 @@ Test(synced_ack, a_link_comes_back_only_once_its_totals_are_heard)
     for (int i = 0; i < 2; i++)
         fake_stop(&f[i]);
 }
+
+/* --- An aggregator back from a crash has applied nothing yet, so it has
+ * read no agent count from Redis: its first TOTALS say 0 agents, which
+ * means "not known", not "none". Taken as the fleet's size, every agent
+ * would divide the room by one and take all of it (the failover test saw
+ * the fleet go past its limit when the restart fell while the key had
+ * room). The agent keeps the count it knew. */
+Test(synced_ack, an_agent_count_of_0_keeps_the_count_known)
+{
+    enum { FLEET = 4 };
+    fake_agg f = {0};
+    fake_start(&f, RULE, PERIOD_MS, FLEET, FIRST_WINDOW);
+    test_agent t;
+    open_agent(&f, 1, &t);
+    fake_held r = fake_receive(&f); /* presence: Redis's clock */
+    fake_ack(&f, &r);
+    long cold = admitted(&t);
+    r = fake_receive(&f);
+    cr_assert_eq(r.count, (uint64_t)cold);
+    fake_ack(&f, &r);
+    fake_held asking = fake_receive(&f);
+    /* Two periods on, the span is empty: a quarter of the limit each. */
+    fake_enter(&f, FIRST_WINDOW + 40, 0, 0);
+    fake_publish(&f);
+    long known = admitted_after_totals(&t);
+    fake_ack(&f, &asking);
+    r = fake_receive(&f);
+    cr_assert_eq(r.count, (uint64_t)known);
+    fake_ack(&f, &r);
+    /* The same totals from an aggregator that knows no agent count, a
+     * snapshot taken after the ack (later by Redis's clock). */
+    test_sleep_ms(2);
+    f.agents = 0;
+    fake_publish(&f);
+    long unknown = admitted_after_totals(&t);
+    fake_held last = fake_receive(&f);
+    fake_ack(&f, &last);
+    fprintf(stderr, "synced agent count: %ld admitted cold, %ld of %d with "
+            "%d agents, %ld of the %ld left when the count was 0\n", cold,
+            known, LIMIT, FLEET, unknown, LIMIT - known);
+    cr_expect_eq(known, LIMIT / FLEET, "the share of %d agents", FLEET);
+    long room = LIMIT - known;
+    cr_expect(unknown >= room / FLEET && unknown <= room / FLEET + 1,
+              "%ld admitted of a room of %ld after a count of 0 (a share "
+              "of %d agents: %ld or %ld)", unknown, room, FLEET,
+              room / FLEET, room / FLEET + 1);
+    test_agent_close(&t);
+    fake_stop(&f);
+}
