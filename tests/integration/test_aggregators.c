@@ -37,10 +37,13 @@
  * up with an interval, which under the sanitizers it does at four times
  * the time scale (under AddressSanitizer at twice, totals had come up to
  * 376 ms apart at 100 ms, beside other work on two cores). At four times
- * the worst span still reached 209 (ASan, ci18) and 210 (TSan, ci20) of
- * the bound 210: spans over 202 come about once a period, before the
- * kill as after it (the synced path's steady state there, not the
- * failover's). */
+ * the worst span reached 209 (ASan, ci18), 210 (TSan, ci20) and over 210
+ * (ASan, cluster) of the bound 210 while the agents took the agent count
+ * of 0 the restarted aggregator published before its first report as the
+ * fleet's size, and each took the whole room when the restart fell while
+ * the key had some (211 reproduced, every agent's share the room). Since
+ * they keep the count they knew, the shares' rounding is what is left
+ * over the limit: 201 to 204 under ASan. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TIME_SCALE 4
 #else
