@@ -133,32 +133,41 @@ static long admitted_after_totals(test_agent *t)
     return admitted_after_totals_to(t, TENANT);
 }
 
+/* An agent on one fake aggregator of a fleet of `agents`, its key spent:
+ * its first report (presence only) acknowledged, which tells it Redis's
+ * clock; then, before anything says how many agents there are, it takes
+ * the whole limit (*cold), and once its report of it is acknowledged the
+ * key is at its mark and reports a count of 0 (*asking, held). Its totals
+ * are out of the span two periods on. */
+static void open_spent(fake_agg *f, uint64_t agents, test_agent *t,
+                       long *cold, fake_held *asking)
+{
+    fake_start(f, RULE, PERIOD_MS, agents, FIRST_WINDOW);
+    open_agent(f, 1, t);
+    fake_held r = fake_receive(f);
+    fake_ack(f, &r);
+    *cold = admitted(t);
+    r = fake_receive(f);
+    cr_assert_eq(r.count, (uint64_t)*cold);
+    fake_ack(f, &r);
+    *asking = fake_receive(f);
+    cr_assert_eq(asking->count, 0);
+}
+
 Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
 {
     fake_agg f = {0};
-    fake_start(&f, RULE, PERIOD_MS, AGENTS, FIRST_WINDOW);
     test_agent t;
-    open_agent(&f, 1, &t);
-    /* A report of presence only: its ack tells the agent Redis's clock. */
-    fake_held r = fake_receive(&f);
-    fake_ack(&f, &r);
-    /* Before anything says how many agents there are, the agent takes the
-     * whole limit; once its report of it is acknowledged, the key is at
-     * its mark and reports a count of 0. Its totals are out of the span
-     * from here on. */
-    long cold = admitted(&t);
-    r = fake_receive(&f);
-    cr_assert_eq(r.count, (uint64_t)cold);
-    fake_ack(&f, &r);
-    fake_held asking = fake_receive(&f);
-    cr_assert_eq(asking.count, 0);
+    long cold;
+    fake_held asking;
+    open_spent(&f, AGENTS, &t, &cold, &asking);
     /* Two periods on, B's 60 are the oldest sub-window. */
     uint64_t w = FIRST_WINDOW + 40;
     fake_enter(&f, w, 0, 60);
     fake_publish(&f);
     long share = admitted_after_totals(&t);
     fake_ack(&f, &asking);
-    r = fake_receive(&f);
+    fake_held r = fake_receive(&f);
     cr_assert_eq(r.count, (uint64_t)share, "the report is not of the share");
     /* The next sub-window: B's 60 have left. A's report is applied before
      * B's, and B admitted its share too. */
@@ -397,22 +406,16 @@ Test(synced_ack, an_agent_count_of_0_keeps_the_count_known)
 {
     enum { FLEET = 4 };
     fake_agg f = {0};
-    fake_start(&f, RULE, PERIOD_MS, FLEET, FIRST_WINDOW);
     test_agent t;
-    open_agent(&f, 1, &t);
-    fake_held r = fake_receive(&f); /* presence: Redis's clock */
-    fake_ack(&f, &r);
-    long cold = admitted(&t);
-    r = fake_receive(&f);
-    cr_assert_eq(r.count, (uint64_t)cold);
-    fake_ack(&f, &r);
-    fake_held asking = fake_receive(&f);
+    long cold;
+    fake_held asking;
+    open_spent(&f, FLEET, &t, &cold, &asking);
     /* Two periods on, the span is empty: a quarter of the limit each. */
     fake_enter(&f, FIRST_WINDOW + 40, 0, 0);
     fake_publish(&f);
     long known = admitted_after_totals(&t);
     fake_ack(&f, &asking);
-    r = fake_receive(&f);
+    fake_held r = fake_receive(&f);
     cr_assert_eq(r.count, (uint64_t)known);
     fake_ack(&f, &r);
     /* The same totals from an aggregator that knows no agent count, a
