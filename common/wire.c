@@ -135,11 +135,19 @@ static bool rd_fields(struct reader *r, size_t want)
     return n == want || fail(r, "wrong number of fields");
 }
 
+/* [rule, value, count] or, with the sub-window the count was made in,
+ * [rule, value, count, window] (window > 0). */
 static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
 {
-    return rd_fields(r, 3) && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
+    size_t n;
+    if (!rd_array(r, &n))
+        return false;
+    return (n == 3 || n == 4 || fail(r, "wrong number of fields"))
+           && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
            && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
-           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count);
+           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count)
+           && (n == 3 || (rd_uint(r, &e->window)
+                          && (e->window > 0 || fail(r, "window 0"))));
 }
 
 static bool rd_totals(struct reader *r, rl_wire_entry *e)
@@ -227,6 +235,9 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
                && rd_uint(r, &m->now_ms) && rd_bool(r, &m->stale)
                && rd_bounded(r, UINT32_MAX, &m->agents)
                && rd_entries(r, m, rd_totals_entry);
+    case RL_WIRE_FEATURES:
+        return (fields == 3 || fail(r, "wrong number of fields"))
+               && rd_uint(r, &m->features);
     default:
         return fail(r, "unknown message type");
     }
@@ -246,7 +257,7 @@ int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
          && (version == RL_WIRE_VERSION || fail(&r, "unknown version"))
          && rd_uint(&r, &type);
     if (ok) {
-        out->type = type <= RL_WIRE_TOTALS ? (int)type : -1;
+        out->type = type <= RL_WIRE_FEATURES ? (int)type : -1;
         ok = rd_body(&r, fields, out)
              && (left(&r) == 0 || fail(&r, "bytes after the message"));
     }
@@ -369,6 +380,17 @@ void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
     msgpack_pack_uint64(&w->pk, count);
 }
 
+void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
+                          const char *value, size_t value_len,
+                          uint64_t count, uint64_t window)
+{
+    msgpack_pack_array(&w->pk, 4);
+    put_str(w, rule, strlen(rule));
+    put_bin(w, value, value_len);
+    msgpack_pack_uint64(&w->pk, count);
+    msgpack_pack_uint64(&w->pk, window);
+}
+
 void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,
                        uint64_t now_ms, size_t n_entries)
 {
@@ -431,4 +453,12 @@ void rl_wire_put_total(rl_wire_writer *w, const char *value,
     msgpack_pack_array(&w->pk, 5);
     put_bin(w, value, value_len);
     put_totals(w, window, current, previous, agents);
+}
+
+void rl_wire_begin_features(rl_wire_writer *w, uint64_t features)
+{
+    msgpack_sbuffer_write(&w->buf, RL_WIRE_FEATURES_TOPIC,
+                          RL_WIRE_FEATURES_TOPIC_LEN);
+    put_header(w, 3, RL_WIRE_FEATURES);
+    msgpack_pack_uint64(&w->pk, features);
 }

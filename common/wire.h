@@ -4,7 +4,7 @@
  * the message type. Private to rl.
  *
  *   REPORT  agent -> aggregator (REQ)
- *           [1, 1, agent_id, seq, [[rule, value, count], ...]
+ *           [1, 1, agent_id, seq, [[rule, value, count (, window)], ...]
  *            (, [rule, ...] (, stream))]
  *           The optional presence field names the agent's rules that
  *           need a fleet size (every synced rule, every rule with
@@ -15,7 +15,15 @@
  *           aggregator in its config: each stream is numbered 1, 2, 3...
  *           on its own, and applied once per (agent_id, stream).
  *           Sequence number 0 is a ping: never applied, it is answered
- *           as a duplicate, with Redis's clock.
+ *           as a duplicate, with Redis's clock. An entry's window, when
+ *           there, is the sub-window (below) its count was made in, by
+ *           Redis's clock as the agent knows it: the count goes to that
+ *           sub-window, or to none once it has left every span it could
+ *           matter to (held reports weigh what they weighed when their
+ *           requests were admitted). Without it (an older agent), the
+ *           count goes to the sub-window it arrives in. Agents send it only
+ *           to aggregators that said they read it (FEATURES): an older
+ *           aggregator refuses an entry of four fields.
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
@@ -23,6 +31,12 @@
  *           topic prefix "rule\0"
  *           [1, 3, rule, now_ms, stale, agents, [[value, window, current,
  *            previous, agents], ...]]
+ *
+ *   FEATURES aggregator -> agents (PUB), once per interval, after a topic
+ *           of one NUL byte (no rule's topic starts so: agents that do not
+ *           know this message never subscribe to it)
+ *           [1, 4, features]: the RL_WIRE_FEATURE_* bits this aggregator
+ *           reads.
  *
  * agents is how many agents reported the rule (counts or presence) in the
  * current or the previous period window; 0 in TOTALS means not known (an
@@ -50,6 +64,13 @@
 #define RL_WIRE_REPORT 1
 #define RL_WIRE_ACK 2
 #define RL_WIRE_TOTALS 3
+#define RL_WIRE_FEATURES 4
+
+/* FEATURES bits. */
+#define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' window */
+/* The topic FEATURES messages come under, and its length. */
+#define RL_WIRE_FEATURES_TOPIC ""
+#define RL_WIRE_FEATURES_TOPIC_LEN 1
 
 /* Decoders refuse anything larger or longer than these. */
 #define RL_WIRE_MESSAGE_MAX (4u << 20)
@@ -88,7 +109,8 @@ typedef struct rl_wire_entry {
     rl_wire_bytes rule;   /* REPORT, ACK */
     rl_wire_bytes value;
     uint64_t count;       /* REPORT */
-    uint64_t window;      /* ACK, TOTALS */
+    uint64_t window;      /* ACK, TOTALS; REPORT: its count's sub-window, 0
+                           * when the entry has none (count it now) */
     uint64_t current;     /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;    /* oldest: fleet total of sub-window w-N */
     uint64_t agents;      /* agents that reported the rule lately */
@@ -104,6 +126,7 @@ typedef struct rl_wire_msg {
     uint64_t now_ms;        /* ACK, TOTALS */
     bool stale;             /* TOTALS: the aggregator cannot reach Redis */
     uint64_t agents;        /* TOTALS: agents reporting the rule */
+    uint64_t features;      /* FEATURES: RL_WIRE_FEATURE_* bits */
     rl_wire_entry *entries; /* owned: free with rl_wire_msg_free */
     size_t n_entries;
     bool has_presence;      /* REPORT: the presence field was there */
@@ -133,6 +156,11 @@ void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
                           uint64_t seq, size_t n_entries);
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
                        size_t value_len, uint64_t count);
+/* The same with the sub-window the count was made in (window > 0), for an
+ * aggregator that reads it (RL_WIRE_FEATURE_WINDOWS). */
+void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
+                          const char *value, size_t value_len,
+                          uint64_t count, uint64_t window);
 /* A REPORT with the presence field: begin, put n_entries counts, then
  * rl_wire_put_presence once with its names. */
 void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
@@ -160,6 +188,10 @@ void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
 void rl_wire_put_total(rl_wire_writer *w, const char *value,
                        size_t value_len, uint64_t window, uint64_t current,
                        uint64_t previous, uint64_t agents);
+
+/* FEATURES, after its topic (RL_WIRE_FEATURES_TOPIC): the message to
+ * publish as it is. */
+void rl_wire_begin_features(rl_wire_writer *w, uint64_t features);
 
 /* The topic bytes a TOTALS message of rule starts with, and its length. */
 size_t rl_wire_topic(const char *rule, char *buf, size_t cap);
