@@ -127,15 +127,32 @@ static int rule_applies(const rl_gen *g, size_t index, const rl_attr *attrs,
 static int spend_here(rl_agent *a, const rl_rule *rule, rl_ident *id,
                       const rl_limit *rate, const char *value, size_t len,
                       uint64_t value_hash, uint32_t cost,
-                      rl_bucket_reply *reply, bool *degraded)
+                      rl_bucket_reply *reply, rl_synced_verdict *verdict)
 {
     if (rule->mode == RL_MODE_LOCAL) {
+        bool over_cap;
         rl_local_check_hashed(&a->local, rule, id, rate, value, len,
-                              value_hash, cost, reply, degraded);
+                              value_hash, cost, reply, &over_cap);
+        *verdict = over_cap ? RL_SYNCED_ON_ERROR : RL_SYNCED_SHARED;
         return RL_OK;
     }
     return rl_synced_check_hashed(&a->synced, rule, id, rate, value, len,
-                                  value_hash, cost, reply, degraded);
+                                  value_hash, cost, reply, verdict);
+}
+
+/* A rule decided here that its on_error took part in: a degraded synced
+ * key's own share answered (as on_error: local's bucket does for the
+ * store's rules), or on_error decides, from its fallback bucket with
+ * on_error: local (a key over the cap). */
+static void settle_degraded(rl_agent *a, const rl_gen *g, rl_rule_state *rs,
+                            rl_synced_verdict verdict, const char *value,
+                            size_t len, uint32_t cost)
+{
+    rs->outcome = RL_OUTCOME_FAILED;
+    if (verdict == RL_SYNCED_LOCAL)
+        rs->fallback = true;
+    else
+        rl_fallback_decide(a, g, rs, value, len, cost);
 }
 
 /* The identity of a rule of generation g. */
@@ -147,13 +164,13 @@ static rl_ident *ident_of(const rl_gen *g, const rl_rule *rule)
 static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
                        size_t len, uint32_t cost, rl_rule_state *rs)
 {
-    bool degraded;
+    rl_synced_verdict verdict;
     int rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
                         len, rl_key_hash_value(value, len), cost, &rs->reply,
-                        &degraded);
-    rs->outcome = degraded ? RL_OUTCOME_FAILED : RL_OUTCOME_ANSWERED;
-    if (degraded)
-        rl_fallback_decide(a, g, rs, value, len, cost);
+                        &verdict);
+    rs->outcome = RL_OUTCOME_ANSWERED;
+    if (verdict != RL_SYNCED_SHARED)
+        settle_degraded(a, g, rs, verdict, value, len, cost);
     return rc;
 }
 
@@ -439,20 +456,19 @@ static bool any_leased(const rl_rule_state *states, int k)
     return false;
 }
 
-/* One rule whose on_error decides (its key over the cap): decided from
- * the reply already had (or, with on_error: local, its fallback bucket).
- * Spending again through the general path would count the refused key
- * twice. */
+/* One rule whose on_error took part (its key over the cap, or degraded):
+ * decided from the reply already had (or, with on_error: local over the
+ * cap, its fallback bucket). Spending again through the general path
+ * would count the key twice. */
 static void decide_one_degraded(rl_agent *a, rl_gen *g,
                                 const rl_rule_state *rs,
                                 const rl_bucket_reply *reply,
-                                const char *value, size_t len, uint32_t cost,
-                                rl_decision *out)
+                                rl_synced_verdict verdict, const char *value,
+                                size_t len, uint32_t cost, rl_decision *out)
 {
     rl_rule_state state = *rs;
     state.reply = *reply;
-    state.outcome = RL_OUTCOME_FAILED;
-    rl_fallback_decide(a, g, &state, value, len, cost);
+    settle_degraded(a, g, &state, verdict, value, len, cost);
     rl_decide(&state, 1, out);
     rl_stats_count(&g->stats, &state, 1, out, g->config->rules);
 }
@@ -465,7 +481,7 @@ static bool decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
                        uint32_t cost, rl_decision *out, int *rc)
 {
     rl_bucket_reply reply;
-    bool degraded;
+    rl_synced_verdict verdict;
     if (rs->rule->mode == RL_MODE_LEASED) {
         *rc = RL_OK;
         if (!rl_leased_check(&a->leased, ident_of(g, rs->rule), rs->rate,
@@ -477,11 +493,12 @@ static bool decide_one(rl_agent *a, rl_gen *g, const rl_rule_state *rs,
         return true;
     }
     *rc = spend_here(a, rs->rule, ident_of(g, rs->rule), rs->rate, value,
-                     len, value_hash, cost, &reply, &degraded);
+                     len, value_hash, cost, &reply, &verdict);
     if (*rc != RL_OK)
         return true;
-    if (degraded) {
-        decide_one_degraded(a, g, rs, &reply, value, len, cost, out);
+    if (verdict != RL_SYNCED_SHARED) {
+        decide_one_degraded(a, g, rs, &reply, verdict, value, len, cost,
+                            out);
         return true;
     }
     rl_decide_one(rs->rule, rs->override, rs->rate, &reply, out);

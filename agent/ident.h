@@ -35,6 +35,11 @@ typedef struct rl_ident {
     bool io_changed;              /* its rate changed at the last apply */
     /* on_error: local without fleet_size was logged (I/O thread). */
     bool fleet_warned;
+    /* Synced rules, I/O thread: keys degraded at the last tick (none of
+     * their aggregators gives totals), and since when the rule is, as
+     * logged (0: it is not). */
+    size_t io_degraded_keys;
+    uint64_t io_degraded_ms;
     /* Counters of generations already freed (under the reload lock). */
     rl_rule_counters retired;
 } rl_ident;

@@ -52,8 +52,10 @@ void rl_agent_warn_fleet_unknown(rl_agent *a, const rl_gen *g)
     for (size_t i = 0; i < c->n_rules; i++) {
         const rl_rule *r = &c->rules[i];
         rl_ident *id = g->idents[i];
+        /* A synced rule's shares need the agent count anyway: its
+         * on_error: local (the default) is no news. */
         if (r->on_error != RL_ON_ERROR_LOCAL || r->fleet_size != 0
-            || id->fleet_warned)
+            || r->mode == RL_MODE_SYNCED || id->fleet_warned)
             continue;
         id->fleet_warned = true;
         rl_log(&a->log, RL_LOG_WARN, "fallback_fleet_unknown",

@@ -48,6 +48,8 @@
  */
 #include "sync.h"
 
+#include "fallback.h"
+
 #include "nng_tls.h"
 
 #include "nng_handoff.h"
@@ -58,6 +60,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +84,7 @@ typedef struct stream {
     reported *in_report;
     size_t n_in_report;
     struct agg_link *carrier;       /* the link it is on now, or NULL */
+    int sends;                  /* times the pending report went out */
     int stop_reports;           /* reports sent since rl_sync_stop */
 } stream;
 
@@ -110,6 +114,11 @@ typedef struct agg_link {
     bool probing;
     int probe_logged;           /* the reason last logged; 0 after an ack */
     int acks_unheard;           /* answers in a row with no totals socket */
+    /* Its totals: when it last sent fresh ones, and whether the last it
+     * sent said it cannot reach Redis (stale). */
+    uint64_t fresh_ms;
+    bool stale_heard;
+    uint64_t features;          /* its FEATURES (wire.h), once heard */
 } agg_link;
 
 struct rl_sync {
@@ -267,51 +276,116 @@ static void assign_owners(rl_sync *s)
     }
 }
 
-/* Builds the next report of l's stream from what l's keys counted since
- * the last. */
-static bool build_report(rl_sync *s, agg_link *l)
+/* Whether every aggregator of the config reads the sub-window of a
+ * report's counts: a report goes wherever its stream's link is carried,
+ * and an aggregator that does not refuses it whole. */
+static bool windows_read(const rl_sync *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (!(s->links[i].features & RL_WIRE_FEATURE_WINDOWS))
+            return false;
+    }
+    return true;
+}
+
+/* The entries a key's unreported counts go out in: one per sub-window
+ * they were made in (newest first) when the aggregators read it, else
+ * one (window 0: counted where it arrives); at most `most`, the oldest
+ * counts put with the oldest kept (later rather than lost). A key with
+ * nothing new but at its mark gets one entry of 0, which asks for its
+ * totals. */
+static size_t report_parts(const rl_synced_entry *e, bool windows,
+                           size_t most, rl_own_part *parts)
+{
+    bool recorded = e->ident->io_rule != NULL;
+    uint64_t counted = recorded ? e->own.counted : rl_synced_counted(e);
+    size_t n = windows && recorded ? rl_own_split(&e->own, e->reported,
+                                                  parts)
+                                   : 0;
+    if (n == 0) {
+        parts[0] = (rl_own_part){0, counted > e->reported
+                                        ? counted - e->reported : 0};
+        return 1;
+    }
+    for (; n > most && n > 1; n--)
+        parts[n - 2].count += parts[n - 1].count;
+    return n;
+}
+
+/* Picks the keys of l's next report within both caps (entries, and bytes:
+ * each entry's rule name, value and counts, with room for msgpack's
+ * framing, after the presence names), their counts recorded by sub-window
+ * first; the rest go in the next report. Returns its entries. */
+static size_t pick_report(rl_sync *s, agg_link *l, bool windows)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
     const rl_aggregator_config *agg = &s->config->aggregator;
-    stream *st = &l->own;
-    size_t index = l->index;
-    /* Within both caps: entries, and bytes (each entry's rule name, value
-     * and a count, with room for msgpack's framing, after the presence
-     * names). The rest go in the next report. */
+    uint64_t loop_ms = now_ms(s);
+    rl_own_part parts[RL_OWN_WINDOWS + 1];
     size_t n = 0, bytes = 1024;
     for (size_t i = 0; i < s->n_presence; i++)
         bytes += strlen(s->presence[i]) + 8;
     for (size_t i = 0; i < t->cap && n < agg->max_entries; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || e->owner != index || !to_report(e))
+        if (e == NULL || e->owner != l->index || !to_report(e))
             continue;
-        bytes += strlen(e->ident->name) + e->value_len + 32;
+        rl_synced_record(s->synced, e, loop_ms);
+        size_t k = report_parts(e, windows, agg->max_entries - n, parts);
+        bytes += k * (strlen(e->ident->name) + e->value_len + 40);
         if (bytes > agg->max_message_bytes)
             break;
-        n++;
+        e->report_parts = (uint8_t)k;
+        n += k;
     }
+    return n;
+}
+
+/* Builds the next report of l's stream from what l's keys counted since
+ * the last. */
+static bool build_report(rl_sync *s, agg_link *l)
+{
+    rl_synced_table *t = atomic_load(&s->synced->table);
+    stream *st = &l->own;
+    bool windows = windows_read(s);
+    size_t n = pick_report(s, l, windows);
     if (n == 0 && s->n_presence == 0)
         return false;
     st->in_report = calloc(n + 1, sizeof *st->in_report);
-    if (st->in_report == NULL)
+    if (st->in_report == NULL) {
+        for (size_t i = 0; i < t->cap; i++) {
+            rl_synced_entry *e = atomic_load(&t->slots[i]);
+            if (e != NULL)
+                e->report_parts = 0;
+        }
         return false;
+    }
     rl_wire_writer_reset(st->pending);
     rl_wire_begin_report_stream(st->pending, s->agent_id, ++st->seq, n,
-                                index);
+                                l->index);
+    st->sends = 0;
     size_t k = 0;
+    rl_own_part parts[RL_OWN_WINDOWS + 1];
     for (size_t i = 0; i < t->cap && k < n; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || e->owner != index || !to_report(e))
+        if (e == NULL || e->report_parts == 0)
             continue;
-        uint64_t counted = rl_synced_counted(e);
-        uint64_t delta = counted > e->reported ? counted - e->reported : 0;
-        rl_wire_put_count(st->pending, e->ident->name, e->value,
-                          e->value_len, delta);
-        e->reported = counted;
-        e->in_report += delta;
-        st->in_report[k++] = (reported){e, delta};
+        /* The picked keys, whatever was counted since: the message's
+         * length is said. The table only changes on this thread. */
+        size_t np = report_parts(e, windows, e->report_parts, parts);
+        e->report_parts = 0;
+        for (size_t p = 0; p < np; p++) {
+            if (parts[p].window > 0)
+                rl_wire_put_count_at(st->pending, e->ident->name, e->value,
+                                     e->value_len, parts[p].count,
+                                     parts[p].window);
+            else
+                rl_wire_put_count(st->pending, e->ident->name, e->value,
+                                  e->value_len, parts[p].count);
+            e->reported += parts[p].count;
+            e->in_report += parts[p].count;
+            st->in_report[k++] = (reported){e, parts[p].count};
+        }
     }
-    /* k == n: the table only changes on this thread (the sweep). */
     rl_wire_put_presence(st->pending, s->presence, s->n_presence);
     st->n_in_report = k;
     return true;
@@ -346,8 +420,10 @@ static void send_on(agg_link *l, stream *st)
     nng_aio_set_timeout(l->req_aio, 2 * interval_ms(s));
     l->state = REQ_SENDING;
     l->sending = st;
-    if (st != NULL)
+    if (st != NULL) {
         st->carrier = l;
+        st->sends++;
+    }
     rl_nng_handoff(l);
     nng_send_aio(l->req, l->req_aio);
 }
@@ -465,8 +541,20 @@ static rl_ident *synced_ident(rl_sync *s, const char *name, size_t len)
     return rule != NULL ? s->idents[rule - s->rules->rules] : NULL;
 }
 
+/* A report that waited out an outage is in: what was counted since, held
+ * back by it, goes now rather than at the next tick, so that the fleet's
+ * next totals hold it (the keys degraded meanwhile go back to shares only
+ * then). */
+static void after_held(stream *st)
+{
+    agg_link *own = (agg_link *)((char *)st - offsetof(agg_link, own));
+    if (st->sends > 1 && own->up)
+        own->owes_own = true;
+}
+
 static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
 {
+    after_held(st);
     for (size_t i = 0; i < st->n_in_report; i++) {
         rl_synced_entry *e = st->in_report[i].entry;
         e->acked_prior = e->acked;
@@ -522,6 +610,30 @@ static bool totals_heard(agg_link *l)
     return false;
 }
 
+/* Whether l's totals can be had: it sent fresh ones within
+ * aggregator.stale_after_ms, and did not say since that it cannot reach
+ * Redis. The keys it gives totals of are degraded otherwise. */
+static bool link_stale(const agg_link *l, uint64_t loop_ms)
+{
+    return l->stale_heard
+           || loop_ms - l->fresh_ms
+                  > l->s->config->aggregator.stale_after_ms;
+}
+
+/* l gives fresh totals again: the report its stream held through the
+ * outage goes now (a down link asks first whether it is up), not at the
+ * next tick, so that the keys degraded meanwhile are back on shares
+ * within the next totals. */
+static void catch_up(agg_link *l)
+{
+    if (l->up) {
+        l->owes_own = l->owes_own
+                      || (has_pending(&l->own) && l->own.carrier == NULL);
+    } else if (l->state == REQ_IDLE && !l->s->stopping) {
+        send_on(l, NULL);
+    }
+}
+
 static void on_ack(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
@@ -548,6 +660,8 @@ static void on_ack(agg_link *l, nng_msg *m)
                    l->index,
                    s->config->aggregator.endpoints[l->index].reports);
             l->up = true;
+            if (!link_stale(l, now_ms(s)))
+                catch_up(l);
         }
         l->probe_logged = 0;
         if (ack.now_ms != 0)
@@ -605,11 +719,48 @@ static void req_finished(agg_link *l, int result)
  * this agent reports to l get a fresh share: the message is a snapshot of
  * what l applied, and says nothing of this agent's acknowledged reports
  * to another aggregator. */
+/* What the aggregator of l reads (FEATURES, wire.h). */
+static void on_features(agg_link *l, const char *body, size_t len)
+{
+    rl_wire_msg f;
+    const char *why;
+    if (rl_wire_decode(body, len, &f, &why) == 0
+        && f.type != RL_WIRE_FEATURES) {
+        rl_wire_msg_free(&f);
+        why = "not a FEATURES message";
+    } else if (f.type == RL_WIRE_FEATURES) {
+        why = NULL;
+    }
+    if (why != NULL) {
+        rl_log(l->s->log, RL_LOG_WARN, "sync_bad_features", "reason=\"%s\"",
+               why);
+        return;
+    }
+    l->features = f.features;
+    rl_wire_msg_free(&f);
+}
+
+/* Fresh totals, or stale ones (the aggregator cannot reach Redis). */
+static void heard(agg_link *l, bool stale, uint64_t loop_ms)
+{
+    bool was_stale = link_stale(l, loop_ms);
+    l->stale_heard = stale;
+    if (!stale)
+        l->fresh_ms = loop_ms;
+    if (was_stale && !stale)
+        catch_up(l);
+}
+
 static void on_totals(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
     const char *body = nng_msg_body(m);
     size_t len = nng_msg_len(m);
+    if (len >= RL_WIRE_FEATURES_TOPIC_LEN && body[0] == '\0') {
+        on_features(l, body + RL_WIRE_FEATURES_TOPIC_LEN,
+                    len - RL_WIRE_FEATURES_TOPIC_LEN);
+        return;
+    }
     const char *nul = memchr(body, '\0', len < 80 ? len : 80);
     rl_wire_msg t;
     const char *why = "no topic";
@@ -623,12 +774,15 @@ static void on_totals(agg_link *l, nng_msg *m)
     /* An agent count of 0 is one not known: an aggregator that has
      * applied nothing since it started (back from a crash, say) has read
      * none from Redis yet. Taken as the fleet's size, it would give every
-     * agent the whole room (share_of divides by one). */
+     * agent the whole room (share_of divides by one). Stale totals carry
+     * the last count known: an agent that starts while Redis is away
+     * divides by it, not by one. */
     const rl_rule *rule = fleet_rule(s->rules, t.rule.ptr, t.rule.len);
-    if (rule != NULL && !t.stale && t.agents > 0)
+    if (rule != NULL && t.agents > 0)
         atomic_store(&s->idents[rule - s->rules->rules]->agents, t.agents);
     rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     uint64_t loop_ms = now_ms(s);
+    heard(l, t.stale, loop_ms);
     if (id != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);
         for (size_t i = 0; i < t.n_entries; i++) {
@@ -650,6 +804,9 @@ static void on_totals(agg_link *l, nng_msg *m)
             rl_synced_entry *e = atomic_load(&table->slots[i]);
             if (e != NULL && e->ident == id && e->owner == l->index) {
                 e->snap_ms = t.now_ms;
+                if (!t.stale && atomic_load(&e->degraded)
+                    && rl_synced_settled(e))
+                    rl_synced_recover(e);
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
             }
         }
@@ -755,6 +912,86 @@ static uint64_t until_next_tick(const rl_sync *s)
     return now == 0 ? interval : interval - now % interval;
 }
 
+/* A key whose aggregator gives no totals is degraded (its on_error
+ * decides, with local from this agent's own share); it goes back to
+ * shares once what it counted meanwhile is in the fleet's totals. */
+static void follow_totals(rl_sync *s, rl_synced_entry *e, uint64_t loop_ms)
+{
+    if (e->ident->io_rule == NULL)
+        return;
+    bool degraded = atomic_load(&e->degraded);
+    if (link_stale(&s->links[e->owner], loop_ms)) {
+        if (!degraded)
+            rl_synced_degrade(e);
+        e->degraded_counted = e->own.counted;
+    } else if (degraded && rl_synced_settled(e)) {
+        rl_synced_recover(e);
+    }
+    e->ident->io_degraded_keys += atomic_load(&e->degraded);
+}
+
+static bool all_stale(const rl_sync *s, uint64_t loop_ms)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (!link_stale(&s->links[i], loop_ms))
+            return false;
+    }
+    return true;
+}
+
+/* Why the keys of a degraded rule get no totals, as one line says it. */
+static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
+                          size_t cap)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        const agg_link *l = &s->links[i];
+        const char *url = s->config->aggregator.endpoints[i].reports;
+        if (l->stale_heard) {
+            snprintf(buf, cap, "the aggregator at %s cannot reach Redis "
+                     "(its totals say stale)", url);
+            return;
+        }
+        if (link_stale(l, loop_ms)) {
+            snprintf(buf, cap, "no totals from the aggregator at %s for "
+                     "%llu ms (aggregator.stale_after_ms: %u)", url,
+                     (unsigned long long)(loop_ms - l->fresh_ms),
+                     s->config->aggregator.stale_after_ms);
+            return;
+        }
+    }
+    snprintf(buf, cap, "no totals");
+}
+
+/* One line when a synced rule goes degraded (some of its keys, or, with
+ * none yet, every aggregator gives no totals), one when it is back. */
+static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
+{
+    bool none = all_stale(s, loop_ms);
+    for (size_t i = 0; s->rules != NULL && i < s->rules->n_rules; i++) {
+        const rl_rule *r = &s->rules->rules[i];
+        rl_ident *id = s->idents[i];
+        if (r->mode != RL_MODE_SYNCED)
+            continue;
+        bool degraded = id->io_degraded_keys > 0 || none;
+        if (degraded && id->io_degraded_ms == 0) {
+            char why[RL_NNG_URL_MAX + 128];
+            say_why_stale(s, loop_ms, why, sizeof why);
+            rl_log(s->log, RL_LOG_WARN, "synced_degraded", "rule=%s "
+                   "keys=%zu on_error=%s agents=%llu reason=\"%s\"",
+                   r->name, id->io_degraded_keys,
+                   rl_on_error_name(r->on_error),
+                   (unsigned long long)rl_fallback_agents(r, id), why);
+            id->io_degraded_ms = loop_ms > 0 ? loop_ms : 1;
+        } else if (!degraded && id->io_degraded_ms != 0) {
+            rl_log(s->log, RL_LOG_INFO, "synced_recovered", "rule=%s "
+                   "degraded_ms=%llu", r->name,
+                   (unsigned long long)(loop_ms - id->io_degraded_ms));
+            id->io_degraded_ms = 0;
+        }
+        id->io_degraded_keys = 0;
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     rl_sync *s = t->data;
@@ -772,11 +1009,14 @@ static void on_tick(uv_timer_t *t)
         if (counted != e->last_counted || e->active_ms == 0)
             e->active_ms = loop_ms;
         e->last_counted = counted;
+        rl_synced_record(s->synced, e, loop_ms);
+        follow_totals(s, e, loop_ms);
         /* A fresh share at every tick, from a TOTALS snapshot (or from no
          * totals at all, a cold key's), not from an acknowledgement's; the
          * report follows. */
         rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
     }
+    log_degraded_rules(s, loop_ms);
     assign_owners(s);
     serve_all(s, true);
     rl_synced_sweep(s->synced, loop_ms);
@@ -821,6 +1061,8 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
                != 0)
         return rl_error_set(err, RL_ESYS, "cannot open nng sockets: %s",
                             nng_strerror(rv));
+    nng_socket_set(l->sub.sock, NNG_OPT_SUB_SUBSCRIBE,
+                   RL_WIRE_FEATURES_TOPIC, RL_WIRE_FEATURES_TOPIC_LEN);
     /* Our own resends (the same report until acknowledged) replace REQ's. */
     nng_socket_set_ms(l->req, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     /* The pipe callbacks read the link from the dials on. */
@@ -934,6 +1176,10 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     pthread_mutex_lock(&s->lock);
     s->started = true;
     pthread_mutex_unlock(&s->lock);
+    /* Stale only once a link has been silent for stale_after_ms from
+     * the start. */
+    for (size_t i = 0; i < s->n_links; i++)
+        s->links[i].fresh_ms = uv_now(loop);
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */

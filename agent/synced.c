@@ -51,6 +51,8 @@
  */
 #include "synced.h"
 
+#include "fallback.h"
+
 #include "key_table.h"
 #include "keys.h"
 #include "rl.h"
@@ -172,16 +174,22 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
  * is more, so an agent that used an extra one is not charged it against a
  * share that no longer has it (a fresh coin per share would let through one
  * request per such agent, share after share). */
-static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
-                         uint64_t room)
+static uint64_t share_among(const rl_synced *s, const rl_synced_entry *e,
+                            uint64_t room, uint64_t agents)
 {
-    uint64_t agents = atomic_load_explicit(&e->ident->agents,
-                                           memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
     uint64_t share = room / a, rest = room % a;
     if (rest > 0 && mix(s->salt ^ e->hash) % a < rest)
         share++;
     return share;
+}
+
+static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
+                         uint64_t room)
+{
+    return share_among(s, e, room,
+                       atomic_load_explicit(&e->ident->agents,
+                                            memory_order_relaxed));
 }
 
 /* Before any totals: this agent's share of the whole limit. A rule no
@@ -260,12 +268,26 @@ static void retune(rl_synced_entry *e, uint64_t old,
         ;
 }
 
+/* A degraded key of a rule whose on_error is allow or deny: what allow
+ * lets through is counted, as any admission (the fleet's totals get it
+ * once the aggregator is back). */
+static __attribute__((noinline)) int
+on_error_decides(rl_synced_entry *e, const rl_rule *rule, uint32_t cost,
+                 rl_bucket_reply *out, rl_synced_verdict *verdict)
+{
+    *out = (rl_bucket_reply){0};
+    *verdict = RL_SYNCED_ON_ERROR;
+    if (rule->on_error == RL_ON_ERROR_ALLOW)
+        rl_slot_add(e->counts, rl_thread_slot(), cost);
+    return RL_OK;
+}
+
 /* rl_synced_check's body, for a value's hash h: inlined into both entry
  * points, so that neither pays a call the other does not. */
 static inline __attribute__((always_inline)) int
 check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
       const char *value, size_t value_len, uint64_t h, uint32_t cost,
-      rl_bucket_reply *out, bool *degraded)
+      rl_bucket_reply *out, rl_synced_verdict *verdict)
 {
     size_t unused;
     rl_synced_entry *e = probe(atomic_load_explicit(&s->table,
@@ -276,10 +298,16 @@ check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
     if (e == NULL) {
         /* The key cap is reached (or memory is out): on_error decides. */
         *out = (rl_bucket_reply){0};
-        *degraded = true;
+        *verdict = RL_SYNCED_ON_ERROR;
         return atomic_load(&s->n_entries) >= s->max_keys ? RL_OK : RL_ENOMEM;
     }
-    *degraded = false;
+    *verdict = RL_SYNCED_SHARED;
+    if (atomic_load_explicit(&e->degraded, memory_order_relaxed)) {
+        if (rule->on_error != RL_ON_ERROR_LOCAL)
+            return on_error_decides(e, rule, cost, out, verdict);
+        /* The mark is this agent's own share now (rl_synced_rebalance). */
+        *verdict = RL_SYNCED_LOCAL;
+    }
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
     if (limit != rate->limit)
         retune(e, limit, rate->limit);
@@ -308,22 +336,22 @@ check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
 int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
                     const rl_limit *rate,
                     const char *value, size_t value_len, uint32_t cost,
-                    rl_bucket_reply *out, bool *degraded)
+                    rl_bucket_reply *out, rl_synced_verdict *verdict)
 {
     return check(s, rule, id, rate, value, value_len,
                  rl_key_hash((uintptr_t)id, value, value_len), cost, out,
-                 degraded);
+                 verdict);
 }
 
 int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
                            const rl_limit *rate, const char *value,
                            size_t value_len, uint64_t value_hash,
                            uint32_t cost, rl_bucket_reply *out,
-                           bool *degraded)
+                           rl_synced_verdict *verdict)
 {
     return check(s, rule, id, rate, value, value_len,
                  rl_key_hash_salt(value_hash, (uintptr_t)id), cost, out,
-                 degraded);
+                 verdict);
 }
 
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)
@@ -377,12 +405,129 @@ static uint64_t base(const rl_synced_entry *e, bool fresh_share)
     return e->acked_prior;
 }
 
+/* Redis's clock as the agent knows it, or, before it has heard it (an
+ * agent started while no aggregator answers), the wall clock it stands
+ * for: own counts need a sub-window whenever they are made, and the wall
+ * clock is off Redis's by the hosts' skew only. */
+static uint64_t counting_now(const rl_synced *s, uint64_t loop_ms)
+{
+    uint64_t now = rl_synced_now(s, loop_ms);
+    if (now != 0)
+        return now;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms)
+{
+    const rl_rule *r = e->ident->io_rule;
+    if (r == NULL)
+        return;
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+    rl_own_record(&e->own, counting_now(s, loop_ms) / g, g,
+                  rl_synced_counted(e));
+}
+
+/* The first sub-window of the span that ends at w: the trailing period
+ * and the oldest sub-window before it. */
+static uint64_t span_start(uint64_t w)
+{
+    return w > RL_WIRE_SUBWINDOWS ? w - RL_WIRE_SUBWINDOWS : 1;
+}
+
+/* What the fleet's last totals say of the span that ends at w, while no
+ * fresh ones come: their count, leaving the span as this agent's own part
+ * of it does. The fleet's counts by sub-window are not known here, this
+ * agent's are; the agents of a fleet see a key's traffic in the same
+ * moments (a balancer spreads it), and their shares are given at the same
+ * ticks, so the fleet's count leaves as this agent's does. An agent that
+ * had no part in them lets them leave as the totals' own estimate says:
+ * the oldest sub-window first, the rest a period after they were read. */
+static uint64_t seed_in_span(const rl_synced_entry *e, uint64_t w)
+{
+    if (e->seed_own == 0)
+        return estimate(e, w);
+    uint64_t held = rl_own_since_before(&e->own, span_start(w),
+                                        e->seed_counted);
+    if (held >= e->seed_own)
+        return e->seed_used;
+    return (uint64_t)((unsigned __int128)e->seed_used * held / e->seed_own);
+}
+
+/* Degraded, the mark is this agent's share of the limit over the span
+ * that ends now: the limit less the last totals' count still in it,
+ * divided among the agents last known (or the rule's fleet_size), less
+ * what this agent counted since those totals, in the span. */
+static void degraded_mark(rl_synced *s, rl_synced_entry *e,
+                          const rl_rule *r, uint64_t loop_ms)
+{
+    uint64_t now = counting_now(s, loop_ms);
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms), w = now / g;
+    uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
+    uint64_t used = seed_in_span(e, w);
+    uint64_t room = limit > used ? limit - used : 0;
+    uint64_t share = share_among(s, e, room,
+                                 rl_fallback_agents(r, e->ident));
+    uint64_t start = span_start(w);
+    uint64_t since = rl_own_since(&e->own, start)
+                     - rl_own_since_before(&e->own, start, e->seed_counted);
+    uint64_t left = share > since ? share - since : 0;
+    atomic_store_explicit(&e->counted_at_mark, e->own.counted,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->room, left, memory_order_relaxed);
+    atomic_store_explicit(&e->mark, e->own.counted + left,
+                          memory_order_release);
+    atomic_store_explicit(&e->retry_ms, left >= 1 ? 0 : g - now % g,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->reset_ms, RL_WIRE_SUBWINDOWS * g - now % g,
+                          memory_order_relaxed);
+}
+
+/* What a degraded share starts from: the totals last noted, and this
+ * agent's part in them by sub-window, kept while they are fresh (worked
+ * out again only when they change: a ring that moved on since would have
+ * lost the part's oldest sub-windows). */
+static void note_seed(rl_synced_entry *e)
+{
+    uint64_t held = base(e, true);
+    if (e->window == e->seed_window && held == e->seed_counted)
+        return;
+    e->seed_window = e->window;
+    e->seed_counted = held;
+    e->seed_used = e->current + e->previous;
+    e->seed_own = e->window > 0 ? rl_own_since_before(&e->own,
+                                                      span_start(e->window),
+                                                      held)
+                                : 0;
+}
+
+void rl_synced_degrade(rl_synced_entry *e)
+{
+    atomic_store_explicit(&e->degraded, true, memory_order_relaxed);
+}
+
+void rl_synced_recover(rl_synced_entry *e)
+{
+    atomic_store_explicit(&e->degraded, false, memory_order_relaxed);
+}
+
+bool rl_synced_settled(const rl_synced_entry *e)
+{
+    return e->acked >= e->degraded_counted && base(e, true) == e->acked;
+}
+
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share)
 {
     const rl_rule *r = e->ident->io_rule;
     if (r == NULL)
         return; /* a rule reloaded away: nobody checks it */
+    if (atomic_load_explicit(&e->degraded, memory_order_relaxed)) {
+        degraded_mark(s, e, r, loop_ms);
+        return;
+    }
+    note_seed(e);
     uint64_t now = rl_synced_now(s, loop_ms);
     if (now == 0) {
         if (fresh_share)

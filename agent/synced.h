@@ -14,6 +14,7 @@
 #include "config.h"
 #include "ident.h"
 #include "keys.h"
+#include "own_counts.h"
 #include "thread_slot.h"
 
 #include <pthread.h>
@@ -47,6 +48,16 @@ typedef struct rl_synced_entry {
                           * last TOTALS: they may miss reports others
                           * made at the same moment */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
+    rl_own_counts own;   /* this agent's counts by sub-window */
+    /* Degraded (no aggregator gives the key's totals): the fleet's count
+     * the last totals held, which this agent's share starts from, and
+     * this agent's part in them (synced.c). */
+    uint64_t seed_window;  /* the sub-window they were read in */
+    uint64_t seed_used;    /* their estimate of the trailing period */
+    uint64_t seed_own;     /* this agent's counts in it, as recorded */
+    uint64_t seed_counted; /* what this agent counted that they hold */
+    uint64_t degraded_counted; /* counted by the last degraded tick */
+    uint8_t report_parts; /* in the report being built: its entries */
     uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
                           * saw new counts */
     /* Counted so far, ever: one counter per thread slot, each written by
@@ -71,6 +82,10 @@ typedef struct rl_synced_entry {
     rl_ident *ident;     /* the rule's: stable across reloads */
     uint64_t hash;
     uint16_t value_len;
+    /* No aggregator gives the key's totals: the rule's on_error decides,
+     * with on_error: local from the mark, this agent's share. Written by
+     * the I/O thread. */
+    atomic_bool degraded;
     char value[];
 } rl_synced_entry;
 
@@ -103,24 +118,35 @@ typedef struct rl_synced {
 int rl_synced_init(rl_synced *s, const rl_config *config, rl_calls *calls);
 void rl_synced_fini(rl_synced *s);
 
+/* How a synced check was decided. */
+typedef enum rl_synced_verdict {
+    RL_SYNCED_SHARED,    /* from the fleet's totals: this agent's share */
+    /* Degraded, on_error: local: from this agent's share of the limit
+     * over a trailing period of its own counts (out is its answer). */
+    RL_SYNCED_LOCAL,
+    /* The rule's on_error decides: the key is over the cap (nothing
+     * counted), or degraded with on_error allow (counted) or deny. */
+    RL_SYNCED_ON_ERROR,
+} rl_synced_verdict;
+
 /* rl_synced_check decides one synced rule for a value at rate (the rule's
  * own, or an override's), counting cost when it allows; id is the rule's
  * identity (entries are found by it). A key last checked at another limit
  * moves its mark by the difference at once. Lock-free once the key exists;
  * the first sighting of a key takes a lock and allocates. Returns RL_OK
- * with *out filled in (a full table makes the rule decide as if the store
- * were away: on_error), or RL_ENOMEM. */
+ * with *out and *verdict filled in (a full table makes the rule decide as
+ * if the store were away: on_error), or RL_ENOMEM. */
 int rl_synced_check(rl_synced *s, const rl_rule *rule, rl_ident *id,
                     const rl_limit *rate, const char *value,
                     size_t value_len, uint32_t cost, rl_bucket_reply *out,
-                    bool *degraded);
+                    rl_synced_verdict *verdict);
 /* The same for a value whose rl_key_hash_value (keys.h) the caller has
  * already worked out (to look it up in the rule's overrides). */
 int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
                            const rl_limit *rate, const char *value,
                            size_t value_len, uint64_t value_hash,
                            uint32_t cost, rl_bucket_reply *out,
-                           bool *degraded);
+                           rl_synced_verdict *verdict);
 
 /* Starts loading the table slot where the value whose rl_key_hash_value
  * is value_hash would be, for a check about to look up something else
@@ -157,6 +183,25 @@ void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
  * only come down. */
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
+
+/* I/O thread: records what the key counted since the last record in the
+ * sub-window of Redis's clock now (nothing while that clock is not known,
+ * or for a rule reloaded away: those counts go to the next record). */
+void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms);
+
+/* I/O thread: the key's totals can no longer be had (degraded) or can
+ * again. Degraded, its mark is this agent's share of the limit over a
+ * trailing period of its own counts, starting from the totals it last
+ * noted (rl_synced_rebalance), until rl_synced_recover: its next rebalance
+ * gives it a share of the fleet's room again. */
+void rl_synced_degrade(rl_synced_entry *e);
+void rl_synced_recover(rl_synced_entry *e);
+
+/* I/O thread: whether a degraded key may go back to shares: what it
+ * counted while degraded is acknowledged, and the last TOTALS snapshot
+ * holds that acknowledgement (the share would otherwise give out again
+ * what it admitted meanwhile). */
+bool rl_synced_settled(const rl_synced_entry *e);
 
 /* The counts of an entry, summed over its thread slots. */
 uint64_t rl_synced_counted(const rl_synced_entry *e);

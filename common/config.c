@@ -274,7 +274,10 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                      &choice)))
         return rc;
     rule->algorithm = (rl_algorithm)choice;
-    choice = RL_ON_ERROR_ALLOW;
+    /* A synced rule whose aggregator is away keeps this agent's share of
+     * its limit: neither everything nor nothing. */
+    choice = rule->mode == RL_MODE_SYNCED ? RL_ON_ERROR_LOCAL
+                                          : RL_ON_ERROR_ALLOW;
     if ((rc = choose(ld, FIELD("on_error"), raw->on_error, on_error_names,
                      &choice)))
         return rc;
@@ -723,6 +726,16 @@ static int load_aggregator(struct loader *ld, const rl_raw_config *top,
                             raw->sync_interval_ms, 10, 60000, &n)) != RL_OK)
             return rc;
         agg->sync_interval_ms = (uint32_t)n;
+    }
+    /* Three intervals: one late TOTALS message is not an outage, and a
+     * link is taken down within two. */
+    agg->stale_after_ms = 3 * agg->sync_interval_ms;
+    if (raw->stale_after_ms != NULL) {
+        if ((rc = parse_int(ld, "aggregator.stale_after_ms",
+                            raw->stale_after_ms, agg->sync_interval_ms,
+                            3600000, &n)) != RL_OK)
+            return rc;
+        agg->stale_after_ms = (uint32_t)n;
     }
     agg->max_keys = DEFAULT_MAX_KEYS;
     if (raw->max_keys != NULL) {

@@ -193,6 +193,9 @@ typedef struct rl_aggregator_config {
     rl_aggregator_endpoint endpoints[RL_AGGREGATORS_MAX];
     size_t n_endpoints;           /* at least 1 */
     uint32_t sync_interval_ms;
+    /* Synced rules: no fresh totals for this long and an agent enforces
+     * its share of a key's limit itself (degraded). */
+    uint32_t stale_after_ms;
     uint32_t max_keys;            /* synced keys one agent tracks at most */
     uint32_t max_agents;          /* agents one aggregator keeps track of */
     uint32_t max_message_bytes;   /* a report or totals message, at most */

@@ -120,6 +120,8 @@ static const cyaml_schema_field_t aggregator_fields[] = {
               RL_NNG_URL_MAX - 1),
     STR_FIELD("sync_interval_ms", CYAML_FLAG_OPTIONAL, rl_raw_aggregator,
               sync_interval_ms, 32),
+    STR_FIELD("stale_after_ms", CYAML_FLAG_OPTIONAL, rl_raw_aggregator,
+              stale_after_ms, 32),
     STR_FIELD("max_keys", CYAML_FLAG_OPTIONAL, rl_raw_aggregator, max_keys,
               32),
     STR_FIELD("max_agents", CYAML_FLAG_OPTIONAL, rl_raw_aggregator,

@@ -68,6 +68,7 @@ typedef struct rl_raw_aggregator {
     char *reports;
     char *totals;
     char *sync_interval_ms;
+    char *stale_after_ms;
     char *max_keys;
     char *max_agents;
     char *max_message_bytes;

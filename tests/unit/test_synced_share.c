@@ -37,10 +37,10 @@ static void one_key_open(one_key *k)
     k->id->io_rule = &k->rule;
     atomic_store(&k->id->agents, 1);
     rl_bucket_reply reply;
-    bool degraded;
+    rl_synced_verdict verdict;
     for (int i = 0; i < 30; i++)
         cr_assert_eq(rl_synced_check(&k->s, &k->rule, k->id, &k->rule.own,
-                                     "v", 1, 1, &reply, &degraded), RL_OK);
+                                     "v", 1, 1, &reply, &verdict), RL_OK);
     uint64_t now = 1000000;
     rl_synced_set_time(&k->s, now, 0);
     k->e = rl_synced_find(&k->s, k->id, "v", 1);
