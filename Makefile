@@ -65,6 +65,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_gateway.c tests/support/test_process.c \
              tests/support/redis_cluster.c tests/support/test_proxy.c \
              tests/support/no_network.c tests/support/fake_aggregator.c \
+             tests/support/test_fleet.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \

@@ -114,10 +114,13 @@ typedef struct agg_link {
     bool probing;
     int probe_logged;           /* the reason last logged; 0 after an ack */
     int acks_unheard;           /* answers in a row with no totals socket */
-    /* Its totals: when it last sent fresh ones, and whether the last it
-     * sent said it cannot reach Redis (stale). */
+    /* Its totals: when it last sent fresh ones, whether the last it sent
+     * said it cannot reach Redis (stale), and when it last answered a
+     * report from Redis (a heartbeat of an aggregator whose Redis is
+     * stopped still says fresh until its connection is given up). */
     uint64_t fresh_ms;
     bool stale_heard;
+    uint64_t applied_ms;
     uint64_t features;          /* its FEATURES (wire.h), once heard */
 } agg_link;
 
@@ -615,9 +618,9 @@ static bool totals_heard(agg_link *l)
  * Redis. The keys it gives totals of are degraded otherwise. */
 static bool link_stale(const agg_link *l, uint64_t loop_ms)
 {
-    return l->stale_heard
-           || loop_ms - l->fresh_ms
-                  > l->s->config->aggregator.stale_after_ms;
+    uint64_t most = l->s->config->aggregator.stale_after_ms;
+    return l->stale_heard || loop_ms - l->fresh_ms > most
+           || loop_ms - l->applied_ms > most;
 }
 
 /* l gives fresh totals again: the report its stream held through the
@@ -655,6 +658,10 @@ static void on_ack(agg_link *l, nng_msg *m)
          * agent hears its totals too (the two sockets redial on their
          * own): keys given back before then would get no totals. */
         bool heard = totals_heard(l);
+        bool was_stale = link_stale(l, now_ms(s));
+        l->applied_ms = now_ms(s);
+        if (was_stale && !link_stale(l, now_ms(s)))
+            catch_up(l);
         if (!l->up && heard) {
             rl_log(s->log, RL_LOG_INFO, "aggregator_up", "index=%zu url=%s",
                    l->index,
@@ -952,9 +959,12 @@ static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
             return;
         }
         if (link_stale(l, loop_ms)) {
-            snprintf(buf, cap, "no totals from the aggregator at %s for "
-                     "%llu ms (aggregator.stale_after_ms: %u)", url,
-                     (unsigned long long)(loop_ms - l->fresh_ms),
+            uint64_t last = l->fresh_ms < l->applied_ms ? l->fresh_ms
+                                                        : l->applied_ms;
+            snprintf(buf, cap, "no totals from the aggregator at %s, nor "
+                     "a report applied, for %llu ms "
+                     "(aggregator.stale_after_ms: %u)", url,
+                     (unsigned long long)(loop_ms - last),
                      s->config->aggregator.stale_after_ms);
             return;
         }
@@ -1179,7 +1189,7 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
     /* Stale only once a link has been silent for stale_after_ms from
      * the start. */
     for (size_t i = 0; i < s->n_links; i++)
-        s->links[i].fresh_ms = uv_now(loop);
+        s->links[i].fresh_ms = s->links[i].applied_ms = uv_now(loop);
     uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */

@@ -16,6 +16,7 @@
 #include "test_agent.h"
 #include "test_aggregator.h"
 #include "test_env.h"
+#include "test_fleet.h"
 #include "wire.h"
 
 #include <criterion/criterion.h>
@@ -41,24 +42,12 @@
 /* The one-agent tests below keep their own times: one agent keeps up. */
 #define ONE_AGENT_PERIOD_MS 2000
 
-typedef struct fleet {
-    test_aggregator agg;
-    rl_agent *agents[AGENTS];
-    rl_config *configs[AGENTS];
-} fleet;
-
-typedef struct admissions {
-    uint64_t *at_us;    /* in the order admitted */
-    size_t n, cap;
-    long offered;
-} admissions;
+typedef test_fleet fleet;
+typedef test_admissions admissions;
 
 static bool allowed(rl_agent *agent, const char *tenant)
 {
-    rl_attr a = {"tenant", tenant, strlen(tenant)};
-    rl_decision d;
-    cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
-    return d.allowed;
+    return test_fleet_allowed(agent, tenant);
 }
 
 /* An aggregator with one synced rule of its own name (no other test adds
@@ -69,70 +58,12 @@ static void fleet_start_at(fleet *f, const char *name, long limit)
     char rule[200];
     snprintf(rule, sizeof rule, "  - {name: %s, match: tenant, limit: %ld, "
              "period: %dms, mode: synced}\n", name, limit, PERIOD_MS);
-    memset(f, 0, sizeof *f);
-    test_aggregator_start(&f->agg, NULL, rule, INTERVAL_MS, NULL);
-    test_aggregator_wait_ready(&f->agg);
-    for (int i = 0; i < AGENTS; i++)
-        f->agents[i] = test_synced_agent(&f->agg, &f->configs[i]);
-    for (int i = 0; i < AGENTS; i++)
-        cr_assert(allowed(f->agents[i], "org_warm"));
-    test_sleep_ms(8 * INTERVAL_MS);
+    test_fleet_start(f, AGENTS, NULL, rule, INTERVAL_MS, "org_warm", NULL);
 }
 
 static void fleet_start(fleet *f, const char *name)
 {
     fleet_start_at(f, name, LIMIT);
-}
-
-static void fleet_stop(fleet *f)
-{
-    for (int i = 0; i < AGENTS; i++) {
-        rl_agent_close(f->agents[i]);
-        rl_config_free(f->configs[i]);
-    }
-    test_aggregator_stop(&f->agg);
-}
-
-/* Offers `rate` checks per second (`then` after switch_ms), round-robin
- * over the agents, for ms; keeps each admission's time. */
-static void offer(fleet *f, const char *tenant, double rate, double then,
-                  uint64_t switch_ms, uint64_t ms, admissions *out)
-{
-    uint64_t start = test_now_us(), end = start + ms * 1000;
-    double due = (double)start;
-    for (long i = 0;; i++) {
-        uint64_t now = test_now_us();
-        while ((double)now < due) {
-            usleep((useconds_t)(due - (double)now));
-            now = test_now_us();
-        }
-        if (now >= end)
-            break;
-        double r = now - start < switch_ms * 1000 ? rate : then;
-        due += 1e6 / r;
-        out->offered++;
-        if (!allowed(f->agents[i % AGENTS], tenant))
-            continue;
-        if (out->n == out->cap) {
-            out->cap = out->cap ? 2 * out->cap : 4096;
-            out->at_us = realloc(out->at_us, out->cap * sizeof *out->at_us);
-            cr_assert_not_null(out->at_us);
-        }
-        out->at_us[out->n++] = now;
-    }
-}
-
-/* The most admitted in any span of one period. */
-static long worst_span(const admissions *a, uint64_t period_ms)
-{
-    long worst = 0;
-    for (size_t i = 0, j = 0; j < a->n; j++) {
-        while (a->at_us[j] - a->at_us[i] >= period_ms * 1000ULL)
-            i++;
-        if ((long)(j - i + 1) > worst)
-            worst = (long)(j - i + 1);
-    }
-    return worst;
 }
 
 /* Admitted per period, on average, from `from` µs after the first
@@ -149,7 +80,7 @@ static double per_period_from(const admissions *a, uint64_t start_us,
 
 static void expect_within_the_bound(const char *what, const admissions *a)
 {
-    long worst = worst_span(a, PERIOD_MS);
+    long worst = test_worst_span(a, PERIOD_MS);
     /* Over the bound: what was admitted per 100 ms, to see where. */
     if (worst > LIMIT * 105 / 100) {
         uint64_t t0 = a->at_us[0];
@@ -189,11 +120,11 @@ Test(synced, twice_the_limit_from_cold_stays_within_5_percent_over_any_span)
     fleet f;
     fleet_start(&f, "acc2");
     admissions a = {0};
-    offer(&f, "org_acc2", 2.0 * LIMIT * 1000 / PERIOD_MS, 0, UINT64_MAX,
-          TWICE_PERIODS * PERIOD_MS, &a);
+    test_fleet_offer(&f, "org_acc2", 2.0 * LIMIT * 1000 / PERIOD_MS,
+                     TWICE_PERIODS * PERIOD_MS, &a);
     expect_within_the_bound("2x from cold", &a);
-    free(a.at_us);
-    fleet_stop(&f);
+    test_admissions_free(&a);
+    test_fleet_stop(&f);
 }
 
 Test(synced, ten_times_the_limit_stays_within_5_percent_and_gets_90_percent)
@@ -203,8 +134,8 @@ Test(synced, ten_times_the_limit_stays_within_5_percent_and_gets_90_percent)
     fleet_start(&f, "acc10");
     admissions a = {0};
     uint64_t start = test_now_us();
-    offer(&f, "org_acc10", 10.0 * LIMIT * 1000 / PERIOD_MS, 0, UINT64_MAX,
-          PERIODS * PERIOD_MS, &a);
+    test_fleet_offer(&f, "org_acc10", 10.0 * LIMIT * 1000 / PERIOD_MS,
+                     PERIODS * PERIOD_MS, &a);
     expect_within_the_bound("10x from cold, then steady", &a);
     /* Steady: the periods after the first (the cold burst) and one more. */
     double avg = per_period_from(&a, start, 2 * PERIOD_MS,
@@ -212,8 +143,8 @@ Test(synced, ten_times_the_limit_stays_within_5_percent_and_gets_90_percent)
     fprintf(stderr, "synced accuracy: 10x steady: %.1f admitted per period "
             "on average (limit %d, floor %d)\n", avg, LIMIT, LIMIT * 9 / 10);
     cr_expect_geq(avg, LIMIT * 0.9);
-    free(a.at_us);
-    fleet_stop(&f);
+    test_admissions_free(&a);
+    test_fleet_stop(&f);
 }
 
 /* Redis's clock, read once, carried on by the monotonic clock. */
@@ -232,16 +163,6 @@ static redis_clock redis_clock_read(void)
 static uint64_t redis_clock_now(const redis_clock *k)
 {
     return k->redis_at + (test_now_ms() - k->mono_at);
-}
-
-static void push(admissions *a, uint64_t at)
-{
-    if (a->n == a->cap) {
-        a->cap = a->cap ? 2 * a->cap : 1024;
-        a->at_us = realloc(a->at_us, a->cap * sizeof *a->at_us);
-        cr_assert_not_null(a->at_us);
-    }
-    a->at_us[a->n++] = at;
 }
 
 /* One agent syncing every interval_ms, 100 per 2 s: the whole limit spent
@@ -272,7 +193,7 @@ static void one_agent_burst_then_steady(const char *name, const char *tenant,
     for (int i = 0; i < 150; i++) {
         a->offered++;
         if (allowed(agent, tenant))
-            push(a, test_now_us());
+            test_admissions_push(a, test_now_us());
     }
     uint64_t start = test_now_us();
     for (uint64_t due = start; due < start + 4000000; due += 1000) {
@@ -281,7 +202,7 @@ static void one_agent_burst_then_steady(const char *name, const char *tenant,
             usleep((useconds_t)(due - t));
         a->offered++;
         if (allowed(agent, tenant))
-            push(a, test_now_us());
+            test_admissions_push(a, test_now_us());
     }
     rl_agent_close(agent);
     rl_config_free(cfg);
@@ -298,14 +219,14 @@ Test(synced, a_sub_window_counts_whole_until_it_has_left_the_span)
 {
     admissions a = {0};
     one_agent_burst_then_steady("whole", "org_whole", 20, 40, &a);
-    long worst = worst_span(&a, ONE_AGENT_PERIOD_MS);
+    long worst = test_worst_span(&a, ONE_AGENT_PERIOD_MS);
     fprintf(stderr, "synced whole sub-window: one agent, sync 20 ms, the "
             "limit spent 40 ms before a sub-window ends, then 1 per ms: "
             "admitted %zu, worst span of one period %ld (limit 100)\n",
             a.n, worst);
     cr_expect_leq(worst, 105);
     cr_expect_geq(worst, 100);
-    free(a.at_us);
+    test_admissions_free(&a);
 }
 
 /* A key whose agents all reject sends no counts; its agents ask for its
@@ -379,5 +300,5 @@ Test(synced, a_limit_below_the_agent_count_is_shared_not_multiplied)
             SMALL, AGENTS, admitted, KEYS * AGENTS);
     cr_expect_leq(admitted, KEYS * SMALL * 3 / 2);
     cr_expect_geq(admitted, KEYS * SMALL / 2);
-    fleet_stop(&f);
+    test_fleet_stop(&f);
 }
