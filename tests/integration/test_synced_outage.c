@@ -14,6 +14,7 @@
  * of its requests at least); once totals come again, back on shares with
  * nothing lost nor counted twice.
  */
+#include "fake_aggregator.h"
 #include "redis_server.h"
 #include "test_agent.h"
 #include "test_aggregator.h"
@@ -207,15 +208,15 @@ static uint64_t first_totals(const test_aggregator *agg, const char *rule,
     return at;
 }
 
-/* When each agent logged the rule back on shares, polled from the log
- * lengths given (µs; 0: not by deadline_us). */
-static void wait_recovered(const size_t *from, uint64_t deadline_us,
-                           uint64_t *at)
+/* When each of n agents logged the rule back on shares, polled from the
+ * log lengths given (µs; 0: not by deadline_us). */
+static void wait_recovered(size_t n, const size_t *from,
+                           uint64_t deadline_us, uint64_t *at)
 {
-    int left = AGENTS;
-    memset(at, 0, AGENTS * sizeof *at);
+    size_t left = n;
+    memset(at, 0, n * sizeof *at);
     while (left > 0 && test_now_us() < deadline_us) {
-        for (int i = 0; i < AGENTS; i++) {
+        for (size_t i = 0; i < n; i++) {
             if (at[i] != 0)
                 continue;
             pthread_mutex_lock(&logs[i].lock);
@@ -235,7 +236,7 @@ static void wait_recovered(const size_t *from, uint64_t deadline_us,
 static void count_checks(test_fleet *f, const char *tenant, int n)
 {
     for (int i = 0; i < n; i++)
-        cr_assert(test_fleet_allowed(f->agents[i % AGENTS], tenant),
+        cr_assert(test_fleet_allowed(f->agents[(size_t)i % f->n], tenant),
                   "%s refused at %d", tenant, i);
 }
 
@@ -269,7 +270,7 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
     test_aggregator_wait_ready(&f.agg);
     uint64_t first = first_totals(&f.agg, RULE, 4 * INTERVAL_MS);
     uint64_t at[AGENTS];
-    wait_recovered(from, first + 4 * INTERVAL_MS * 1000ULL, at);
+    wait_recovered(AGENTS, from, first + 4 * INTERVAL_MS * 1000ULL, at);
     uint64_t latest = 0;
     for (int i = 0; i < AGENTS; i++) {
         cr_expect_neq(at[i], 0, "agent %d never back on shares", i);
@@ -290,4 +291,88 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
     test_admissions_free(&twice);
     test_admissions_free(&under);
     test_fleet_stop(&f);
+}
+
+/* Counts made before an outage and applied after it weigh what they
+ * weighed when they were admitted: one agent, 100 per period; 60 admitted
+ * just as its aggregator's Redis stops, their report held a period and a
+ * half. Placed in their own sub-window they have left the span by then,
+ * and the key has its whole limit again; counted where they arrive, they
+ * would hold 60 of it for another period. */
+Test(synced_outage, held_counts_are_placed_in_their_own_sub_windows)
+{
+    test_redis srv;
+    char err[512], addr[64];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char yaml[200];
+    snprintf(yaml, sizeof yaml, "  - {name: held, match: tenant, limit: 100, "
+             "period: %dms, mode: synced}\n", PERIOD_MS);
+    test_log_init(&logs[0]);
+    test_fleet f;
+    test_fleet_start(&f, 1, addr, yaml, INTERVAL_MS, "org_held_warm", logs);
+    test_redis_pause(&srv);
+    count_checks(&f, "org_held", 60);
+    test_sleep_ms(3 * PERIOD_MS / 2);
+    size_t from = logs[0].len;
+    test_redis_resume(&srv);
+    uint64_t at;
+    wait_recovered(1, &from, test_now_us() + 4000000ULL * TIME_SCALE, &at);
+    cr_assert_neq(at, 0, "not back on shares after Redis came back");
+    long admitted = 0;
+    for (int i = 0; i < 100; i++)
+        admitted += test_fleet_allowed(f.agents[0], "org_held");
+    fprintf(stderr, "synced outage: held counts: 60 admitted as Redis "
+            "stopped, applied 1.5 periods later; then %ld of 100 admitted "
+            "(at least 95: counted where they arrived, 40)\n", admitted);
+    cr_expect_geq(admitted, 95);
+    test_fleet_stop(&f);
+    test_redis_stop(&srv);
+}
+
+/* An agent that starts while its aggregator cannot reach Redis hears
+ * only stale totals: the agent count they carry (the last the aggregator
+ * knew) is the fleet's size it divides by, not one. Four agents, 100 per
+ * period: a share of 25, not the whole limit. */
+Test(synced_outage, an_agent_started_while_redis_is_away_takes_its_share)
+{
+    fake_agg fake = {0};
+    fake_start(&fake, "late", 3600000, 4, 1000);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator: {reports: \"%s\", totals: \"%s\", "
+             "sync_interval_ms: 100}\n"
+             "rules:\n"
+             "  - {name: late, match: tenant, limit: 100, period: 1h, "
+             "mode: synced}\n",
+             test_env("RL_TEST_REDIS"), fake.reports, fake.totals);
+    test_log_init(&logs[0]);
+    rl_config *cfg;
+    rl_agent *agent = test_agent_on(test_write_config("synced-late", yaml),
+                                    &cfg, &logs[0]);
+    fake_wait_subscribed(&fake);
+    cr_assert(test_fleet_allowed(agent, "org_late"));
+    /* Its reports are never answered; stale totals every interval. */
+    for (int i = 0; i < 10 && !test_log_wait(&logs[0],
+                                              "event=synced_degraded",
+                                              "rule=late", 0); i++) {
+        fake_publish_stale(&fake);
+        test_sleep_ms(100);
+    }
+    cr_assert(test_log_wait(&logs[0], "event=synced_degraded", "agents=4",
+                            0), "not degraded with the count of 4");
+    long admitted = 1;
+    for (int i = 0; i < 100; i++)
+        admitted += test_fleet_allowed(agent, "org_late");
+    fprintf(stderr, "synced outage: started with stale totals of 4 agents: "
+            "%ld of 100 admitted (a share of 25; the whole limit without "
+            "the count)\n", admitted);
+    cr_expect_geq(admitted, 24);
+    cr_expect_leq(admitted, 26);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    fake_stop(&fake);
 }

@@ -153,14 +153,28 @@ void fake_ack(fake_agg *f, fake_held *r)
     r->msg = NULL;
 }
 
-void fake_publish(fake_agg *f)
+/* stale: as an aggregator that cannot reach Redis says it, with the
+ * agent count it knew and no key. */
+static void publish(fake_agg *f, bool stale)
 {
     rl_wire_writer *w = rl_wire_writer_new();
-    rl_wire_begin_totals(w, f->rule, fake_now(f), false, f->agents, 1);
-    rl_wire_put_total(w, f->value, f->value_len, f->window, f->recent,
-                      f->oldest, f->agents);
+    rl_wire_begin_totals(w, f->rule, fake_now(f), stale, f->agents,
+                         stale ? 0 : 1);
+    if (!stale)
+        rl_wire_put_total(w, f->value, f->value_len, f->window, f->recent,
+                          f->oldest, f->agents);
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     cr_assert_eq(nng_send(f->pub, (void *)data, len, 0), 0);
     rl_wire_writer_free(w);
+}
+
+void fake_publish(fake_agg *f)
+{
+    publish(f, false);
+}
+
+void fake_publish_stale(fake_agg *f)
+{
+    publish(f, true);
 }

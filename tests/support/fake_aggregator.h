@@ -70,4 +70,8 @@ void fake_ack(fake_agg *f, fake_held *r);
 /* Publishes the key's totals. */
 void fake_publish(fake_agg *f);
 
+/* Publishes TOTALS marked stale (the aggregator cannot reach Redis): the
+ * agent count, no key. */
+void fake_publish_stale(fake_agg *f);
+
 #endif

@@ -40,7 +40,8 @@ bool test_fleet_allowed(rl_agent *agent, const char *tenant)
 {
     rl_attr a = {"tenant", tenant, strlen(tenant)};
     rl_decision d;
-    cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
+    int rc = rl_check(agent, &a, 1, 1, &d);
+    cr_assert_eq(rc, RL_OK, "rl_check for %s: %s", tenant, rl_strerror(rc));
     return d.allowed;
 }
 
