@@ -732,9 +732,13 @@ static int load_aggregator(struct loader *ld, const rl_raw_config *top,
     agg->stale_after_ms = 3 * agg->sync_interval_ms;
     if (raw->stale_after_ms != NULL) {
         if ((rc = parse_int(ld, "aggregator.stale_after_ms",
-                            raw->stale_after_ms, agg->sync_interval_ms,
-                            3600000, &n)) != RL_OK)
+                            raw->stale_after_ms, 1, 3600000, &n)) != RL_OK)
             return rc;
+        if (n < agg->sync_interval_ms)
+            return bad(ld, "aggregator.stale_after_ms", "%llu is less than "
+                       "sync_interval_ms (%u): totals come once an interval, "
+                       "so every key would go degraded between two of them",
+                       (unsigned long long)n, agg->sync_interval_ms);
         agg->stale_after_ms = (uint32_t)n;
     }
     agg->max_keys = DEFAULT_MAX_KEYS;

@@ -376,3 +376,50 @@ Test(synced_outage, an_agent_started_while_redis_is_away_takes_its_share)
     rl_config_free(cfg);
     fake_stop(&fake);
 }
+
+/* A synced rule's on_error says what degraded means: allow lets every
+ * request through (counted, for when totals come back), deny refuses them
+ * as the store's absence (degraded, not a share running out). */
+Test(synced_outage, on_error_allow_and_deny_decide_a_degraded_rule)
+{
+    fake_agg fake = {0};
+    fake_start(&fake, "open", 3600000, 4, 1000);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator: {reports: \"%s\", totals: \"%s\", "
+             "sync_interval_ms: 100}\n"
+             "rules:\n"
+             "  - {name: open, match: tenant, limit: 10, period: 1h, "
+             "mode: synced, on_error: allow}\n"
+             "  - {name: shut, match: api_key, limit: 10, period: 1h, "
+             "mode: synced, on_error: deny}\n",
+             test_env("RL_TEST_REDIS"), fake.reports, fake.totals);
+    test_log_init(&logs[0]);
+    rl_config *cfg;
+    rl_agent *agent = test_agent_on(test_write_config("synced-open", yaml),
+                                    &cfg, &logs[0]);
+    rl_attr tenant = {"tenant", "org_open", 8}, key = {"api_key", "k1", 2};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &tenant, 1, 1, &d), RL_OK);
+    cr_assert_eq(rl_check(agent, &key, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    cr_assert(test_log_wait(&logs[0], "event=synced_degraded", "rule=shut",
+                            3000), "not degraded");
+    long open = 0, shut = 0;
+    for (int i = 0; i < 50; i++) {
+        cr_assert_eq(rl_check(agent, &tenant, 1, 1, &d), RL_OK);
+        cr_expect(d.degraded && !d.fallback);
+        open += d.allowed;
+        cr_assert_eq(rl_check(agent, &key, 1, 1, &d), RL_OK);
+        cr_expect(d.degraded && !d.fallback);
+        shut += d.allowed;
+    }
+    fprintf(stderr, "synced outage: on_error allow admitted %ld of 50 "
+            "(limit 10), deny %ld of 50\n", open, shut);
+    cr_expect_eq(open, 50);
+    cr_expect_eq(shut, 0);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    fake_stop(&fake);
+}

@@ -71,6 +71,8 @@ Test(config, example_holds_the_seeds_three_rules)
     cr_assert_eq(cfg->store.nodes[0].port, 6379);
     cr_assert_eq(cfg->store.timeout_ms, 50);
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 1000);
+    cr_assert_eq(cfg->aggregator.stale_after_ms, 3000);
+    cr_assert_eq(tenant->on_error, RL_ON_ERROR_LOCAL);
     cr_assert_eq(cfg->charge, RL_CHARGE_ALL);
     cr_assert_eq(cfg->local_max_keys, 100000);
     cr_assert_eq(cfg->log_level, RL_LOG_INFO);
@@ -227,6 +229,7 @@ Test(config, every_field_can_be_set)
     cr_assert_str_eq(cfg->aggregator.endpoints[0].reports, "ipc:///run/rl/reports");
     cr_assert_str_eq(cfg->aggregator.endpoints[0].totals, "tcp://[::1]:9000");
     cr_assert_eq(cfg->aggregator.sync_interval_ms, 250);
+    cr_assert_eq(cfg->aggregator.stale_after_ms, 750);
     cr_assert(cfg->aggregator.endpoints[0].has_metrics);
     cr_assert_eq(cfg->log_level, RL_LOG_WARN);
     cr_assert_eq(cfg->aggregator.endpoints[0].metrics.port, 9464);
@@ -624,6 +627,7 @@ static const struct bad_file bad_files[] = {
     {"rules-not-a-list.yaml", ":2:8: rules: expected a list, got a plain value"},
     {"shared-key-prefix.yaml", ":7:5: rules[1] (rule \"per-ip-hour\"): key prefix 'rl:ip:' is also used by rule \"per-ip-minute\": the two would share buckets; give one of them its own key_prefix"},
     {"store-url-scheme.yaml", ":3:8: store.url: 'http://127.0.0.1:6379' is not redis://host[:port][/db] (credentials go in store.username and store.password)"},
+    {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 500 is less than sync_interval_ms (1000): totals come once an interval, so every key would go degraded between two of them"},
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},

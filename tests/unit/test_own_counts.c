@@ -1,0 +1,86 @@
+/*
+ * An agent's counts of a key by sub-window (agent/own_counts.h): what a
+ * report's entries say of when their counts were made, and what a
+ * degraded share counts of its own.
+ */
+#include "own_counts.h"
+
+#include <criterion/criterion.h>
+
+#define G 100
+
+Test(own_counts, a_split_gives_the_newest_counts_by_their_sub_window)
+{
+    rl_own_counts o = {0};
+    rl_own_record(&o, 1000, G, 5);   /* 5 in 1000 */
+    rl_own_record(&o, 1002, G, 12);  /* 7 in 1002 */
+    rl_own_record(&o, 1002, G, 15);  /* 3 more in 1002 */
+    rl_own_record(&o, 1005, G, 19);  /* 4 in 1005 */
+    rl_own_part p[RL_OWN_WINDOWS + 1];
+    /* The first 8 reported already: 2 of 1002's 10, and 1005's 4. */
+    size_t n = rl_own_split(&o, 13, p);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(p[0].window, 1005);
+    cr_assert_eq(p[0].count, 4);
+    cr_assert_eq(p[1].window, 1002);
+    cr_assert_eq(p[1].count, 2);
+    cr_assert_eq(rl_own_split(&o, 19, p), 0);
+    n = rl_own_split(&o, 0, p);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(p[2].window, 1000);
+    cr_assert_eq(p[2].count, 5);
+}
+
+Test(own_counts, counts_older_than_every_span_go_just_before_it)
+{
+    rl_own_counts o = {0};
+    rl_own_record(&o, 1000, G, 9);
+    rl_own_record(&o, 1000 + RL_OWN_WINDOWS + 5, G, 10);
+    rl_own_part p[RL_OWN_WINDOWS + 1];
+    size_t n = rl_own_split(&o, 0, p);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(p[0].window, 1000 + RL_OWN_WINDOWS + 5);
+    cr_assert_eq(p[0].count, 1);
+    /* The ring keeps RL_OWN_WINDOWS sub-windows: 1000 is gone, and its 9
+     * go to one no span holds, just before the oldest kept. */
+    cr_assert_eq(p[1].window, 1000 + 5);
+    cr_assert_eq(p[1].count, 9);
+}
+
+Test(own_counts, since_counts_the_span_and_before_its_oldest_part)
+{
+    rl_own_counts o = {0};
+    rl_own_record(&o, 1000, G, 10);
+    rl_own_record(&o, 1010, G, 30);
+    rl_own_record(&o, 1020, G, 35);
+    cr_assert_eq(rl_own_since(&o, 1000), 35);
+    cr_assert_eq(rl_own_since(&o, 1001), 25);
+    cr_assert_eq(rl_own_since(&o, 1011), 5);
+    /* Of the first 12 counted: 1000's 10 and 2 of 1010's. */
+    cr_assert_eq(rl_own_since_before(&o, 1000, 12), 12);
+    cr_assert_eq(rl_own_since_before(&o, 1001, 12), 2);
+    cr_assert_eq(rl_own_since_before(&o, 1011, 12), 0);
+}
+
+Test(own_counts, a_clock_that_moves_back_counts_in_the_newest)
+{
+    rl_own_counts o = {0};
+    rl_own_record(&o, 1005, G, 3);
+    rl_own_record(&o, 1004, G, 7);
+    rl_own_part p[RL_OWN_WINDOWS + 1];
+    cr_assert_eq(rl_own_split(&o, 0, p), 1);
+    cr_assert_eq(p[0].window, 1005);
+    cr_assert_eq(p[0].count, 7);
+}
+
+Test(own_counts, a_new_period_keeps_every_count_in_the_sub_window_now)
+{
+    rl_own_counts o = {0};
+    rl_own_record(&o, 1000, G, 4);
+    rl_own_record(&o, 1003, G, 6);
+    rl_own_record(&o, 700, 2 * G, 9);
+    rl_own_part p[RL_OWN_WINDOWS + 1];
+    cr_assert_eq(rl_own_split(&o, 0, p), 1);
+    cr_assert_eq(p[0].window, 700);
+    cr_assert_eq(p[0].count, 9);
+}
