@@ -35,11 +35,13 @@ typedef struct rl_ident {
     bool io_changed;              /* its rate changed at the last apply */
     /* on_error: local without fleet_size was logged (I/O thread). */
     bool fleet_warned;
-    /* Synced rules, I/O thread: keys degraded at the last tick (none of
-     * their aggregators gives totals), and since when the rule is, as
+    /* Synced rules, I/O thread: keys degraded (none of their aggregators
+     * gives totals) as of the last tick, less those back on shares since;
+     * the count the tick is making; since when the rule is degraded, as
      * logged (0: it is not). */
-    size_t io_degraded_keys;
+    size_t io_degraded_keys, io_degraded_counting;
     uint64_t io_degraded_ms;
+    uint64_t io_recovered_ms;     /* when it last came back; 0: never */
     /* Counters of generations already freed (under the reload lock). */
     rl_rule_counters retired;
 } rl_ident;

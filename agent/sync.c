@@ -150,6 +150,7 @@ struct rl_sync {
 
 static void close_sync(rl_sync *s);
 static void finish_stopping(rl_sync *s);
+static void recovered(rl_sync *s, rl_synced_entry *e, uint64_t loop_ms);
 
 static uint64_t now_ms(const rl_sync *s)
 {
@@ -332,7 +333,7 @@ static size_t pick_report(rl_sync *s, agg_link *l, bool windows)
         rl_synced_entry *e = atomic_load(&t->slots[i]);
         if (e == NULL || e->owner != l->index || !to_report(e))
             continue;
-        rl_synced_record(s->synced, e, loop_ms);
+        rl_synced_record(s->synced, e, loop_ms, 0);
         size_t k = report_parts(e, windows, agg->max_entries - n, parts);
         bytes += k * (strlen(e->ident->name) + e->value_len + 40);
         if (bytes > agg->max_message_bytes)
@@ -726,6 +727,23 @@ static void req_finished(agg_link *l, int result)
  * this agent reports to l get a fresh share: the message is a snapshot of
  * what l applied, and says nothing of this agent's acknowledged reports
  * to another aggregator. */
+/* The agent count of a rule's TOTALS. While the rule is degraded, and for
+ * a period after, a count below the one known is not taken: the sets it
+ * is read from (one per period window, kept two) are new after an outage
+ * of two periods, and fill as the agents' reports come back, the first
+ * few saying one or two agents (each agent would take the whole room). A
+ * fleet that did shrink meanwhile errs low for that period. */
+static void take_agents(rl_ident *id, const rl_rule *rule, uint64_t agents,
+                        uint64_t loop_ms)
+{
+    bool refilling = id->io_degraded_ms != 0
+                     || (id->io_recovered_ms != 0
+                         && loop_ms - id->io_recovered_ms < rule->period_ms);
+    if (refilling && agents < atomic_load(&id->agents))
+        return;
+    atomic_store(&id->agents, agents);
+}
+
 /* What the aggregator of l reads (FEATURES, wire.h). */
 static void on_features(agg_link *l, const char *body, size_t len)
 {
@@ -785,10 +803,11 @@ static void on_totals(agg_link *l, nng_msg *m)
      * the last count known: an agent that starts while Redis is away
      * divides by it, not by one. */
     const rl_rule *rule = fleet_rule(s->rules, t.rule.ptr, t.rule.len);
-    if (rule != NULL && t.agents > 0)
-        atomic_store(&s->idents[rule - s->rules->rules]->agents, t.agents);
-    rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     uint64_t loop_ms = now_ms(s);
+    if (rule != NULL && t.agents > 0)
+        take_agents(s->idents[rule - s->rules->rules], rule, t.agents,
+                    loop_ms);
+    rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     heard(l, t.stale, loop_ms);
     if (id != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);
@@ -813,7 +832,7 @@ static void on_totals(agg_link *l, nng_msg *m)
                 e->snap_ms = t.now_ms;
                 if (!t.stale && atomic_load(&e->degraded)
                     && rl_synced_settled(e))
-                    rl_synced_recover(e);
+                    recovered(s, e, loop_ms);
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
             }
         }
@@ -934,7 +953,7 @@ static void follow_totals(rl_sync *s, rl_synced_entry *e, uint64_t loop_ms)
     } else if (degraded && rl_synced_settled(e)) {
         rl_synced_recover(e);
     }
-    e->ident->io_degraded_keys += atomic_load(&e->degraded);
+    e->ident->io_degraded_counting += atomic_load(&e->degraded);
 }
 
 static bool all_stale(const rl_sync *s, uint64_t loop_ms)
@@ -972,6 +991,28 @@ static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
     snprintf(buf, cap, "no totals");
 }
 
+static void log_recovered(rl_sync *s, const rl_rule *r, rl_ident *id,
+                          uint64_t loop_ms)
+{
+    rl_log(s->log, RL_LOG_INFO, "synced_recovered", "rule=%s "
+           "degraded_ms=%llu", r->name,
+           (unsigned long long)(loop_ms - id->io_degraded_ms));
+    id->io_degraded_ms = 0;
+    id->io_recovered_ms = loop_ms > 0 ? loop_ms : 1;
+}
+
+/* A key of a degraded rule is back on shares: the rule is too once it was
+ * its last (said at once, not at the next tick). */
+static void recovered(rl_sync *s, rl_synced_entry *e, uint64_t loop_ms)
+{
+    rl_ident *id = e->ident;
+    rl_synced_recover(e);
+    if (id->io_degraded_keys > 0 && --id->io_degraded_keys == 0
+        && id->io_degraded_ms != 0 && id->io_rule != NULL
+        && !all_stale(s, loop_ms))
+        log_recovered(s, id->io_rule, id, loop_ms);
+}
+
 /* One line when a synced rule goes degraded (some of its keys, or, with
  * none yet, every aggregator gives no totals), one when it is back. */
 static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
@@ -982,6 +1023,8 @@ static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
         rl_ident *id = s->idents[i];
         if (r->mode != RL_MODE_SYNCED)
             continue;
+        id->io_degraded_keys = id->io_degraded_counting;
+        id->io_degraded_counting = 0;
         bool degraded = id->io_degraded_keys > 0 || none;
         if (degraded && id->io_degraded_ms == 0) {
             char why[RL_NNG_URL_MAX + 128];
@@ -993,13 +1036,22 @@ static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
                    (unsigned long long)rl_fallback_agents(r, id), why);
             id->io_degraded_ms = loop_ms > 0 ? loop_ms : 1;
         } else if (!degraded && id->io_degraded_ms != 0) {
-            rl_log(s->log, RL_LOG_INFO, "synced_recovered", "rule=%s "
-                   "degraded_ms=%llu", r->name,
-                   (unsigned long long)(loop_ms - id->io_degraded_ms));
-            id->io_degraded_ms = 0;
+            log_recovered(s, r, id, loop_ms);
         }
-        id->io_degraded_keys = 0;
     }
+}
+
+/* What a tick records was counted before the interval's edge it falls
+ * on, a moment after it: in the sub-window that ended there, not the one
+ * just begun (counted there, it would stay a sub-window longer in a
+ * degraded share's span: a tenth fewer admitted per period at a 100 ms
+ * interval of a 2 s period). A tick that is not just past an edge (the
+ * clock's estimate moved) records at now. */
+static uint64_t recorded_at(const rl_sync *s, uint64_t now)
+{
+    uint64_t late = now % interval_ms(s);
+    return now != 0 && late < interval_ms(s) / 2 && now > late ? now - late - 1
+                                                               : now;
 }
 
 static void on_tick(uv_timer_t *t)
@@ -1008,6 +1060,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t loop_ms = now_ms(s);
     rl_synced_table *table = atomic_load(&s->synced->table);
     uint64_t now = rl_synced_now(s->synced, loop_ms);
+    uint64_t at = recorded_at(s, now);
     for (size_t i = 0; i < table->cap; i++) {
         rl_synced_entry *e = atomic_load(&table->slots[i]);
         if (e == NULL)
@@ -1019,7 +1072,7 @@ static void on_tick(uv_timer_t *t)
         if (counted != e->last_counted || e->active_ms == 0)
             e->active_ms = loop_ms;
         e->last_counted = counted;
-        rl_synced_record(s->synced, e, loop_ms);
+        rl_synced_record(s->synced, e, loop_ms, at);
         follow_totals(s, e, loop_ms);
         /* A fresh share at every tick, from a TOTALS snapshot (or from no
          * totals at all, a cold key's), not from an acknowledgement's; the

@@ -419,14 +419,15 @@ static uint64_t counting_now(const rl_synced *s, uint64_t loop_ms)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms)
+void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
+                      uint64_t at_ms)
 {
     const rl_rule *r = e->ident->io_rule;
     if (r == NULL)
         return;
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
-    rl_own_record(&e->own, counting_now(s, loop_ms) / g, g,
-                  rl_synced_counted(e));
+    uint64_t at = at_ms != 0 ? at_ms : counting_now(s, loop_ms);
+    rl_own_record(&e->own, at / g, g, rl_synced_counted(e));
 }
 
 /* The first sub-window of the span that ends at w: the trailing period

@@ -185,9 +185,11 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
 
 /* I/O thread: records what the key counted since the last record in the
- * sub-window of Redis's clock now (nothing while that clock is not known,
- * or for a rule reloaded away: those counts go to the next record). */
-void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms);
+ * sub-window of at_ms, Redis's clock (0: now, or, before the agent has
+ * heard that clock, the wall clock that stands for it); nothing for a
+ * rule reloaded away (its counts go out in one entry). */
+void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
+                      uint64_t at_ms);
 
 /* I/O thread: the key's totals can no longer be had (degraded) or can
  * again. Degraded, its mark is this agent's share of the limit over a
