@@ -196,9 +196,11 @@ typedef struct rl_attr {
 typedef struct rl_decision {
     bool allowed;
     /* The store did not answer within the deadline (or the agent was shut
-     * down) for at least one rule, and that rule's on_error decided (with
-     * on_error: local, its fallback bucket: this agent's share of the
-     * limit). */
+     * down) for at least one rule, or a synced rule's key had no totals
+     * from its aggregators (aggregator.stale_after_ms), and that rule's
+     * on_error decided (with on_error: local, its fallback bucket, or for
+     * a synced rule its share over its own counts: this agent's share of
+     * the limit). */
     bool degraded;
     /* The deciding rule: when rejected, the rejecting rule with the longest
      * retry; when allowed, the tightest rule (fewest tokens remaining; the
@@ -228,8 +230,9 @@ typedef struct rl_decision {
     unsigned shadow_rejected;
     char shadow_rules[RL_SHADOW_NAMES_MAX][RL_RULE_NAME_MAX + 1];
     /* The deciding rule was decided by its on_error: local bucket (the
-     * store did not answer; degraded is set too): a rejection is this
-     * agent's share of the limit running out, not the store's absence. */
+     * store did not answer), or a synced rule by this agent's own share
+     * (no totals); degraded is set too: a rejection is this agent's share
+     * of the limit running out, not the store's absence. */
     bool fallback;
 } rl_decision;
 
@@ -291,8 +294,9 @@ typedef struct rl_rule_counters {
     uint64_t checks;    /* requests the rule applied to */
     uint64_t allowed;   /* ...that it let through (on_error included) */
     uint64_t rejected;  /* ...that it rejected (on_error: deny included) */
-    uint64_t degraded;  /* ...that its on_error decided (no answer in time),
-                         * its fallback bucket (on_error: local) included */
+    uint64_t degraded;  /* ...that its on_error decided (no answer in time;
+                         * for a synced rule, no totals), its fallback
+                         * bucket or own share (on_error: local) included */
     /* A shadow rule never rejects: the requests it would have rejected
      * (counted here, not in rejected). */
     uint64_t shadow_rejected;
