@@ -278,51 +278,36 @@ typedef struct windows_seen {
 } windows_seen;
 
 /* Reads the hash on one server, or on whichever primary of a cluster holds
- * it (the others answer MOVED). */
+ * it. */
 static void read_windows(windows_seen *ws)
 {
-    char seeds[1024];
-    snprintf(seeds, sizeof seeds, "%s", ws->store);
-    char *save = NULL;
-    bool found = false;
-    for (char *addr = strtok_r(seeds, ",", &save); addr != NULL && !found;
-         addr = strtok_r(NULL, ",", &save)) {
-        char *colon = strrchr(addr, ':');
-        if (colon == NULL)
+    redisContext *c = test_redis_connect_holding(ws->store, ws->key);
+    redisReply *r = c != NULL ? redisCommand(c, "HGETALL %s", ws->key) : NULL;
+    bool found = r != NULL && r->type == REDIS_REPLY_ARRAY;
+    for (size_t f = 0; found && f + 1 < r->elements; f += 2) {
+        /* Sub-windows are named by their numbers; the head and sums
+         * beside them (m, windows.c) are not counts. */
+        const char *name = r->element[f]->str;
+        if (name[0] < '0' || name[0] > '9')
             continue;
-        *colon = '\0';
-        redisContext *c = redisConnect(addr, atoi(colon + 1));
-        if (c == NULL || c->err) {
-            redisFree(c);
-            continue;
-        }
-        redisReply *r = redisCommand(c, "HGETALL %s", ws->key);
-        found = r != NULL && r->type == REDIS_REPLY_ARRAY;
-        for (size_t f = 0; found && f + 1 < r->elements; f += 2) {
-            /* Sub-windows are named by their numbers; the head and sums
-             * beside them (m, windows.c) are not counts. */
-            const char *name = r->element[f]->str;
-            if (name[0] < '0' || name[0] > '9')
+        uint64_t field = strtoull(name, NULL, 10);
+        long long v = atoll(r->element[f + 1]->str);
+        size_t k = 0;
+        while (k < ws->n && ws->field[k] != field)
+            k++;
+        if (k == ws->n) {
+            if (ws->n == FIELDS_MAX) {
+                ws->overflow = true;
                 continue;
-            uint64_t field = strtoull(name, NULL, 10);
-            long long v = atoll(r->element[f + 1]->str);
-            size_t k = 0;
-            while (k < ws->n && ws->field[k] != field)
-                k++;
-            if (k == ws->n) {
-                if (ws->n == FIELDS_MAX) {
-                    ws->overflow = true;
-                    continue;
-                }
-                ws->field[ws->n] = field;
-                ws->count[ws->n++] = 0;
             }
-            if (v > ws->count[k])
-                ws->count[k] = v;
+            ws->field[ws->n] = field;
+            ws->count[ws->n++] = 0;
         }
-        freeReplyObject(r);
-        redisFree(c);
+        if (v > ws->count[k])
+            ws->count[k] = v;
     }
+    freeReplyObject(r);
+    redisFree(c);
 }
 
 static void *watch_windows(void *arg)

@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,31 @@ redisContext *test_redis_connect(const char *addr)
     cr_assert(c != NULL && !c->err, "cannot connect to %s: %s", addr,
               c ? c->errstr : "out of memory");
     return c;
+}
+
+redisContext *test_redis_connect_holding(const char *store, const char *key)
+{
+    char seeds[1024];
+    snprintf(seeds, sizeof seeds, "%s", store);
+    char *save = NULL;
+    for (char *addr = strtok_r(seeds, ",", &save); addr != NULL;
+         addr = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(addr, ':');
+        if (colon == NULL)
+            continue;
+        *colon = '\0';
+        struct timeval tv = {2, 0};
+        redisContext *c = redisConnectWithTimeout(addr, atoi(colon + 1), tv);
+        redisReply *r = c != NULL && !c->err
+                            ? redisCommand(c, "EXISTS %s", key)
+                            : NULL;
+        bool serves = r != NULL && r->type == REDIS_REPLY_INTEGER;
+        freeReplyObject(r);
+        if (serves)
+            return c;
+        redisFree(c);
+    }
+    return NULL;
 }
 
 redisReply *test_redis_command(redisContext *c, const char *fmt, ...)

@@ -17,6 +17,12 @@ const char *test_env(const char *name);
  * "host:port" given). The test fails if that is not possible. */
 redisContext *test_redis_connect(const char *addr);
 
+/* test_redis_connect_holding connects to the server of store (host:port,
+ * or a cluster's seeds separated by commas) that serves key: on a cluster
+ * the primary of its slot (the other nodes answer MOVED). NULL if none
+ * does. It asserts nothing, so that a test's threads may call it too. */
+redisContext *test_redis_connect_holding(const char *store, const char *key);
+
 /* test_redis_command runs one command and fails the test on a NULL reply
  * (a lost connection). The caller frees the reply. */
 redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
