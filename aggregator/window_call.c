@@ -4,7 +4,9 @@
  * call was at Redis (windows.c): a fleet's agents report the same keys at
  * the same moments, so a key carried by several parts appears once in the
  * call, with the sum of their counts, and costs Redis one HINCRBY and one
- * HGET however many reports carried it.
+ * HGET however many reports carried it (once per sub-window its counts go
+ * to: counts held through an outage keep the sub-windows they were made
+ * in, windows.c).
  *
  * Each part is still applied once, by its own sequence key. The function
  * first checks every part not known to be a duplicate; if any is not new,
@@ -36,19 +38,27 @@
  * by sub-window. ARGV: the number of parts, of set rules, N; per part its
  * seq, agent, 1 if known a duplicate (else 0), its number of set rules and
  * their numbers (from 1); per set rule its ttl in ms; the number of
- * groups, per group the hashes' ttl in ms, the sub-window and the number
- * of hashes; then per hash its count (summed over the fresh parts).
- * Answers {0, agents per set rule..., (recent, oldest) per hash...}, or
- * {1, the numbers of the parts found not new...} having written nothing.
+ * groups, per group the hashes' ttl in ms, the sub-window w their totals
+ * are read in (now's), the sub-window their counts go to (w or one of the
+ * N before it) and the number of hashes; then per hash its count (summed
+ * over the fresh parts). Answers {0, agents per set rule..., (recent,
+ * oldest) per hash...}, or {1, the numbers of the parts found not new...}
+ * having written nothing. A hash may be in two groups of a call (one
+ * report's counts of a key made in two sub-windows): the group after sees
+ * the writes of the one before.
  *
  * Besides a field per sub-window a hash holds one field m, "h r o": its
- * head h (the newest sub-window counted), r (the sum of h-N+1..h-1) and o
- * (the count of h-N). While h is the entry's sub-window its answer is r
- * plus its own field, and o: the HINCRBY's reply and one HGET. When a count
- * starts a new sub-window the head moves (from the last head's sums and two
- * fields, or from the fields when sub-windows were skipped), and a count
- * for an older sub-window (an aggregator whose estimate of Redis's clock
- * lags) adds to r or o, so that they always equal what the fields hold. */
+ * head h (the newest sub-window a count was applied in, by the clock of
+ * the aggregator that applied it: the count itself may be for an older
+ * one), r (the sum of h-N+1..h-1) and o (the count of h-N). While h is w
+ * and the count is for w, the answer is r plus w's field, and o: the
+ * HINCRBY's reply and one HGET. When w is past the head, the head moves
+ * to w: from the last head's sums and two fields when it moves by one and
+ * the count is w's, else from the fields. A count for a sub-window before
+ * the head (an aggregator whose estimate of Redis's clock lags, or a count
+ * its report says was made earlier) adds to r or o, so that they always
+ * equal what the fields hold, and gives the hash its expiry again, as a
+ * head move does: a hash that only such counts wrote still expires. */
 #define LUA_APPLY_BODY \
     "  local nparts, nsets = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
     "  local n = tonumber(ARGV[3])\n" \
@@ -91,7 +101,7 @@
     "    local v = redis.call('HMGET', key, unpack(fields))\n" \
     "    local recent = 0\n" \
     "    for i = 1, n do recent = recent + tonumber(v[i] or 0) end\n" \
-    "    return recent, tonumber(v[n + 1] or 0)\n" \
+    "    return recent, tonumber(v[n + 1] or 0), tonumber(v[1] or 0)\n" \
     "  end\n" \
     "  local function sums(key, h, r, o)\n" \
     "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
@@ -105,13 +115,13 @@
     "  end\n" \
     "  local function move_head(key, hs, r, h, w, ws, ttl, now)\n" \
     "    local recent, oldest\n" \
-    "    if h == w - 1 then\n" \
+    "    if h == w - 1 and now ~= nil then\n" \
     "      local v = redis.call('HMGET', key, hs,\n" \
     "                           string.format('%.0f', h - n + 1))\n" \
     "      oldest = tonumber(v[2] or 0)\n" \
     "      recent = tonumber(r) + tonumber(v[1] or 0) - oldest + now\n" \
     "    else\n" \
-    "      recent, oldest = span(key, w)\n" \
+    "      recent, oldest, now = span(key, w)\n" \
     "    end\n" \
     "    sums(key, ws, recent - now, oldest)\n" \
     "    redis.call('PEXPIRE', key, ttl)\n" \
@@ -126,27 +136,32 @@
     "    end\n" \
     "    return recent, oldest\n" \
     "  end\n" \
-    "  local function entry(key, counted, w, ws, ttl)\n" \
+    "  local function before_head(key, hs, r, o, cw, count, w, ttl)\n" \
+    "    local h = tonumber(hs)\n" \
+    "    if cw > h - n then\n" \
+    "      sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
+    "    elseif cw == h - n then\n" \
+    "      sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
+    "    end\n" \
+    "    redis.call('PEXPIRE', key, ttl)\n" \
+    "    forget_strays(key, w)\n" \
+    "    return span(key, w)\n" \
+    "  end\n" \
+    "  local function entry(key, counted, w, ws, cw, cs, ttl)\n" \
     "    local count = tonumber(counted)\n" \
     "    if count > 0 then\n" \
-    "      local now = redis.call('HINCRBY', key, ws, counted)\n" \
+    "      local now = redis.call('HINCRBY', key, cs, counted)\n" \
+    "      if cs ~= ws then now = nil end\n" \
     "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
     "                                    '^(%d+) (%d+) (%d+)$')\n" \
-    "      if hs == ws or tonumber(hs) == w then\n" \
+    "      if now ~= nil and (hs == ws or tonumber(hs) == w) then\n" \
     "        return tonumber(r) + now, tonumber(o)\n" \
     "      end\n" \
     "      local h = tonumber(hs)\n" \
     "      if h == nil or h < w then\n" \
     "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
     "      end\n" \
-    "      local recent, oldest = span(key, w)\n" \
-    "      if w > h - n then\n" \
-    "        sums(key, hs, tonumber(r) + count, tonumber(o))\n" \
-    "      elseif w == h - n then\n" \
-    "        sums(key, hs, tonumber(r), tonumber(o) + count)\n" \
-    "      end\n" \
-    "      forget_strays(key, w)\n" \
-    "      return recent, oldest\n" \
+    "      return before_head(key, hs, r, o, cw, count, w, ttl)\n" \
     "    end\n" \
     "    local v = redis.call('HMGET', key, 'm', ws)\n" \
     "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
@@ -156,31 +171,35 @@
     "    return span(key, w)\n" \
     "  end\n" \
     "  local k, g, o = nparts + 2 * nsets + 1, a + nsets + 1, #out\n" \
-    "  local c = g + 3 * tonumber(ARGV[g - 1])\n" \
+    "  local c = g + 4 * tonumber(ARGV[g - 1])\n" \
     "  while k <= #KEYS do\n" \
-    "    local ttl, ws = ARGV[g], ARGV[g + 1]\n" \
-    "    local w, upto = tonumber(ws), k + tonumber(ARGV[g + 2])\n" \
+    "    local ttl, ws, cs = ARGV[g], ARGV[g + 1], ARGV[g + 2]\n" \
+    "    local w, cw = tonumber(ws), tonumber(cs)\n" \
+    "    local upto = k + tonumber(ARGV[g + 3])\n" \
     "    while k < upto do\n" \
-    "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, ttl)\n" \
+    "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, cw, cs,\n" \
+    "                                   ttl)\n" \
     "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
     "      k, c = k + 1, c + 1\n" \
     "    end\n" \
-    "    g = g + 3\n" \
+    "    g = g + 4\n" \
     "  end\n" \
     "  return out\n"
 
 
-/* rl_agg_5: rl_agg_4 applied one report per call; an rl_agg_4 aggregator
- * on the same Redis keeps its own library and function. The hashes are
- * the same. */
+/* rl_agg_6: rl_agg_5 added every count to the sub-window its totals were
+ * read in, and its groups name no other; an rl_agg_5 aggregator on the
+ * same Redis keeps its own library and function (as rl_agg_5 beside
+ * rl_agg_4, which applied one report per call). The hashes are the
+ * same. */
 static const char library[] =
-    "#!lua name=rl_agg_5\n"
+    "#!lua name=rl_agg_6\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
-    "redis.register_function('rl_agg_5_apply', apply)\n";
+    "redis.register_function('rl_agg_6_apply', apply)\n";
 
 static const char apply_script[] = LUA_APPLY_BODY;
 
-static const char *const functions[] = {"rl_agg_5_apply"};
+static const char *const functions[] = {"rl_agg_6_apply"};
 static const char *const sources[] = {apply_script};
 
 const rl_script_set rl_window_scripts = {
@@ -201,7 +220,7 @@ typedef struct call {
 
 /* The distinct set rules, sub-windows and hashes of a call's parts. */
 typedef struct merge {
-    uint64_t *group_ttl, *group_window;
+    uint64_t *group_ttl, *group_window, *group_count_window;
     size_t *group_keys, n_groups, last_group; /* hashes per group */
     size_t *group_first, *group_filled;      /* their places */
     const rl_window_count **key_first; /* per distinct hash, in order met */
@@ -216,6 +235,7 @@ static void merge_free(merge *g)
 {
     free(g->group_ttl);
     free(g->group_window);
+    free(g->group_count_window);
     free(g->group_keys);
     free(g->group_first);
     free(g->group_filled);
@@ -236,6 +256,8 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
     *g = (merge){.group_ttl = calloc(n_counts + 1, sizeof *g->group_ttl),
                  .group_window = calloc(n_counts + 1,
                                         sizeof *g->group_window),
+                 .group_count_window = calloc(n_counts + 1,
+                                              sizeof *g->group_count_window),
                  .group_keys = calloc(n_counts + 1, sizeof *g->group_keys),
                  .group_first = calloc(n_counts + 1,
                                        sizeof *g->group_first),
@@ -250,8 +272,8 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
                  .mask = cap - 1,
                  .sets = calloc(n_sets + 1, sizeof *g->sets)};
     if (g->group_ttl == NULL || g->group_window == NULL
-        || g->group_keys == NULL || g->group_first == NULL
-        || g->group_filled == NULL || g->key_slot == NULL
+        || g->group_count_window == NULL || g->group_keys == NULL
+        || g->group_first == NULL || g->group_filled == NULL || g->key_slot == NULL
         || g->key_first == NULL
         || g->key_group == NULL || g->by_slot == NULL || g->key_sum == NULL
         || g->table == NULL || g->sets == NULL) {
@@ -261,20 +283,28 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
     return 0;
 }
 
-/* The group of a count's hash: its sub-window and ttl (a call's counts
- * are mostly of one rule, so the last group is tried first). */
+static bool in_group(const merge *g, size_t k, const rl_window_count *c)
+{
+    return g->group_window[k] == c->window
+           && g->group_count_window[k] == c->count_window
+           && g->group_ttl[k] == c->ttl_ms;
+}
+
+/* The group of a count's hash: its sub-windows and ttl (a call's counts
+ * are mostly of one rule and made now, so the last group is tried
+ * first). */
 static size_t group_of(merge *g, const rl_window_count *c)
 {
     size_t k = g->last_group;
-    if (k < g->n_groups && g->group_window[k] == c->window
-        && g->group_ttl[k] == c->ttl_ms)
+    if (k < g->n_groups && in_group(g, k, c))
         return k;
     for (k = 0; k < g->n_groups; k++) {
-        if (g->group_window[k] == c->window && g->group_ttl[k] == c->ttl_ms)
+        if (in_group(g, k, c))
             break;
     }
     if (k == g->n_groups) {
         g->group_window[k] = c->window;
+        g->group_count_window[k] = c->count_window;
         g->group_ttl[k] = c->ttl_ms;
         g->n_groups++;
     }
@@ -352,7 +382,7 @@ static void merge_parts(merge *g, rl_window_part *parts)
 static size_t args_cap(const merge *g, const rl_window_part *parts,
                        size_t *slots)
 {
-    size_t cap = 8 * 24 + 3 * 24 * g->n_groups, n = 8 + 3 * g->n_groups;
+    size_t cap = 8 * 24 + 4 * 24 * g->n_groups, n = 8 + 4 * g->n_groups;
     for (const rl_window_part *p = parts; p != NULL; p = p->next) {
         cap += p->seq_key_len + p->agent_len + 24 * (3 + p->n_sets);
         n += 5 + p->n_sets;
@@ -398,6 +428,7 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
     for (size_t k = 0; k < g->n_groups; k++) {
         rl_args_add_u64(a, g->group_ttl[k]);
         rl_args_add_u64(a, g->group_window[k]);
+        rl_args_add_u64(a, g->group_count_window[k]);
         rl_args_add_u64(a, g->group_keys[k]);
     }
     for (size_t s = 0; s < g->n_keys; s++)

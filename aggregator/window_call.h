@@ -1,5 +1,5 @@
 /*
- * window_call.h: one call of the window function (rl_agg_5) for several
+ * window_call.h: one call of the window function (rl_agg_6) for several
  * parts of reports at once, each checked against its own sequence key, the
  * counts of one key summed over the parts so that Redis adds them once.
  * Private to rl-aggregator; windows.c makes the parts.
@@ -25,11 +25,13 @@ typedef struct rl_window_set {
     size_t slot;      /* its place in the call */
 } rl_window_set;
 
-/* A count for a client's hash of sub-windows; answered with its totals. */
+/* A count for a client's hash of sub-windows, added to sub-window
+ * count_window (at most window); answered with its totals read in
+ * sub-window window, now's. */
 typedef struct rl_window_count {
     const char *key;
     size_t key_len;
-    uint64_t ttl_ms, window, count;
+    uint64_t ttl_ms, window, count_window, count;
     uint64_t recent, oldest; /* the answer */
     size_t slot;             /* its place in the call */
 } rl_window_count;

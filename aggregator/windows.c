@@ -18,7 +18,9 @@
  * count of a new sub-window; only then does the hash get its expiry (two
  * periods) and lose the field that left the span one sub-window before,
  * so that an aggregator one sub-window behind still reads what it would
- * have without m. rlctl and the tests read only fields named by a number.
+ * have without m. A count for a sub-window before the head gives it its
+ * expiry again, so that a hash only such counts wrote expires too. rlctl
+ * and the tests read only fields named by a number.
  *
  * The answer for an entry read in sub-window w is "recent", the sum of
  * w-N+1..w, and "oldest", the count of w-N (N = RL_WIRE_SUBWINDOWS): their
@@ -28,6 +30,17 @@
  * over aligned windows: an estimate that weighs an older window by the part
  * of it still inside assumes its requests were spread evenly, and a burst
  * at its end then counts for less than it was.
+ *
+ * A report entry may name the sub-window its count was made in (wire.h),
+ * and the count goes there: a report held through an outage then weighs
+ * what its requests weighed when they were admitted, instead of a
+ * period's worth landing at once in the sub-window it arrives in, which
+ * refused a tenant under its limit for a period. A sub-window after now's
+ * (the agent's clock ahead) is taken as now's; one more than N before
+ * now's takes the count nowhere, since no span read from now on holds it,
+ * not even as its oldest. Either way the entry is answered with the totals
+ * read in now's sub-window, as every entry is; an entry without a window
+ * (an older agent) is counted now.
  *
  * A report is applied by function calls that each check a sequence number
  * and, only if the report is new to them, add its counts (HINCRBY; a
@@ -50,13 +63,13 @@
  * On one server a report is one part (rl:agg:seq:<agent>), and the parts
  * are gathered: while a call is at Redis, the reports that arrive are
  * queued, and when it answers they all go as one call (window_call.c),
- * each key once with the sum of the fresh reports' counts, each report
- * still checked against its own sequence key. A report that arrives with
- * no call at Redis goes at once: gathering adds no wait when idle. A
- * gathered call carries at most aggregator.max_entries entries (the first
- * report whatever its size), and at most the reports the aggregator
- * handles at once (RL_INGEST_WORKERS): the queue holds nothing the workers
- * do not. With four agents reporting the same 1,000 keys, a call of four
+ * each key once (per sub-window its counts go to) with the sum of the
+ * fresh reports' counts, each report still checked against its own
+ * sequence key. A report that arrives with no call at Redis goes at once:
+ * gathering adds no wait when idle. A gathered call carries at most
+ * aggregator.max_entries entries (the first report whatever its size), and
+ * at most the reports the aggregator handles at once (RL_INGEST_WORKERS):
+ * the queue holds nothing the workers do not. With four agents reporting the same 1,000 keys, a call of four
  * reports costs Redis one HINCRBY and one HGET per key, not four
  * (docs/performance.md, "Aggregator ingest").
  *
@@ -295,6 +308,23 @@ static size_t keys_cap(const report_view *v, const part *pt)
     return cap + RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + 16;
 }
 
+/* The sub-window an entry's count goes to: the one it was made in, if the
+ * entry names it, but not after now's (the agent's clock ahead), and none
+ * (a count of 0: its totals are only read) once more than N sub-windows
+ * before now's, where no span read from now on has it even as its oldest.
+ * Without a window, now's. */
+static void place_count(rl_window_count *c, const rl_wire_entry *e)
+{
+    c->count_window = c->window;
+    c->count = e->count;
+    if (e->window == 0 || e->window >= c->window)
+        return;
+    if (c->window - e->window > RL_WIRE_SUBWINDOWS)
+        c->count = 0;
+    else
+        c->count_window = e->window;
+}
+
 /* Makes the part's keys and what it asks of Redis; -1 without memory. */
 static int prepare(const report_view *v, part *pt, uint64_t now_ms)
 {
@@ -333,8 +363,8 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms)
         c->counts[k] = (rl_window_count){
             .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
             .ttl_ms = 2 * period,
-            .window = now_ms / rl_wire_subwindow_ms(period),
-            .count = v->m->entries[i].count};
+            .window = now_ms / rl_wire_subwindow_ms(period)};
+        place_count(&c->counts[k], &v->m->entries[i]);
     }
     return 0;
 }

@@ -41,9 +41,11 @@ rl_windows *rl_windows_new(rl_store *store, size_t max_entries);
 void rl_windows_free(rl_windows *ws);
 
 /* rl_windows_apply adds the counts of a decoded report into the
- * sub-windows of now_ms (Redis's clock), and the agent into the agent sets
- * of its entries' rules and of presence[0..n_presence). rules[i] is the
- * synced rule of entry i. */
+ * sub-windows its entries name, or of now_ms (Redis's clock) for those
+ * that name none (windows.c), and the agent into the agent sets of its
+ * entries' rules and of presence[0..n_presence); every entry is answered
+ * with its key's totals read at now_ms. rules[i] is the synced rule of
+ * entry i. */
 void rl_windows_apply(rl_windows *ws, const rl_wire_msg *report,
                       const rl_rule *const *rules,
                       const rl_rule *const *presence, size_t n_presence,

@@ -222,16 +222,23 @@ Test(synced, a_resent_report_is_counted_once)
 
 /* --- Reports gathered into one call (windows.c, window_call.c). ---------- */
 
-/* Sends a report of n counts without waiting for its ack. */
+/* Sends a report of n counts without waiting for its ack; windows, when
+ * not NULL, are the sub-windows the counts were made in (0: an entry of
+ * three fields, as an older agent sends). */
 static void send_counts(nng_socket s, const char *agent, uint64_t seq,
                         const char *const *values, const uint64_t *counts,
-                        size_t n)
+                        const uint64_t *windows, size_t n)
 {
     rl_wire_writer *w = rl_wire_writer_new();
     rl_wire_begin_report(w, agent, seq, n);
-    for (size_t i = 0; i < n; i++)
-        rl_wire_put_count(w, "per-tenant", values[i], strlen(values[i]),
-                          counts[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (windows != NULL && windows[i] > 0)
+            rl_wire_put_count_at(w, "per-tenant", values[i],
+                                 strlen(values[i]), counts[i], windows[i]);
+        else
+            rl_wire_put_count(w, "per-tenant", values[i], strlen(values[i]),
+                              counts[i]);
+    }
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     int rv = nng_send(s, (void *)data, len, 0);
@@ -285,18 +292,18 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     /* This one goes at once, and waits at Redis... */
     nng_socket at_redis = dial_reports(&agg);
     const char *g[] = {"org_g"}, *gb[] = {"org_g", "org_b"};
-    send_counts(at_redis, "gather-x", 1, g, (uint64_t[]){1}, 1);
+    send_counts(at_redis, "gather-x", 1, g, (uint64_t[]){1}, NULL, 1);
     test_sleep_ms(150);
     /* ...while these queue behind it. */
     enum { QUEUED = 5 };
     nng_socket s[QUEUED];
     for (int i = 0; i < QUEUED; i++)
         s[i] = dial_reports(&agg);
-    send_counts(s[0], "gather-b", 1, gb, (uint64_t[]){10, 2}, 2);
-    send_counts(s[1], "gather-b", 1, gb, (uint64_t[]){10, 2}, 2);
-    send_counts(s[2], "gather-c", 1, g, (uint64_t[]){100}, 1);
-    send_counts(s[3], "gather-a", 1, g, (uint64_t[]){1000}, 1);
-    send_counts(s[4], "gather-d", 1, g, (uint64_t[]){10000}, 1);
+    send_counts(s[0], "gather-b", 1, gb, (uint64_t[]){10, 2}, NULL, 2);
+    send_counts(s[1], "gather-b", 1, gb, (uint64_t[]){10, 2}, NULL, 2);
+    send_counts(s[2], "gather-c", 1, g, (uint64_t[]){100}, NULL, 1);
+    send_counts(s[3], "gather-a", 1, g, (uint64_t[]){1000}, NULL, 1);
+    send_counts(s[4], "gather-d", 1, g, (uint64_t[]){10000}, NULL, 1);
     ack = receive_ack(at_redis);
     cr_assert_eq(ack.status, RL_ACK_APPLIED);
     cr_assert_eq(ack.entries[0].current, 1001);
@@ -340,26 +347,28 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     test_redis_stop(&srv);
 }
 
-/* One count for the hash of org_late_sums in sub-window w, straight through
- * the aggregator's function (window_call.c), as an aggregator whose clock
- * says w would send it, a report alone in its call; the answer into recent
- * and oldest. Returns whether the report was a duplicate: then the
- * function writes nothing and says so, and, as the aggregator does, the
- * report is sent again marked as one, to be answered. */
-static bool apply_at(redisContext *c, uint64_t seq, uint64_t w,
+/* One count for the hash of org_late_sums, made in sub-window at (at most
+ * w), straight through the aggregator's function (window_call.c), as an
+ * aggregator whose clock says w would send it, a report alone in its
+ * call; the answer into recent and oldest. Returns whether the report was
+ * a duplicate: then the function writes nothing and says so, and, as the
+ * aggregator does, the report is sent again marked as one, to be
+ * answered. */
+static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
                      uint64_t count, long long *recent, long long *oldest)
 {
-    char seq_s[24], w_s[24], count_s[24], n_s[8];
+    char seq_s[24], w_s[24], at_s[24], count_s[24], n_s[8];
     snprintf(seq_s, sizeof seq_s, "%llu", (unsigned long long)seq);
     snprintf(w_s, sizeof w_s, "%llu", (unsigned long long)w);
+    snprintf(at_s, sizeof at_s, "%llu", (unsigned long long)at);
     snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
-    const char *argv[] = {"FCALL", "rl_agg_5_apply", "4",
+    const char *argv[] = {"FCALL", "rl_agg_6_apply", "4",
                           "rl:agg:seq:late-sums", "rl:agg:agents:late:w1",
                           "rl:agg:agents:late:w0",
                           "rl:tenant:org_late_sums:w", "1", "1", n_s, seq_s,
                           "late-sums", "0", "1", "1", "60000", "1", "60000",
-                          w_s, "1", count_s};
+                          w_s, at_s, "1", count_s};
     enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 12 };
     redisReply *r = redisCommandArgv(c, ARGC, argv, NULL);
     cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2,
@@ -382,46 +391,75 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w,
     return duplicate;
 }
 
-/* The hash's m ("h r o") says the same as its fields: r is the sum of
- * h-N+1..h-1, o the count of h-N. Returns h. */
-static uint64_t expect_sums_match_fields(redisContext *c)
+/* A hash of sub-windows as Redis holds it: its fields named by a number,
+ * and its head and sums (m, "h r o"). */
+typedef struct window_hash {
+    unsigned long long field[64][2]; /* sub-window, count */
+    size_t n;
+    bool has_m;
+    unsigned long long head, r, o;
+} window_hash;
+
+static void read_window_hash(redisContext *c, const char *key,
+                             window_hash *out)
 {
-    redisReply *h = test_redis_command(c,
-                                       "HGETALL rl:tenant:org_late_sums:w");
-    unsigned long long head = 0, r = 0, o = 0, fields[64][2];
-    size_t n = 0;
+    redisReply *h = test_redis_command(c, "HGETALL %s", key);
+    cr_assert_eq(h->type, REDIS_REPLY_ARRAY, "HGETALL %s: %s", key, h->str);
+    *out = (window_hash){.n = 0};
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
         if (strcmp(h->element[f]->str, "m") == 0) {
+            out->has_m = true;
             cr_assert_eq(sscanf(h->element[f + 1]->str, "%llu %llu %llu",
-                                &head, &r, &o), 3);
-        } else if (n < 64) {
-            fields[n][0] = strtoull(h->element[f]->str, NULL, 10);
-            fields[n++][1] = strtoull(h->element[f + 1]->str, NULL, 10);
+                                &out->head, &out->r, &out->o), 3);
+        } else {
+            cr_assert_lt(out->n, 64, "%s: too many fields", key);
+            out->field[out->n][0] = strtoull(h->element[f]->str, NULL, 10);
+            out->field[out->n++][1] = strtoull(h->element[f + 1]->str,
+                                               NULL, 10);
         }
     }
     freeReplyObject(h);
-    unsigned long long want_r = 0, want_o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (fields[i][0] + RL_WIRE_SUBWINDOWS == head)
-            want_o += fields[i][1];
-        else if (fields[i][0] < head
-                 && fields[i][0] + RL_WIRE_SUBWINDOWS > head)
-            want_r += fields[i][1];
+}
+
+/* The count of sub-window w in the hash, 0 if it has no such field. */
+static unsigned long long window_count(const window_hash *h, uint64_t w)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        if (h->field[i][0] == w)
+            return h->field[i][1];
     }
-    cr_expect_eq(r, want_r, "head %llu: r %llu, the fields %llu", head, r,
-                 want_r);
-    cr_expect_eq(o, want_o, "head %llu: o %llu, the fields %llu", head, o,
-                 want_o);
-    return head;
+    return 0;
+}
+
+/* The hash's m ("h r o") says the same as its fields: r is the sum of
+ * h-N+1..h-1, o the count of h-N. Returns h. */
+static uint64_t expect_sums_match_fields(redisContext *c, const char *key)
+{
+    window_hash h;
+    read_window_hash(c, key, &h);
+    cr_assert(h.has_m, "%s has no m", key);
+    unsigned long long want_r = 0, want_o = window_count(&h, h.head
+                                                         - RL_WIRE_SUBWINDOWS);
+    for (uint64_t w = h.head - RL_WIRE_SUBWINDOWS + 1; w < h.head; w++)
+        want_r += window_count(&h, w);
+    cr_expect_eq(h.r, want_r, "head %llu: r %llu, the fields %llu", h.head,
+                 h.r, want_r);
+    cr_expect_eq(h.o, want_o, "head %llu: o %llu, the fields %llu", h.head,
+                 h.o, want_o);
+    return h.head;
 }
 
 /* An entry in the head's sub-window is answered from the sums kept in m
  * (windows.c), not from the fields: they must stay equal to the fields
  * when the head moves by one, jumps, and when a count comes for a
- * sub-window before the head (an aggregator whose clock lags). */
+ * sub-window before the head (an aggregator whose clock lags), or for
+ * one before the aggregator's (a count its report says was made there),
+ * before the head, at it or after it. Such a count also gives the hash
+ * its expiry again. */
 Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
 {
     enum { N = RL_WIRE_SUBWINDOWS, W = 1000 };
+    static const char key[] = "rl:tenant:org_late_sums:w";
     test_aggregator agg;
     test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
     test_aggregator_wait_ready(&agg);
@@ -433,39 +471,58 @@ Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
     redisContext *c = test_redis_connect(NULL);
     freeReplyObject(test_redis_command(c, "DEL rl:tenant:org_late_sums:w "
                                        "rl:agg:seq:late-sums"));
+    /* w: the aggregator's sub-window; at: the count's. */
     static const struct {
-        uint64_t w, count;
+        uint64_t w, at, count;
         long long recent, oldest;
         uint64_t head;
     } steps[] = {
-        {W, 5, 5, 0, W},               /* a new hash */
-        {W + 1, 3, 8, 0, W + 1},       /* the head moves by one */
-        {W, 2, 7, 0, W + 1},           /* late by one: into r */
-        {W + 1, 1, 11, 0, W + 1},      /* from the sums */
-        {W + N + 1, 1, 1, 4, W + N + 1}, /* the head jumps */
-        {W + N, 2, 6, 7, W + N + 1},   /* late by one again */
-        {W + N + 1, 0, 3, 4, W + N + 1}, /* a count of 0 asks */
-        {W + N + 2, 1, 4, 0, W + N + 2}, /* by one, from the sums */
-        {W + 2, 3, 7, 0, W + N + 2},   /* late by N: into o */
-        {W + N + 2, 1, 5, 3, W + N + 2},
+        {W, W, 5, 5, 0, W},                     /* a new hash */
+        {W + 1, W + 1, 3, 8, 0, W + 1},         /* the head moves by one */
+        {W, W, 2, 7, 0, W + 1},                 /* late by one: into r */
+        {W + 1, W + 1, 1, 11, 0, W + 1},        /* from the sums */
+        {W + N + 1, W + N + 1, 1, 1, 4, W + N + 1}, /* the head jumps */
+        {W + N, W + N, 2, 6, 7, W + N + 1},     /* late by one again */
+        {W + N + 1, W + N + 1, 0, 3, 4, W + N + 1}, /* a count of 0 asks */
+        {W + N + 2, W + N + 2, 1, 4, 0, W + N + 2}, /* by one, from the sums */
+        {W + 2, W + 2, 3, 7, 0, W + N + 2},     /* late by N: into o */
+        {W + N + 2, W + N + 2, 1, 5, 3, W + N + 2},
+        /* Counts made before the aggregator's sub-window: */
+        {W + 22, W + 19, 4, 9, 3, W + 22},      /* at the head: into r */
+        {W + 22, W + 2, 1, 9, 4, W + 22},       /* N before it: into o */
+        {W + 23, W + 21, 2, 11, 0, W + 23},     /* by one, from the fields */
+        {W + 26, W + 24, 5, 16, 0, W + 26},     /* a jump past the count */
+        {W + 26, W + 6, 1, 16, 1, W + 26},      /* the oldest */
+        {W + 27, W + 27, 1, 17, 0, W + 27},     /* by one, from the sums */
+        {W + 25, W + 24, 2, 19, 0, W + 27},     /* lagging, and made late */
     };
-    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    enum { STEPS = sizeof steps / sizeof steps[0] };
+    for (size_t i = 0; i < STEPS; i++) {
         long long recent, oldest;
-        cr_assert_not(apply_at(c, i + 1, steps[i].w, steps[i].count, &recent,
-                               &oldest), "step %zu a duplicate", i);
+        if (steps[i].at < steps[i].w)
+            freeReplyObject(test_redis_command(c, "PERSIST %s", key));
+        cr_assert_not(apply_at(c, i + 1, steps[i].w, steps[i].at,
+                               steps[i].count, &recent, &oldest),
+                      "step %zu a duplicate", i);
         cr_expect_eq(recent, steps[i].recent, "step %zu: recent %lld", i,
                      recent);
         cr_expect_eq(oldest, steps[i].oldest, "step %zu: oldest %lld", i,
                      oldest);
-        cr_assert_eq(expect_sums_match_fields(c), steps[i].head,
+        cr_assert_eq(expect_sums_match_fields(c, key), steps[i].head,
                      "step %zu: head", i);
+        if (steps[i].at < steps[i].w) {
+            long long ttl = test_redis_pttl(NULL, key);
+            cr_expect(ttl > 0 && ttl <= 60000, "step %zu: PTTL %lld", i,
+                      ttl);
+        }
     }
     /* Sent again, the last is a duplicate with the same answer. */
     long long recent, oldest;
-    cr_assert(apply_at(c, 10, W + N + 2, 1, &recent, &oldest));
-    cr_expect_eq(recent, 5);
-    cr_expect_eq(oldest, 3);
-    expect_sums_match_fields(c);
+    cr_assert(apply_at(c, STEPS, steps[STEPS - 1].w, steps[STEPS - 1].at,
+                       steps[STEPS - 1].count, &recent, &oldest));
+    cr_expect_eq(recent, steps[STEPS - 1].recent);
+    cr_expect_eq(oldest, steps[STEPS - 1].oldest);
+    expect_sums_match_fields(c, key);
     redisFree(c);
     test_aggregator_stop(&agg);
 }
@@ -508,72 +565,173 @@ Test(synced, a_count_of_zero_asks_for_the_totals_and_writes_nothing)
     test_aggregator_stop(&agg);
 }
 
-/* Waits for a TOTALS message of rule saying `agents` agents; returns
- * whether one came within timeout_ms. */
-static bool totals_say_agents(nng_socket sub, const char *rule,
-                              uint64_t agents, unsigned timeout_ms)
+/* --- Counts in the sub-windows they were made in (wire.h, windows.c). --- */
+
+/* A rule whose sub-windows are three minutes long: a test's reports all
+ * fall in one, and its hashes live two hours. */
+#define HOUR_MS 3600000
+static const char hour_rule[] =
+    "  - {name: per-tenant, match: tenant, limit: 1000000, period: 1h, "
+    "mode: synced}\n";
+
+/* Redis's sub-window of hour_rule, once its clock is two seconds or more
+ * from either end of it, so that the aggregator's reading of the clock is
+ * in it too. */
+static uint64_t hour_subwindow(void)
 {
-    uint64_t until = test_now_ms() + timeout_ms;
-    uint64_t last = 0;
-    while (test_now_ms() < until) {
-        char *buf;
-        size_t size;
-        if (nng_recv(sub, &buf, &size, NNG_FLAG_ALLOC) != 0)
-            continue;
-        const char *nul = memchr(buf, '\0', size);
-        rl_wire_msg m;
-        const char *why;
-        bool ok = nul != NULL
-                  && rl_wire_decode(nul + 1, size - (size_t)(nul + 1 - buf),
-                                    &m, &why) == 0;
-        if (ok) {
-            if (m.rule.len == strlen(rule)
-                && memcmp(m.rule.ptr, rule, m.rule.len) == 0)
-                last = m.agents;
-            rl_wire_msg_free(&m);
-        }
-        nng_free(buf, size);
-        if (last == agents)
-            return true;
-    }
-    fprintf(stderr, "totals of %s: last said %llu agents\n", rule,
-            (unsigned long long)last);
-    return false;
+    enum { EDGE_MS = 2000 };
+    uint64_t g = rl_wire_subwindow_ms(HOUR_MS), into = redis_time_ms() % g;
+    if (into < EDGE_MS)
+        test_sleep_ms((unsigned)(EDGE_MS - into));
+    else if (into > g - EDGE_MS)
+        test_sleep_ms((unsigned)(g - into + EDGE_MS));
+    return redis_time_ms() / g;
 }
 
-/* Agents that check nothing still tell the aggregator they are there, for
- * every rule that needs the fleet's size (a synced rule, and a rule whose
- * fallback is on_error: local), and the aggregator publishes each such
- * rule's agent count every interval. */
-Test(synced, presence_reports_make_the_fleet_size_known_without_traffic)
+/* The hash of value's counts on store (NULL: the runner's Redis), braced
+ * on a cluster, and a connection to the server that holds it. */
+static redisContext *connect_hash(const char *store, const char *value,
+                                  char *key, size_t cap)
+{
+    bool cluster = store != NULL && strchr(store, ',') != NULL;
+    snprintf(key, cap, cluster ? "{rl:tenant:%s}:w" : "rl:tenant:%s:w",
+             value);
+    if (store == NULL)
+        store = test_env("RL_TEST_REDIS");
+    redisContext *c = test_redis_connect_holding(store, key);
+    cr_assert_not_null(c, "no server of %s serves %s", store, key);
+    return c;
+}
+
+/* One report carries a key's counts made in four sub-windows, as an agent
+ * sends what it held through an outage: each lands in its own, the one of
+ * an agent whose clock is ahead in now's, and the one made before every
+ * span in none. Every entry is answered with totals read now, the one
+ * read last with all the report's counts; a count made now is then
+ * answered from the sums, which match the fields. */
+static void counts_keep_their_sub_windows(const char *store,
+                                          const char *value)
+{
+    enum { N = RL_WIRE_SUBWINDOWS };
+    test_aggregator agg;
+    test_aggregator_start(&agg, store, hour_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    char key[128];
+    redisContext *c = connect_hash(store, value, key, sizeof key);
+    nng_socket s = dial_reports(&agg);
+    uint64_t w = hour_subwindow();
+    const char *values[] = {value, value, value, value, value};
+    send_counts(s, "at-1", 1, values, (uint64_t[]){3, 4, 5, 6, 7},
+                (uint64_t[]){w - 3, w - N, w - N - 1, w + 2, 0}, 5);
+    rl_wire_msg ack = receive_ack(s);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.n_entries, 5);
+    uint64_t most = 0, its_oldest = 0;
+    for (size_t i = 0; i < ack.n_entries; i++) {
+        cr_expect_eq(ack.entries[i].window, w, "entry %zu read in %llu, "
+                     "now is %llu", i,
+                     (unsigned long long)ack.entries[i].window,
+                     (unsigned long long)w);
+        if (ack.entries[i].current > most) {
+            most = ack.entries[i].current;
+            its_oldest = ack.entries[i].previous;
+        }
+    }
+    cr_expect_eq(most, 3 + 6 + 7, "recent %llu", (unsigned long long)most);
+    cr_expect_eq(its_oldest, 4);
+    rl_wire_msg_free(&ack);
+    window_hash h;
+    read_window_hash(c, key, &h);
+    cr_expect_eq(h.n, 3, "%zu sub-windows written", h.n);
+    cr_expect_eq(window_count(&h, w - 3), 3);
+    cr_expect_eq(window_count(&h, w - N), 4);
+    cr_expect_eq(window_count(&h, w), 6 + 7);
+    cr_expect_eq(expect_sums_match_fields(c, key), w);
+
+    send_counts(s, "at-1", 2, values, (uint64_t[]){1}, NULL, 1);
+    ack = receive_ack(s);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_expect_eq(ack.entries[0].window, w);
+    read_window_hash(c, key, &h);
+    unsigned long long recent = 0;
+    for (uint64_t k = w - N + 1; k <= w; k++)
+        recent += window_count(&h, k);
+    cr_expect_eq(recent, 3 + 6 + 7 + 1);
+    cr_expect_eq(ack.entries[0].current, recent);
+    cr_expect_eq(ack.entries[0].previous, 4);
+    rl_wire_msg_free(&ack);
+    expect_sums_match_fields(c, key);
+    redisFree(c);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+}
+
+Test(synced, a_count_goes_to_the_sub_window_its_entry_names)
+{
+    counts_keep_their_sub_windows(NULL, "org_at");
+}
+
+Test(synced, a_count_goes_to_the_sub_window_its_entry_names_on_a_cluster)
+{
+    counts_keep_their_sub_windows(test_env("RL_TEST_CLUSTER"),
+                                  "org_at_cluster");
+}
+
+/* Starts agg on hour_rule and sends it one count of value made `back`
+ * sub-windows before now's, which goes in *w, as the agent named value
+ * (its first report); returns the ack. */
+static rl_wire_msg one_count_made_before(test_aggregator *agg,
+                                         const char *value, uint64_t count,
+                                         uint64_t back, uint64_t *w)
+{
+    test_aggregator_start(agg, NULL, hour_rule, 1000, NULL);
+    test_aggregator_wait_ready(agg);
+    nng_socket s = dial_reports(agg);
+    *w = hour_subwindow();
+    send_counts(s, value, 1, (const char *[]){value},
+                (uint64_t[]){count}, (uint64_t[]){*w - back}, 1);
+    rl_wire_msg ack = receive_ack(s);
+    nng_close(s);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    cr_assert_eq(ack.n_entries, 1);
+    cr_expect_eq(ack.entries[0].window, *w);
+    return ack;
+}
+
+/* A count made more than N sub-windows ago is in no span read from now
+ * on, not even as its oldest: it writes nothing, and its entry is still
+ * answered. */
+Test(synced, a_count_out_of_every_span_writes_nothing)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL,
-                          "  - {name: present-synced, match: tenant, "
-                          "limit: 100, period: 10s, mode: synced}\n"
-                          "  - {name: present-fallback, match: user, "
-                          "limit: 100, period: 10s, mode: exact, "
-                          "on_error: local}\n", 100, NULL);
-    test_aggregator_wait_ready(&agg);
-    nng_socket sub;
-    cr_assert_eq(nng_sub0_open(&sub), 0);
-    nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, "present-", 8);
-    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, 200);
-    cr_assert_eq(nng_dial(sub, agg.totals, NULL, NNG_FLAG_NONBLOCK), 0);
-    rl_config *cfg[3];
-    rl_agent *a[3];
-    for (int i = 0; i < 3; i++)
-        a[i] = test_synced_agent(&agg, &cfg[i]);
-    cr_expect(totals_say_agents(sub, "present-fallback", 3, 3000));
-    cr_expect(totals_say_agents(sub, "present-synced", 3, 3000));
-    for (int i = 0; i < 3; i++) {
-        rl_agent_close(a[i]);
-        rl_config_free(cfg[i]);
-    }
+    uint64_t w;
+    rl_wire_msg ack = one_count_made_before(&agg, "org_at_gone", 9,
+                                            RL_WIRE_SUBWINDOWS + 1, &w);
+    cr_expect_eq(ack.entries[0].current, 0);
+    cr_expect_eq(ack.entries[0].previous, 0);
+    rl_wire_msg_free(&ack);
+    cr_expect_eq(test_redis_pttl(NULL, "rl:tenant:org_at_gone:w"), -2,
+                 "a hash was written");
     test_aggregator_stop(&agg);
-    /* Only now, with nothing more to come: nng 1.5.2 can hang closing a
-     * socket a message is arriving on (see rl_sync_stop). */
-    nng_close(sub);
+}
+
+/* A hash that only a count made earlier wrote expires two periods later,
+ * as any: it is not left in Redis for good. */
+Test(synced, a_hash_only_an_old_count_made_expires)
+{
+    test_aggregator agg;
+    uint64_t w;
+    rl_wire_msg ack = one_count_made_before(&agg, "org_at_ttl", 2, 5, &w);
+    rl_wire_msg_free(&ack);
+    redisContext *c = test_redis_connect(NULL);
+    window_hash h;
+    read_window_hash(c, "rl:tenant:org_at_ttl:w", &h);
+    redisFree(c);
+    cr_expect_eq(h.n, 1);
+    cr_expect_eq(window_count(&h, w - 5), 2);
+    long long ttl = test_redis_pttl(NULL, "rl:tenant:org_at_ttl:w");
+    cr_expect(ttl > 0 && ttl <= 2LL * HOUR_MS, "PTTL %lld", ttl);
+    test_aggregator_stop(&agg);
 }
 
 /* The value's count is in one sub-window, a field of its hash
