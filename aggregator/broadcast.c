@@ -7,7 +7,9 @@
  * reports). A rule with no changes still gets its message: it carries the
  * clock by which agents roll their windows over, and the agent count an
  * on_error: local fallback divides by. When Redis is away the message says
- * so (stale) and carries what was known.
+ * so (stale) and carries what was known. Every interval too, Redis up or
+ * not, one FEATURES message (topic RL_WIRE_FEATURES_TOPIC) says what this
+ * aggregator reads.
  *
  * Memory is bounded: at most RL_WIRE_ENTRIES_MAX keys per rule per
  * interval; more are counted as dropped from that broadcast (the agents
@@ -151,17 +153,39 @@ void rl_broadcast_carry(rl_aggregator *agg, const rl_config *old,
     }
 }
 
-static void send_totals(rl_aggregator *agg, const rl_rule *rule,
-                        rl_wire_writer *w)
+/* Publishes what w holds: 0, or nng's error. A subscriber too slow to
+ * take it misses it (EAGAIN), as with any PUB socket. */
+static int publish(rl_aggregator *agg, const rl_wire_writer *w)
 {
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     int rv = nng_send(agg->totals, (void *)data, len, NNG_FLAG_NONBLOCK);
-    if (rv != 0 && rv != NNG_EAGAIN)
+    return rv == NNG_EAGAIN ? 0 : rv;
+}
+
+static void send_totals(rl_aggregator *agg, const rl_rule *rule,
+                        rl_wire_writer *w)
+{
+    int rv = publish(agg, w);
+    if (rv != 0)
         rl_log(&agg->log, RL_LOG_WARN, "totals_not_sent", "rule=%s "
                "reason=\"%s\"", rule->name, nng_strerror(rv));
     else
         agg->stats.totals_published++;
+}
+
+/* What this aggregator reads (wire.h, FEATURES), every interval whether
+ * Redis is up or not: it does not depend on Redis, and an agent holding
+ * counts through an outage behind the aggregator learns before Redis is
+ * back that it may send them with their sub-windows. */
+static void publish_features(rl_aggregator *agg, rl_wire_writer *w)
+{
+    rl_wire_writer_reset(w);
+    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS);
+    int rv = publish(agg, w);
+    if (rv != 0)
+        rl_log(&agg->log, RL_LOG_WARN, "features_not_sent",
+               "reason=\"%s\"", nng_strerror(rv));
 }
 
 /* The noted keys from slot `from` on that fit in one message; *end is the
@@ -229,6 +253,7 @@ void rl_broadcast_publish(rl_aggregator *agg)
     if (b->first_note_ms != 0)
         rl_metrics_broadcast_lag(agg, uv_now(agg->loop) - b->first_note_ms);
     b->first_note_ms = 0;
+    publish_features(agg, w);
     for (size_t i = 0; i < agg->config->n_rules; i++) {
         const rl_rule *rule = &agg->config->rules[i];
         if (rl_rule_needs_fleet(rule) && now != 0)

@@ -734,6 +734,82 @@ Test(synced, a_hash_only_an_old_count_made_expires)
     test_aggregator_stop(&agg);
 }
 
+/* A subscriber to agg's FEATURES topic (wire.h), connected on return. */
+static nng_socket features_subscriber(const test_aggregator *agg)
+{
+    nng_socket sub;
+    cr_assert_eq(nng_sub0_open(&sub), 0);
+    nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, RL_WIRE_FEATURES_TOPIC,
+                   RL_WIRE_FEATURES_TOPIC_LEN);
+    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, 20);
+    int rv = nng_dial(sub, agg->totals, NULL, 0);
+    cr_assert_eq(rv, 0, "dial %s: %s", agg->totals, nng_strerror(rv));
+    return sub;
+}
+
+/* Whether a FEATURES message saying the aggregator reads entries'
+ * sub-windows comes within timeout_ms (what came before is dropped). */
+static bool features_heard(nng_socket sub, unsigned timeout_ms)
+{
+    char *buf;
+    size_t size;
+    while (nng_recv(sub, &buf, &size, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK)
+           == 0)
+        nng_free(buf, size);
+    uint64_t until = test_now_ms() + timeout_ms;
+    bool heard = false;
+    while (!heard && test_now_ms() < until) {
+        if (nng_recv(sub, &buf, &size, NNG_FLAG_ALLOC) != 0)
+            continue;
+        rl_wire_msg m;
+        const char *why;
+        cr_assert(size > RL_WIRE_FEATURES_TOPIC_LEN
+                  && memcmp(buf, RL_WIRE_FEATURES_TOPIC,
+                            RL_WIRE_FEATURES_TOPIC_LEN) == 0);
+        cr_assert_eq(rl_wire_decode(buf + RL_WIRE_FEATURES_TOPIC_LEN,
+                                    size - RL_WIRE_FEATURES_TOPIC_LEN, &m,
+                                    &why), 0, "%s", why);
+        cr_assert_eq(m.type, RL_WIRE_FEATURES);
+        heard = (m.features & RL_WIRE_FEATURE_WINDOWS) != 0;
+        rl_wire_msg_free(&m);
+        nng_free(buf, size);
+    }
+    return heard;
+}
+
+/* Every interval the aggregator says it reads REPORT entries' sub-windows
+ * (FEATURES, under a topic of one NUL byte), whether it can reach Redis
+ * or not: an agent holding counts through an outage behind it learns
+ * so. */
+Test(synced, the_aggregator_says_each_interval_that_it_reads_sub_windows)
+{
+    enum { INTERVAL_MS = 200 };
+    test_redis srv;
+    char addr[64], err[512];
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), NULL, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    test_aggregator agg;
+    test_aggregator_start(&agg, addr, tenant_rule, INTERVAL_MS, NULL);
+    test_aggregator_wait_ready(&agg);
+    nng_socket sub = features_subscriber(&agg);
+    cr_expect(features_heard(sub, 2 * INTERVAL_MS), "Redis up");
+    test_redis_kill(&srv);
+    test_wait_for_log(&agg.pid, agg.log, "event=store_disconnected", 5000);
+    cr_expect(features_heard(sub, 2 * INTERVAL_MS), "Redis gone");
+    test_aggregator_stop(&agg);
+    /* Closed with nothing more to come (nng 1.5.2, see rl_sync_stop). */
+    nng_close(sub);
+    /* Started with no Redis to reach, it knows no clock and publishes no
+     * totals: it still says what it reads. */
+    test_aggregator_start(&agg, NULL, NULL, 0, &agg);
+    sub = features_subscriber(&agg);
+    cr_expect(features_heard(sub, 2 * INTERVAL_MS), "Redis never reached");
+    test_aggregator_stop(&agg);
+    nng_close(sub);
+    test_redis_stop(&srv);
+}
+
 /* The value's count is in one sub-window, a field of its hash
  * rl:tenant:<value>:w, and that sub-window is within first..last. The
  * hash's one other field is m, its head and sums (windows.c): the head is
