@@ -49,10 +49,15 @@ static bool writable(const rl_wire_msg *m)
 static void encode(const rl_wire_msg *m, rl_wire_writer *w)
 {
     char id[RL_WIRE_ID_MAX + 1], rule[RL_WIRE_NAME_MAX + 1];
+    if (m->type == RL_WIRE_FEATURES) {
+        rl_wire_begin_features(w, m->features);
+        return;
+    }
     if (m->type == RL_WIRE_REPORT) {
         as_string(&m->agent_id, id);
         if (m->has_presence)
-            rl_wire_begin_report_presence(w, id, m->seq, m->n_entries);
+            rl_wire_begin_report_stream(w, id, m->seq, m->n_entries,
+                                        m->stream);
         else
             rl_wire_begin_report(w, id, m->seq, m->n_entries);
     } else if (m->type == RL_WIRE_ACK) {
@@ -65,7 +70,10 @@ static void encode(const rl_wire_msg *m, rl_wire_writer *w)
     for (size_t i = 0; i < m->n_entries; i++) {
         const rl_wire_entry *e = &m->entries[i];
         as_string(&e->rule, rule);
-        if (m->type == RL_WIRE_REPORT)
+        if (m->type == RL_WIRE_REPORT && e->window > 0)
+            rl_wire_put_count_at(w, rule, e->value.ptr, e->value.len,
+                                 e->count, e->window);
+        else if (m->type == RL_WIRE_REPORT)
             rl_wire_put_count(w, rule, e->value.ptr, e->value.len, e->count);
         else if (m->type == RL_WIRE_ACK)
             rl_wire_put_ack_total(w, rule, e->value.ptr, e->value.len,
@@ -99,6 +107,7 @@ static bool same(const rl_wire_msg *a, const rl_wire_msg *b)
         || !same_bytes(&a->rule, &b->rule) || a->seq != b->seq
         || a->status != b->status || a->now_ms != b->now_ms
         || a->stale != b->stale || a->agents != b->agents
+        || a->stream != b->stream || a->features != b->features
         || a->n_entries != b->n_entries
         || a->has_presence != b->has_presence
         || a->n_presence != b->n_presence)
@@ -128,12 +137,13 @@ static void reencode(const rl_wire_msg *m)
     encode(m, w);
     size_t len;
     const char *data = rl_wire_writer_data(w, &len);
-    /* Totals go out behind their topic (the rule and a NUL), which the
-     * subscriber strips before decoding. */
-    if (m->type == RL_WIRE_TOTALS) {
-        data += m->rule.len + 1;
-        len -= m->rule.len + 1;
-    }
+    /* Totals go out behind their topic (the rule and a NUL), features
+     * behind theirs, which the subscriber strips before decoding. */
+    size_t topic = m->type == RL_WIRE_TOTALS     ? m->rule.len + 1
+                   : m->type == RL_WIRE_FEATURES ? RL_WIRE_FEATURES_TOPIC_LEN
+                                                 : 0;
+    data += topic;
+    len -= topic;
     rl_wire_msg again;
     const char *why;
     if (rl_wire_decode(data, len, &again, &why) != 0)

@@ -52,6 +52,82 @@ Test(wire, a_report_reads_back_the_same)
     rl_wire_writer_free(w);
 }
 
+/* An entry of three fields is counted now (window 0 when read); one of
+ * four says the sub-window its count was made in. Both in one report. */
+Test(wire, a_report_entry_reads_back_with_or_without_its_window)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, "agent-1", 42, 3);
+    rl_wire_put_count(w, "per-tenant", "org", 3, 5);
+    rl_wire_put_count_at(w, "per-tenant", "org", 3, 6, 89800);
+    rl_wire_put_count_at(w, "per-tenant", "a\0b", 3, 9007199254740991ULL,
+                         UINT64_MAX);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_REPORT);
+    cr_assert_eq(m.n_entries, 3);
+    cr_assert_eq(m.entries[0].count, 5);
+    cr_assert_eq(m.entries[0].window, 0);
+    cr_assert_eq(m.entries[1].rule.len, 10);
+    cr_assert_eq(memcmp(m.entries[1].rule.ptr, "per-tenant", 10), 0);
+    cr_assert_eq(m.entries[1].value.len, 3);
+    cr_assert_eq(memcmp(m.entries[1].value.ptr, "org", 3), 0);
+    cr_assert_eq(m.entries[1].count, 6);
+    cr_assert_eq(m.entries[1].window, 89800);
+    cr_assert_eq(memcmp(m.entries[2].value.ptr, "a\0b", 3), 0);
+    cr_assert_eq(m.entries[2].count, 9007199254740991ULL);
+    cr_assert_eq(m.entries[2].window, UINT64_MAX);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+/* A window is a sub-window's number, never 0 (which would say "now" in a
+ * shape older aggregators refuse), and an entry has four fields at most. */
+Test(wire, a_report_entry_of_window_0_or_of_five_fields_is_refused)
+{
+    /* [1, 1, "a", 1, [["r", "v", 1, 0]]] */
+    static const unsigned char zero[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
+                                         0xa1, 'r', 0xa1, 'v', 1, 0};
+    cr_assert_str_eq(refusal(zero, sizeof zero), "window 0");
+    /* [1, 1, "a", 1, [["r", "v", 1, 2, 3]]] */
+    static const unsigned char five[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x95,
+                                         0xa1, 'r', 0xa1, 'v', 1, 2, 3};
+    cr_assert_str_eq(refusal(five, sizeof five), "wrong number of fields");
+    /* [1, 1, "a", 1, [["r", "v"]]] */
+    static const unsigned char two[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x92,
+                                        0xa1, 'r', 0xa1, 'v'};
+    cr_assert_str_eq(refusal(two, sizeof two), "wrong number of fields");
+    /* [1, 1, "a", 1, [["r", "v", 1, -1]]] */
+    static const unsigned char negative[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91,
+                                             0x94, 0xa1, 'r', 0xa1, 'v', 1,
+                                             0xff};
+    cr_assert_str_eq(refusal(negative, sizeof negative),
+                     "expected an unsigned integer");
+}
+
+/* FEATURES goes out behind a topic of one NUL byte, which no rule's topic
+ * starts with, and carries its bits. */
+Test(wire, features_read_back_the_same_after_their_topic)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS);
+    size_t len;
+    const char *data = rl_wire_writer_data(w, &len);
+    cr_assert_eq(RL_WIRE_FEATURES_TOPIC_LEN, 1);
+    cr_assert_eq(data[0], '\0', "the topic comes first");
+    char topic[64];
+    cr_assert_gt(rl_wire_topic("per-tenant", topic, sizeof topic), 0);
+    cr_assert_neq(topic[0], '\0');
+    rl_wire_msg m = decode_ok(w, RL_WIRE_FEATURES_TOPIC_LEN);
+    cr_assert_eq(m.type, RL_WIRE_FEATURES);
+    cr_assert_eq(m.features, RL_WIRE_FEATURE_WINDOWS);
+    cr_assert_null(m.entries);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+    /* [1, 4, 1, 0]: a field too many. */
+    static const unsigned char four[] = {0x94, 1, 4, 1, 0};
+    cr_assert_str_eq(refusal(four, sizeof four), "wrong number of fields");
+}
+
 Test(wire, acks_and_totals_read_back_the_same)
 {
     rl_wire_writer *w = rl_wire_writer_new();
@@ -249,10 +325,11 @@ Test(wire, a_report_names_its_stream_and_an_old_one_is_stream_0)
 
 Test(wire, fuzz_seeds_decode)
 {
-    const char *names[] = {"report", "ack", "totals", "report_presence"};
+    const char *names[] = {"report", "ack", "totals", "report_presence",
+                           "report_windows", "features"};
     const int types[] = {RL_WIRE_REPORT, RL_WIRE_ACK, RL_WIRE_TOTALS,
-                         RL_WIRE_REPORT};
-    for (int i = 0; i < 4; i++) {
+                         RL_WIRE_REPORT, RL_WIRE_REPORT, RL_WIRE_FEATURES};
+    for (int i = 0; i < 6; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/../fuzz/corpus/wire/%s",
                  getenv("RL_TEST_CONFIGS"), names[i]);
