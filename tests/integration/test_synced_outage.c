@@ -162,11 +162,8 @@ Test(synced_outage, the_aggregator_killed_for_good_keeps_a_fair_share)
 Test(synced_outage, redis_stopped_behind_the_aggregator_keeps_a_fair_share)
 {
     test_redis srv;
-    char err[512], addr[64];
-    test_redis_options o = {0};
-    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
-                                  sizeof err), 0, "%s", err);
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
     test_fleet f;
     start(&f, RULE, addr);
     test_admissions twice = {0}, under = {0};
@@ -196,20 +193,26 @@ Test(synced_outage, redis_stopped_behind_the_aggregator_keeps_a_fair_share)
     test_redis_stop(&srv);
 }
 
-/* The first TOTALS message of rule from agg after now, by its arrival
- * here (µs). */
-static uint64_t first_totals(const test_aggregator *agg, const char *rule,
-                             unsigned within_ms)
+/* A subscriber to rule's TOTALS on agg's totals address, dialing (and
+ * redialing every 10 ms) from now on: opened before the aggregator starts
+ * again, it hears the first totals the restarted one sends. */
+static nng_socket totals_watch(const test_aggregator *agg, const char *rule)
 {
     nng_socket sub;
     cr_assert_eq(nng_sub0_open(&sub), 0);
-    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, (nng_duration)within_ms);
     nng_socket_set_ms(sub, NNG_OPT_RECONNMINT, 5);
     nng_socket_set_ms(sub, NNG_OPT_RECONNMAXT, 10);
     char topic[RL_WIRE_NAME_MAX + 2];
     size_t n = rl_wire_topic(rule, topic, sizeof topic);
     cr_assert_eq(nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, topic, n), 0);
     cr_assert_eq(nng_dial(sub, agg->totals, NULL, NNG_FLAG_NONBLOCK), 0);
+    return sub;
+}
+
+/* When the watch hears its next TOTALS (µs); closes it. */
+static uint64_t first_totals(nng_socket sub, unsigned within_ms)
+{
+    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, (nng_duration)within_ms);
     char *buf;
     size_t len;
     int rv = nng_recv(sub, &buf, &len, NNG_FLAG_ALLOC);
@@ -257,8 +260,9 @@ static void count_checks(test_fleet *f, const char *tenant, int n)
  * stays within 5 % over any span, and every agent is back on shares within
  * two intervals of the first totals the restarted aggregator sends (the
  * agents' synced_recovered lines, timed against a subscriber of our own):
- * one for its totals socket to redial (it may hear only the second), one
- * for the totals that hold what it sent when it heard them.
+ * with those totals when what it held reached the aggregator first (its
+ * pings answered as soon as it listens), else with the next ones, and an
+ * agent whose totals socket is still redialing hears the second first.
  * A third tenant, checked 30 times before the kill and 30 while degraded,
  * all within a period: Redis holds 60 for it once the agents are back,
  * nothing lost, nothing twice. */
@@ -281,9 +285,10 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
     size_t from[AGENTS];
     for (int i = 0; i < AGENTS; i++)
         from[i] = logs[i].len;
+    nng_socket watch = totals_watch(&f.agg, RULE);
     test_aggregator_start(&f.agg, NULL, NULL, 0, &f.agg);
     test_aggregator_wait_ready(&f.agg);
-    uint64_t first = first_totals(&f.agg, RULE, 4 * INTERVAL_MS);
+    uint64_t first = first_totals(watch, 4 * INTERVAL_MS);
     uint64_t at[AGENTS];
     wait_recovered(AGENTS, from, first + 4 * INTERVAL_MS * 1000ULL, at);
     uint64_t latest = 0;
@@ -345,6 +350,22 @@ Test(synced_outage, held_counts_are_placed_in_their_own_sub_windows)
     test_fleet_stop(&f);
 }
 
+/* One agent on the fake aggregator, syncing every 100 ms (stale after
+ * 300 ms), with the rules given (YAML lines), logging into logs[0]. */
+static rl_agent *agent_on_fake(const fake_agg *fake, const char *name,
+                               const char *rules, rl_config **cfg)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator: {reports: \"%s\", totals: \"%s\", "
+             "sync_interval_ms: 100}\n"
+             "rules:\n%s",
+             test_env("RL_TEST_REDIS"), fake->reports, fake->totals, rules);
+    test_log_init(&logs[0]);
+    return test_agent_on(test_write_config(name, yaml), cfg, &logs[0]);
+}
+
 /* An agent that starts while its aggregator cannot reach Redis hears
  * only stale totals: the agent count they carry (the last the aggregator
  * knew) is the fleet's size it divides by, not one. Four agents, 100 per
@@ -353,19 +374,11 @@ Test(synced_outage, an_agent_started_while_redis_is_away_takes_its_share)
 {
     fake_agg fake = {0};
     fake_start(&fake, "late", 3600000, 4, 1000);
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
-             "aggregator: {reports: \"%s\", totals: \"%s\", "
-             "sync_interval_ms: 100}\n"
-             "rules:\n"
-             "  - {name: late, match: tenant, limit: 100, period: 1h, "
-             "mode: synced}\n",
-             test_env("RL_TEST_REDIS"), fake.reports, fake.totals);
-    test_log_init(&logs[0]);
     rl_config *cfg;
-    rl_agent *agent = test_agent_on(test_write_config("synced-late", yaml),
-                                    &cfg, &logs[0]);
+    rl_agent *agent = agent_on_fake(&fake, "synced-late",
+                                    "  - {name: late, match: tenant, "
+                                    "limit: 100, period: 1h, mode: synced}\n",
+                                    &cfg);
     fake_wait_subscribed(&fake);
     cr_assert(test_fleet_allowed(agent, "org_late"));
     /* Its reports are never answered; stale totals every interval. */
@@ -397,21 +410,14 @@ Test(synced_outage, on_error_allow_and_deny_decide_a_degraded_rule)
 {
     fake_agg fake = {0};
     fake_start(&fake, "open", 3600000, 4, 1000);
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
-             "aggregator: {reports: \"%s\", totals: \"%s\", "
-             "sync_interval_ms: 100}\n"
-             "rules:\n"
-             "  - {name: open, match: tenant, limit: 10, period: 1h, "
-             "mode: synced, on_error: allow}\n"
-             "  - {name: shut, match: api_key, limit: 10, period: 1h, "
-             "mode: synced, on_error: deny}\n",
-             test_env("RL_TEST_REDIS"), fake.reports, fake.totals);
-    test_log_init(&logs[0]);
     rl_config *cfg;
-    rl_agent *agent = test_agent_on(test_write_config("synced-open", yaml),
-                                    &cfg, &logs[0]);
+    rl_agent *agent = agent_on_fake(
+        &fake, "synced-open",
+        "  - {name: open, match: tenant, limit: 10, period: 1h, "
+        "mode: synced, on_error: allow}\n"
+        "  - {name: shut, match: api_key, limit: 10, period: 1h, "
+        "mode: synced, on_error: deny}\n",
+        &cfg);
     rl_attr tenant = {"tenant", "org_open", 8}, key = {"api_key", "k1", 2};
     rl_decision d;
     cr_assert_eq(rl_check(agent, &tenant, 1, 1, &d), RL_OK);
@@ -445,19 +451,11 @@ Test(synced_outage, a_degraded_agent_keeps_the_agent_count_it_knew)
 {
     fake_agg fake = {.value = "org_refill", .value_len = 10};
     fake_start(&fake, "refill", 3600000, 4, 1000);
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
-             "aggregator: {reports: \"%s\", totals: \"%s\", "
-             "sync_interval_ms: 100}\n"
-             "rules:\n"
-             "  - {name: refill, match: tenant, limit: 100, period: 1h, "
-             "mode: synced}\n",
-             test_env("RL_TEST_REDIS"), fake.reports, fake.totals);
-    test_log_init(&logs[0]);
     rl_config *cfg;
-    rl_agent *agent = test_agent_on(test_write_config("synced-refill", yaml),
-                                    &cfg, &logs[0]);
+    rl_agent *agent = agent_on_fake(&fake, "synced-refill",
+                                    "  - {name: refill, match: tenant, "
+                                    "limit: 100, period: 1h, mode: synced}\n",
+                                    &cfg);
     fake_wait_subscribed(&fake);
     cr_assert(test_fleet_allowed(agent, "org_refill"));
     /* A message right after the subscription may be missed: three. */
