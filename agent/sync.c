@@ -41,6 +41,15 @@
  * keys another one applies. nng's threads only queue what they received
  * and wake the loop.
  *
+ * A key whose aggregator gives no totals (none fresh, nor a report of
+ * this agent's applied, for aggregator.stale_after_ms, or totals that say
+ * it cannot reach Redis) is degraded: its rule's on_error decides, with
+ * local from this agent's own share (synced.c). When that aggregator is
+ * back the report held through the outage goes at once, and the key goes
+ * back to shares with the first TOTALS that hold what it counted
+ * meanwhile. Counts go out by the sub-window they were made in
+ * (own_counts.h) to aggregators that said, in FEATURES, that they read it.
+ *
  * The rules are those of the I/O thread's current generation
  * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
  * rule no longer there are dropped. Keys of a rule reloaded away are still
@@ -614,9 +623,10 @@ static bool totals_heard(agg_link *l)
     return false;
 }
 
-/* Whether l's totals can be had: it sent fresh ones within
- * aggregator.stale_after_ms, and did not say since that it cannot reach
- * Redis. The keys it gives totals of are degraded otherwise. */
+/* Whether l's totals can be had: within aggregator.stale_after_ms it sent
+ * fresh ones and applied a report of this agent's, and it did not say
+ * since that it cannot reach Redis. The keys it gives totals of are
+ * degraded otherwise. */
 static bool link_stale(const agg_link *l, uint64_t loop_ms)
 {
     uint64_t most = l->s->config->aggregator.stale_after_ms;
@@ -721,12 +731,6 @@ static void req_finished(agg_link *l, int result)
     l->state = REQ_IDLE;
 }
 
-/* Totals from link l's aggregator. Every key's totals are noted (an
- * agent that saw the aggregators up or down a moment apart from this one
- * may have sent it a key this one sends elsewhere), but only the keys
- * this agent reports to l get a fresh share: the message is a snapshot of
- * what l applied, and says nothing of this agent's acknowledged reports
- * to another aggregator. */
 /* The agent count of a rule's TOTALS. While the rule is degraded, and for
  * a period after, a count below the one known is not taken: the sets it
  * is read from (one per period window, kept two) are new after an outage
@@ -749,24 +753,21 @@ static void on_features(agg_link *l, const char *body, size_t len)
 {
     rl_wire_msg f;
     const char *why;
-    if (rl_wire_decode(body, len, &f, &why) == 0
-        && f.type != RL_WIRE_FEATURES) {
-        rl_wire_msg_free(&f);
-        why = "not a FEATURES message";
-    } else if (f.type == RL_WIRE_FEATURES) {
-        why = NULL;
-    }
-    if (why != NULL) {
+    if (rl_wire_decode(body, len, &f, &why) != 0) {
         rl_log(l->s->log, RL_LOG_WARN, "sync_bad_features", "reason=\"%s\"",
                why);
         return;
     }
-    l->features = f.features;
+    if (f.type == RL_WIRE_FEATURES)
+        l->features = f.features;
+    else
+        rl_log(l->s->log, RL_LOG_WARN, "sync_bad_features",
+               "reason=\"not a FEATURES message\"");
     rl_wire_msg_free(&f);
 }
 
 /* Fresh totals, or stale ones (the aggregator cannot reach Redis). */
-static void heard(agg_link *l, bool stale, uint64_t loop_ms)
+static void totals_came(agg_link *l, bool stale, uint64_t loop_ms)
 {
     bool was_stale = link_stale(l, loop_ms);
     l->stale_heard = stale;
@@ -776,6 +777,12 @@ static void heard(agg_link *l, bool stale, uint64_t loop_ms)
         catch_up(l);
 }
 
+/* Totals from link l's aggregator. Every key's totals are noted (an
+ * agent that saw the aggregators up or down a moment apart from this one
+ * may have sent it a key this one sends elsewhere), but only the keys
+ * this agent reports to l get a fresh share: the message is a snapshot of
+ * what l applied, and says nothing of this agent's acknowledged reports
+ * to another aggregator. */
 static void on_totals(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
@@ -808,7 +815,7 @@ static void on_totals(agg_link *l, nng_msg *m)
         take_agents(s->idents[rule - s->rules->rules], rule, t.agents,
                     loop_ms);
     rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
-    heard(l, t.stale, loop_ms);
+    totals_came(l, t.stale, loop_ms);
     if (id != NULL) {
         rl_synced_set_time(s->synced, t.now_ms, loop_ms);
         for (size_t i = 0; i < t.n_entries; i++) {

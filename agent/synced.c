@@ -35,6 +35,11 @@
  * since the last TOTALS that held it (partial) gets no fresh share until
  * the next one does.
  *
+ * While no aggregator gives a key's totals (sync.c: degraded), the mark is
+ * this agent's own share of the limit over a trailing period of its own
+ * counts (own_counts.h), starting from what the last totals held: the
+ * check is the same, it only says how it was decided.
+ *
  * Check-then-count is not one atomic step: threads of one agent racing on
  * one key can pass together, at most one request each beyond the mark.
  *
