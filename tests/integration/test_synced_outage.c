@@ -293,7 +293,7 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
     wait_recovered(AGENTS, from, first + 4 * INTERVAL_MS * 1000ULL, at);
     uint64_t latest = 0;
     for (int i = 0; i < AGENTS; i++) {
-        cr_expect_neq(at[i], 0, "agent %d never back on shares", i);
+        cr_expect(at[i] != 0, "agent %d never back on shares", i);
         uint64_t took = at[i] > first ? at[i] - first : 0;
         latest = took > latest ? took : latest;
     }
