@@ -29,14 +29,14 @@ static uint64_t total(const rl_own_counts *o)
     return n;
 }
 
-void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t g,
+void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t basis,
                    uint64_t counted)
 {
-    if (o->g != g) {
+    if (o->basis != basis) {
         uint64_t kept = total(o);
         memset(o->by_window, 0, sizeof o->by_window);
         o->newest = window;
-        o->g = g;
+        o->basis = basis;
         *slot(o, window) = kept;
     }
     if (o->newest == 0) {

@@ -28,7 +28,7 @@
 typedef struct rl_own_counts {
     uint64_t by_window[RL_OWN_WINDOWS]; /* by sub-window mod RL_OWN_WINDOWS */
     uint64_t newest;  /* the newest sub-window recorded; 0: none yet */
-    uint64_t g;       /* the sub-window length they were recorded in */
+    uint64_t basis;   /* what numbers them (rl_own_record) */
     uint64_t counted; /* counted, as of the last record */
 } rl_own_counts;
 
@@ -39,11 +39,14 @@ typedef struct rl_own_part {
 } rl_own_part;
 
 /* rl_own_record puts what was counted since the last record (counted
- * being the key's total now) in sub-window `window` of length g ms (a
- * window before the newest, the clock's estimate having moved back, goes
- * to the newest). A new length (a reload changed the period) starts over
- * with every count so far in `window`: later rather than lost. */
-void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t g,
+ * being the key's total now) in sub-window `window` (a window before the
+ * newest, the clock's estimate having moved back, goes to the newest).
+ * basis says what numbers the sub-windows: their length (a reload may
+ * change the period) and the clock (the wall clock stands for Redis's
+ * until the agent hears it, and the two can be hours apart). A new basis
+ * starts over with every count so far in `window`: later rather than
+ * lost, or sent in a sub-window no span holds. */
+void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t basis,
                    uint64_t counted);
 
 /* rl_own_split writes the counts recorded after the first `upto`, newest

@@ -432,7 +432,9 @@ void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
         return;
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     uint64_t at = at_ms != 0 ? at_ms : counting_now(s, loop_ms);
-    rl_own_record(&e->own, at / g, g, rl_synced_counted(e));
+    /* Lengths are whole ms: an odd basis is Redis's clock. */
+    uint64_t basis = 2 * g + (s->server_ms != 0);
+    rl_own_record(&e->own, at / g, basis, rl_synced_counted(e));
 }
 
 /* The first sub-window of the span that ends at w: the trailing period

@@ -178,3 +178,13 @@ void fake_publish_stale(fake_agg *f)
 {
     publish(f, true);
 }
+
+void fake_publish_features(fake_agg *f)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS);
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    cr_assert_eq(nng_send(f->pub, (void *)data, len, 0), 0);
+    rl_wire_writer_free(w);
+}

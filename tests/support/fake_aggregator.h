@@ -74,4 +74,9 @@ void fake_publish(fake_agg *f);
  * agent count, no key. */
 void fake_publish_stale(fake_agg *f);
 
+/* Says, as an aggregator of this version does, that it reads the
+ * sub-window of report entries (FEATURES); until then the fake is one
+ * of an older version. */
+void fake_publish_features(fake_agg *f);
+
 #endif
