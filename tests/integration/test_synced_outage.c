@@ -233,6 +233,15 @@ static uint64_t first_totals(nng_socket sub, unsigned within_ms)
     return at;
 }
 
+/* How much an agent has logged so far (its I/O thread writes on). */
+static size_t log_length(test_log *l)
+{
+    pthread_mutex_lock(&l->lock);
+    size_t n = l->len;
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
+
 /* When each of n agents logged the rule back on shares, polled from the
  * log lengths given (µs; 0: not by deadline_us). */
 static void wait_recovered(size_t n, const size_t *from,
@@ -293,7 +302,7 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
     count_checks(&f, "org_back_count", 30);
     size_t from[AGENTS];
     for (int i = 0; i < AGENTS; i++)
-        from[i] = logs[i].len;
+        from[i] = log_length(&logs[i]);
     nng_socket watch = totals_watch(&f.agg, RULE);
     test_aggregator_start(&f.agg, NULL, NULL, 0, &f.agg);
     test_aggregator_wait_ready(&f.agg);
@@ -341,7 +350,7 @@ Test(synced_outage, held_counts_are_placed_in_their_own_sub_windows)
     test_aggregator_kill(&f.agg);
     count_checks(&f, "org_held", 60);
     test_sleep_ms(3 * PERIOD_MS / 2);
-    size_t from = logs[0].len;
+    size_t from = log_length(&logs[0]);
     test_aggregator_start(&f.agg, NULL, NULL, 0, &f.agg);
     test_aggregator_wait_ready(&f.agg);
     uint64_t at;
