@@ -123,6 +123,15 @@ static double served(const test_admissions *a, uint64_t from, uint64_t to)
     return ok + no > 0 ? (double)ok / (double)(ok + no) : 0;
 }
 
+/* The decisions of an agent's one rule that its on_error decided. */
+static uint64_t rule_degraded(rl_agent *agent)
+{
+    rl_agent_counters c;
+    rl_rule_counters r;
+    cr_assert_eq(rl_agent_stats(agent, &c, &r, 1), RL_OK);
+    return r.degraded;
+}
+
 /* Every agent marked its decisions degraded, and said so once. */
 static void expect_degraded_marked(test_fleet *f, const char *rule)
 {
@@ -316,7 +325,14 @@ Test(synced_outage, the_aggregator_back_after_a_restart_gives_shares_again)
         latest = took > latest ? took : latest;
     }
     long long held = test_window_total(NULL, "rl:tenant:org_back_count");
+    /* Back on shares: no decision of the rule is degraded from here on. */
+    uint64_t degraded[AGENTS];
+    for (int i = 0; i < AGENTS; i++)
+        degraded[i] = rule_degraded(f.agents[i]);
     offer_both(&f, RULE, &twice, &under, PERIOD_MS);
+    for (int i = 0; i < AGENTS; i++)
+        cr_expect_eq(rule_degraded(f.agents[i]), degraded[i],
+                     "agent %d: degraded decisions after it was back", i);
     long worst = test_worst_span(&twice, PERIOD_MS);
     fprintf(stderr, "synced outage: restart: every agent back on shares "
             "%.1f ms after the first totals at the latest (bound %d); 60 "
