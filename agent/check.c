@@ -203,8 +203,13 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
             if (rc != RL_OK)
                 return rc;
         }
-        rejected |= rs->outcome == RL_OUTCOME_ANSWERED && !rs->reply.allowed
-                    && !rs->shadow;
+        /* A degraded synced rule rejects too: its share ran out, or
+         * on_error: deny. */
+        rejected |= !rs->shadow
+                    && (rs->outcome == RL_OUTCOME_ANSWERED
+                            ? !rs->reply.allowed
+                            : rs->outcome == RL_OUTCOME_FAILED
+                                  && !rl_unanswered_allows(rs));
     }
     if (rejected && (g->config->charge == RL_CHARGE_FIRST_REJECT
                      || g->config->charge == RL_CHARGE_ATOMIC)) {

@@ -312,9 +312,11 @@ static size_t report_parts(const rl_synced_entry *e, bool windows,
 {
     bool recorded = e->ident->io_rule != NULL;
     uint64_t counted = recorded ? e->own.counted : rl_synced_counted(e);
-    size_t n = windows && recorded ? rl_own_split(&e->own, e->reported,
-                                                  parts)
-                                   : 0;
+    /* Only sub-windows of Redis's clock: the wall clock that stands for it
+     * before the agent hears it may be off by more than a period. */
+    size_t n = windows && recorded && rl_synced_by_redis(e)
+                   ? rl_own_split(&e->own, e->reported, parts)
+                   : 0;
     if (n == 0) {
         parts[0] = (rl_own_part){0, counted > e->reported
                                         ? counted - e->reported : 0};
@@ -390,7 +392,8 @@ static bool build_report(rl_sync *s, agg_link *l)
             if (parts[p].window > 0)
                 rl_wire_put_count_at(st->pending, e->ident->name, e->value,
                                      e->value_len, parts[p].count,
-                                     parts[p].window);
+                                     rl_synced_window_start(e,
+                                                            parts[p].window));
             else
                 rl_wire_put_count(st->pending, e->ident->name, e->value,
                                   e->value_len, parts[p].count);
@@ -570,9 +573,13 @@ static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
     after_held(st);
     for (size_t i = 0; i < st->n_in_report; i++) {
         rl_synced_entry *e = st->in_report[i].entry;
-        e->acked_prior = e->acked;
+        /* A key's entries (one per sub-window) sit together: what it had
+         * acknowledged before this ack is taken at its first. */
+        if (i == 0 || st->in_report[i - 1].entry != e) {
+            e->acked_prior = e->acked;
+            e->acked_ms = ack->now_ms != 0 ? ack->now_ms : UINT64_MAX;
+        }
         e->acked += st->in_report[i].count;
-        e->acked_ms = ack->now_ms != 0 ? ack->now_ms : UINT64_MAX;
         e->in_report -= st->in_report[i].count;
     }
     free(st->in_report);
@@ -837,7 +844,7 @@ static void on_totals(agg_link *l, nng_msg *m)
             rl_synced_entry *e = atomic_load(&table->slots[i]);
             if (e != NULL && e->ident == id && e->owner == l->index) {
                 e->snap_ms = t.now_ms;
-                if (!t.stale && atomic_load(&e->degraded)
+                if (atomic_load(&e->degraded) && !link_stale(l, loop_ms)
                     && rl_synced_settled(e))
                     recovered(s, e, loop_ms);
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
@@ -985,12 +992,11 @@ static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
             return;
         }
         if (link_stale(l, loop_ms)) {
-            uint64_t last = l->fresh_ms < l->applied_ms ? l->fresh_ms
-                                                        : l->applied_ms;
-            snprintf(buf, cap, "no totals from the aggregator at %s, nor "
-                     "a report applied, for %llu ms "
-                     "(aggregator.stale_after_ms: %u)", url,
-                     (unsigned long long)(loop_ms - last),
+            snprintf(buf, cap, "the aggregator at %s sent no fresh totals "
+                     "for %llu ms and applied no report of this agent's for "
+                     "%llu ms (aggregator.stale_after_ms: %u)", url,
+                     (unsigned long long)(loop_ms - l->fresh_ms),
+                     (unsigned long long)(loop_ms - l->applied_ms),
                      s->config->aggregator.stale_after_ms);
             return;
         }
@@ -1068,6 +1074,8 @@ static void on_tick(uv_timer_t *t)
     rl_synced_table *table = atomic_load(&s->synced->table);
     uint64_t now = rl_synced_now(s->synced, loop_ms);
     uint64_t at = recorded_at(s, now);
+    /* Owners first: a key's totals are its owner's. */
+    assign_owners(s);
     for (size_t i = 0; i < table->cap; i++) {
         rl_synced_entry *e = atomic_load(&table->slots[i]);
         if (e == NULL)
@@ -1087,7 +1095,6 @@ static void on_tick(uv_timer_t *t)
         rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
     }
     log_degraded_rules(s, loop_ms);
-    assign_owners(s);
     serve_all(s, true);
     rl_synced_sweep(s->synced, loop_ms);
     uint64_t refused = atomic_load(&s->synced->keys_refused);

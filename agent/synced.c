@@ -205,7 +205,9 @@ static void first_mark(rl_synced *s, rl_synced_entry *e, const rl_rule *rule)
                          ? atomic_load_explicit(&e->limit, memory_order_relaxed)
                          : 0;
     uint64_t period = rule != NULL ? rule->period_ms : 0;
-    atomic_store_explicit(&e->mark, share_of(s, e, limit),
+    /* The agent count known, else the rule's fleet_size, else 1. */
+    uint64_t agents = rule != NULL ? rl_fallback_agents(rule, e->ident) : 1;
+    atomic_store_explicit(&e->mark, share_among(s, e, limit, agents),
                           memory_order_relaxed);
     atomic_store_explicit(&e->room, limit, memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, period, memory_order_relaxed);
@@ -437,6 +439,16 @@ void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     rl_own_record(&e->own, at / g, basis, rl_synced_counted(e));
 }
 
+bool rl_synced_by_redis(const rl_synced_entry *e)
+{
+    return e->own.basis % 2 == 1;
+}
+
+uint64_t rl_synced_window_start(const rl_synced_entry *e, uint64_t window)
+{
+    return window * (e->own.basis / 2);
+}
+
 /* The first sub-window of the span that ends at w: the trailing period
  * and the oldest sub-window before it. */
 static uint64_t span_start(uint64_t w)
@@ -470,6 +482,9 @@ static uint64_t seed_in_span(const rl_synced_entry *e, uint64_t w)
 static void degraded_mark(rl_synced *s, rl_synced_entry *e,
                           const rl_rule *r, uint64_t loop_ms)
 {
+    /* The counts up to now, in the sub-windows of the clock now used (it
+     * may have just become Redis's). */
+    rl_synced_record(s, e, loop_ms, 0);
     uint64_t now = counting_now(s, loop_ms);
     uint64_t g = rl_wire_subwindow_ms(r->period_ms), w = now / g;
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
@@ -499,11 +514,13 @@ static void degraded_mark(rl_synced *s, rl_synced_entry *e,
 static void note_seed(rl_synced_entry *e)
 {
     uint64_t held = base(e, true);
+    /* The count grows within a sub-window (others' reports), the part of
+     * it that is this agent's only with held. */
+    e->seed_used = e->current + e->previous;
     if (e->window == e->seed_window && held == e->seed_counted)
         return;
     e->seed_window = e->window;
     e->seed_counted = held;
-    e->seed_used = e->current + e->previous;
     e->seed_own = e->window > 0 ? rl_own_since_before(&e->own,
                                                       span_start(e->window),
                                                       held)

@@ -191,6 +191,12 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
 void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                       uint64_t at_ms);
 
+/* I/O thread: whether the key's own counts are recorded by Redis's clock
+ * (not yet the wall clock that stands for it), and the time in Redis's
+ * clock at which one of their sub-windows starts. */
+bool rl_synced_by_redis(const rl_synced_entry *e);
+uint64_t rl_synced_window_start(const rl_synced_entry *e, uint64_t window);
+
 /* I/O thread: the key's totals can no longer be had (degraded) or can
  * again. Degraded, its mark is this agent's share of the limit over a
  * trailing period of its own counts, starting from the totals it last

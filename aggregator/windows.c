@@ -309,20 +309,23 @@ static size_t keys_cap(const report_view *v, const part *pt)
 }
 
 /* The sub-window an entry's count goes to: the one it was made in, if the
- * entry names it, but not after now's (the agent's clock ahead), and none
- * (a count of 0: its totals are only read) once more than N sub-windows
- * before now's, where no span read from now on has it even as its oldest.
- * Without a window, now's. */
-static void place_count(rl_window_count *c, const rl_wire_entry *e)
+ * entry says when (at: a time in it, numbered here by this aggregator's
+ * period of the rule, g), but not after now's (the agent's clock ahead),
+ * and none (a count of 0: its totals are only read) once more than N
+ * sub-windows before now's, where no span read from now on has it even as
+ * its oldest. Without a time, now's. */
+static void place_count(rl_window_count *c, const rl_wire_entry *e,
+                        uint64_t g)
 {
     c->count_window = c->window;
     c->count = e->count;
-    if (e->window == 0 || e->window >= c->window)
+    uint64_t made = e->at_ms / g;
+    if (e->at_ms == 0 || made >= c->window)
         return;
-    if (c->window - e->window > RL_WIRE_SUBWINDOWS)
+    if (c->window - made > RL_WIRE_SUBWINDOWS)
         c->count = 0;
     else
-        c->count_window = e->window;
+        c->count_window = made;
 }
 
 /* Makes the part's keys and what it asks of Redis; -1 without memory. */
@@ -364,7 +367,8 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms)
             .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
             .ttl_ms = 2 * period,
             .window = now_ms / rl_wire_subwindow_ms(period)};
-        place_count(&c->counts[k], &v->m->entries[i]);
+        place_count(&c->counts[k], &v->m->entries[i],
+                    rl_wire_subwindow_ms(period));
     }
     return 0;
 }

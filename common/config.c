@@ -734,11 +734,12 @@ static int load_aggregator(struct loader *ld, const rl_raw_config *top,
         if ((rc = parse_int(ld, "aggregator.stale_after_ms",
                             raw->stale_after_ms, 1, 3600000, &n)) != RL_OK)
             return rc;
-        if (n < agg->sync_interval_ms)
+        if (n < 2ULL * agg->sync_interval_ms)
             return bad(ld, "aggregator.stale_after_ms", "%llu is less than "
-                       "sync_interval_ms (%u): totals come once an interval, "
-                       "so every key would go degraded between two of them",
-                       (unsigned long long)n, agg->sync_interval_ms);
+                       "twice sync_interval_ms (%u): totals come once an "
+                       "interval, so keys would go degraded whenever one "
+                       "came late", (unsigned long long)n,
+                       2 * agg->sync_interval_ms);
         agg->stale_after_ms = (uint32_t)n;
     }
     agg->max_keys = DEFAULT_MAX_KEYS;

@@ -135,8 +135,8 @@ static bool rd_fields(struct reader *r, size_t want)
     return n == want || fail(r, "wrong number of fields");
 }
 
-/* [rule, value, count] or, with the sub-window the count was made in,
- * [rule, value, count, window] (window > 0). */
+/* [rule, value, count] or, with a time in the sub-window the count was
+ * made in, [rule, value, count, at] (at > 0). */
 static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
 {
     size_t n;
@@ -146,8 +146,8 @@ static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
            && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
            && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
            && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count)
-           && (n == 3 || (rd_uint(r, &e->window)
-                          && (e->window > 0 || fail(r, "window 0"))));
+           && (n == 3 || (rd_uint(r, &e->at_ms)
+                          && (e->at_ms > 0 || fail(r, "at 0"))));
 }
 
 static bool rd_totals(struct reader *r, rl_wire_entry *e)
@@ -382,13 +382,13 @@ void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
 
 void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
                           const char *value, size_t value_len,
-                          uint64_t count, uint64_t window)
+                          uint64_t count, uint64_t at_ms)
 {
     msgpack_pack_array(&w->pk, 4);
     put_str(w, rule, strlen(rule));
     put_bin(w, value, value_len);
     msgpack_pack_uint64(&w->pk, count);
-    msgpack_pack_uint64(&w->pk, window);
+    msgpack_pack_uint64(&w->pk, at_ms);
 }
 
 void rl_wire_begin_ack(rl_wire_writer *w, uint64_t seq, uint64_t status,

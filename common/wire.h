@@ -4,7 +4,7 @@
  * the message type. Private to rl.
  *
  *   REPORT  agent -> aggregator (REQ)
- *           [1, 1, agent_id, seq, [[rule, value, count (, window)], ...]
+ *           [1, 1, agent_id, seq, [[rule, value, count (, at)], ...]
  *            (, [rule, ...] (, stream))]
  *           The optional presence field names the agent's rules that
  *           need a fleet size (every synced rule, every rule with
@@ -15,15 +15,18 @@
  *           aggregator in its config: each stream is numbered 1, 2, 3...
  *           on its own, and applied once per (agent_id, stream).
  *           Sequence number 0 is a ping: never applied, it is answered
- *           as a duplicate, with Redis's clock. An entry's window, when
- *           there, is the sub-window (below) its count was made in, by
- *           Redis's clock as the agent knows it: the count goes to that
- *           sub-window, or to none once it has left every span it could
- *           matter to (held reports weigh what they weighed when their
- *           requests were admitted). Without it (an older agent), the
- *           count goes to the sub-window it arrives in. Agents send it only
- *           to aggregators that said they read it (FEATURES): an older
- *           aggregator refuses an entry of four fields.
+ *           as a duplicate, with Redis's clock. An entry's at, when
+ *           there, is a time (Redis's clock in ms, as the agent knows it)
+ *           in the sub-window (below) its count was made in: the count goes
+ *           to the aggregator's sub-window of that time, or to none once it
+ *           has left every span it could matter to (held reports weigh
+ *           what they weighed when their requests were admitted). A time,
+ *           not a sub-window's number: an agent and an aggregator that a
+ *           rolling reload has given different periods number sub-windows
+ *           differently. Without it (an older agent), the count goes to the
+ *           sub-window it arrives in. Agents send it only to aggregators
+ *           that said they read it (FEATURES): an older aggregator refuses
+ *           an entry of four fields.
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
@@ -67,7 +70,7 @@
 #define RL_WIRE_FEATURES 4
 
 /* FEATURES bits. */
-#define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' window */
+#define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' at */
 /* The topic FEATURES messages come under, and its length. */
 #define RL_WIRE_FEATURES_TOPIC ""
 #define RL_WIRE_FEATURES_TOPIC_LEN 1
@@ -109,8 +112,9 @@ typedef struct rl_wire_entry {
     rl_wire_bytes rule;   /* REPORT, ACK */
     rl_wire_bytes value;
     uint64_t count;       /* REPORT */
-    uint64_t window;      /* ACK, TOTALS; REPORT: its count's sub-window, 0
+    uint64_t at_ms;       /* REPORT: a time in its count's sub-window, 0
                            * when the entry has none (count it now) */
+    uint64_t window;      /* ACK, TOTALS */
     uint64_t current;     /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;    /* oldest: fleet total of sub-window w-N */
     uint64_t agents;      /* agents that reported the rule lately */
@@ -156,11 +160,12 @@ void rl_wire_begin_report(rl_wire_writer *w, const char *agent_id,
                           uint64_t seq, size_t n_entries);
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
                        size_t value_len, uint64_t count);
-/* The same with the sub-window the count was made in (window > 0), for an
- * aggregator that reads it (RL_WIRE_FEATURE_WINDOWS). */
+/* The same with a time in the sub-window the count was made in (at_ms >
+ * 0, Redis's clock), for an aggregator that reads it
+ * (RL_WIRE_FEATURE_WINDOWS). */
 void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
                           const char *value, size_t value_len,
-                          uint64_t count, uint64_t window);
+                          uint64_t count, uint64_t at_ms);
 /* A REPORT with the presence field: begin, put n_entries counts, then
  * rl_wire_put_presence once with its names. */
 void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,

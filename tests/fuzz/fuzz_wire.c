@@ -70,9 +70,9 @@ static void encode(const rl_wire_msg *m, rl_wire_writer *w)
     for (size_t i = 0; i < m->n_entries; i++) {
         const rl_wire_entry *e = &m->entries[i];
         as_string(&e->rule, rule);
-        if (m->type == RL_WIRE_REPORT && e->window > 0)
+        if (m->type == RL_WIRE_REPORT && e->at_ms > 0)
             rl_wire_put_count_at(w, rule, e->value.ptr, e->value.len,
-                                 e->count, e->window);
+                                 e->count, e->at_ms);
         else if (m->type == RL_WIRE_REPORT)
             rl_wire_put_count(w, rule, e->value.ptr, e->value.len, e->count);
         else if (m->type == RL_WIRE_ACK)
@@ -120,7 +120,8 @@ static bool same(const rl_wire_msg *a, const rl_wire_msg *b)
         const rl_wire_entry *x = &a->entries[i], *y = &b->entries[i];
         if (!same_bytes(&x->rule, &y->rule)
             || !same_bytes(&x->value, &y->value) || x->count != y->count
-            || x->window != y->window || x->current != y->current
+            || x->window != y->window || x->at_ms != y->at_ms
+            || x->current != y->current
             || x->previous != y->previous || x->agents != y->agents)
             return false;
     }

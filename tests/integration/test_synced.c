@@ -222,9 +222,12 @@ Test(synced, a_resent_report_is_counted_once)
 
 /* --- Reports gathered into one call (windows.c, window_call.c). ---------- */
 
+#define HOUR_MS 3600000
+
 /* Sends a report of n counts without waiting for its ack; windows, when
- * not NULL, are the sub-windows the counts were made in (0: an entry of
- * three fields, as an older agent sends). */
+ * not NULL, are the sub-windows of hour_rule the counts were made in (0:
+ * an entry of three fields, as an older agent sends), sent as the time
+ * they start at. */
 static void send_counts(nng_socket s, const char *agent, uint64_t seq,
                         const char *const *values, const uint64_t *counts,
                         const uint64_t *windows, size_t n)
@@ -234,7 +237,9 @@ static void send_counts(nng_socket s, const char *agent, uint64_t seq,
     for (size_t i = 0; i < n; i++) {
         if (windows != NULL && windows[i] > 0)
             rl_wire_put_count_at(w, "per-tenant", values[i],
-                                 strlen(values[i]), counts[i], windows[i]);
+                                 strlen(values[i]), counts[i],
+                                 windows[i]
+                                     * rl_wire_subwindow_ms(HOUR_MS));
         else
             rl_wire_put_count(w, "per-tenant", values[i], strlen(values[i]),
                               counts[i]);
@@ -568,8 +573,8 @@ Test(synced, a_count_of_zero_asks_for_the_totals_and_writes_nothing)
 /* --- Counts in the sub-windows they were made in (wire.h, windows.c). --- */
 
 /* A rule whose sub-windows are three minutes long: a test's reports all
- * fall in one, and its hashes live two hours. */
-#define HOUR_MS 3600000
+ * fall in one, and its hashes live two hours (its period, HOUR_MS, is
+ * above). */
 static const char hour_rule[] =
     "  - {name: per-tenant, match: tenant, limit: 1000000, period: 1h, "
     "mode: synced}\n";

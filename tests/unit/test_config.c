@@ -627,7 +627,7 @@ static const struct bad_file bad_files[] = {
     {"rules-not-a-list.yaml", ":2:8: rules: expected a list, got a plain value"},
     {"shared-key-prefix.yaml", ":7:5: rules[1] (rule \"per-ip-hour\"): key prefix 'rl:ip:' is also used by rule \"per-ip-minute\": the two would share buckets; give one of them its own key_prefix"},
     {"store-url-scheme.yaml", ":3:8: store.url: 'http://127.0.0.1:6379' is not redis://host[:port][/db] (credentials go in store.username and store.password)"},
-    {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 500 is less than sync_interval_ms (1000): totals come once an interval, so every key would go degraded between two of them"},
+    {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 1500 is less than twice sync_interval_ms (2000): totals come once an interval, so keys would go degraded whenever one came late"},
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},

@@ -52,8 +52,9 @@ Test(wire, a_report_reads_back_the_same)
     rl_wire_writer_free(w);
 }
 
-/* An entry of three fields is counted now (window 0 when read); one of
- * four says the sub-window its count was made in. Both in one report. */
+/* An entry of three fields is counted now (at 0 when read); one of
+ * four says when in Redis's clock its count was made. Both in one
+ * report. */
 Test(wire, a_report_entry_reads_back_with_or_without_its_window)
 {
     rl_wire_writer *w = rl_wire_writer_new();
@@ -66,28 +67,28 @@ Test(wire, a_report_entry_reads_back_with_or_without_its_window)
     cr_assert_eq(m.type, RL_WIRE_REPORT);
     cr_assert_eq(m.n_entries, 3);
     cr_assert_eq(m.entries[0].count, 5);
-    cr_assert_eq(m.entries[0].window, 0);
+    cr_assert_eq(m.entries[0].at_ms, 0);
     cr_assert_eq(m.entries[1].rule.len, 10);
     cr_assert_eq(memcmp(m.entries[1].rule.ptr, "per-tenant", 10), 0);
     cr_assert_eq(m.entries[1].value.len, 3);
     cr_assert_eq(memcmp(m.entries[1].value.ptr, "org", 3), 0);
     cr_assert_eq(m.entries[1].count, 6);
-    cr_assert_eq(m.entries[1].window, 89800);
+    cr_assert_eq(m.entries[1].at_ms, 89800);
     cr_assert_eq(memcmp(m.entries[2].value.ptr, "a\0b", 3), 0);
     cr_assert_eq(m.entries[2].count, 9007199254740991ULL);
-    cr_assert_eq(m.entries[2].window, UINT64_MAX);
+    cr_assert_eq(m.entries[2].at_ms, UINT64_MAX);
     rl_wire_msg_free(&m);
     rl_wire_writer_free(w);
 }
 
-/* A window is a sub-window's number, never 0 (which would say "now" in a
- * shape older aggregators refuse), and an entry has four fields at most. */
-Test(wire, a_report_entry_of_window_0_or_of_five_fields_is_refused)
+/* An entry's time is never 0 (which would say "now" in a shape older
+ * aggregators refuse), and an entry has four fields at most. */
+Test(wire, a_report_entry_at_0_or_of_five_fields_is_refused)
 {
     /* [1, 1, "a", 1, [["r", "v", 1, 0]]] */
     static const unsigned char zero[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
                                          0xa1, 'r', 0xa1, 'v', 1, 0};
-    cr_assert_str_eq(refusal(zero, sizeof zero), "window 0");
+    cr_assert_str_eq(refusal(zero, sizeof zero), "at 0");
     /* [1, 1, "a", 1, [["r", "v", 1, 2, 3]]] */
     static const unsigned char five[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x95,
                                          0xa1, 'r', 0xa1, 'v', 1, 2, 3};
