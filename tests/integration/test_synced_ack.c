@@ -60,7 +60,10 @@ static void open_agent_logged(fake_agg *f, size_t n, test_agent *t,
     int len = snprintf(yaml, sizeof yaml,
                        "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
                        "aggregator:\n"
-                       "  sync_interval_ms: %d\n",
+                       "  sync_interval_ms: %d\n"
+                       /* The stories hold reports and totals longer than
+                        * three intervals: no key goes degraded in them. */
+                       "  stale_after_ms: 600000\n",
                        test_env("RL_TEST_REDIS"), INTERVAL_MS);
     if (n == 1)
         len += snprintf(yaml + len, sizeof yaml - (size_t)len,

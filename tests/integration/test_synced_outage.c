@@ -579,3 +579,46 @@ Test(synced_outage, reports_name_sub_windows_only_to_aggregators_that_read_them)
     rl_config_free(cfg);
     fake_stop(&fake);
 }
+
+/* A degraded synced rule that rejects (on_error: deny here; a spent share
+ * alike) stops the exact rules after it from being charged under
+ * charge: first_reject, as any rejection: ten requests refused by it
+ * leave the exact bucket of 5 full. */
+Test(synced_outage, a_degraded_rejection_charges_no_exact_rule_first_reject)
+{
+    fake_agg fake = {0};
+    fake_start(&fake, "gate", 3600000, 1, 1000);
+    rl_config *cfg;
+    rl_agent *agent = agent_on_fake(
+        &fake, "synced-gate",
+        "  - {name: gate, match: api_key, limit: 100, period: 1h, "
+        "mode: synced, on_error: deny}\n"
+        "  - {name: per-ip-gate, match: ip, limit: 5, period: 1h}\n"
+        "charge: first_reject\n",
+        &cfg);
+    rl_attr key = {"api_key", "k_gate", 6};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &key, 1, 1, &d), RL_OK);
+    cr_assert(test_log_wait(&logs[0], "event=synced_degraded", "rule=gate",
+                            3000), "not degraded");
+    char ip[32];
+    snprintf(ip, sizeof ip, "198.51.100.%d", (int)(test_now_us() % 200));
+    rl_attr both[] = {{"api_key", "k_gate", 6}, {"ip", ip, strlen(ip)}};
+    for (int i = 0; i < 10; i++) {
+        cr_assert_eq(rl_check(agent, both, 2, 1, &d), RL_OK);
+        cr_expect(!d.allowed && d.degraded);
+    }
+    rl_attr alone = {"ip", ip, strlen(ip)};
+    long left = 0;
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(rl_check(agent, &alone, 1, 1, &d), RL_OK);
+        left += d.allowed;
+    }
+    fprintf(stderr, "synced outage: first_reject: 10 refused by a degraded "
+            "rule; the exact bucket of 5 then admitted %ld (0 if they were "
+            "charged)\n", left);
+    cr_expect_eq(left, 5);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    fake_stop(&fake);
+}
