@@ -340,7 +340,17 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
 }
 
 /* Two rules with one name could not be told apart in headers; two rules with
- * one key prefix would share buckets with different rates. */
+ * one key prefix would share buckets with different rates, and so would two
+ * whose prefixes nest: with 'api:' and 'api:v2:', the first rule's value
+ * 'v2:x' is the second's key for 'x', so one rule's client could spend
+ * another rule's bucket. Prefixes where neither begins the other differ
+ * within both, and so do all their keys. */
+static bool prefixes_nest(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    return strncmp(a, b, la < lb ? la : lb) == 0;
+}
+
 static int check_rules_distinct(struct loader *ld, const rl_config *cfg)
 {
     char path[64];
@@ -358,6 +368,14 @@ static int check_rules_distinct(struct loader *ld, const rl_config *cfg)
                 return bad(ld, path, "key prefix '%s' is also used by rule "
                            "\"%s\": the two would share buckets; give one of "
                            "them its own key_prefix", b->key_prefix, a->name);
+            }
+            if (prefixes_nest(a->key_prefix, b->key_prefix)) {
+                snprintf(path, sizeof path, "rules.%zu", i);
+                return bad(ld, path, "key prefix '%s' and rule \"%s\"'s '%s' "
+                           "nest: a value of the shorter one's rule can spell "
+                           "a key of the longer one's, sharing its bucket; "
+                           "give them prefixes where neither begins the other",
+                           b->key_prefix, a->name, a->key_prefix);
             }
         }
     }

@@ -626,6 +626,7 @@ static const struct bad_file bad_files[] = {
     {"period-zero.yaml", ":6:13: rules[0].period (rule \"per-key\"): '0s' is not a period: write a positive count and a unit (ms, s, m, h, d), e.g. 500ms, 1s, 1m, 1h, 1d, at most 366d"},
     {"rules-not-a-list.yaml", ":2:8: rules: expected a list, got a plain value"},
     {"shared-key-prefix.yaml", ":7:5: rules[1] (rule \"per-ip-hour\"): key prefix 'rl:ip:' is also used by rule \"per-ip-minute\": the two would share buckets; give one of them its own key_prefix"},
+    {"nested-key-prefix.yaml", ":8:5: rules[1] (rule \"per-key-v2\"): key prefix 'api:v2:' and rule \"per-key\"'s 'api:' nest: a value of the shorter one's rule can spell a key of the longer one's, sharing its bucket; give them prefixes where neither begins the other"},
     {"store-url-scheme.yaml", ":3:8: store.url: 'http://127.0.0.1:6379' is not redis://host[:port][/db] (credentials go in store.username and store.password)"},
     {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 1500 is less than twice sync_interval_ms (2000): totals come once an interval, so keys would go degraded whenever one came late"},
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
