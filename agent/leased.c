@@ -474,6 +474,30 @@ static void fail_waiters(rl_leased_entry *e, const char *error)
     }
 }
 
+/* Checks waiting for a lease of a rule a reload removed or changed: they
+ * started under the old rule and finish under it (rl.h), each decided by
+ * one bucket call at the rate they waited at, as an exact rule's are. The
+ * entry is left without waiters, free to leave the table. */
+static void decide_exact(rl_leased *l, rl_leased_entry *e)
+{
+    if (l->store == NULL) {
+        fail_waiters(e, "shutting down");
+        return;
+    }
+    rl_lease_waiter *w = e->waiters;
+    e->waiters = NULL;
+    e->waiters_tail = &e->waiters;
+    while (w != NULL) {
+        rl_lease_waiter *next = w->next;
+        rl_bucket_fn fn = w->fn;
+        void *arg = w->arg;
+        uint32_t cost = w->cost;
+        free(w);
+        rl_bucket_call(l->store, &e->args, e->key, e->key_len, cost, fn, arg);
+        w = next;
+    }
+}
+
 static const rl_limit *rate_of(const rl_leased_entry *e)
 {
     return &e->args.rate;
@@ -643,13 +667,13 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
 static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
 {
     const rl_rule *rule = e->ident->io_rule;
+    if (rule == NULL) {
+        decide_exact(l, e);
+        return;
+    }
     /* A forgotten rate is set again by the next check that waits. */
     if (e->in_flight || l->store == NULL || atomic_load(&e->limit) == 0)
         return;
-    if (rule == NULL) {
-        fail_waiters(e, "the rule was reloaded away");
-        return;
-    }
     uint64_t now = uv_hrtime();
     uint64_t used = used_of(e);
     uint64_t elapsed = now - e->snap_ns;
@@ -916,6 +940,7 @@ void rl_leased_reloaded(rl_leased *l)
         if (e != NULL && (e->ident->io_rule == NULL
                           || e->ident->io_changed)) {
             give_back(l, e);
+            decide_exact(l, e);
             forget_rate(e);
         }
     }

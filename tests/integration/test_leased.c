@@ -809,3 +809,78 @@ Test(leased, a_keys_override_rate_is_the_rate_it_leases_at)
     freeReplyObject(r);
     redisFree(c);
 }
+
+/* --- A reload while checks wait for a lease (issue 28). ---------------- */
+
+static void *debug_sleep(void *arg)
+{
+    redisContext *c = arg;
+    freeReplyObject(test_redis_command(c, "DEBUG SLEEP 0.3"));
+    return NULL;
+}
+
+/* Three checks wait for a key's first lease while Redis sleeps; a reload
+ * then removes the rule, or changes its rate. The checks started under
+ * the old rule finish under it, decided by the bucket (not stranded until
+ * close, when on_error: deny would refuse them), and the key's entry
+ * leaves the table with its rule, not at close. */
+static void reload_while_waiting(const char *new_rules)
+{
+    test_redis srv;
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    test_agent t;
+    test_agent_open(&t, addr, TEST_FCALL, "  timeout_ms: 2000\n", NULL,
+                    "  - {name: per-key, match: api_key, limit: 100, "
+                    "period: 1d, mode: leased, on_error: deny}\n");
+    redisContext *c = test_redis_connect(addr);
+    pthread_t sleeper;
+    cr_assert_eq(pthread_create(&sleeper, NULL, debug_sleep, c), 0);
+    test_sleep_ms(50);
+    rl_attr attr = {"api_key", "waiting", 7};
+    struct async_result r[3] = {0};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(rl_check_async(t.agent, &attr, 1, 1, on_async, &r[i]),
+                     RL_OK);
+    test_sleep_ms(20); /* the first waits for its lease */
+    char yaml[512];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store: {url: \"redis://%s\", scripts: function, "
+                     "timeout_ms: 2000}\nrules:\n%s", addr, new_rules);
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<reload>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    cr_assert_eq(rl_agent_reload_config(t.agent, cfg, &err), RL_OK, "%s",
+                 err.message);
+    pthread_join(sleeper, NULL);
+    redisFree(c);
+    for (int i = 0; i < 3; i++) {
+        for (int w = 0; w < 1000 && !atomic_load(&r[i].done); w++)
+            test_sleep_ms(1);
+        cr_assert(atomic_load(&r[i].done), "check %d still waits a second "
+                  "after Redis woke (stranded until close)", i);
+        cr_assert(!r[i].d.degraded && r[i].d.allowed, "check %d was decided "
+                  "by on_error, not by its bucket", i);
+    }
+    uint64_t keys = 1;
+    for (int w = 0; w < 100 && keys != 0; w++) {
+        test_sleep_ms(10);
+        keys = counters(t.agent).leased_keys;
+    }
+    cr_assert_eq(keys, 0, "the key's entry is kept after its rule's reload");
+    test_agent_close(&t);
+    test_redis_stop(&srv);
+}
+
+Test(leased, a_reload_that_removes_the_rule_decides_its_waiting_checks)
+{
+    reload_while_waiting("  - {name: other, match: tenant, limit: 5, "
+                         "period: 1m}\n");
+}
+
+Test(leased, a_reload_that_changes_the_rate_decides_its_waiting_checks)
+{
+    reload_while_waiting("  - {name: per-key, match: api_key, limit: 50, "
+                         "period: 1d, mode: leased, on_error: deny}\n");
+}
