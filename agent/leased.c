@@ -359,13 +359,22 @@ static void arm_tick(rl_leased *l)
 }
 
 /* Agents sharing the rule: the aggregator's count, else the config's
- * fleet_size, else this one alone. */
-static uint64_t agents_of(const rl_leased_entry *e, const rl_rule *rule)
+ * fleet_size, else this one alone (said once per rule: each agent may
+ * then hold the whole burst). */
+static uint64_t agents_of(rl_leased *l, rl_leased_entry *e,
+                          const rl_rule *rule)
 {
     uint64_t n = atomic_load_explicit(&e->ident->agents,
                                       memory_order_relaxed);
     if (n == 0)
         n = rule->fleet_size;
+    if (n == 0 && !e->ident->lease_fleet_warned) {
+        e->ident->lease_fleet_warned = true;
+        rl_log(l->log, RL_LOG_WARN, "lease_fleet_unknown", "rule=%s "
+               "reason=\"no agent count from an aggregator yet and no "
+               "fleet_size: leases are sized as if this agent were "
+               "alone\"", rule->name);
+    }
     return n > 0 ? n : 1;
 }
 
@@ -695,15 +704,22 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
                                 / rate->period_ms);
     if (e->target < floor)
         e->target = floor;
-    uint64_t share = rate->burst / agents_of(e, rule);
-    if (share == 0)
-        share = 1;
-    if (e->target > share)
-        e->target = share;
     uint64_t hand = hand_of(atomic_load(&e->tokens));
     uint64_t counted = counted_at(e, uv_hrtime());
     if (hand > counted)
         hand = counted;
+    /* At most this agent's part of the room: what the bucket held at
+     * the last lease and the hand, over the agents sharing it; a hand
+     * taken from a bucket others are emptying too would sit here while
+     * they refuse. */
+    uint64_t room = e->taken == 0 ? rate->burst
+                                  : atomic_load(&e->avail) / rate->period_ms
+                                        + hand;
+    if (room > rate->burst)
+        room = rate->burst;
+    uint64_t share = room / agents_of(l, e, rule);
+    if (e->target > share)
+        e->target = share;
     uint64_t want = e->target > hand ? e->target - hand : 0;
     if (want < waiting)
         want = waiting;
