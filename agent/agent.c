@@ -365,6 +365,7 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
         out->lease_tokens_taken = atomic_load(&l->lease_tokens);
         out->leases_returned = atomic_load(&l->returns);
         out->lease_tokens_returned = atomic_load(&l->returned_tokens);
+        out->lease_tokens_expired = atomic_load(&l->expired_tokens);
     }
     pthread_mutex_unlock(&a->reload_lock);
     return RL_OK;

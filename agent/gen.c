@@ -35,7 +35,9 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
         g->has_leased |= r->mode == RL_MODE_LEASED;
         g->needs_sync |= r->mode == RL_MODE_SYNCED
                          || (r->on_error == RL_ON_ERROR_LOCAL
-                             && r->fleet_size == 0);
+                             && r->fleet_size == 0)
+                         || (r->mode == RL_MODE_LEASED
+                             && config->aggregator.given);
     }
     g->by_value &= !other;
     atomic_init(&g->refs, 0);

@@ -35,6 +35,8 @@ typedef struct rl_ident {
     bool io_changed;              /* its rate changed at the last apply */
     /* on_error: local without fleet_size was logged (I/O thread). */
     bool fleet_warned;
+    /* A leased rule leased with no agent count known (I/O thread). */
+    bool lease_fleet_warned;
     /* Synced rules, I/O thread: keys degraded (none of their aggregators
      * gives totals) as of the last tick, less those back on shares since;
      * the count the tick is making; since when the rule is degraded, as

@@ -24,6 +24,36 @@
  * answer leaves the key not dry: the next checks go to the I/O thread,
  * whose lease fails too, and their rule's on_error decides.
  *
+ * A hand is spent only while the bucket still counts it (issue 28). A
+ * lease leaves the bucket d units short; Redis refills them at the
+ * bucket's rate, so a hand kept alive by a trickle of checks would
+ * otherwise still be spendable once Redis is full again, and the fleet
+ * pass a bucket and a hand (one agent at 100 a second: 163 where exact
+ * passes 101). Picture the bucket's deficit as a stack of token slots
+ * that sinks at the refill rate r: a lease's n tokens are the top n
+ * slots below d, and a token whose slot has sunk below zero has been
+ * refilled. Every slot of the hand is below the top of the last lease, so
+ * the hand counts at most L(t) = d/r - (t - sent) tokens, and at most the
+ * line before that lease plus n: the count line is the lower of the two,
+ * one line falling at r, kept as the time it reaches zero (zero_ns;
+ * sent is when the lease was sent, before Redis took it: earlier, so
+ * the line is lower). A check spends from min(hand, L(now)), dropping the
+ * rest in the same CAS, and a give-back returns only that (the rest the
+ * bucket has refilled; returned, it would be refilled twice). Then the
+ * hands of all agents, each within its own line, fit in the slots the
+ * bucket is short of: bucket + hands <= burst at any time, and over any
+ * span the fleet passes at most burst + r x span, as exact does. Whole
+ * tokens: L rounds up, so a token the bucket has begun to refill counts
+ * until it has, as Redis grants only whole tokens. What is not covered: a
+ * give-back by one agent lowers the slots of leases taken after it by
+ * others, whose lines do not know it, by at most the tokens given back.
+ *
+ * Leases taken from a bucket near full sink at once (their slots are
+ * low), so an agent under the limit leases a little more often; a dry
+ * bucket's slots are high (about burst), and its leases lose nothing.
+ * Until whole_until_ns the line is above the whole hand and a check is
+ * one compare of the clock and the CAS.
+ *
  * Entries dropped from the table are freed once every check begun before
  * the drop has left (graves.h): a check that still holds one finds no
  * tokens and no rate in it, and goes to the I/O thread, which makes the
@@ -70,6 +100,7 @@ typedef struct lease_call {
     uint64_t want;
     rl_bucket_args args;        /* the rate it was sent at */
     uint32_t epoch;             /* the entry's, then */
+    uint64_t sent_ns;           /* uv_hrtime() when it was sent */
 } lease_call;
 
 static rl_leased_table *table_new(size_t cap)
@@ -216,18 +247,57 @@ static void answer(const rl_leased_entry *e, bool allowed, uint64_t word,
     out->retry_ms = allowed ? 0 : retry;
 }
 
+/* How many tokens of the hand the bucket still counts at now_ns: the
+ * count line (zero_ns, token_ns) read after the tokens word, as the I/O
+ * thread stores it before the tokens it bounds (on_lease). */
+static inline uint64_t counted_at(const rl_leased_entry *e, uint64_t now_ns)
+{
+    uint64_t zero = atomic_load_explicit(&e->zero_ns, memory_order_relaxed);
+    uint64_t tk = atomic_load_explicit(&e->token_ns, memory_order_relaxed);
+    return zero > now_ns && tk > 0 ? (zero - now_ns + tk - 1) / tk : 0;
+}
+
+/* n tokens left a hand because the bucket had refilled them. */
+static void expire(rl_leased *l, rl_leased_entry *e, uint64_t n)
+{
+    atomic_fetch_add_explicit(&e->expired, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->expired_tokens, n, memory_order_relaxed);
+}
+
 /* Takes cost from the hand; true if it held them. *word: the tokens word
- * left; *before: the hand before. */
-static inline bool spend(rl_leased_entry *e, uint32_t cost, uint64_t *word,
-                         uint64_t *before)
+ * left; *before: the hand before, with what the line cut. Tokens the
+ * bucket no longer counts (it has refilled them: see on_lease) leave the
+ * hand first, in the same CAS; before whole_until_ns the whole hand
+ * counts and no clock is read past that one compare. */
+static inline bool spend(rl_leased *l, rl_leased_entry *e, uint32_t cost,
+                         uint64_t *word, uint64_t *before)
 {
     uint64_t t = atomic_load_explicit(&e->tokens, memory_order_acquire);
-    while (hand_of(t) >= cost) {
-        if (atomic_compare_exchange_weak_explicit(&e->tokens, &t, t - cost,
+    uint64_t counted = UINT64_MAX;
+    if (hand_of(t) > 0) {
+        uint64_t now = uv_hrtime();
+        if (now >= atomic_load_explicit(&e->whole_until_ns,
+                                        memory_order_relaxed))
+            counted = counted_at(e, now);
+    }
+    for (;;) {
+        uint64_t hand = hand_of(t);
+        uint64_t left = hand < counted ? hand : counted;
+        bool fits = left >= cost;
+        if (!fits && left == hand)
+            break;
+        uint64_t next = t - (hand - left) - (fits ? cost : 0);
+        if (atomic_compare_exchange_weak_explicit(&e->tokens, &t, next,
                                                   memory_order_acquire,
                                                   memory_order_acquire)) {
-            *before = hand_of(t);
-            *word = t - cost;
+            if (left < hand)
+                expire(l, e, hand - left);
+            if (!fits) {
+                t = next;
+                break;
+            }
+            *before = hand;
+            *word = next;
             return true;
         }
     }
@@ -248,7 +318,10 @@ bool rl_leased_check(rl_leased *l, rl_ident *id, const rl_limit *rate,
     if (e == NULL || !same_rate(e, rate))
         return false;
     uint64_t word, before;
-    if (spend(e, cost, &word, &before)) {
+    if (spend(l, e, cost, &word, &before)) {
+        /* The hand before counts what the line took back with this
+         * spend: a hand the bucket takes back asks for the next lease
+         * as it crosses low, as a spent one does. */
         uint64_t low = atomic_load_explicit(&e->low, memory_order_relaxed);
         if (before >= low && hand_of(word) < low)
             ask(l, e);
@@ -286,13 +359,22 @@ static void arm_tick(rl_leased *l)
 }
 
 /* Agents sharing the rule: the aggregator's count, else the config's
- * fleet_size, else this one alone. */
-static uint64_t agents_of(const rl_leased_entry *e, const rl_rule *rule)
+ * fleet_size, else this one alone (said once per rule: each agent may
+ * then hold the whole burst). */
+static uint64_t agents_of(rl_leased *l, rl_leased_entry *e,
+                          const rl_rule *rule)
 {
     uint64_t n = atomic_load_explicit(&e->ident->agents,
                                       memory_order_relaxed);
     if (n == 0)
         n = rule->fleet_size;
+    if (n == 0 && !e->ident->lease_fleet_warned) {
+        e->ident->lease_fleet_warned = true;
+        rl_log(l->log, RL_LOG_WARN, "lease_fleet_unknown", "rule=%s "
+               "reason=\"no agent count from an aggregator yet and no "
+               "fleet_size: leases are sized as if this agent were "
+               "alone\"", rule->name);
+    }
     return n > 0 ? n : 1;
 }
 
@@ -300,6 +382,7 @@ static uint64_t used_of(const rl_leased_entry *e)
 {
     return e->taken
            - hand_of(atomic_load_explicit(&e->tokens, memory_order_relaxed))
+           - atomic_load_explicit(&e->expired, memory_order_relaxed)
            + atomic_load_explicit(&e->refused, memory_order_relaxed);
 }
 
@@ -324,10 +407,41 @@ static void on_given_back(void *arg, const rl_bucket_reply *reply,
     closing_step(l);
 }
 
-/* The hand goes back to the bucket, at the rate it was leased at. */
+/* ns from now_ns until a bucket units (1/period_ms tokens) short of full
+ * at limit has refilled them, rounded down; saturating. */
+static uint64_t refill_ns(uint64_t units, const rl_limit *rate)
+{
+    unsigned __int128 ns = (unsigned __int128)units * 1000000 / rate->limit;
+    return ns > UINT64_MAX / 2 ? UINT64_MAX / 2 : (uint64_t)ns;
+}
+
+/* ns a token takes to refill at rate, rounded up. */
+static uint64_t token_ns_of(const rl_limit *rate)
+{
+    return refill_ns(rate->period_ms, rate) + 1;
+}
+
+/* Of held tokens that a lease sent at sent_ns left d units short: those
+ * the bucket still counts now. */
+static uint64_t counted_of_lease(uint64_t held, uint64_t sent_ns, uint64_t d,
+                                 const rl_limit *rate)
+{
+    uint64_t zero = sent_ns + refill_ns(d, rate), now = uv_hrtime();
+    uint64_t tk = token_ns_of(rate);
+    uint64_t counted = zero > now ? (zero - now + tk - 1) / tk : 0;
+    return held < counted ? held : counted;
+}
+
+/* The hand goes back to the bucket, at the rate it was leased at: only
+ * what the bucket still counts (the rest it has refilled already, and
+ * would refill twice). */
 static void give_back(rl_leased *l, rl_leased_entry *e)
 {
-    uint64_t n = hand_of(atomic_fetch_and(&e->tokens, ~HAND_MASK));
+    uint64_t held = hand_of(atomic_fetch_and(&e->tokens, ~HAND_MASK));
+    uint64_t counted = counted_at(e, uv_hrtime());
+    uint64_t n = held < counted ? held : counted;
+    if (held > n)
+        expire(l, e, held - n);
     if (n == 0 || l->store == NULL)
         return;
     e->taken -= n;
@@ -369,6 +483,30 @@ static void fail_waiters(rl_leased_entry *e, const char *error)
     }
 }
 
+/* Checks waiting for a lease of a rule a reload removed or changed: they
+ * started under the old rule and finish under it (rl.h), each decided by
+ * one bucket call at the rate they waited at, as an exact rule's are. The
+ * entry is left without waiters, free to leave the table. */
+static void decide_exact(rl_leased *l, rl_leased_entry *e)
+{
+    if (l->store == NULL) {
+        fail_waiters(e, "shutting down");
+        return;
+    }
+    rl_lease_waiter *w = e->waiters;
+    e->waiters = NULL;
+    e->waiters_tail = &e->waiters;
+    while (w != NULL) {
+        rl_lease_waiter *next = w->next;
+        rl_bucket_fn fn = w->fn;
+        void *arg = w->arg;
+        uint32_t cost = w->cost;
+        free(w);
+        rl_bucket_call(l->store, &e->args, e->key, e->key_len, cost, fn, arg);
+        w = next;
+    }
+}
+
 static const rl_limit *rate_of(const rl_leased_entry *e)
 {
     return &e->args.rate;
@@ -377,13 +515,13 @@ static const rl_limit *rate_of(const rl_leased_entry *e)
 /* Serves the waiters in order from the hand; those it cannot serve are
  * refused if the bucket is dry, else keep waiting. Returns the cost still
  * waiting. */
-static uint64_t serve_waiters(rl_leased_entry *e)
+static uint64_t serve_waiters(rl_leased *l, rl_leased_entry *e)
 {
     bool dry = atomic_load(&e->dry);
     while (e->waiters != NULL) {
         rl_lease_waiter *w = e->waiters;
         uint64_t word, before;
-        bool ok = spend(e, w->cost, &word, &before);
+        bool ok = spend(l, e, w->cost, &word, &before);
         if (!ok && !dry && w->cost <= rate_of(e)->burst)
             break;
         e->waiters = w->next;
@@ -439,6 +577,10 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
          * reload) or was let go (idle, a reload, the close): these
          * tokens go back at the rate they were taken at, and the key is
          * leased again at its own when a check needs it. */
+        uint64_t counted = counted_of_lease(n, c.sent_ns, d, rate);
+        atomic_fetch_add_explicit(&l->expired_tokens, n - counted,
+                                  memory_order_relaxed);
+        n = counted;
         if (n > 0) {
             atomic_fetch_add_explicit(&l->returns, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&l->returned_tokens, n,
@@ -448,7 +590,7 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
                            -(int64_t)n, on_given_back, l);
         }
         if (l->given_back == NULL && e->waiters != NULL)
-            send_lease(l, e, serve_waiters(e));
+            send_lease(l, e, serve_waiters(l, e));
         closing_step(l);
         return;
     }
@@ -480,7 +622,39 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
             l->dry_head = e;
         }
     }
-    atomic_fetch_add_explicit(&e->tokens, LEASE_ONE + n,
+    /* The hand is taken off while its count line moves (checks that find
+     * it empty meanwhile wait on this thread): a check must never pair
+     * the old hand with the new line. */
+    uint64_t held = hand_of(atomic_fetch_and(&e->tokens, ~HAND_MASK));
+    uint64_t now = uv_hrtime();
+    uint64_t kept = counted_at(e, now);
+    if (kept > held)
+        kept = held;
+    uint64_t tk = token_ns_of(rate);
+    uint64_t zero = c.sent_ns + refill_ns(d, rate);
+    uint64_t moved = atomic_load(&e->zero_ns)
+                     + refill_ns(n * rate->period_ms, rate);
+    /* Kept with the new tokens, the old hand holds the line at the old
+     * one's height plus n; if that line would cut into the hand before
+     * an idle key's give-back, the old tokens (about to be refilled anyway) are let
+     * go instead and the line is the new lease's alone, which a bucket
+     * far from full puts far off. */
+    if (kept > 0 && moved < zero) {
+        unsigned __int128 whole_ns = (unsigned __int128)(kept + n) * tk;
+        if (whole_ns + now + (uint64_t)RL_LEASE_IDLE_MS * 1000000 < moved)
+            zero = moved;
+        else
+            kept = 0;
+    }
+    if (held > kept)
+        expire(l, e, held - kept);
+    unsigned __int128 whole_ns = (unsigned __int128)(kept + n) * tk;
+    atomic_store_explicit(&e->token_ns, tk, memory_order_relaxed);
+    atomic_store_explicit(&e->zero_ns, zero, memory_order_relaxed);
+    atomic_store_explicit(&e->whole_until_ns,
+                          whole_ns < zero ? zero - (uint64_t)whole_ns : 0,
+                          memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->tokens, LEASE_ONE + kept + n,
                               memory_order_release);
     if (l->given_back != NULL) {
         /* Closing: what came in goes straight back. */
@@ -489,7 +663,7 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
         return;
     }
     atomic_store_explicit(&e->dry, dry, memory_order_release);
-    uint64_t waiting = serve_waiters(e);
+    uint64_t waiting = serve_waiters(l, e);
     if (!dry && (waiting > 0
                  || hand_of(atomic_load(&e->tokens))
                         < atomic_load(&e->low)))
@@ -502,13 +676,13 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
 static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
 {
     const rl_rule *rule = e->ident->io_rule;
+    if (rule == NULL) {
+        decide_exact(l, e);
+        return;
+    }
     /* A forgotten rate is set again by the next check that waits. */
     if (e->in_flight || l->store == NULL || atomic_load(&e->limit) == 0)
         return;
-    if (rule == NULL) {
-        fail_waiters(e, "the rule was reloaded away");
-        return;
-    }
     uint64_t now = uv_hrtime();
     uint64_t used = used_of(e);
     uint64_t elapsed = now - e->snap_ns;
@@ -522,12 +696,30 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
         e->snap_ns = now;
     }
     const rl_limit *rate = rate_of(e);
-    uint64_t share = rate->burst / agents_of(e, rule);
-    if (share == 0)
-        share = 1;
+    /* A lease from a bucket near full sinks as fast as the bucket
+     * refills (leased.c's top): under a lease's time of the rule's own
+     * rate, it would be gone before it is spent, whatever the key's
+     * traffic, and the key would cost a call per few checks. */
+    uint64_t floor = (uint64_t)((unsigned __int128)rate->limit * RL_LEASE_MS
+                                / rate->period_ms);
+    if (e->target < floor)
+        e->target = floor;
+    uint64_t hand = hand_of(atomic_load(&e->tokens));
+    uint64_t counted = counted_at(e, uv_hrtime());
+    if (hand > counted)
+        hand = counted;
+    /* At most this agent's part of the room: what the bucket held at
+     * the last lease and the hand, over the agents sharing it; a hand
+     * taken from a bucket others are emptying too would sit here while
+     * they refuse. */
+    uint64_t room = e->taken == 0 ? rate->burst
+                                  : atomic_load(&e->avail) / rate->period_ms
+                                        + hand;
+    if (room > rate->burst)
+        room = rate->burst;
+    uint64_t share = room / agents_of(l, e, rule);
     if (e->target > share)
         e->target = share;
-    uint64_t hand = hand_of(atomic_load(&e->tokens));
     uint64_t want = e->target > hand ? e->target - hand : 0;
     if (want < waiting)
         want = waiting;
@@ -538,7 +730,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
         fail_waiters(e, "out of memory");
         return;
     }
-    *c = (lease_call){l, e, want, e->args, e->epoch};
+    *c = (lease_call){l, e, want, e->args, e->epoch, uv_hrtime()};
     e->in_flight = true;
     l->leases_out++;
     char want_text[24];
@@ -626,7 +818,7 @@ void rl_leased_wait(rl_leased *l, const rl_rule *rule, rl_ident *id,
     e->waiters_tail = &w->next;
     /* A lease may have come since the check looked, or the bucket be
      * known dry: served or refused at once. */
-    uint64_t waiting = e->in_flight ? 0 : serve_waiters(e);
+    uint64_t waiting = e->in_flight ? 0 : serve_waiters(l, e);
     if (waiting > 0)
         send_lease(l, e, waiting);
 }
@@ -764,6 +956,7 @@ void rl_leased_reloaded(rl_leased *l)
         if (e != NULL && (e->ident->io_rule == NULL
                           || e->ident->io_changed)) {
             give_back(l, e);
+            decide_exact(l, e);
             forget_rate(e);
         }
     }

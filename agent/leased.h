@@ -47,12 +47,20 @@ typedef struct rl_leased_entry {
     atomic_uint_least64_t period_ms;
     atomic_bool asked;           /* a check asked for the next lease */
     atomic_bool dry;             /* the bucket had no more: refuse here */
+    /* uv_hrtime() until which the whole hand is still counted by the
+     * bucket (leased.c): a check before it spends with one CAS. */
+    atomic_uint_least64_t whole_until_ns;
     /* Written by the I/O thread at each lease, read for a decision. */
     /* In Redis after lease k, in slot k % 2, tagged with k (leased.c). */
     _Alignas(RL_CACHE_LINE) atomic_uint_least64_t remaining[2];
     atomic_uint_least64_t reset_ms;
     atomic_uint_least64_t avail; /* units in Redis after the last lease */
     atomic_uint_least64_t refused; /* costs refused here (dry), ever */
+    /* The hand's count line: at uv_hrtime() t the bucket still counts at
+     * most (zero_ns - t) / token_ns of its tokens (leased.c). */
+    atomic_uint_least64_t zero_ns;
+    atomic_uint_least64_t token_ns; /* ns a token takes to refill, rounded up */
+    atomic_uint_least64_t expired;  /* tokens dropped off the line, ever */
     _Atomic(struct rl_leased_entry *) wanted_next; /* rl_leased.wanted */
     /* I/O thread only. */
     rl_bucket_args args;         /* the rate leased at, formatted */
@@ -97,6 +105,7 @@ typedef struct rl_leased {
     /* Counters (the I/O thread writes them). */
     atomic_uint_least64_t leases, lease_tokens;
     atomic_uint_least64_t returns, returned_tokens;
+    atomic_uint_least64_t expired_tokens; /* the bucket refilled them */
     /* I/O thread only. */
     rl_store *store;
     uv_loop_t *loop;

@@ -348,11 +348,14 @@ typedef struct rl_agent_counters {
     uint64_t fallback_keys, fallback_keys_refused;
     /* Leased rules: keys holding leases and new keys refused for the cap
      * (local.max_keys); lease calls made and the tokens they took; give-
-     * back calls (idle keys, reloads, close) and the tokens they returned.
-     * Tokens held now are taken less returned less spent. */
+     * back calls (idle keys, reloads, close) and the tokens they returned;
+     * tokens dropped from hands because the bucket had refilled them
+     * (a hand counts only while its bucket does). Tokens held now are
+     * taken less returned less expired less spent. */
     uint64_t leased_keys, leased_keys_refused;
     uint64_t leases_taken, lease_tokens_taken;
     uint64_t leases_returned, lease_tokens_returned;
+    uint64_t lease_tokens_expired;
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */

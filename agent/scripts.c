@@ -15,10 +15,22 @@
  * limit), so no fraction of a token is ever lost or invented.
  *
  * What that buys, against the seed's TIME + HMGET + HSET + PEXPIRE:
- * a check is PTTL and, when allowed, PEXPIRE (SET ... PX for a new key or
- * a fractional interval; GET as well in the latter case). No clock call, no
- * state to parse or format. callgrind on redis-server 7.0 (`make profile`):
- * about 28,500 instructions per call against the seed's 69,000.
+ * a check is PTTL, GET and, when allowed, PEXPIRE (SET ... PX for a new
+ * key, a fractional interval or a value at another rate). No clock call.
+ * callgrind on redis-server 7.0 (`make profile`): about 28,500
+ * instructions per call against the seed's 69,000 before the GET below.
+ *
+ * A reload that changes the rate keeps the tokens spent (issue 28). The
+ * expiry alone means ttl x limit units short of full, so a slower rate
+ * would read a spent client's key as 1.67 tokens short and hand it a new
+ * bucket, a faster one the reverse. The value therefore names the rate
+ * that wrote it ("REM LIMIT/PERIOD"), and a read at another rate converts:
+ * tokens spent = d_old / period_old, d_new = min(cap_new, spent x
+ * period_new), rounded up (admitting less). Chosen over a key per rate
+ * (which loses the count outright) and over the agent remembering old
+ * rates (another agent, or a restarted one, may have written the key).
+ * The price is a GET in every call on an existing key, where a whole
+ * interval read the expiry alone: docs/performance.md has the figures.
  *
  * Kept from the seed: Redis's clock (expiries are Redis's), the rate as two
  * integers, a missing key as a full bucket, whole-number arithmetic (config.c
@@ -44,16 +56,17 @@
  *
  * The library is rl_3 since it holds the lease function: an rl 2 agent
  * reconnecting would FUNCTION LOAD REPLACE its rl_2 library, and a newer
- * library under the same name would lose the lease to it. rl_3_bucket is
- * rl_2_bucket, so agents of both versions share buckets. For the same
- * reason it is rl_4 since it holds the multi-bucket function (a request's
- * rules in one call, issue 18): an rl 3 agent that reconnects replaces
- * rl_3 with its own, which has no rl_3_multi, and the newer agents' calls
- * would fail until they loaded theirs back, in turn. rl_4_bucket and
- * rl_4_lease are rl_3's, to the byte of their bodies (the same macros), so
- * agents of rl 2, 3 and 4 on one Redis share every bucket, each through
- * its own library. The EVALSHA scripts are addressed by digest and never
- * replace one another: the bucket script's text is rl 3's.
+ * library under the same name would lose the lease to it. For the same
+ * reason it was rl_4 when it took the multi-bucket function (issue 18): an
+ * rl 3 agent that reconnects replaces rl_3 with its own, which has no
+ * rl_3_multi. It is rl_5 since the bodies read and write the rate tag: an
+ * rl 4 agent would replace an rl_4 holding them with its own, and the two
+ * would take turns. Older agents still share every bucket through their
+ * own libraries: they read the expiry (and, at a fractional interval, a
+ * value that is a plain number); a tagged value is not one, so they count
+ * no remainder, at most 1 ms of refill short. Their untagged writes read
+ * here as they read there. The EVALSHA scripts are addressed by digest
+ * and never replace one another.
  *
  * rl 1 stored "LEVEL:TS" or "TAT [REM]" with the same expiry: this script
  * reads those keys by their expiry alone (a value it cannot read as a
@@ -76,21 +89,38 @@
     "end\n"
 
 /* d: units short of full. whole: the interval is a whole number of ms, so
- * the expiry alone is exact and the value is never read. LUA_READ reads
- * the bucket, LUA_WRITE writes d back; the bucket and the lease share
- * both, so a leased rule's key is an exact rule's key, to the unit. */
-#define LUA_READ_OF(KEY, BURST, LIMIT, PERIOD, COST, MIN) \
+ * the expiry alone is exact. The value is "REM LIMIT/PERIOD": the
+ * rounding's units and the rate that wrote it (rl 5), so that a read at
+ * another rate (a reload) carries the tokens spent over, d / period of the
+ * old rate, rather than the expiry, which a slower rate would read as
+ * fewer tokens short. A value without the tag (rl 4 and before, rl 1's
+ * states) is read as they read it. own: the value is this rate's with no
+ * remainder, so a whole interval's write only moves the expiry. LUA_READ
+ * reads the bucket, LUA_WRITE writes d back; the bucket and the lease
+ * share both, so a leased rule's key is an exact rule's key, to the
+ * unit. */
+#define LUA_READ_OF(KEY, BURST, LIMIT, PERIOD, COST, MIN, LIMIT_S, PERIOD_S) \
     "  local call, key = redis.call, " KEY "\n" \
     "  local burst, limit = " BURST ", " LIMIT "\n" \
     "  local period, cost = " PERIOD ", " COST "\n" \
     "  local cap, need = burst * period, cost * period\n" \
     "  local whole = period % limit == 0\n" \
-    "  local d, ttl = 0, call('PTTL', key)\n" \
+    "  local tag = " LIMIT_S " .. '/' .. " PERIOD_S "\n" \
+    "  local d, own, ttl = 0, false, call('PTTL', key)\n" \
     "  if ttl > 0 then\n" \
     "    d = ttl * limit\n" \
-    "    if not whole then\n" \
-    "      local rem = tonumber(call('GET', key))\n" \
-    "      if rem and rem > 0 and rem < limit then d = d - rem end\n" \
+    "    local v = call('GET', key)\n" \
+    "    own = v == '0 ' .. tag\n" \
+    "    if not own then\n" \
+    "      local rem, l, p = string.match(v, '^(%d+) (%d+)/(%d+)$')\n" \
+    "      if rem == nil then\n" \
+    "        rem = not whole and tonumber(v)\n" \
+    "        if rem and rem > 0 and rem < limit then d = d - rem end\n" \
+    "      else\n" \
+    "        l, p = num(l), num(p)\n" \
+    "        d = ttl * l - tonumber(rem)\n" \
+    "        if p ~= period then d = math.ceil(d * period / p) end\n" \
+    "      end\n" \
     "    end\n" \
     "    d = " MIN "(cap, d)\n" \
     "  end\n"
@@ -98,7 +128,7 @@
 /* The bucket's own call: one key, four arguments. */
 #define LUA_READ \
     LUA_READ_OF("KEYS[1]", "num(ARGV[1])", "num(ARGV[2])", "num(ARGV[3])", \
-                "num(ARGV[4])", "math.min")
+                "num(ARGV[4])", "math.min", "ARGV[2]", "ARGV[3]")
 
 /* MS and REM are the expiry in ms and the rounding's units as redis.call
  * is given them. */
@@ -106,16 +136,14 @@
     "  local full_in = " CEIL "(d / limit)\n" \
     "  if d == 0 then\n" \
     "    call('DEL', key)\n" \
-    "  elseif not whole then\n" \
-    "    call('SET', key, " REM ", 'PX', " MS ")\n" \
-    "  elseif ttl > 0 then\n" \
+    "  elseif whole and own then\n" \
     "    call('PEXPIRE', key, " MS ")\n" \
     "  else\n" \
-    "    call('SET', key, '0', 'PX', " MS ")\n" \
+    "    call('SET', key, " REM " .. ' ' .. tag, 'PX', " MS ")\n" \
     "  end\n"
 
 #define LUA_WRITE \
-    LUA_WRITE_OF("math.ceil", "full_in", "full_in * limit - d")
+    LUA_WRITE_OF("math.ceil", "full_in", "(full_in * limit - d)")
 
 #define LUA_BUCKET_BODY \
     LUA_READ \
@@ -166,8 +194,8 @@
  * as strings made with %d, where Redis 7.0 formats a Lua number with
  * %.17g (about 1,900 more instructions a key); a cached argument is looked up without a
  * call of num; math's functions are locals; charge: atomic keeps each
- * key's d and ttl in two tables of the call, not a table per key. The
- * bucket and the lease keep rl 3's bodies, byte for byte. */
+ * key's d and whether its value is its own in two tables of the call, not
+ * a table per key. */
 #define NUM_OF(ARG) "nums[" ARG "] or num(" ARG ")"
 
 #define LUA_MULTI_WRITE \
@@ -184,7 +212,8 @@
     "  for i = 1, #KEYS do\n" \
     "    local j = 4 * i - 2\n" \
     LUA_READ_OF("KEYS[i]", NUM_OF("ARGV[j]"), NUM_OF("ARGV[j + 1]"), \
-                NUM_OF("ARGV[j + 2]"), NUM_OF("ARGV[j + 3]"), "min") \
+                NUM_OF("ARGV[j + 2]"), NUM_OF("ARGV[j + 3]"), "min", \
+                "ARGV[j + 1]", "ARGV[j + 2]") \
     "    local was = d\n" \
     "    if need < 0 then\n" \
     "      d = max(0, d + need)\n" \
@@ -200,7 +229,7 @@
     "        rejected = true\n" \
     "      end\n" \
     "    elseif mode == 97 then\n" \
-    "      out[i], after[i], ttls[i] = was, d, ttl\n" \
+    "      out[i], after[i], ttls[i] = was, d, own\n" \
     "    else\n" \
     "      out[i] = d\n" \
     LUA_MULTI_WRITE \
@@ -211,9 +240,10 @@
     "  for i = 1, #KEYS do\n" \
     "    local d = after[i]\n" \
     "    if d ~= nil then\n" \
-    "      local key, ttl = KEYS[i], ttls[i]\n" \
+    "      local key, own = KEYS[i], ttls[i]\n" \
     "      local limit = " NUM_OF("ARGV[4 * i - 1]") "\n" \
     "      local whole = (" NUM_OF("ARGV[4 * i]") ") % limit == 0\n" \
+    "      local tag = ARGV[4 * i - 1] .. '/' .. ARGV[4 * i]\n" \
     LUA_MULTI_WRITE \
     "      out[i] = d\n" \
     "    end\n" \

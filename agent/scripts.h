@@ -12,10 +12,10 @@
 /* The library's name and its functions' names. The version is in the name
  * so that agents of two rl versions sharing a Redis never replace each
  * other's functions. */
-#define RL_LIBRARY_NAME "rl_4"
-#define RL_FUNCTION_BUCKET "rl_4_bucket"
-#define RL_FUNCTION_LEASE "rl_4_lease"
-#define RL_FUNCTION_MULTI "rl_4_multi"
+#define RL_LIBRARY_NAME "rl_5"
+#define RL_FUNCTION_BUCKET "rl_5_bucket"
+#define RL_FUNCTION_LEASE "rl_5_lease"
+#define RL_FUNCTION_MULTI "rl_5_multi"
 
 /* Their indexes in rl_bucket_scripts, for rl_store_run. */
 enum { RL_SCRIPT_BUCKET, RL_SCRIPT_LEASE, RL_SCRIPT_MULTI };

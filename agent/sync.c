@@ -527,10 +527,12 @@ static void link_down(agg_link *l, const char *why)
 }
 
 /* Whether a rule needs the fleet's size: a synced rule shares its limit
- * among the agents, an on_error: local one falls back to limit / agents. */
+ * among the agents, a leased one sizes its leases by it, an on_error:
+ * local one falls back to limit / agents. */
 static bool needs_fleet(const rl_rule *r)
 {
-    return r->mode == RL_MODE_SYNCED || r->on_error == RL_ON_ERROR_LOCAL;
+    return r->mode == RL_MODE_SYNCED || r->mode == RL_MODE_LEASED
+           || r->on_error == RL_ON_ERROR_LOCAL;
 }
 
 /* The rule of cfg named by len bytes that needs the fleet's size, or

@@ -60,7 +60,7 @@ const rl_rule *rl_aggregator_rule(const rl_aggregator *agg,
 
 bool rl_rule_needs_fleet(const rl_rule *rule)
 {
-    return rule->mode == RL_MODE_SYNCED
+    return rule->mode == RL_MODE_SYNCED || rule->mode == RL_MODE_LEASED
            || rule->on_error == RL_ON_ERROR_LOCAL;
 }
 

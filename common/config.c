@@ -695,6 +695,7 @@ static int load_endpoints(struct loader *ld, const rl_raw_config *raw,
     static const rl_raw_aggregator none = {0};
     const rl_raw_aggregator *one = raw->aggregator ? raw->aggregator : &none;
     *listed = raw->aggregators_count > 0;
+    agg->given = *listed || raw->aggregator != NULL;
     if (!*listed) {
         rl_raw_aggregator_at at = {one->reports, one->totals, one->metrics};
         agg->n_endpoints = 1;

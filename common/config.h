@@ -192,6 +192,7 @@ typedef struct rl_aggregator_endpoint {
 typedef struct rl_aggregator_config {
     rl_aggregator_endpoint endpoints[RL_AGGREGATORS_MAX];
     size_t n_endpoints;           /* at least 1 */
+    bool given;                   /* the config names one (else defaults) */
     uint32_t sync_interval_ms;
     /* Synced rules: no fresh totals for this long and an agent enforces
      * its share of a key's limit itself (degraded). */

@@ -96,13 +96,17 @@ Test(reload, changed_limit_applies_to_the_same_bucket)
         cr_assert(check1(a, "tenant", t).allowed);
     cr_assert_not(check1(a, "api_key", k).allowed);
     cr_assert_not(check1(a, "ip", i).allowed);
-    /* Exact and local: a bigger bucket, but the tokens spent stay spent
-     * (a new bucket would let these through). */
+    /* Exact: a bigger bucket, and the tokens spent stay spent: the five
+     * of the difference (a new bucket would let ten through). Local: the
+     * spent bucket's state is kept as it is. */
     reload_to(a, config_of(NULL,
         "  - {name: per-key, match: api_key, limit: 10, period: 1m}\n"
         "  - {name: per-ip, match: ip, limit: 10, period: 1m, mode: local}\n"
         "  - {name: per-tenant, match: tenant, limit: 3, period: 1m, "
         "mode: synced}\n"));
+    for (int n = 0; n < 5; n++)
+        cr_assert(check1(a, "api_key", k).allowed, "the reload kept the "
+                  "old limit or lost the tokens spent (%d)", n);
     rl_decision d = check1(a, "api_key", k);
     cr_assert_not(d.allowed, "the reload forgot per-key's bucket");
     cr_assert_eq(d.limit, 10, "the old limit still applies");
