@@ -213,6 +213,9 @@ int rl_agent_submit(rl_agent *agent, rl_request *req);
 
 /* check.c: drop one reference; the last one frees the request. */
 void rl_request_release(rl_request *req);
+/* check.c: rl_check's own refusals of its arguments (RL_EINVAL), before
+ * any rule is looked at. */
+int rl_check_validate(const rl_attr *attrs, size_t n, uint32_t cost);
 
 /* decision.c: combine the rules' outcomes into one decision. */
 void rl_decide(const rl_rule_state *rules, int n, rl_decision *out);

@@ -40,7 +40,7 @@ void rl_request_release(rl_request *req)
     free(req);
 }
 
-static int validate(const rl_attr *attrs, size_t n, uint32_t cost)
+int rl_check_validate(const rl_attr *attrs, size_t n, uint32_t cost)
 {
     if ((attrs == NULL && n > 0) || n > RL_ATTRS_MAX || cost == 0)
         return RL_EINVAL;
@@ -330,7 +330,7 @@ static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
         return RL_EINVAL;
     if (a->forks != rl_forks())
         return RL_EFORKED;
-    int rc = validate(attrs, n, cost);
+    int rc = rl_check_validate(attrs, n, cost);
     if (rc != RL_OK)
         return rc;
     return rl_calls_enter(&a->calls, &a->closing) ? RL_OK : RL_ECLOSED;

@@ -81,6 +81,24 @@ RL_API int rl_config_parse(const char *yaml, size_t len, const char *name,
  * caller must make sure no other thread still uses the config. */
 RL_API void rl_config_free(rl_config *config);
 
+/* rl_config_check opens, with the calling process's rights, every file an
+ * agent opened with config would read that rl_config_load did not (it has
+ * read the rules file, overrides_files and store.password_file): today the
+ * aggregator.tls CA, certificate and key when an aggregator URL is
+ * tls+tcp://, parsed as the agent's dials parse them. A host whose workers
+ * open their agents as another user (nginx's `user`) runs it with the
+ * workers' rights, so that a config they could not open with is refused
+ * before they start. Returns RL_OK; RL_EIO when a file cannot be read
+ * (err->message names the field, the file and the system's reason, e.g.
+ * "aggregator.tls.key: cannot read '/etc/rl/k.key': Permission denied");
+ * RL_ECONFIG when its contents are refused (not PEM, a key that is not the
+ * certificate's); RL_EINVAL for a NULL config. Reads nothing else and
+ * connects nowhere. Thread-safe. Parsing the TLS files starts nng's
+ * threads in the calling process: a process that forks workers which open
+ * agents must not call it before forking (call it in a short-lived child,
+ * as ngx_http_rl_module's master does). */
+RL_API int rl_config_check(const rl_config *config, rl_error *err);
+
 /* ------------------------------------------------------------------------
  * The agent: checks requests against the rules.
  * ------------------------------------------------------------------------ */
@@ -286,6 +304,21 @@ typedef void (*rl_check_fn)(const rl_decision *decision, void *arg);
  * runs. attrs are copied: they need not outlive the call. Thread-safe. */
 RL_API int rl_check_async(rl_agent *agent, const rl_attr *attrs, size_t n,
                           uint32_t cost, rl_check_fn callback, void *arg);
+
+/* rl_config_decide_on_error decides a request from config alone, as a
+ * check decides it when neither the store nor an aggregator answers: each
+ * rule that applies is decided by its on_error (allow lets it through,
+ * deny rejects it with a retry of a second, local allows: its buckets live
+ * in an agent, and a rule whose fallback bucket cannot be had allows),
+ * shadow rules never reject, and out->degraded is set when a rule applied.
+ * Nothing is charged or remembered. For a host that has the rules but not
+ * its agent (rl_agent_open failed, and it retries): ngx_http_rl_module's
+ * workers serve that way until their agent opens. Returns rl_check's
+ * RL_EINVAL and RL_ETOOLONG, or RL_ENOMEM; RL_EINVAL for a NULL config or
+ * out. Thread-safe. */
+RL_API int rl_config_decide_on_error(const rl_config *config,
+                                     const rl_attr *attrs, size_t n,
+                                     uint32_t cost, rl_decision *out);
 
 /* One rule's counters since the agent was opened. */
 typedef struct rl_rule_counters {

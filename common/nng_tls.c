@@ -9,6 +9,7 @@
 
 #include "nng_handoff.h"
 
+#include <errno.h>
 #include <nng/supplemental/tls/tls.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ static char *read_pem(const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL) {
-        snprintf(err, errlen, "cannot read %s", path);
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
         return NULL;
     }
     char *text = malloc(PEM_MAX + 1);
@@ -85,6 +86,15 @@ static nng_tls_config *make_config(const rl_tls_config *tls, bool server,
         return NULL;
     }
     return c;
+}
+
+int rl_nng_tls_check(const rl_tls_config *tls, char *err, size_t errlen)
+{
+    nng_tls_config *c = make_config(tls, false, err, errlen);
+    if (c == NULL)
+        return -1;
+    nng_tls_config_free(c);
+    return 0;
 }
 
 int rl_nng_dial(nng_socket s, const char *url, const rl_tls_config *tls,

@@ -12,6 +12,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Reads and parses tls's files as rl_nng_dial does for a tls+tcp:// URL
+ * (the CA; the agent's certificate and key when it has them), then lets
+ * them go. Returns 0, or -1 with a message naming the file. nng starts its
+ * threads in the calling process (rl.h, rl_config_check). */
+int rl_nng_tls_check(const rl_tls_config *tls, char *err, size_t errlen);
+
 /* Dials url from s (in the background: a peer that is not up yet is
  * retried by nng). Returns 0, or -1 with a message. */
 int rl_nng_dial(nng_socket s, const char *url, const rl_tls_config *tls,

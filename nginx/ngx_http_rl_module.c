@@ -3,10 +3,15 @@
  *
  * The rules file is loaded and validated while nginx reads its config (in
  * the master, and by `nginx -t`), so a bad file fails there with rl's
- * message. Each worker opens its own agent after the fork and closes it at
- * exit, which flushes its synced counts: an agent's I/O thread cannot cross
- * a fork, and an old worker that drains after a reload takes its counts
- * with it.
+ * message; then what the workers' agents will read (rl_config_check) is
+ * opened with the workers' user, in a child of the master
+ * (ngx_http_rl_check_module, below). Each worker opens its own agent after
+ * the fork and closes it at exit, which flushes its synced counts: an
+ * agent's I/O thread cannot cross a fork, and an old worker that drains
+ * after a reload takes its counts with it. A worker whose agent still does
+ * not open (a file changed since, a respawned worker, no thread to be had)
+ * stays up: its requests are decided by their rules' on_error, and it tries
+ * again, less and less often, until the agent opens.
  *
  * A worker never waits for the store. A request is first offered to
  * rl_check_nowait, which decides it at once when no rule that applies
@@ -30,6 +35,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include <grp.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 
@@ -43,6 +49,12 @@
  * a worker exit once no timer is left.
  */
 #define NGX_HTTP_RL_GUARD_MS  61000
+
+/* A worker whose agent did not open tries again after 100 ms, then after
+ * twice as long each time, at most every 10 s: a file fixed by hand is
+ * taken up within seconds, and a lasting failure logs a line per 10 s. */
+#define NGX_HTTP_RL_RETRY_MIN_MS  100
+#define NGX_HTTP_RL_RETRY_MAX_MS  10000
 
 /* rl_format_headers needs at most 512 bytes, rl_format_body 1024. */
 #define NGX_HTTP_RL_HEADERS_MAX  512
@@ -140,6 +152,11 @@ static ngx_int_t ngx_http_rl_add_variables(ngx_conf_t *cf);
 static ngx_int_t ngx_http_rl_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_rl_init_process(ngx_cycle_t *cycle);
 static void ngx_http_rl_exit_process(ngx_cycle_t *cycle);
+static ngx_int_t ngx_http_rl_open_agent(ngx_cycle_t *cycle);
+static void ngx_http_rl_retry_handler(ngx_event_t *ev);
+static char *ngx_http_rl_check_conf(ngx_cycle_t *cycle, void *conf);
+static void ngx_http_rl_check_child(ngx_core_conf_t *ccf,
+    const rl_config *config, int fd);
 static void ngx_http_rl_log(rl_log_level level, const char *line, void *arg);
 
 
@@ -220,6 +237,35 @@ ngx_module_t  ngx_http_rl_module = {
 };
 
 
+/*
+ * A core module in the same file, for its init_conf: nginx calls it once
+ * the whole config is read (the `user` directive may come after the http
+ * block), before the new cycle is taken up, and a failure there fails
+ * `nginx -t`, a start, or a reload (the old workers go on). No directives.
+ */
+static ngx_core_module_t  ngx_http_rl_check_module_ctx = {
+    ngx_string("rl_check"),
+    NULL,                                  /* create conf */
+    ngx_http_rl_check_conf                 /* init conf */
+};
+
+
+ngx_module_t  ngx_http_rl_check_module = {
+    NGX_MODULE_V1,
+    &ngx_http_rl_check_module_ctx,         /* module context */
+    NULL,                                  /* module directives */
+    NGX_CORE_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    NULL,                                  /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    NULL,                                  /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
 enum {
     NGX_HTTP_RL_VAR_DECISION,
     NGX_HTTP_RL_VAR_RULE,
@@ -256,9 +302,13 @@ static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 /*
  * This worker's agent and the way its decisions come back. A worker is one
  * process with one event loop thread, so these are per process; the master
- * never sets them.
+ * never sets them. Without an agent (it did not open), the retry timer is
+ * set.
  */
 static rl_agent               *ngx_http_rl_agent;
+static ngx_event_t             ngx_http_rl_retry;
+static ngx_msec_t              ngx_http_rl_retry_ms;
+static ngx_uint_t              ngx_http_rl_tries;
 static ngx_connection_t       *ngx_http_rl_notify_conn;
 static pthread_mutex_t         ngx_http_rl_done_lock = PTHREAD_MUTEX_INITIALIZER;
 static ngx_http_rl_pending_t  *ngx_http_rl_done;      /* newest first */
@@ -313,13 +363,6 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
 
     rmcf = ngx_http_get_module_main_conf(r, ngx_http_rl_module);
 
-    if (ngx_http_rl_agent == NULL) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "rl: this worker has no agent (see the error log "
-                      "at its start)");
-        return NGX_HTTP_SERVICE_UNAVAILABLE;
-    }
-
     if (ngx_http_rl_cost(r, rlcf, &cost) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -362,7 +405,16 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
         return NGX_DECLINED;
     }
 
-    rc = rl_check_nowait(ngx_http_rl_agent, attrs, n, cost, &ctx->decision);
+    if (ngx_http_rl_agent == NULL) {
+        /* the agent did not open (the error log says why, and a timer
+         * tries again): the rules decide as without their store */
+        rc = rl_config_decide_on_error(rmcf->config, attrs, n, cost,
+                                       &ctx->decision);
+
+    } else {
+        rc = rl_check_nowait(ngx_http_rl_agent, attrs, n, cost,
+                             &ctx->decision);
+    }
 
     if (rc == RL_OK) {
         ctx->decided = 1;
@@ -953,6 +1005,141 @@ ngx_http_rl_config_free(void *data)
 }
 
 
+/*
+ * The workers' side of the rules, checked before any worker of the new
+ * config starts: the files their agents read at rl_agent_open are opened
+ * by a child of the master that takes the workers' user and groups first,
+ * as a worker does (ngx_worker_process_init), so that a file only root can
+ * read fails here, not in every worker. A child, not the master: checking
+ * TLS files starts nng's threads, and a process that forks workers must
+ * have none. `nginx -s` only signals, and checks nothing.
+ */
+static char *
+ngx_http_rl_check_conf(ngx_cycle_t *cycle, void *conf)
+{
+    int                       fds[2], status;
+    pid_t                     pid;
+    size_t                    got;
+    ssize_t                   n;
+    sigset_t                  chld, saved;
+    rl_error                  err;
+    ngx_core_conf_t          *ccf;
+    ngx_http_rl_main_conf_t  *rmcf;
+
+    rmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_rl_module);
+
+    if (ngx_process == NGX_PROCESS_SIGNALLER
+        || rmcf == NULL || rmcf->config == NULL)
+    {
+        return NGX_CONF_OK;
+    }
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(cycle->conf_ctx, ngx_core_module);
+
+    if (pipe2(fds, O_CLOEXEC) == -1) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                      "rl_config: pipe2() failed");
+        return NGX_CONF_ERROR;
+    }
+
+    /* The master's SIGCHLD handler reaps every child it is told of: this
+     * one is reaped here, with the signal held meanwhile. */
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, &saved);
+
+    pid = fork();
+
+    if (pid == 0) {
+        close(fds[0]);
+        ngx_http_rl_check_child(ccf, rmcf->config, fds[1]);
+    }
+
+    close(fds[1]);
+    got = 0;
+
+    while (pid > 0 && got < sizeof(rl_error)) {
+        n = read(fds[0], (u_char *) &err + got, sizeof(rl_error) - got);
+
+        if (n > 0) {
+            got += n;
+
+        } else if (n == 0 || ngx_errno != NGX_EINTR) {
+            break;
+        }
+    }
+
+    close(fds[0]);
+
+    while (pid > 0 && waitpid(pid, &status, 0) == -1
+           && ngx_errno == NGX_EINTR)
+    {
+        /* void */
+    }
+
+    sigprocmask(SIG_SETMASK, &saved, NULL);
+
+    if (pid == -1 || got != sizeof(rl_error)) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                      "rl_config: %V: the check of the workers' files did "
+                      "not run", &rmcf->config_path);
+        return NGX_CONF_ERROR;
+    }
+
+    if (err.code != RL_OK) {
+        err.message[RL_ERROR_MAX - 1] = '\0';
+
+        if (geteuid() == 0) {
+            ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                          "rl_config: %V: %s (as the workers' user \"%s\", "
+                          "who open the agents)", &rmcf->config_path,
+                          err.message, ccf->username);
+
+        } else {
+            ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                          "rl_config: %V: %s", &rmcf->config_path,
+                          err.message);
+        }
+
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* In the child: the workers' credentials, the check, its rl_error into fd
+ * (under PIPE_BUF: one write), and out without nginx's exit handlers. */
+static void
+ngx_http_rl_check_child(ngx_core_conf_t *ccf, const rl_config *config,
+    int fd)
+{
+    rl_error  err;
+
+    ngx_memzero(&err, sizeof(rl_error));
+
+    if (geteuid() == 0
+        && (setgid(ccf->group) == -1
+            || initgroups(ccf->username, ccf->group) == -1
+            || setuid(ccf->user) == -1))
+    {
+        err.code = RL_ESYS;
+        ngx_snprintf((u_char *) err.message, RL_ERROR_MAX - 1,
+                     "cannot take the workers' user \"%s\": %s%Z",
+                     ccf->username, strerror(errno));
+
+    } else {
+        (void) rl_config_check(config, &err);
+    }
+
+    if (write(fd, &err, sizeof(rl_error)) != (ssize_t) sizeof(rl_error)) {
+        _exit(1);
+    }
+
+    _exit(0);
+}
+
+
 static char *
 ngx_http_rl_attr(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -1145,9 +1332,7 @@ ngx_http_rl_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_rl_init_process(ngx_cycle_t *cycle)
 {
-    int                       fd, rc;
-    rl_error                  err;
-    rl_options                options;
+    int                       fd;
     ngx_connection_t         *c;
     ngx_http_rl_main_conf_t  *rmcf;
 
@@ -1182,25 +1367,74 @@ ngx_http_rl_init_process(ngx_cycle_t *cycle)
 
     ngx_http_rl_notify_conn = c;
 
+    /* Cancelable: a worker that shuts down does not wait for it. */
+    ngx_http_rl_retry.handler = ngx_http_rl_retry_handler;
+    ngx_http_rl_retry.log = cycle->log;
+    ngx_http_rl_retry.data = cycle;
+    ngx_http_rl_retry.cancelable = 1;
+    ngx_http_rl_retry_ms = NGX_HTTP_RL_RETRY_MIN_MS;
+
+    /* A worker that fails its init exits, and nginx does not respawn it:
+     * rather serve by on_error than take the instance down. */
+    if (ngx_http_rl_open_agent(cycle) != NGX_OK) {
+        ngx_add_timer(&ngx_http_rl_retry, ngx_http_rl_retry_ms);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_rl_open_agent(ngx_cycle_t *cycle)
+{
+    int                       rc;
+    rl_error                  err;
+    rl_options                options;
+    ngx_http_rl_main_conf_t  *rmcf;
+
+    rmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_rl_module);
+
     ngx_memzero(&options, sizeof(rl_options));
     options.config = rmcf->config;
     options.log = ngx_http_rl_log;
     options.log_arg = cycle->log;
     options.log_level = RL_LOG_INFO;
 
+    ngx_http_rl_tries++;
+
     rc = rl_agent_open(&ngx_http_rl_agent, &options, &err);
 
     if (rc != RL_OK) {
-        /* nginx does not respawn a worker whose init failed: the reason
-         * must be in the log */
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
-                      "rl: the agent did not open: %s", err.message);
-        ngx_close_connection(c);
-        ngx_http_rl_notify_conn = NULL;
+        ngx_log_error(NGX_LOG_ERR, cycle->log, 0,
+                      "rl: the agent did not open (try %ui): %s; requests "
+                      "are decided by their rules' on_error until it does, "
+                      "next try in %M ms", ngx_http_rl_tries, err.message,
+                      ngx_http_rl_retry_ms);
         return NGX_ERROR;
     }
 
+    if (ngx_http_rl_tries > 1) {
+        ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                      "rl: the agent opened at try %ui", ngx_http_rl_tries);
+    }
+
     return NGX_OK;
+}
+
+
+static void
+ngx_http_rl_retry_handler(ngx_event_t *ev)
+{
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        return;
+    }
+
+    ngx_http_rl_retry_ms = ngx_min(2 * ngx_http_rl_retry_ms,
+                                   NGX_HTTP_RL_RETRY_MAX_MS);
+
+    if (ngx_http_rl_open_agent(ev->data) != NGX_OK) {
+        ngx_add_timer(ev, ngx_http_rl_retry_ms);
+    }
 }
 
 

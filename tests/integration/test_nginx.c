@@ -4,8 +4,11 @@
  * its own config, pid file and error log, started and stopped by the test
  * (also when it fails: see nginx_fini). Three instances sharing one exact
  * bucket, the 429's headers and body, `nginx -t` on a bad rules file,
- * synced and local rules, a silent Redis, a reload under traffic, and a
- * request checked once through internal redirects and subrequests.
+ * synced and local rules, a silent Redis, a reload under traffic, a
+ * request checked once through internal redirects and subrequests, and
+ * the workers' own files: a TLS key only root can read refused at
+ * `nginx -t`, a start and a reload, and a worker whose agent cannot open
+ * serving by on_error until it can.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -60,6 +63,10 @@ typedef struct test_nginx {
     char dir[512];      /* prefix: nginx.conf, html/, nginx.pid */
     char conf[600];
     char log[600];      /* error_log and stderr, in RL_TEST_LOGDIR */
+    /* An [alert] or [emerg] line holding this is the test's own doing
+     * (a worker it killed, a reload it made fail), not a failure; NULL:
+     * none. */
+    const char *expected_alert;
 } test_nginx;
 
 /* The process groups of every nginx this test process started, for
@@ -245,8 +252,10 @@ static void nginx_stop(test_nginx *ngx)
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "nginx exited with status %d", status);
     char cmd[700], out[4096];
-    snprintf(cmd, sizeof cmd, "grep -E '\\[(alert|emerg|crit)\\]' %s",
-             ngx->log);
+    snprintf(cmd, sizeof cmd, "grep -E '\\[(alert|emerg|crit)\\]' %s%s%s%s",
+             ngx->log, ngx->expected_alert != NULL ? " | grep -vF '" : "",
+             ngx->expected_alert != NULL ? ngx->expected_alert : "",
+             ngx->expected_alert != NULL ? "'" : "");
     if (test_run(cmd, out, sizeof out) == 0)
         cr_assert_fail("nginx logged:\n%s", out);
 }
@@ -665,5 +674,246 @@ Test(nginx, internal_redirects_and_subrequests_are_checked_once)
     cr_assert_eq(header_num(&r, "RateLimit-Remaining"), expect - 1,
                  "the auth_request subrequest of /api/index.html was "
                  "charged");
+    nginx_stop(&ngx);
+}
+
+/* --- (g) The workers' own files. -------------------------------------- */
+
+/* The tests run as root, so nginx's workers run as nginx's default user,
+ * nobody (group nogroup): a file of mode 0600 owned by root is the
+ * master's to read and not theirs. */
+
+/* A self-signed certificate and its key in a folder of their own (every
+ * user may enter it), and a config whose agents dial a tls+tcp://
+ * aggregator with them: an agent reads them at open, before any dial (no
+ * aggregator needs to listen). per-key is exact, on_error: deny, on the
+ * tests' Redis; per-tenant is synced, so that the agent dials at all. */
+typedef struct tls_rules {
+    char dir[512];
+    char key[600];
+    const char *config;
+} tls_rules;
+
+static void tls_rules_write(tls_rules *t, const char *name)
+{
+    static int serial;
+    snprintf(t->dir, sizeof t->dir, "%s/%s-%d-%d", test_env("RL_TEST_TMPDIR"),
+             name, (int)getpid(), ++serial);
+    cr_assert_eq(mkdir(t->dir, 0755), 0);
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && openssl req -x509 -newkey rsa:2048 "
+             "-nodes -days 2 -subj /CN=localhost -keyout k.key -out k.pem "
+             "2>&1 && chmod 644 k.pem", t->dir);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(t->key, sizeof t->key, "%s/k.key", t->dir);
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "aggregator:\n"
+             "  reports: \"tls+tcp://127.0.0.1:%u\"\n"
+             "  totals: \"tls+tcp://127.0.0.1:%u\"\n"
+             "  tls: {ca: %s/k.pem, cert: %s/k.pem, key: %s}\n"
+             "rules:\n"
+             "  - {name: per-key, match: api_key, limit: 100, period: 1h, "
+             "on_error: deny}\n"
+             "  - {name: nginx-files, match: tenant, limit: 100, "
+             "period: 1h, mode: synced}\n",
+             test_env("RL_TEST_REDIS"), test_free_port(), test_free_port(),
+             t->dir, t->dir, t->key);
+    t->config = test_write_config(name, yaml);
+}
+
+static void key_mode(const tls_rules *t, const char *mode)
+{
+    char cmd[1600], out[256];
+    snprintf(cmd, sizeof cmd, "chown root:root %s && chmod %s %s", t->key,
+             mode, t->key);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+}
+
+static int config_test(const test_nginx *ngx, char *out, size_t cap)
+{
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "%s %s -t -p %s -c %s 2>&1", nginx_env(),
+             NGINX_BIN, ngx->dir, ngx->conf);
+    return test_run(cmd, out, cap);
+}
+
+/* The worker processes' ids, in ascending order, as one string. */
+static void worker_pids(const test_nginx *ngx, char *out, size_t cap)
+{
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "pgrep -P $(cat %s/nginx.pid) | sort -n | "
+             "tr '\\n' ' '", ngx->dir);
+    test_run(cmd, out, cap);
+}
+
+/* Lines of the error log holding text. */
+static int log_count(const test_nginx *ngx, const char *text)
+{
+    char cmd[1200], out[64];
+    snprintf(cmd, sizeof cmd, "grep -cF \"%s\" %s", text, ngx->log);
+    test_run(cmd, out, sizeof out);
+    return atoi(out);
+}
+
+Test(nginx, a_key_only_root_can_read_fails_nginx_t_and_a_start_naming_it)
+{
+    tls_rules t;
+    tls_rules_write(&t, "nginx-rootkey");
+    key_mode(&t, "600");
+    test_nginx ngx;
+    nginx_prepare(&ngx, 2, t.config, "", "        location / { rl on; }\n");
+    char out[8192], want[2400];
+    /* Before: `nginx -t` passed (the master reads as root), and neither
+     * of the two workers stayed up. */
+    cr_assert_neq(config_test(&ngx, out, sizeof out), 0,
+                  "nginx -t passed with a key its workers cannot read: %s",
+                  out);
+    snprintf(want, sizeof want, "rl_config: %s: aggregator.tls.key: cannot "
+             "read '%s': Permission denied (as the workers' user \"nobody\"",
+             t.config, t.key);
+    cr_assert(strstr(out, want) != NULL, "no '%s' in: %s", want, out);
+    cr_assert(strstr(out, "test failed") != NULL, "%s", out);
+
+    /* A start is refused the same way: the master exits at once, 1. */
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "%s %s -p %s -c %s -g 'daemon off;' 2>&1",
+             nginx_env(), NGINX_BIN, ngx.dir, ngx.conf);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, want) != NULL, "no '%s' in: %s", want, out);
+
+    /* Readable by the workers' group (nogroup), not by others: the check
+     * goes by the workers' groups too; both workers start and serve. */
+    snprintf(cmd, sizeof cmd, "chgrp nogroup %s && chmod 640 %s", t.key,
+             t.key);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(config_test(&ngx, out, sizeof out), 0, "%s", out);
+    nginx_start(&ngx, 2);
+    char key[96];
+    unique(key, sizeof key, "ak_rootkey");
+    test_http_response r;
+    for (int i = 0; i < 4; i++) {
+        get(ngx.port, "/index.html", key, "", &r);
+        cr_assert_eq(r.status, 200, "request %d: %d", i, r.status);
+        cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "allowed");
+    }
+    cr_assert_eq(log_count(&ngx, "the agent did not open"), 0);
+    nginx_stop(&ngx);
+}
+
+Test(nginx, a_reload_with_a_key_the_workers_cannot_read_keeps_the_old_workers)
+{
+    tls_rules t;
+    tls_rules_write(&t, "nginx-reloadkey");
+    key_mode(&t, "644");
+    test_nginx ngx;
+    nginx_prepare(&ngx, 2, t.config, "", "        location / { rl on; }\n");
+    ngx.expected_alert = "aggregator.tls.key: cannot read";
+    nginx_start(&ngx, 2);
+    char before[256], after[256];
+    worker_pids(&ngx, before, sizeof before);
+
+    key_mode(&t, "600");
+    kill(ngx.pid, SIGHUP);
+    for (int waited = 0; waited < 10000
+         && log_count(&ngx, "aggregator.tls.key: cannot read") == 0;
+         waited += 50)
+        test_sleep_ms(50);
+    cr_assert_eq(log_count(&ngx, "aggregator.tls.key: cannot read"), 1,
+                 "the reload was not refused with rl's reason");
+    char key[96];
+    unique(key, sizeof key, "ak_reloadkey");
+    test_http_response r;
+    for (int i = 0; i < 4; i++) {
+        get(ngx.port, "/index.html", key, "", &r);
+        cr_assert_eq(r.status, 200, "request %d: %d", i, r.status);
+        cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "allowed");
+    }
+    worker_pids(&ngx, after, sizeof after);
+    cr_assert_str_eq(after, before, "the workers changed on a refused "
+                     "reload");
+    cr_assert_eq(log_count(&ngx, "the agent did not open"), 0);
+
+    /* Readable again: the next reload is taken up by new workers. */
+    key_mode(&t, "644");
+    kill(ngx.pid, SIGHUP);
+    for (int waited = 0; waited < 10000
+         && log_count(&ngx, "start worker process ") < 4; waited += 50)
+        test_sleep_ms(50);
+    cr_assert_eq(log_count(&ngx, "start worker process "), 4,
+                 "no new workers after the key was readable again");
+    get(ngx.port, "/index.html", key, "", &r);
+    cr_assert_eq(r.status, 200);
+    nginx_stop(&ngx);
+}
+
+/* A worker that nginx respawns (one killed, say) opens its agent without
+ * the master's check: a key made unreadable since then is the realistic
+ * way for an agent not to open (a Redis or an aggregator that is away is
+ * no failure to open). */
+Test(nginx, a_worker_whose_agent_cannot_open_serves_by_on_error_and_recovers)
+{
+    tls_rules t;
+    tls_rules_write(&t, "nginx-noagent");
+    key_mode(&t, "644");
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, t.config, "", "        location / { rl on; }\n");
+    ngx.expected_alert = "exited on signal 9";
+    nginx_start(&ngx, 1);
+    char key[96], first[64], now[64];
+    unique(key, sizeof key, "ak_noagent");
+    test_http_response r;
+    get(ngx.port, "/index.html", key, "", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(header_num(&r, "RateLimit-Remaining"), 99);
+
+    key_mode(&t, "600");
+    worker_pids(&ngx, first, sizeof first);
+    kill(atoi(first), SIGKILL);
+    for (int waited = 0; waited < 10000
+         && log_count(&ngx, "the agent did not open (try 1)") == 0;
+         waited += 20)
+        test_sleep_ms(20);
+    worker_pids(&ngx, now, sizeof now);
+    cr_assert(atoi(now) > 0 && strcmp(now, first) != 0,
+              "no worker in place of %s: %s", first, now);
+    cr_assert_eq(log_count(&ngx, "the agent did not open (try 1)"), 1,
+                 "the respawned worker's agent opened with a key it cannot "
+                 "read");
+    /* Served, by per-key's on_error (deny): rl-gateway's 503, nothing
+     * charged; a request no rule applies to is simply served. */
+    for (int i = 0; i < 3; i++) {
+        get(ngx.port, "/index.html", key, "", &r);
+        cr_assert_eq(r.status, 503, "without an agent: %d", r.status);
+        r.body[r.body_len] = '\0';
+        cr_assert(strstr(r.body, "\"error\":\"rate_limiter_unavailable\","
+                         "\"rule\":\"per-key\"") != NULL, "%s", r.body);
+        cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "rejected");
+        cr_assert_not_null(test_http_header(&r, "RateLimit-Degraded"));
+    }
+    test_http_get(ngx.port, "/index.html", "", &r);
+    cr_assert_eq(r.status, 200);
+
+    /* The key readable again: the worker's next try opens the agent
+     * (tries back off from 100 ms, and the key was unreadable for less
+     * than a second), and per-key counts on from the store's 99. */
+    key_mode(&t, "644");
+    uint64_t fixed = test_now_ms();
+    int status = 0;
+    while (test_now_ms() - fixed < 5000) {
+        get(ngx.port, "/index.html", key, "", &r);
+        status = r.status;
+        if (status == 200)
+            break;
+        test_sleep_ms(50);
+    }
+    uint64_t took = test_now_ms() - fixed;
+    fprintf(stderr, "nginx: the worker's agent opened %llu ms after its key "
+            "was readable again\n", (unsigned long long)took);
+    cr_assert_eq(status, 200, "no agent 5 s after the key was readable");
+    cr_assert_str_eq(test_http_header(&r, "X-RL-Decision"), "allowed");
+    cr_assert_eq(header_num(&r, "RateLimit-Remaining"), 98);
+    cr_assert_eq(log_count(&ngx, "rl: the agent opened at try"), 1);
     nginx_stop(&ngx);
 }
