@@ -161,7 +161,10 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * disconnects: a report in flight is given until its ack, and so is the
  * last, two sync intervals each at most (no wait at all without synced
  * rules): a gateway that closes its agent at a stop or a reload loses no
- * count while an aggregator takes reports. Meanwhile each totals
+ * count while an aggregator takes reports. Then it says goodbye to the
+ * aggregators (one exchange, answered at once; two intervals at most), so
+ * that it leaves its rules' agent counts now and the agents left get its
+ * share of each limit at once. Meanwhile each totals
  * connection ends at its aggregator's next broadcast (within an interval,
  * two at most), and the agent waits for that: Debian's nng 1.5.2 can hang
  * closing a connection a message is arriving on.

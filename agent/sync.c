@@ -32,6 +32,8 @@
  * or on_error: local) names them in every report of every stream and
  * reports every tick, counts or not (presence), so that the aggregators
  * count it in them (in sets shared in Redis: the counts are the fleet's).
+ * At the close, after its last reports, it says goodbye (GOODBYE) to the
+ * aggregators that read it, and leaves those counts at once.
  *
  * Totals come on one nng SUB socket per aggregator, subscribed to those
  * rules' topics; each TOTALS message sets its rule's agent count and, for
@@ -69,10 +71,12 @@
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct reported {
@@ -152,7 +156,8 @@ struct rl_sync {
     bool closing;
     /* Loop thread only. */
     bool stopping;              /* rl_sync_stop was called */
-    char agent_id[40];
+    bool goodbye_said;          /* the GOODBYEs went out (or none could) */
+    char agent_id[RL_WIRE_ID_MAX + 1];
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
     int open_handles;
 };
@@ -414,15 +419,11 @@ static bool has_pending(const stream *st)
     return len > 0;
 }
 
-/* Sends st's pending report on l, or a ping when st is NULL. */
-static void send_on(agg_link *l, stream *st)
+/* Sends what w holds on l: st's pending report, or a message answered
+ * like a ping (st NULL). */
+static void send_message(agg_link *l, rl_wire_writer *w, stream *st)
 {
     rl_sync *s = l->s;
-    rl_wire_writer *w = st != NULL ? st->pending : s->ping;
-    if (st == NULL) {
-        rl_wire_writer_reset(w);
-        rl_wire_begin_report(w, s->agent_id, 0, 0);
-    }
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     nng_msg *m;
@@ -442,6 +443,17 @@ static void send_on(agg_link *l, stream *st)
     }
     rl_nng_handoff(l);
     nng_send_aio(l->req, l->req_aio);
+}
+
+/* Sends st's pending report on l, or a ping when st is NULL. */
+static void send_on(agg_link *l, stream *st)
+{
+    rl_sync *s = l->s;
+    if (st == NULL) {
+        rl_wire_writer_reset(s->ping);
+        rl_wire_begin_report(s->ping, s->agent_id, 0, 0);
+    }
+    send_message(l, st != NULL ? st->pending : s->ping, st);
 }
 
 static bool any_up(const rl_sync *s)
@@ -741,11 +753,12 @@ static void req_finished(agg_link *l, int result)
 }
 
 /* The agent count of a rule's TOTALS. While the rule is degraded, and for
- * a period after, a count below the one known is not taken: the sets it
- * is read from (one per period window, kept two) are new after an outage
- * of two periods, and fill as the agents' reports come back, the first
- * few saying one or two agents (each agent would take the whole room). A
- * fleet that did shrink meanwhile errs low for that period. */
+ * a period after, a count below the one known is not taken: the live sets
+ * it is read from lose every agent that has not reported for a few
+ * intervals, as none could through the outage, and fill as the agents'
+ * reports come back, the first few saying one or two agents (each agent
+ * would take the whole room). A fleet that did shrink meanwhile errs low
+ * for that period. */
 static void take_agents(rl_ident *id, const rl_rule *rule, uint64_t agents,
                         uint64_t loop_ms)
 {
@@ -1164,6 +1177,71 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
     return RL_OK;
 }
 
+/* The last start time an agent id of this process took (ms): each takes a
+ * later one, so that agents opened in the same millisecond differ. */
+static _Atomic uint64_t last_start_ms;
+
+/* name, with what could not sit in an id (a hash tag's braces, a tab, the
+ * separators) as '_'; at most cap - 1 bytes. */
+static void put_id_part(char *out, size_t cap, const char *name)
+{
+    size_t n = 0;
+    for (; name[n] != '\0' && n + 1 < cap; n++) {
+        char c = name[n];
+        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+                     || (c >= '0' && c <= '9') || c == '-' || c == '.'
+                     || c == '_';
+        out[n] = plain ? c : '_';
+    }
+    out[n] = '\0';
+}
+
+/* An agent's id names it for an operator (rlctl agents, logs): the
+ * program and the host it runs on (its short name), its pid, and when it
+ * started (ms of the wall clock, base 36), "nginx@web01/4242/mj3x0a1b".
+ * Unique per agent start, never reused: the aggregators apply an id's
+ * reports only when numbered above the last applied, and a new agent
+ * numbers from 1 (a restarted container keeps its host name and pid). No
+ * memory address (an earlier id ended in one). At most 15 + 1 + 24 + 1 +
+ * 10 + 1 + 9 bytes: under RL_WIRE_ID_MAX. */
+static void make_agent_id(char *out, size_t cap)
+{
+    char raw[64] = "", prog[16] = "agent", host[25] = "host";
+    FILE *f = fopen("/proc/self/comm", "r");
+    if (f != NULL) {
+        if (fgets(raw, sizeof raw, f) != NULL) {
+            raw[strcspn(raw, "\n")] = '\0';
+            if (raw[0] != '\0')
+                put_id_part(prog, sizeof prog, raw);
+        }
+        fclose(f);
+    }
+    if (gethostname(raw, sizeof raw - 1) == 0) {
+        raw[sizeof raw - 1] = '\0';
+        raw[strcspn(raw, ".")] = '\0';
+        if (raw[0] != '\0')
+            put_id_part(host, sizeof host, raw);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t start = (uint64_t)ts.tv_sec * 1000
+                     + (uint64_t)ts.tv_nsec / 1000000;
+    uint64_t last = atomic_load(&last_start_ms);
+    do {
+        if (start <= last)
+            start = last + 1;
+    } while (!atomic_compare_exchange_weak(&last_start_ms, &last, start));
+    char start36[16];
+    size_t n = sizeof start36;
+    start36[--n] = '\0';
+    do {
+        start36[--n] = "0123456789abcdefghijklmnopqrstuvwxyz"[start % 36];
+        start /= 36;
+    } while (start > 0 && n > 0);
+    snprintf(out, cap, "%s@%s/%ld/%s", prog, host, (long)getpid(),
+             start36 + n);
+}
+
 rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
                      const rl_logger *log, rl_error *err)
 {
@@ -1176,9 +1254,7 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
     s->config = config;
     s->log = log;
     pthread_mutex_init(&s->lock, NULL);
-    /* Unique per agent instance: a restarted agent starts new sequences. */
-    snprintf(s->agent_id, sizeof s->agent_id, "%lx-%lx-%p",
-             (unsigned long)getpid(), (unsigned long)uv_hrtime(), (void *)s);
+    make_agent_id(s->agent_id, sizeof s->agent_id);
     /* At most RL_AGGREGATORS_MAX (the config's cap). */
     size_t n = config->aggregator.n_endpoints;
     s->ping = rl_wire_writer_new();
@@ -1331,6 +1407,29 @@ static void drain_totals(rl_sync *s)
         rl_nng_sub_drain(&s->links[i].sub);
 }
 
+/* Once the last reports are in, a GOODBYE to every aggregator up that
+ * reads it (FEATURES): the agent leaves its rules' agent counts at once,
+ * so that the agents left get its share now, not RL_WIRE_LIVE_INTERVALS
+ * later. The agent sets are shared in Redis, so one aggregator would do;
+ * each is told, as any may be the one that is slow. Whether any went. */
+static bool say_goodbye(rl_sync *s)
+{
+    if (s->goodbye_said)
+        return false;
+    s->goodbye_said = true;
+    bool sent = false;
+    rl_wire_writer_reset(s->ping);
+    rl_wire_goodbye(s->ping, s->agent_id, s->presence, s->n_presence);
+    for (size_t i = 0; s->n_presence > 0 && i < s->n_links; i++) {
+        agg_link *l = &s->links[i];
+        if (l->up && (l->features & RL_WIRE_FEATURE_GOODBYE)) {
+            send_message(l, s->ping, NULL);
+            sent = true;
+        }
+    }
+    return sent;
+}
+
 /* At stop, what was counted since the last report goes out in one last
  * report per stream before the sync closes, after its ack or its timeout
  * (two intervals): a gateway that stops or reloads loses no count
@@ -1357,7 +1456,7 @@ static void finish_stopping(rl_sync *s)
         send_on(l, st);
         sent = true;
     }
-    if (!sent && all_idle(s))
+    if (!sent && all_idle(s) && !say_goodbye(s))
         close_sync(s);
 }
 

@@ -46,6 +46,7 @@ typedef enum rl_reject {
     RL_REJECT_UNKNOWN_RULE,  /* a count for a rule not synced here */
     RL_REJECT_OUT_OF_MEMORY,
     RL_REJECT_TOO_MANY_AGENTS, /* aggregator.max_agents live ones already */
+    RL_REJECT_TOO_MANY_IDS,  /* a second agent id on one connection */
     RL_REJECTS,
 } rl_reject;
 
@@ -114,9 +115,17 @@ struct rl_aggregator {
 typedef struct rl_agents rl_agents;
 int rl_agents_init(rl_aggregator *agg);
 void rl_agents_free(rl_aggregator *agg);
-/* Records a report's agent; -1 when the table is full of live agents. */
+/* Records a report's agent, which came on connection pipe; 0, or
+ * RL_AGENTS_FULL when it is new and the table is full of live agents, or
+ * RL_AGENTS_PIPE_FULL when the connection speaks for another agent. */
+#define RL_AGENTS_FULL (-1)
+#define RL_AGENTS_PIPE_FULL (-2)
 int rl_agents_note(rl_aggregator *agg, const rl_wire_msg *report,
-                   const char *peer, uint64_t now_ms);
+                   const char *peer, uint32_t pipe, uint64_t now_ms);
+/* The agent id said goodbye on pipe: forgotten, if it is the one that
+ * connection speaks for (true); a goodbye from elsewhere is not its. */
+bool rl_agents_leave(rl_aggregator *agg, rl_wire_bytes id, uint32_t pipe,
+                     uint64_t now_ms);
 size_t rl_agents_count(const rl_aggregator *agg);
 void rl_agents_render(const rl_aggregator *agg, uint64_t now_ms,
                       void (*put)(void *, const char *, ...), void *arg);

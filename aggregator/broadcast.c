@@ -181,7 +181,8 @@ static void send_totals(rl_aggregator *agg, const rl_rule *rule,
 static void publish_features(rl_aggregator *agg, rl_wire_writer *w)
 {
     rl_wire_writer_reset(w);
-    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS);
+    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS
+                                  | RL_WIRE_FEATURE_GOODBYE);
     int rv = publish(agg, w);
     if (rv != 0)
         rl_log(&agg->log, RL_LOG_WARN, "features_not_sent",

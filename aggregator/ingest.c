@@ -200,14 +200,79 @@ static void on_applied(void *arg, bool duplicate,
     send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, totals);
 }
 
+/* The rules named as present that this aggregator knows as needing a
+ * fleet size, into w->presence; others (a reload on one side only) are
+ * passed over. */
+static bool take_presence(rl_ingest_worker *w)
+{
+    const rl_wire_msg *m = &w->report;
+    w->presence = calloc(m->n_presence + 1, sizeof *w->presence);
+    if (w->presence == NULL)
+        return false;
+    w->n_presence = 0;
+    for (size_t i = 0; i < m->n_presence; i++) {
+        const rl_rule *rule = rl_aggregator_fleet_rule(w->agg,
+                                                       m->presence[i]);
+        if (rule != NULL)
+            w->presence[w->n_presence++] = rule;
+    }
+    return true;
+}
+
+static void on_left(void *arg, const uint64_t *agents, const char *error)
+{
+    rl_ingest_worker *w = arg;
+    rl_aggregator *agg = w->agg;
+    agg->in_flight--;
+    if (agents == NULL)
+        rl_log(&agg->log, RL_LOG_WARN, "goodbye_not_applied",
+               "peer=%s reason=\"%s\"", w->peer, error);
+    /* The last agent's leaving leaves the count last known: 0 on the wire
+     * says not known (wire.h), and no agent is left to take it. */
+    for (size_t i = 0; agents != NULL && i < w->n_presence; i++) {
+        if (agents[i] > 0)
+            rl_broadcast_agents(agg, w->presence[i], agents[i]);
+    }
+    free(w->presence);
+    w->presence = NULL;
+    send_ack(w, agents != NULL ? RL_ACK_APPLIED : RL_ACK_RETRY, NULL);
+}
+
+/* An agent closing leaves its rules' agent counts at once. Only the agent
+ * a connection speaks for can leave through it (agents.c): a peer cannot
+ * take others out of the count, which would grow every share. */
+static void handle_goodbye(rl_ingest_worker *w, uint32_t pipe)
+{
+    rl_aggregator *agg = w->agg;
+    uint64_t at = rl_store_now_ms(agg->store);
+    if (!rl_agents_leave(agg, w->report.agent_id, pipe, at)) {
+        send_ack(w, RL_ACK_DUPLICATE, NULL);
+        return;
+    }
+    rl_log(&agg->log, RL_LOG_INFO, "agent_left", "agent=%.*s peer=%s",
+           (int)w->report.agent_id.len, w->report.agent_id.ptr, w->peer);
+    if (!take_presence(w)) {
+        refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    agg->in_flight++;
+    rl_windows_leave(agg->windows, w->report.agent_id, w->presence,
+                     w->n_presence, at, on_left, w);
+}
+
 static void handle_report(rl_ingest_worker *w)
 {
     rl_aggregator *agg = w->agg;
     const char *why = NULL;
+    uint32_t pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(w->msg));
     peer_of(w->msg, w->peer, sizeof w->peer);
     if (rl_wire_decode(nng_msg_body(w->msg), nng_msg_len(w->msg), &w->report,
                        &why) != 0) {
         refuse(w, RL_REJECT_MALFORMED, why);
+        return;
+    }
+    if (w->report.type == RL_WIRE_GOODBYE) {
+        handle_goodbye(w, pipe);
         return;
     }
     if (w->report.type != RL_WIRE_REPORT) {
@@ -242,30 +307,26 @@ static void handle_report(rl_ingest_worker *w)
         rules[kept++] = rule;
     }
     w->report.n_entries = kept;
-    /* Presence: the rules named that this aggregator knows as needing a
-     * fleet size; others (a reload on one side only) are passed over. */
-    w->presence = calloc(m->n_presence + 1, sizeof *w->presence);
-    if (w->presence == NULL) {
+    if (!take_presence(w)) {
         free(rules);
         refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
         return;
-    }
-    w->n_presence = 0;
-    for (size_t i = 0; i < m->n_presence; i++) {
-        const rl_rule *rule = rl_aggregator_fleet_rule(agg, m->presence[i]);
-        if (rule != NULL)
-            w->presence[w->n_presence++] = rule;
     }
     /* The decoded report points into the message: keep it until acked. */
     uint64_t now = rl_store_now_ms(agg->store);
     /* A ping (seq 0, windows.c) asks whether this aggregator is up: its
      * agent does not report here (yet). */
-    if (m->seq > 0 && rl_agents_note(agg, m, w->peer, now) != 0) {
+    int noted = m->seq > 0 ? rl_agents_note(agg, m, w->peer, pipe, now) : 0;
+    if (noted != 0) {
         free(rules);
         free(w->presence);
         w->presence = NULL;
-        refuse(w, RL_REJECT_TOO_MANY_AGENTS, "a new agent, and "
-               "aggregator.max_agents live ones are known already");
+        if (noted == RL_AGENTS_PIPE_FULL)
+            refuse(w, RL_REJECT_TOO_MANY_IDS, "a second agent id on one "
+                   "connection");
+        else
+            refuse(w, RL_REJECT_TOO_MANY_AGENTS, "a new agent, and "
+                   "aggregator.max_agents live ones are known already");
         return;
     }
     agg->in_flight++;

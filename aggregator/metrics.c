@@ -213,7 +213,8 @@ static void render_reports(text *t, const rl_aggregator *agg)
     family(t, "rl_agg_reports_rejected_total", "counter",
            "Reports refused, by reason.");
     static const char *const reasons[RL_REJECTS] = {
-        "malformed", "unknown_rule", "out_of_memory", "too_many_agents"};
+        "malformed", "unknown_rule", "out_of_memory", "too_many_agents",
+        "ids_per_connection"};
     for (int i = 0; i < RL_REJECTS; i++)
         put(t, "rl_agg_reports_rejected_total{reason=\"%s\"} %llu\n",
             reasons[i], (unsigned long long)s->rejected_by[i]);

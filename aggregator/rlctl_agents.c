@@ -153,10 +153,17 @@ static void list_aggregators(unsigned heard_by, char *buf, size_t cap)
 
 static void print_rows(const agent_rows *t, bool json)
 {
+    /* As wide as the longest id: ids name a program, a host, a pid and a
+     * start time, and a column cut or overflowed is unreadable. */
+    int width = 24;
+    for (size_t i = 0; i < t->n; i++) {
+        if ((int)strlen(t->rows[i].id) > width)
+            width = (int)strlen(t->rows[i].id);
+    }
     if (json)
         printf("{\"agents\":[");
     else
-        printf("%-24s %-28s %14s %8s %10s %s\n", "AGENT", "ADDRESS",
+        printf("%-*s %-28s %14s %8s %10s %s\n", width, "AGENT", "ADDRESS",
                "LAST REPORT", "KEYS", "REPORTS", "AGGREGATORS");
     for (size_t i = 0; i < t->n; i++) {
         const agent_row *r = &t->rows[i];
@@ -171,8 +178,8 @@ static void print_rows(const agent_rows *t, bool json)
                    "\"reports\":%llu,\"aggregators\":[%s]}", r->last,
                    r->keys, r->since, r->reports, aggs);
         } else {
-            printf("%-24s %-28s %11llu ms %8llu %10llu %s\n", r->id, r->addr,
-                   r->since, r->keys, r->reports, aggs);
+            printf("%-*s %-28s %11llu ms %8llu %10llu %s\n", width, r->id,
+                   r->addr, r->since, r->keys, r->reports, aggs);
         }
     }
     if (json)

@@ -33,11 +33,13 @@
 
 #define SEQ_TTL_S "3600"
 
-/* KEYS: per part its sequence key, per agent set rule (this period
- * window's set, the last one's), then the hashes of sub-windows, grouped
- * by sub-window. ARGV: the number of parts, of set rules, N; per part its
- * seq, agent, 1 if known a duplicate (else 0), its number of set rules and
- * their numbers (from 1); per set rule its ttl in ms; the number of
+/* KEYS: per part its sequence key, per agent set rule its set of live
+ * agents, then the hashes of sub-windows, grouped by sub-window. ARGV: the
+ * number of parts, of set rules, N; per part its seq, agent, 1 if known a
+ * duplicate (else 0), its number of set rules and their numbers (from 1);
+ * per set rule now (Redis's ms) and the time until which an agent added
+ * now stays live (its score: members scored before now are dropped, and
+ * the rest counted); the number of
  * groups, per group the hashes' ttl in ms, the sub-window w their totals
  * are read in (now's), the sub-window their counts go to (w or one of the
  * N before it) and the number of hashes; then per hash its count (summed
@@ -83,14 +85,17 @@
     "  for _, f in ipairs(fresh) do\n" \
     "    for i = 1, tonumber(ARGV[f + 3]) do\n" \
     "      local s = tonumber(ARGV[f + 3 + i])\n" \
-    "      redis.call('SADD', KEYS[nparts + 2 * s - 1], ARGV[f + 1])\n" \
-    "      redis.call('PEXPIRE', KEYS[nparts + 2 * s - 1], ARGV[a + s - 1])\n" \
+    "      local till = ARGV[a + 2 * s - 1]\n" \
+    "      redis.call('ZADD', KEYS[nparts + s], till, ARGV[f + 1])\n" \
+    "      redis.call('PEXPIRE', KEYS[nparts + s],\n" \
+    "                 tonumber(till) - tonumber(ARGV[a + 2 * s - 2]))\n" \
     "    end\n" \
     "  end\n" \
     "  local out = {0}\n" \
     "  for s = 1, nsets do\n" \
-    "    out[s + 1] = math.max(redis.call('SCARD', KEYS[nparts + 2 * s - 1]),\n" \
-    "                          redis.call('SCARD', KEYS[nparts + 2 * s]))\n" \
+    "    redis.call('ZREMRANGEBYSCORE', KEYS[nparts + s], '-inf',\n" \
+    "               '(' .. ARGV[a + 2 * s - 2])\n" \
+    "    out[s + 1] = redis.call('ZCARD', KEYS[nparts + s])\n" \
     "  end\n" \
     "  local fields, fields_of = {}, nil\n" \
     "  local function span(key, w)\n" \
@@ -170,7 +175,7 @@
     "    end\n" \
     "    return span(key, w)\n" \
     "  end\n" \
-    "  local k, g, o = nparts + 2 * nsets + 1, a + nsets + 1, #out\n" \
+    "  local k, g, o = nparts + nsets + 1, a + 2 * nsets + 1, #out\n" \
     "  local c = g + 4 * tonumber(ARGV[g - 1])\n" \
     "  while k <= #KEYS do\n" \
     "    local ttl, ws, cs = ARGV[g], ARGV[g + 1], ARGV[g + 2]\n" \
@@ -187,26 +192,44 @@
     "  return out\n"
 
 
-/* rl_agg_6: rl_agg_5 added every count to the sub-window its totals were
- * read in, and its groups name no other; an rl_agg_5 aggregator on the
- * same Redis keeps its own library and function (as rl_agg_5 beside
- * rl_agg_4, which applied one report per call). The hashes are the
- * same. */
+/* An agent leaving (GOODBYE, windows.c): KEYS are the live sets of its
+ * rules, ARGV its id and now; answers each set's count without it. */
+#define LUA_LEAVE_BODY \
+    "  local out = {}\n" \
+    "  for i, key in ipairs(KEYS) do\n" \
+    "    redis.call('ZREM', key, ARGV[1])\n" \
+    "    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[2])\n" \
+    "    out[i] = redis.call('ZCARD', key)\n" \
+    "  end\n" \
+    "  return out\n"
+
+/* rl_agg_7: rl_agg_6 kept each rule's agents in a set per period window
+ * and counted this one's or the last one's, whichever was larger, so that
+ * every process start (a restart, a reload of nginx's workers) counted for
+ * up to two periods; rl_agg_7 keeps one sorted set per rule of the agents
+ * live (rl:agg:live:<rule>, windows.c). An rl_agg_6 aggregator on the same
+ * Redis keeps its own library and its sets (as rl_agg_5 beside rl_agg_6):
+ * the counts of a rolling upgrade are each side's own until it is over.
+ * The hashes are the same. */
 static const char library[] =
-    "#!lua name=rl_agg_6\n"
+    "#!lua name=rl_agg_7\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
-    "redis.register_function('rl_agg_6_apply', apply)\n";
+    "local function leave(KEYS, ARGV)\n" LUA_LEAVE_BODY "end\n"
+    "redis.register_function('rl_agg_7_apply', apply)\n"
+    "redis.register_function('rl_agg_7_leave', leave)\n";
 
 static const char apply_script[] = LUA_APPLY_BODY;
+static const char leave_script[] = LUA_LEAVE_BODY;
 
-static const char *const functions[] = {"rl_agg_6_apply"};
-static const char *const sources[] = {apply_script};
+static const char *const functions[] = {"rl_agg_7_apply",
+                                        "rl_agg_7_leave"};
+static const char *const sources[] = {apply_script, leave_script};
 
 const rl_script_set rl_window_scripts = {
     .library = library,
     .functions = functions,
     .sources = sources,
-    .n = 1,
+    .n = 2,
 };
 
 /* One call in flight. */
@@ -335,9 +358,9 @@ static size_t key_of(merge *g, const rl_window_count *c, size_t group)
 static size_t set_of(merge *g, const rl_window_set *s)
 {
     size_t k = 0;
-    while (k < g->n_sets && (g->sets[k]->now_len != s->now_len
-                             || memcmp(g->sets[k]->now, s->now,
-                                       s->now_len) != 0))
+    while (k < g->n_sets && (g->sets[k]->key_len != s->key_len
+                             || memcmp(g->sets[k]->key, s->key,
+                                       s->key_len) != 0))
         k++;
     if (k == g->n_sets)
         g->sets[g->n_sets++] = s;
@@ -388,7 +411,7 @@ static size_t args_cap(const merge *g, const rl_window_part *parts,
         n += 5 + p->n_sets;
     }
     for (size_t k = 0; k < g->n_sets; k++) {
-        cap += g->sets[k]->now_len + g->sets[k]->before_len + 24;
+        cap += g->sets[k]->key_len + 2 * 24;
         n += 3;
     }
     for (size_t d = 0; d < g->n_keys; d++)
@@ -400,13 +423,11 @@ static size_t args_cap(const merge *g, const rl_window_part *parts,
 static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
                      size_t n_parts)
 {
-    rl_args_add_u64(a, n_parts + 2 * g->n_sets + g->n_keys);
+    rl_args_add_u64(a, n_parts + g->n_sets + g->n_keys);
     for (const rl_window_part *p = parts; p != NULL; p = p->next)
         rl_args_add(a, p->seq_key, p->seq_key_len);
-    for (size_t k = 0; k < g->n_sets; k++) {
-        rl_args_add(a, g->sets[k]->now, g->sets[k]->now_len);
-        rl_args_add(a, g->sets[k]->before, g->sets[k]->before_len);
-    }
+    for (size_t k = 0; k < g->n_sets; k++)
+        rl_args_add(a, g->sets[k]->key, g->sets[k]->key_len);
     for (size_t s = 0; s < g->n_keys; s++) {
         const rl_window_count *c = g->key_first[g->by_slot[s]];
         rl_args_add(a, c->key, c->key_len);
@@ -422,8 +443,10 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
         for (size_t k = 0; k < p->n_sets; k++)
             rl_args_add_u64(a, p->sets[k].slot + 1);
     }
-    for (size_t k = 0; k < g->n_sets; k++)
-        rl_args_add_u64(a, g->sets[k]->ttl_ms);
+    for (size_t k = 0; k < g->n_sets; k++) {
+        rl_args_add_u64(a, g->sets[k]->now_ms);
+        rl_args_add_u64(a, g->sets[k]->until_ms);
+    }
     rl_args_add_u64(a, g->n_groups);
     for (size_t k = 0; k < g->n_groups; k++) {
         rl_args_add_u64(a, g->group_ttl[k]);
@@ -531,6 +554,7 @@ void rl_window_call(rl_store *store, rl_window_part *parts,
     *c = (call){.store = store, .parts = parts, .fn = fn, .arg = arg,
                 .n_sets = g.n_sets, .n_keys = g.n_keys};
     merge_free(&g);
-    rl_store_run(store, 0, (int)a.n, a.argv, a.lens, on_reply, c);
+    rl_store_run(store, RL_WINDOW_APPLY, (int)a.n, a.argv, a.lens, on_reply,
+                 c);
     rl_args_fini(&a);
 }

@@ -1,5 +1,5 @@
 /*
- * window_call.h: one call of the window function (rl_agg_6) for several
+ * window_call.h: one call of the window function (rl_agg_7) for several
  * parts of reports at once, each checked against its own sequence key, the
  * counts of one key summed over the parts so that Redis adds them once.
  * Private to rl-aggregator; windows.c makes the parts.
@@ -14,13 +14,17 @@
 #include <stdint.h>
 
 extern const rl_script_set rl_window_scripts;
+/* The scripts of rl_window_scripts, by index. */
+#define RL_WINDOW_APPLY 0
+#define RL_WINDOW_LEAVE 1
 
-/* A rule's agent sets (this period window and the last) that a part adds
- * its agent to; answered with the rule's agent count. */
+/* A rule's set of live agents, that a part adds its agent to, live until
+ * until_ms (Redis's clock); answered with the rule's agent count at
+ * now_ms. */
 typedef struct rl_window_set {
-    const char *now, *before;
-    size_t now_len, before_len;
-    uint64_t ttl_ms;
+    const char *key;
+    size_t key_len;
+    uint64_t now_ms, until_ms;
     uint64_t agents;  /* the answer */
     size_t slot;      /* its place in the call */
 } rl_window_set;

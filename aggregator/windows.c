@@ -45,9 +45,15 @@
  * A report is applied by function calls that each check a sequence number
  * and, only if the report is new to them, add its counts (HINCRBY; a
  * count of 0 only asks for the totals and writes nothing) or record the
- * agent in the rule's set of reporting agents for the period window
- * (rl:agg:agents:<rule>:w<period window>): the rules its counts are for and
- * the rules it names as present. Either way they answer the current
+ * agent as live in the rules its counts are for and the rules it names as
+ * present: a sorted set per rule (rl:agg:live:<rule>), the agent's id
+ * scored by the time it stays live until, now plus live_ms (by Redis's
+ * clock as this aggregator knows it), read after dropping those scored
+ * before now. A rule's agent count is then the agents that reported it
+ * lately, whichever aggregator they reported to, not every id a period
+ * saw: a restarted gateway's old id leaves it with its goodbye (GOODBYE,
+ * rl_windows_leave) or live_ms after its last report, and an id that is
+ * gone costs nothing after that. Either way they answer the current
  * totals, so an agent that resends a report whose acknowledgement was lost
  * gets the same answer and nothing is counted twice. A report is applied
  * when its sequence number is greater than the last one applied for its
@@ -97,6 +103,7 @@
 struct rl_windows {
     rl_store *store;
     size_t max_entries;
+    uint64_t live_ms;       /* how long a report keeps its agent live */
     rl_window_part *queue, *queue_tail;
     bool busy;
 };
@@ -253,16 +260,10 @@ static void add_window_key(rl_args *a, const report_view *v, size_t i)
     rl_args_join(a, 5, start);
 }
 
-static void add_agents_key(rl_args *a, const report_view *v, size_t r,
-                           uint64_t window)
+/* A rule's set of live agents, in the rule's own slot on a cluster. */
+static void add_live_key(rl_args *a, const char *rule, bool cluster)
 {
-    const char *name = v->distinct[r]->name;
-    if (v->cluster)
-        rl_args_addf(a, "rl:agg:agents:{%s}:w%llu", name,
-                     (unsigned long long)window);
-    else
-        rl_args_addf(a, "rl:agg:agents:%s:w%llu", name,
-                     (unsigned long long)window);
+    rl_args_addf(a, cluster ? "rl:agg:live:{%s}" : "rl:agg:live:%s", rule);
 }
 
 /* The part's sequence key, in the slot of its keys. */
@@ -298,7 +299,7 @@ static void add_seq_key(rl_args *a, const report_view *v, const part *pt)
 static size_t keys_cap(const report_view *v, const part *pt)
 {
     size_t cap = 2 * (RL_WIRE_ID_MAX + 40)
-                 + pt->n_rules * 2 * (RL_NAME_MAX + 48);
+                 + pt->n_rules * (RL_NAME_MAX + 24);
     for (size_t k = 0; k < pt->n_entries; k++) {
         size_t i = pt->entries[k];
         cap += strlen(v->rules[i]->key_prefix) + v->m->entries[i].value.len
@@ -329,11 +330,12 @@ static void place_count(rl_window_count *c, const rl_wire_entry *e,
 }
 
 /* Makes the part's keys and what it asks of Redis; -1 without memory. */
-static int prepare(const report_view *v, part *pt, uint64_t now_ms)
+static int prepare(const report_view *v, part *pt, uint64_t now_ms,
+                   uint64_t live_ms)
 {
     rl_window_part *c = &pt->call;
     /* Every key, plus room for the pieces of a key being joined. */
-    size_t slots = 1 + 2 * pt->n_rules + pt->n_entries + 8;
+    size_t slots = 1 + pt->n_rules + pt->n_entries + 8;
     c->sets = calloc(pt->n_rules + 1, sizeof *c->sets);
     c->counts = calloc(pt->n_entries + 1, sizeof *c->counts);
     if (c->sets == NULL || c->counts == NULL
@@ -349,15 +351,11 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms)
                           .n_sets = pt->n_rules, .sets = c->sets,
                           .n_counts = pt->n_entries, .counts = c->counts};
     for (size_t k = 0; k < pt->n_rules; k++) {
-        const rl_rule *rule = v->distinct[pt->rules[k]];
-        uint64_t w = now_ms / rule->period_ms;
-        add_agents_key(a, v, pt->rules[k], w);
-        add_agents_key(a, v, pt->rules[k], w - 1);
-        c->sets[k] = (rl_window_set){.now = a->argv[a->n - 2],
-                                     .now_len = a->lens[a->n - 2],
-                                     .before = a->argv[a->n - 1],
-                                     .before_len = a->lens[a->n - 1],
-                                     .ttl_ms = 2 * rule->period_ms};
+        add_live_key(a, v->distinct[pt->rules[k]]->name, v->cluster);
+        c->sets[k] = (rl_window_set){.key = a->argv[a->n - 1],
+                                     .key_len = a->lens[a->n - 1],
+                                     .now_ms = now_ms,
+                                     .until_ms = now_ms + live_ms};
     }
     for (size_t k = 0; k < pt->n_entries; k++) {
         size_t i = pt->entries[k];
@@ -500,11 +498,13 @@ static job *new_job(const rl_wire_msg *m, const rl_rule *const *rules,
     return j;
 }
 
-rl_windows *rl_windows_new(rl_store *store, size_t max_entries)
+rl_windows *rl_windows_new(rl_store *store, size_t max_entries,
+                           uint64_t live_ms)
 {
     rl_windows *ws = calloc(1, sizeof *ws);
     if (ws != NULL)
-        *ws = (rl_windows){.store = store, .max_entries = max_entries};
+        *ws = (rl_windows){.store = store, .max_entries = max_entries,
+                           .live_ms = live_ms};
     return ws;
 }
 
@@ -545,7 +545,7 @@ void rl_windows_apply(rl_windows *ws, const rl_wire_msg *m,
     report_view v = {m, rules, distinct, rl_store_is_cluster(ws->store)};
     bool ok = j != NULL && plan(&v, j, n_rules, parts, &n_parts) == 0;
     for (size_t k = 0; ok && k < n_parts; k++)
-        ok = prepare(&v, parts[k], now_ms) == 0;
+        ok = prepare(&v, parts[k], now_ms, ws->live_ms) == 0;
     if (!ok) {
         for (size_t k = 0; k < n_parts; k++)
             part_free(parts[k]);
@@ -568,4 +568,85 @@ void rl_windows_apply(rl_windows *ws, const rl_wire_msg *m,
     free(parts);
     if (--j->parts_pending == 0)
         job_done(j);
+}
+
+/* One goodbye: its calls, one per rule (each rule's set is in its own slot
+ * on a cluster; an agent leaves once in its life), answer into it. */
+typedef struct leave {
+    rl_windows_leave_fn fn;
+    void *arg;
+    uint64_t *agents;
+    size_t pending;
+    const char *error;
+    char error_text[256];
+} leave;
+
+typedef struct leave_call {
+    leave *job;
+    size_t index;
+} leave_call;
+
+static void leave_answered(leave *j, const char *error)
+{
+    if (error != NULL && j->error == NULL) {
+        snprintf(j->error_text, sizeof j->error_text, "%s", error);
+        j->error = j->error_text;
+    }
+    if (--j->pending > 0)
+        return;
+    j->fn(j->arg, j->error == NULL ? j->agents : NULL, j->error);
+    free(j->agents);
+    free(j);
+}
+
+static void on_left(void *arg, const redisReply *r, const char *error)
+{
+    leave_call *c = arg;
+    leave *j = c->job;
+    if (error == NULL && (r == NULL || r->type != REDIS_REPLY_ARRAY
+                          || r->elements != 1
+                          || r->element[0]->type != REDIS_REPLY_INTEGER))
+        error = "unexpected reply from the leave function";
+    if (error == NULL)
+        j->agents[c->index] = (uint64_t)r->element[0]->integer;
+    free(c);
+    leave_answered(j, error);
+}
+
+void rl_windows_leave(rl_windows *ws, rl_wire_bytes agent,
+                      const rl_rule *const *rules, size_t n_rules,
+                      uint64_t now_ms, rl_windows_leave_fn fn, void *arg)
+{
+    leave *j = calloc(1, sizeof *j);
+    uint64_t *agents = calloc(n_rules + 1, sizeof *agents);
+    if (j == NULL || agents == NULL) {
+        free(j);
+        free(agents);
+        fn(arg, NULL, "out of memory");
+        return;
+    }
+    /* One more pending than calls: a call that fails at once must not
+     * finish the goodbye before the others are sent. */
+    *j = (leave){.fn = fn, .arg = arg, .agents = agents,
+                 .pending = n_rules + 1};
+    bool cluster = rl_store_is_cluster(ws->store);
+    for (size_t i = 0; i < n_rules; i++) {
+        leave_call *c = calloc(1, sizeof *c);
+        rl_args a;
+        if (c == NULL
+            || rl_args_init(&a, 8, RL_NAME_MAX + RL_WIRE_ID_MAX + 64) != 0) {
+            free(c);
+            leave_answered(j, "out of memory");
+            continue;
+        }
+        *c = (leave_call){j, i};
+        rl_args_add_u64(&a, 1);
+        add_live_key(&a, rules[i]->name, cluster);
+        rl_args_add(&a, agent.ptr, agent.len);
+        rl_args_add_u64(&a, now_ms);
+        rl_store_run(ws->store, RL_WINDOW_LEAVE, (int)a.n, a.argv, a.lens,
+                     on_left, c);
+        rl_args_fini(&a);
+    }
+    leave_answered(j, NULL);
 }

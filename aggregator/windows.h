@@ -35,8 +35,10 @@ typedef void (*rl_windows_fn)(void *arg, bool duplicate,
 typedef struct rl_windows rl_windows;
 
 /* A gathered call carries at most max_entries report entries (a single
- * report more if it is larger). NULL without memory. */
-rl_windows *rl_windows_new(rl_store *store, size_t max_entries);
+ * report more if it is larger); a report keeps its agent live in its rules
+ * for live_ms. NULL without memory. */
+rl_windows *rl_windows_new(rl_store *store, size_t max_entries,
+                           uint64_t live_ms);
 /* Once no report is being applied (or the store closed). */
 void rl_windows_free(rl_windows *ws);
 
@@ -50,5 +52,16 @@ void rl_windows_apply(rl_windows *ws, const rl_wire_msg *report,
                       const rl_rule *const *rules,
                       const rl_rule *const *presence, size_t n_presence,
                       uint64_t now_ms, rl_windows_fn fn, void *arg);
+
+/* Called once per rl_windows_leave: agents has each rule's agent count
+ * without the agent, or is NULL and error says why. */
+typedef void (*rl_windows_leave_fn)(void *arg, const uint64_t *agents,
+                                    const char *error);
+
+/* rl_windows_leave takes the agent out of the live sets of rules[0..n)
+ * at once (its GOODBYE), rather than live_ms after its last report. */
+void rl_windows_leave(rl_windows *ws, rl_wire_bytes agent,
+                      const rl_rule *const *rules, size_t n_rules,
+                      uint64_t now_ms, rl_windows_leave_fn fn, void *arg);
 
 #endif

@@ -238,6 +238,10 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
     case RL_WIRE_FEATURES:
         return (fields == 3 || fail(r, "wrong number of fields"))
                && rd_uint(r, &m->features);
+    case RL_WIRE_GOODBYE:
+        return (fields == 4 || fail(r, "wrong number of fields"))
+               && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
+               && rd_presence(r, m);
     default:
         return fail(r, "unknown message type");
     }
@@ -257,7 +261,7 @@ int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
          && (version == RL_WIRE_VERSION || fail(&r, "unknown version"))
          && rd_uint(&r, &type);
     if (ok) {
-        out->type = type <= RL_WIRE_FEATURES ? (int)type : -1;
+        out->type = type <= RL_WIRE_GOODBYE ? (int)type : -1;
         ok = rd_body(&r, fields, out)
              && (left(&r) == 0 || fail(&r, "bytes after the message"));
     }
@@ -361,12 +365,18 @@ void rl_wire_begin_report_stream(rl_wire_writer *w, const char *agent_id,
     msgpack_pack_array(&w->pk, n_entries);
 }
 
-void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
-                          size_t n)
+static void put_names(rl_wire_writer *w, const char *const *rules,
+                      size_t n)
 {
     msgpack_pack_array(&w->pk, n);
     for (size_t i = 0; i < n; i++)
         put_str(w, rules[i], strlen(rules[i]));
+}
+
+void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
+                          size_t n)
+{
+    put_names(w, rules, n);
     if (w->stream > 0)
         msgpack_pack_uint64(&w->pk, w->stream);
 }
@@ -453,6 +463,14 @@ void rl_wire_put_total(rl_wire_writer *w, const char *value,
     msgpack_pack_array(&w->pk, 5);
     put_bin(w, value, value_len);
     put_totals(w, window, current, previous, agents);
+}
+
+void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,
+                     const char *const *rules, size_t n)
+{
+    put_header(w, 4, RL_WIRE_GOODBYE);
+    put_str(w, agent_id, strlen(agent_id));
+    put_names(w, rules, n);
 }
 
 void rl_wire_begin_features(rl_wire_writer *w, uint64_t features)

@@ -40,9 +40,18 @@
  *           know this message never subscribe to it)
  *           [1, 4, features]: the RL_WIRE_FEATURE_* bits this aggregator
  *           reads.
+ *   GOODBYE agent -> aggregator (REQ), once, at the agent's close, after
+ *           its last reports, to aggregators that said they read it
+ *           (FEATURES; an older one would refuse it as malformed)
+ *           [1, 5, agent_id, [rule, ...]]: the agent leaves the agent
+ *           counts of those rules (its presence names) at once, rather
+ *           than when it has not reported for a while. Answered with an
+ *           ACK of seq 0 and no entries.
  *
- * agents is how many agents reported the rule (counts or presence) in the
- * current or the previous period window; 0 in TOTALS means not known (an
+ * agents is how many agents are live in the rule: they reported it
+ * (counts or presence) within the last RL_WIRE_LIVE_INTERVALS sync
+ * intervals, by Redis's clock, and did not say goodbye since; 0 in TOTALS
+ * means not known (an
  * aggregator that has applied nothing since it started has read no count
  * from Redis yet), and agents keep the count they had.
  *
@@ -68,9 +77,11 @@
 #define RL_WIRE_ACK 2
 #define RL_WIRE_TOTALS 3
 #define RL_WIRE_FEATURES 4
+#define RL_WIRE_GOODBYE 5
 
 /* FEATURES bits. */
 #define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' at */
+#define RL_WIRE_FEATURE_GOODBYE 2u   /* GOODBYE */
 /* The topic FEATURES messages come under, and its length. */
 #define RL_WIRE_FEATURES_TOPIC ""
 #define RL_WIRE_FEATURES_TOPIC_LEN 1
@@ -84,6 +95,12 @@
 #define RL_WIRE_COUNT_MAX ((1ULL << 53) - 1)
 #define RL_WIRE_PRESENCE_MAX 4096   /* rule names in one REPORT */
 #define RL_WIRE_STREAMS_MAX 16      /* report streams of one agent */
+
+/* An agent that has not reported for this many sync intervals leaves its
+ * rules' agent counts: a few, so that a report late by an interval or two
+ * (a loaded host, a resend) does not shrink the fleet, and far less than
+ * a period, so that a dead agent does not shrink every share for long. */
+#define RL_WIRE_LIVE_INTERVALS 5
 
 /* Sub-windows per period: the trailing estimate over-counts by at most one
  * sub-window's requests, and room freed comes back one sub-window late. */
@@ -122,7 +139,7 @@ typedef struct rl_wire_entry {
 
 typedef struct rl_wire_msg {
     int type;
-    rl_wire_bytes agent_id; /* REPORT */
+    rl_wire_bytes agent_id; /* REPORT, GOODBYE */
     rl_wire_bytes rule;     /* TOTALS */
     uint64_t seq;           /* REPORT, ACK */
     uint64_t stream;        /* REPORT: 0 when the field is absent */
@@ -134,7 +151,7 @@ typedef struct rl_wire_msg {
     rl_wire_entry *entries; /* owned: free with rl_wire_msg_free */
     size_t n_entries;
     bool has_presence;      /* REPORT: the presence field was there */
-    rl_wire_bytes *presence; /* REPORT: owned, like entries */
+    rl_wire_bytes *presence; /* REPORT, GOODBYE: owned, like entries */
     size_t n_presence;
 } rl_wire_msg;
 
@@ -193,6 +210,10 @@ void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
 void rl_wire_put_total(rl_wire_writer *w, const char *value,
                        size_t value_len, uint64_t window, uint64_t current,
                        uint64_t previous, uint64_t agents);
+
+/* GOODBYE of agent_id from the n rules it named as present. */
+void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,
+                     const char *const *rules, size_t n);
 
 /* FEATURES, after its topic (RL_WIRE_FEATURES_TOPIC): the message to
  * publish as it is. */

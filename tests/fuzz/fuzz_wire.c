@@ -46,11 +46,28 @@ static bool writable(const rl_wire_msg *m)
     return true;
 }
 
+/* The presence names as C strings (valid until the next call). */
+static const char *const *presence_names(const rl_wire_msg *m)
+{
+    static char names[RL_WIRE_PRESENCE_MAX][RL_WIRE_NAME_MAX + 1];
+    static const char *ptrs[RL_WIRE_PRESENCE_MAX];
+    for (size_t i = 0; i < m->n_presence; i++) {
+        as_string(&m->presence[i], names[i]);
+        ptrs[i] = names[i];
+    }
+    return ptrs;
+}
+
 static void encode(const rl_wire_msg *m, rl_wire_writer *w)
 {
     char id[RL_WIRE_ID_MAX + 1], rule[RL_WIRE_NAME_MAX + 1];
     if (m->type == RL_WIRE_FEATURES) {
         rl_wire_begin_features(w, m->features);
+        return;
+    }
+    if (m->type == RL_WIRE_GOODBYE) {
+        as_string(&m->agent_id, id);
+        rl_wire_goodbye(w, id, presence_names(m), m->n_presence);
         return;
     }
     if (m->type == RL_WIRE_REPORT) {
@@ -83,15 +100,8 @@ static void encode(const rl_wire_msg *m, rl_wire_writer *w)
             rl_wire_put_total(w, e->value.ptr, e->value.len, e->window,
                               e->current, e->previous, e->agents);
     }
-    if (m->has_presence) {
-        static char names[RL_WIRE_PRESENCE_MAX][RL_WIRE_NAME_MAX + 1];
-        static const char *ptrs[RL_WIRE_PRESENCE_MAX];
-        for (size_t i = 0; i < m->n_presence; i++) {
-            as_string(&m->presence[i], names[i]);
-            ptrs[i] = names[i];
-        }
-        rl_wire_put_presence(w, ptrs, m->n_presence);
-    }
+    if (m->has_presence)
+        rl_wire_put_presence(w, presence_names(m), m->n_presence);
 }
 
 static bool same_bytes(const rl_wire_bytes *a, const rl_wire_bytes *b)

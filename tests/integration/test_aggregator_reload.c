@@ -9,9 +9,8 @@
  * refused and logged with the old rules kept, and the log names each
  * change (aggregator/main.c's reload_change and reloaded lines).
  *
- * Rule names carry the test's pid: the aggregator's agent sets
- * (rl:agg:agents:<rule>:w<window>) live an hour here, and another run's
- * agents in them would change every share.
+ * Rule names carry the test's pid: another run's agents in the
+ * aggregator's agent sets (rl:agg:live:<rule>) would change every share.
  */
 #include "config.h"
 #include "nng_sub.h"
@@ -623,7 +622,8 @@ Test(aggregator_reload, the_log_names_each_change)
  * the whole limit"). Agents report their presence every interval, which
  * would set the count again at once; so the agents close before the
  * reload, and the heartbeats after it carry only what the aggregator
- * knew before it. */
+ * knew before it: the count their goodbyes left but the last one's (which
+ * leaves the count last known, as 0 would say not known). */
 
 Test(aggregator_reload, the_agent_count_survives_a_reload)
 {
@@ -655,15 +655,22 @@ Test(aggregator_reload, the_agent_count_survives_a_reload)
         rl_agent_close(f.agents[i]);
         f.agents[i] = NULL;
     }
-    /* The closing agents' last reports are in. */
+    /* The closing agents' last reports and goodbyes are in. */
+    for (int k = 0; k < 2; k++) {
+        x = next_totals(sub.sock, 2000);
+        totals_free(&x);
+    }
     x = next_totals(sub.sock, 2000);
+    uint64_t known = x.t.agents;
     totals_free(&x);
+    cr_assert_eq(known, 1, "after the goodbyes: %llu agents",
+                 (unsigned long long)known);
     write_rules(&f.agg, rule);
     hup(&f.agg);
     for (int k = 0; k < 3; k++) {
         x = next_totals(sub.sock, 2000);
         cr_assert_eq(x.t.type, RL_WIRE_TOTALS, "no totals after the reload");
-        cr_assert_eq(x.t.agents, N_AGENTS, "totals %d after the reload say "
+        cr_assert_eq(x.t.agents, known, "totals %d after the reload say "
                      "%llu agents", k, (unsigned long long)x.t.agents);
         totals_free(&x);
     }

@@ -368,13 +368,12 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
     snprintf(at_s, sizeof at_s, "%llu", (unsigned long long)at);
     snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
-    const char *argv[] = {"FCALL", "rl_agg_6_apply", "4",
-                          "rl:agg:seq:late-sums", "rl:agg:agents:late:w1",
-                          "rl:agg:agents:late:w0",
+    const char *argv[] = {"FCALL", "rl_agg_7_apply", "3",
+                          "rl:agg:seq:late-sums", "rl:agg:live:late",
                           "rl:tenant:org_late_sums:w", "1", "1", n_s, seq_s,
-                          "late-sums", "0", "1", "1", "60000", "1", "60000",
-                          w_s, at_s, "1", count_s};
-    enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 12 };
+                          "late-sums", "0", "1", "1", "1", "60000", "1",
+                          "60000", w_s, at_s, "1", count_s};
+    enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 11 };
     redisReply *r = redisCommandArgv(c, ARGC, argv, NULL);
     cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2,
               "%s", r != NULL && r->type == REDIS_REPLY_ERROR ? r->str : "");

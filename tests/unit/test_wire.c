@@ -324,13 +324,34 @@ Test(wire, a_report_names_its_stream_and_an_old_one_is_stream_0)
     cr_assert_str_eq(refusal(far, sizeof far), "number out of range");
 }
 
+Test(wire, a_goodbye_reads_back_the_same)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    const char *rules[] = {"per-tenant", "per-key"};
+    rl_wire_goodbye(w, "nginx@web01/4242/mj3x0a1b", rules, 2);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_GOODBYE);
+    cr_assert_eq(m.agent_id.len, strlen("nginx@web01/4242/mj3x0a1b"));
+    cr_assert_eq(memcmp(m.agent_id.ptr, "nginx@web01/4242/mj3x0a1b",
+                        m.agent_id.len), 0);
+    cr_assert_eq(m.n_presence, 2);
+    cr_assert_eq(m.presence[1].len, 7);
+    cr_assert_eq(memcmp(m.presence[1].ptr, "per-key", 7), 0);
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+    /* [1, 5, "a"]: no rules. */
+    static const unsigned char three[] = {0x93, 1, 5, 0xa1, 'a'};
+    cr_assert_str_eq(refusal(three, sizeof three), "wrong number of fields");
+}
+
 Test(wire, fuzz_seeds_decode)
 {
     const char *names[] = {"report", "ack", "totals", "report_presence",
-                           "report_windows", "features"};
+                           "report_windows", "features", "goodbye"};
     const int types[] = {RL_WIRE_REPORT, RL_WIRE_ACK, RL_WIRE_TOTALS,
-                         RL_WIRE_REPORT, RL_WIRE_REPORT, RL_WIRE_FEATURES};
-    for (int i = 0; i < 6; i++) {
+                         RL_WIRE_REPORT, RL_WIRE_REPORT, RL_WIRE_FEATURES,
+                         RL_WIRE_GOODBYE};
+    for (int i = 0; i < 7; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/../fuzz/corpus/wire/%s",
                  getenv("RL_TEST_CONFIGS"), names[i]);
