@@ -1,5 +1,5 @@
 /*
- * window_call.h: one call of the window function (rl_agg_6) for several
+ * window_call.h: one call of the window function (rl_agg_7) for several
  * parts of reports at once, each checked against its own sequence key, the
  * counts of one key summed over the parts so that Redis adds them once.
  * Private to rl-aggregator; windows.c makes the parts.
@@ -32,6 +32,7 @@ typedef struct rl_window_count {
     const char *key;
     size_t key_len;
     uint64_t ttl_ms, window, count_window, count;
+    uint64_t g_ms;           /* the sub-windows' length: the rule's */
     uint64_t recent, oldest; /* the answer */
     size_t slot;             /* its place in the call */
 } rl_window_count;

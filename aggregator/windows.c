@@ -365,7 +365,7 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms)
         add_window_key(a, v, i);
         c->counts[k] = (rl_window_count){
             .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
-            .ttl_ms = 2 * period,
+            .ttl_ms = 2 * period, .g_ms = rl_wire_subwindow_ms(period),
             .window = now_ms / rl_wire_subwindow_ms(period)};
         place_count(&c->counts[k], &v->m->entries[i],
                     rl_wire_subwindow_ms(period));

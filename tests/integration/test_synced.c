@@ -368,12 +368,13 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
     snprintf(at_s, sizeof at_s, "%llu", (unsigned long long)at);
     snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
-    const char *argv[] = {"FCALL", "rl_agg_6_apply", "4",
+    /* The rule's period is 30 s (a ttl of two): sub-windows of 1.5 s. */
+    const char *argv[] = {"FCALL", "rl_agg_7_apply", "4",
                           "rl:agg:seq:late-sums", "rl:agg:agents:late:w1",
                           "rl:agg:agents:late:w0",
                           "rl:tenant:org_late_sums:w", "1", "1", n_s, seq_s,
                           "late-sums", "0", "1", "1", "60000", "1", "60000",
-                          w_s, at_s, "1", count_s};
+                          w_s, at_s, "1", "1500", count_s};
     enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 12 };
     redisReply *r = redisCommandArgv(c, ARGC, argv, NULL);
     cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2,
@@ -397,7 +398,7 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
 }
 
 /* A hash of sub-windows as Redis holds it: its fields named by a number,
- * and its head and sums (m, "h r o"). */
+ * and its head and sums (m, "h r o g"). */
 typedef struct window_hash {
     unsigned long long field[64][2]; /* sub-window, count */
     size_t n;
