@@ -819,7 +819,8 @@ Test(synced, the_aggregator_says_each_interval_that_it_reads_sub_windows)
 /* The value's count is in one sub-window, a field of its hash
  * rl:tenant:<value>:w, and that sub-window is within first..last. The
  * hash's one other field is m, its head and sums (windows.c): the head is
- * that sub-window and the sums hold nothing from before it. */
+ * that sub-window, the sums hold nothing from before it, and its
+ * sub-windows are tenant_rule's, 500 ms. */
 static void expect_one_window(const char *value, uint64_t first,
                               uint64_t last, long long count)
 {
@@ -829,7 +830,7 @@ static void expect_one_window(const char *value, uint64_t first,
     size_t sub = strcmp(h->element[0]->str, "m") == 0 ? 2 : 0;
     const char *window = h->element[sub]->str;
     char sums[64];
-    snprintf(sums, sizeof sums, "%s 0 0", window);
+    snprintf(sums, sizeof sums, "%s 0 0 500", window);
     cr_expect_str_eq(h->element[2 - sub + 1]->str, sums, "%s: m", value);
     uint64_t w = strtoull(window, NULL, 10);
     cr_assert(w >= first && w <= last, "%s counted in sub-window "
