@@ -764,7 +764,11 @@ Test(aggregator_reload, aggregator_settings_are_not_reloaded)
  * own period: the agents took fresh shares from totals that never moved
  * again, and admitted everything. */
 
-enum { SPENT = 50, GAP_MS = 500 };
+/* SLACK: what the agents may admit over a bound, a tenth of the limit
+ * (shares given as reports arrive late on a loaded machine; a sanitizer
+ * build's run admitted 5). Before, the same runs admitted 100 to 650 over
+ * the bounds. */
+enum { SPENT = 50, GAP_MS = 500, SLACK = 10 };
 
 typedef struct rule_change {
     const char *before, *after; /* rule lines, "%d" for the pid */
@@ -850,7 +854,7 @@ static void longer_period(bool agents_first)
         .later_at_ms = 2400, .later_ms = 1000};
     change_seen seen = change_rule(&c, "period 1 s -> 2 s");
     long total = seen.gap + seen.after;
-    cr_expect_leq(total, 100 - SPENT + 2 * N_AGENTS,
+    cr_expect_leq(total, 100 - SPENT + SLACK,
                   "%ld admitted over the 50 left in the span", total);
     cr_expect_geq(total, 100 - SPENT - 10, "the 50 left were not given");
     cr_expect_geq(seen.later, 40, "no room came back: %ld", seen.later);
@@ -879,7 +883,7 @@ static void shorter_period(bool agents_first)
                  "period: 1s, mode: synced}\n",
         .agents_first = agents_first, .after_ms = 2500};
     change_seen seen = change_rule(&c, "period 4 s -> 1 s");
-    cr_expect_leq(seen.gap, 100 - SPENT + 2 * N_AGENTS,
+    cr_expect_leq(seen.gap, 100 - SPENT + SLACK,
                   "%ld admitted in the second of the 50 spent", seen.gap);
     cr_expect_geq(seen.after, 150, "the new period's limit was not given");
     cr_expect_leq(seen.after, 3 * (100 + 2 * N_AGENTS));
@@ -908,7 +912,7 @@ static void lower_limit(bool agents_first)
         .agents_first = agents_first, .after_ms = 800};
     change_seen seen = change_rule(&c, "limit 100 -> 60 per 2 s");
     long total = seen.gap + seen.after;
-    cr_expect_leq(total, (agents_first ? 60 : 100) - SPENT + 2 * N_AGENTS,
+    cr_expect_leq(total, (agents_first ? 60 : 100) - SPENT + SLACK,
                   "%ld admitted", total);
 }
 
