@@ -44,6 +44,9 @@ typedef struct rl_ident {
     size_t io_degraded_keys, io_degraded_counting;
     uint64_t io_degraded_ms;
     uint64_t io_recovered_ms;     /* when it last came back; 0: never */
+    /* An aggregator refused its counts (it has no such synced rule), as
+     * logged; false once they are taken again. */
+    bool io_refused;
     /* Counters of generations already freed (under the reload lock). */
     rl_rule_counters retired;
 } rl_ident;

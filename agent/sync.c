@@ -268,10 +268,13 @@ static void on_sub(void *arg)
 static bool to_report(const rl_synced_entry *e)
 {
     uint64_t counted = rl_synced_counted(e);
+    /* A refused key asks too: under on_error: deny it counts nothing, and
+     * would never hear that its rule is taken again. */
     return counted > e->reported
            || (e->ident->io_rule != NULL
-               && counted >= atomic_load_explicit(&e->mark,
-                                                  memory_order_relaxed));
+               && (e->refused
+                   || counted >= atomic_load_explicit(&e->mark,
+                                                      memory_order_relaxed)));
 }
 
 /* Gives every key to its aggregator among those up now (partition.c). */
@@ -582,7 +585,37 @@ static void after_held(stream *st)
         own->owes_own = true;
 }
 
-static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
+/* Whether the ack's entry i says its count was refused, not counted: its
+ * aggregator has no such synced rule (a reload removed it there). An ack
+ * answers every entry of the report, in order; an older aggregator drops
+ * such entries from it instead, and says nothing this agent can act on. */
+static bool refused(const stream *st, const rl_wire_msg *ack, size_t i)
+{
+    return ack->n_entries == st->n_in_report && ack->entries[i].window == 0;
+}
+
+/* Said once per rule until its counts are taken again: the rule is
+ * decided by its on_error meanwhile (follow_totals). */
+static void log_refused(rl_sync *s, agg_link *l, rl_synced_entry *e,
+                        uint64_t count)
+{
+    rl_ident *id = e->ident;
+    if (id->io_refused)
+        return;
+    id->io_refused = true;
+    rl_log(s->log, RL_LOG_WARN, "synced_refused", "rule=%s url=%s "
+           "refused=%llu on_error=%s reason=\"the aggregator has no synced "
+           "rule of this name (a reload removed, renamed or changed it "
+           "there): its counts are not counted, and this rule's on_error "
+           "decides until the aggregator and this agent have the same "
+           "rules\"", id->name, s->config->aggregator.endpoints[l->index].reports,
+           (unsigned long long)count,
+           id->io_rule != NULL ? rl_on_error_name(id->io_rule->on_error)
+                               : "none (reloaded away here)");
+}
+
+static void acknowledged(rl_sync *s, agg_link *l, stream *st,
+                         const rl_wire_msg *ack)
 {
     after_held(st);
     for (size_t i = 0; i < st->n_in_report; i++) {
@@ -593,7 +626,13 @@ static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
             e->acked_prior = e->acked;
             e->acked_ms = ack->now_ms != 0 ? ack->now_ms : UINT64_MAX;
         }
-        e->acked += st->in_report[i].count;
+        if (refused(st, ack, i)) {
+            e->refused_counts += st->in_report[i].count;
+            e->refused = true;
+            log_refused(s, l, e, st->in_report[i].count);
+        } else {
+            e->acked += st->in_report[i].count;
+        }
         e->in_report -= st->in_report[i].count;
     }
     free(st->in_report);
@@ -608,8 +647,16 @@ static void acknowledged(rl_sync *s, stream *st, const rl_wire_msg *ack)
                                  ? rl_synced_find(s->synced, id,
                                                   t->value.ptr, t->value.len)
                                  : NULL;
+        if (e != NULL && t->window != 0) {
+            e->refused = false;
+            e->ident->io_refused = false;
+            if (rl_synced_note_totals(s->synced, e, t->window, ack->now_ms,
+                                      t->current, t->previous))
+                e->foreign_ms = 0;
+            else if (e->foreign_ms == 0)
+                e->foreign_ms = loop_ms;
+        }
         if (e != NULL) {
-            rl_synced_note_totals(e, t->window, t->current, t->previous);
             e->partial = true;
             rl_synced_rebalance(s->synced, e, loop_ms, false);
         }
@@ -653,6 +700,25 @@ static bool link_stale(const agg_link *l, uint64_t loop_ms)
     uint64_t most = l->s->config->aggregator.stale_after_ms;
     return l->stale_heard || loop_ms - l->fresh_ms > most
            || loop_ms - l->applied_ms > most;
+}
+
+/* How long a key's totals may come numbered in another period before its
+ * on_error decides: a reload that reaches one side first is followed by
+ * the other's within moments, and meanwhile the key gets no fresh share
+ * (its mark only comes down), which admits less, never more; past this,
+ * the configs differ for good. */
+#define FOREIGN_STALE_AFTERS 10
+
+/* Whether a key's totals can be had: its aggregator's can, it takes the
+ * key's counts (a refusal says it has no such rule), and it numbers them
+ * in the rule's period here, or did lately. */
+static bool key_stale(const rl_sync *s, const rl_synced_entry *e,
+                      uint64_t loop_ms)
+{
+    uint64_t most = FOREIGN_STALE_AFTERS
+                    * (uint64_t)s->config->aggregator.stale_after_ms;
+    return link_stale(&s->links[e->owner], loop_ms) || e->refused
+           || (e->foreign_ms != 0 && loop_ms - e->foreign_ms > most);
 }
 
 /* l gives fresh totals again: the report its stream held through the
@@ -706,7 +772,7 @@ static void on_ack(agg_link *l, nng_msg *m)
         if (ack.now_ms != 0)
             rl_synced_set_time(s->synced, ack.now_ms, now_ms(s));
         if (st != NULL)
-            acknowledged(s, st, &ack);
+            acknowledged(s, l, st, &ack);
     }
     rl_wire_msg_free(&ack);
 }
@@ -844,12 +910,20 @@ static void on_totals(agg_link *l, nng_msg *m)
             rl_synced_entry *e = rl_synced_find(s->synced, id,
                                                 t.entries[i].value.ptr,
                                                 t.entries[i].value.len);
-            if (e != NULL) {
-                rl_synced_note_totals(e, t.entries[i].window,
-                                      t.entries[i].current,
-                                      t.entries[i].previous);
-                if (e->owner == l->index)
+            if (e == NULL)
+                continue;
+            /* Totals of another period (a reload on one side only) give
+             * no fresh share: it would be worked out from totals that
+             * hold none of the acknowledgements since. */
+            if (rl_synced_note_totals(s->synced, e, t.entries[i].window,
+                                      t.now_ms, t.entries[i].current,
+                                      t.entries[i].previous)) {
+                if (e->owner == l->index) {
                     e->partial = false;
+                    e->foreign_ms = 0;
+                }
+            } else if (e->owner == l->index && e->foreign_ms == 0) {
+                e->foreign_ms = loop_ms;
             }
         }
         /* A fresh share for each key whose totals are this snapshot's (or
@@ -859,7 +933,7 @@ static void on_totals(agg_link *l, nng_msg *m)
             rl_synced_entry *e = atomic_load(&table->slots[i]);
             if (e != NULL && e->ident == id && e->owner == l->index) {
                 e->snap_ms = t.now_ms;
-                if (atomic_load(&e->degraded) && !link_stale(l, loop_ms)
+                if (atomic_load(&e->degraded) && !key_stale(s, e, loop_ms)
                     && rl_synced_settled(e))
                     recovered(s, e, loop_ms);
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
@@ -975,7 +1049,7 @@ static void follow_totals(rl_sync *s, rl_synced_entry *e, uint64_t loop_ms)
     if (e->ident->io_rule == NULL)
         return;
     bool degraded = atomic_load(&e->degraded);
-    if (link_stale(&s->links[e->owner], loop_ms)) {
+    if (key_stale(s, e, loop_ms)) {
         if (!degraded)
             rl_synced_degrade(e);
         e->degraded_counted = e->own.counted;
@@ -995,9 +1069,14 @@ static bool all_stale(const rl_sync *s, uint64_t loop_ms)
 }
 
 /* Why the keys of a degraded rule get no totals, as one line says it. */
-static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
-                          size_t cap)
+static void say_why_stale(const rl_sync *s, const rl_ident *id,
+                          uint64_t loop_ms, char *buf, size_t cap)
 {
+    if (id->io_refused) {
+        snprintf(buf, cap, "an aggregator refused its counts: it has no "
+                 "synced rule of this name");
+        return;
+    }
     for (size_t i = 0; i < s->n_links; i++) {
         const agg_link *l = &s->links[i];
         const char *url = s->config->aggregator.endpoints[i].reports;
@@ -1016,7 +1095,9 @@ static void say_why_stale(const rl_sync *s, uint64_t loop_ms, char *buf,
             return;
         }
     }
-    snprintf(buf, cap, "no totals");
+    snprintf(buf, cap, "no totals it can use: none came, or they come "
+             "numbered in another period than this rule's (the "
+             "aggregators' config and this agent's differ)");
 }
 
 static void log_recovered(rl_sync *s, const rl_rule *r, rl_ident *id,
@@ -1056,7 +1137,7 @@ static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
         bool degraded = id->io_degraded_keys > 0 || none;
         if (degraded && id->io_degraded_ms == 0) {
             char why[RL_NNG_URL_MAX + 128];
-            say_why_stale(s, loop_ms, why, sizeof why);
+            say_why_stale(s, id, loop_ms, why, sizeof why);
             rl_log(s->log, RL_LOG_WARN, "synced_degraded", "rule=%s "
                    "keys=%zu on_error=%s agents=%llu reason=\"%s\"",
                    r->name, id->io_degraded_keys,

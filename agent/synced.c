@@ -374,9 +374,54 @@ uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms)
     return s->server_ms + (loop_ms - s->server_at_loop_ms);
 }
 
-void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
-                           uint64_t current, uint64_t previous)
+/* The totals' sub-windows are numbered now / g by the aggregator's period,
+ * which a reload that reached one side first makes differ from this
+ * agent's. The number says which: read at the message's clock less its
+ * lag (totals noted during an interval, and a call's time at Redis), a
+ * number of this agent's g is within a few of now / g, and one of
+ * another g is off by about now x |1/g - 1/g'|, hundreds of thousands of
+ * sub-windows at today's clock for periods that differ by a second. So
+ * every old and new aggregator's totals say their period without a field
+ * an older agent would refuse. */
+static bool numbered_in(const rl_synced *s, uint64_t window, uint64_t now_ms,
+                        uint64_t g)
 {
+    if (now_ms == 0)
+        return true;
+    uint64_t w = now_ms / g;
+    uint64_t lag = 2 + 2 * (uint64_t)s->config->aggregator.sync_interval_ms / g;
+    return window <= w + 1 && window + lag >= w;
+}
+
+/* The totals noted were numbered in sub-windows of another length (the
+ * rule's period changed here): they become the new sub-window of their
+ * span's end, recent and oldest together, as late as their requests may
+ * have been, though not after now's: they stay in the span as long as
+ * they may have to, never less (the limit admits less, never more). */
+static void renumber(rl_synced_entry *e, uint64_t g, uint64_t now_ms)
+{
+    if (e->window != 0 && e->window_g != 0 && e->window_g != g) {
+        uint64_t w = ((e->window + 1) * e->window_g - 1) / g;
+        if (now_ms != 0 && w > now_ms / g)
+            w = now_ms / g;
+        e->window = w;
+        e->current += e->previous;
+        e->previous = 0;
+    }
+    e->window_g = g;
+}
+
+bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
+                           uint64_t now_ms, uint64_t current,
+                           uint64_t previous)
+{
+    const rl_rule *r = e->ident->io_rule;
+    if (r != NULL) {
+        uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+        if (!numbered_in(s, window, now_ms, g))
+            return false;
+        renumber(e, g, now_ms);
+    }
     if (window > e->window) {
         e->window = window;
         e->current = current;
@@ -386,6 +431,7 @@ void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
         e->previous = previous > e->previous ? previous : e->previous;
     }
     /* Older totals say nothing the newer ones do not. */
+    return true;
 }
 
 /* The fleet's count in the trailing period as the totals last known hold
@@ -539,7 +585,8 @@ void rl_synced_recover(rl_synced_entry *e)
 
 bool rl_synced_settled(const rl_synced_entry *e)
 {
-    return e->acked >= e->degraded_counted && base(e, true) == e->acked;
+    return e->acked + e->refused_counts >= e->degraded_counted
+           && base(e, true) == e->acked;
 }
 
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
@@ -548,6 +595,11 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     const rl_rule *r = e->ident->io_rule;
     if (r == NULL)
         return; /* a rule reloaded away: nobody checks it */
+    renumber(e, rl_wire_subwindow_ms(r->period_ms), rl_synced_now(s, loop_ms));
+    /* Totals of another period came since the last of its own (a reload
+     * on one side only): the totals held miss the acknowledgements since,
+     * and a share from them would give those admissions out again. */
+    fresh_share = fresh_share && e->foreign_ms == 0;
     if (atomic_load_explicit(&e->degraded, memory_order_relaxed)) {
         degraded_mark(s, e, r, loop_ms);
         return;
@@ -606,7 +658,8 @@ static void free_buried(void *owner, void *table, void *entry, bool all)
 static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms)
 {
     const rl_rule *r = e->ident->io_rule;
-    return e->in_report == 0 && rl_synced_counted(e) == e->acked
+    return e->in_report == 0
+           && rl_synced_counted(e) == e->acked + e->refused_counts
            && e->active_ms != 0
            && (r == NULL || loop_ms - e->active_ms > 2 * r->period_ms);
 }

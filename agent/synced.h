@@ -42,12 +42,23 @@ typedef struct rl_synced_entry {
     uint8_t owner;       /* the aggregator it is reported to, as the last
                           * tick (or stop) assigned it */
     uint64_t window;     /* the sub-window the totals below were read in */
+    uint64_t window_g;   /* its length in ms, the period's it is of */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;   /* oldest: fleet total of sub-window w-N */
     bool partial;        /* the totals below came with an ack since the
                           * last TOTALS: they may miss reports others
                           * made at the same moment */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
+    /* Counted, answered and not counted by the fleet: its aggregator has
+     * no such synced rule (a reload removed it there); refused says the
+     * last answer for the key was so. Degraded while it is. */
+    uint64_t refused_counts;
+    bool refused;
+    /* Loop ms since which its aggregator's totals have come numbered in
+     * another period than the rule's here (a reload reached one side
+     * first); 0 once they are of its own. Degraded after ten
+     * aggregator.stale_after_ms of it (sync.c). */
+    uint64_t foreign_ms;
     rl_own_counts own;   /* this agent's counts by sub-window */
     /* Degraded (no aggregator gives the key's totals): the fleet's count
      * the last totals held, which this agent's share starts from, and
@@ -169,10 +180,13 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
                                 const char *value, size_t value_len);
 
 /* I/O thread: new totals for an entry (wire.h: the sub-window they were
- * read in, recent, oldest; the newest sub-window wins, and within one the
- * largest counts: totals only grow). */
-void rl_synced_note_totals(rl_synced_entry *e, uint64_t window,
-                           uint64_t current, uint64_t previous);
+ * read in, recent, oldest, and now_ms, the clock of the message that
+ * brought them; the newest sub-window wins, and within one the largest
+ * counts: totals only grow). False, and nothing noted, when their
+ * sub-window is not one of the rule's period here (synced.c). */
+bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
+                           uint64_t now_ms, uint64_t current,
+                           uint64_t previous);
 
 /* I/O thread: work out a key's room again, by its rule as the I/O
  * thread's generation has it (nothing for a rule no longer there). With

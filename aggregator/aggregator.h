@@ -36,6 +36,10 @@ typedef struct rl_ingest_worker {
     rl_wire_msg report;
     const rl_rule **presence; /* the report's known presence rules */
     size_t n_presence;
+    /* The report's entries applied, when some are refused (a rule a
+     * reload removed): each one's index in the report. NULL: all. */
+    rl_wire_entry *kept;
+    size_t *kept_of, n_kept;
     char peer[160];
     uint64_t sent_at_us;           /* to Redis, for the latency metric */
 } rl_ingest_worker;

@@ -8,8 +8,12 @@
  * What comes off the wire is never trusted: size is capped by the socket
  * (RL_WIRE_MESSAGE_MAX), the decoder checks every field, and a report
  * naming a rule this aggregator does not have as synced is refused whole,
- * unless a reload removed that rule: then its counts are dropped and the
- * rest of the report applied.
+ * unless a reload removed that rule: then its counts are refused, not
+ * counted, and the rest of the report applied. The ack answers a refused
+ * entry with window 0 (no sub-window has that number): the agent logs it
+ * and lets the rule's on_error decide, instead of taking the count as
+ * the fleet's (an agent that predates this reads it as totals older than
+ * any it holds, and goes on as it did when such counts were dropped).
  * A refused report gets no answer (its peer's REQ resends it later, and is
  * refused again); it is counted and logged with the peer's address, at most
  * once per peer per interval.
@@ -107,6 +111,10 @@ static void refuse(rl_ingest_worker *w, rl_reject reason, const char *why)
                "peer=%s reason=\"%s\" unlogged_before=%llu", w->peer, why,
                (unsigned long long)unlogged);
     rl_wire_msg_free(&w->report);
+    free(w->kept);
+    free(w->kept_of);
+    w->kept = NULL;
+    w->kept_of = NULL;
     nng_msg_free(w->msg);
     w->msg = NULL;
     receive(w);
@@ -150,6 +158,10 @@ static void send_ack(rl_ingest_worker *w, uint64_t status,
         rl_wire_writer_free(out);
     }
     rl_wire_msg_free(&w->report);
+    free(w->kept);
+    free(w->kept_of);
+    w->kept = NULL;
+    w->kept_of = NULL;
     if (reply == NULL) {
         rl_log(&agg->log, RL_LOG_ERROR, "ack_failed", "peer=%s "
                "reason=\"out of memory\"", w->peer);
@@ -180,16 +192,18 @@ static void on_applied(void *arg, bool duplicate,
         return;
     }
     const rl_wire_msg *m = &w->report;
+    size_t n = w->kept != NULL ? w->n_kept : m->n_entries;
+    const rl_wire_entry *entries = w->kept != NULL ? w->kept : m->entries;
     if (duplicate) {
         agg->stats.reports_duplicate++;
     } else {
         agg->stats.reports_applied++;
-        agg->stats.entries_applied += m->n_entries;
+        agg->stats.entries_applied += n;
     }
-    for (size_t i = 0; i < m->n_entries; i++) {
-        const rl_rule *rule = rl_aggregator_rule(agg, m->entries[i].rule);
-        rl_broadcast_note(agg, rule, m->entries[i].value.ptr,
-                          m->entries[i].value.len, totals[i].window,
+    for (size_t i = 0; i < n; i++) {
+        const rl_rule *rule = rl_aggregator_rule(agg, entries[i].rule);
+        rl_broadcast_note(agg, rule, entries[i].value.ptr,
+                          entries[i].value.len, totals[i].window,
                           totals[i].current, totals[i].previous,
                           totals[i].agents);
     }
@@ -197,7 +211,54 @@ static void on_applied(void *arg, bool duplicate,
         rl_broadcast_agents(agg, w->presence[i], presence_agents[i]);
     free(w->presence);
     w->presence = NULL;
-    send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, totals);
+    rl_window_total *all = NULL;
+    if (w->kept != NULL) {
+        /* Refused entries stay zero: window 0. */
+        all = calloc(m->n_entries + 1, sizeof *all);
+        if (all == NULL) {
+            send_ack(w, RL_ACK_RETRY, NULL);
+            return;
+        }
+        for (size_t i = 0; i < n; i++)
+            all[w->kept_of[i]] = totals[i];
+    }
+    send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED,
+             all != NULL ? all : totals);
+    free(all);
+}
+
+/* The report's entries less those of rules a reload removed here, which
+ * are refused (said in the ack) and logged; -1 without memory. */
+static int keep_known(rl_ingest_worker *w, const rl_rule **rules,
+                      size_t refused)
+{
+    const rl_wire_msg *m = &w->report;
+    w->kept = calloc(m->n_entries + 1, sizeof *w->kept);
+    w->kept_of = calloc(m->n_entries + 1, sizeof *w->kept_of);
+    if (w->kept == NULL || w->kept_of == NULL)
+        return -1;
+    const rl_wire_entry *first = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_entries; i++) {
+        const rl_rule *rule = rl_aggregator_rule(w->agg, m->entries[i].rule);
+        if (rule == NULL) {
+            first = first != NULL ? first : &m->entries[i];
+            continue;
+        }
+        w->kept[n] = m->entries[i];
+        w->kept_of[n] = i;
+        rules[n++] = rule;
+    }
+    w->n_kept = n;
+    uint64_t unlogged;
+    if (complain(w->agg, w->peer, &unlogged))
+        rl_log(&w->agg->log, RL_LOG_WARN, "counts_refused",
+               "peer=%s rule=%.*s entries=%zu unlogged_before=%llu "
+               "reason=\"a synced rule a reload removed here: its counts are "
+               "not counted, the agent's on_error decides\"", w->peer,
+               (int)first->rule.len, first->rule.ptr, refused,
+               (unsigned long long)unlogged);
+    return 0;
 }
 
 /* The rules named as present that this aggregator knows as needing a
@@ -290,23 +351,33 @@ static void handle_report(rl_ingest_worker *w)
         refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
         return;
     }
-    /* Counts for a rule a reload removed are dropped, the rest applied:
+    /* Counts for a rule a reload removed are refused, the rest applied:
      * the agent that counted them may not have reloaded yet. */
-    size_t kept = 0;
+    size_t refused = 0;
     for (size_t i = 0; i < m->n_entries; i++) {
         const rl_rule *rule = rl_aggregator_rule(agg, m->entries[i].rule);
-        if (rule == NULL && rl_aggregator_retired(agg, m->entries[i].rule))
+        if (rule == NULL && rl_aggregator_retired(agg, m->entries[i].rule)) {
+            refused++;
             continue;
+        }
         if (rule == NULL) {
             free(rules);
             refuse(w, RL_REJECT_UNKNOWN_RULE,
                    "a count for a rule that is not a synced rule here");
             return;
         }
-        w->report.entries[kept] = m->entries[i];
-        rules[kept++] = rule;
+        rules[i] = rule;
     }
-    w->report.n_entries = kept;
+    if (refused > 0 && keep_known(w, rules, refused) != 0) {
+        free(rules);
+        refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    rl_wire_msg applied = *m;
+    if (w->kept != NULL) {
+        applied.entries = w->kept;
+        applied.n_entries = w->n_kept;
+    }
     if (!take_presence(w)) {
         free(rules);
         refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
@@ -344,8 +415,8 @@ static void handle_report(rl_ingest_worker *w)
         on_applied(w, false, NULL, NULL, "Redis's clock is not known yet");
         return;
     }
-    rl_windows_apply(agg->windows, m, rules, w->presence, w->n_presence, now,
-                     on_applied, w);
+    rl_windows_apply(agg->windows, &applied, rules, w->presence,
+                     w->n_presence, now, on_applied, w);
     free(rules);
 }
 
@@ -429,6 +500,10 @@ void rl_ingest_stop(rl_aggregator *agg)
         rl_ingest_worker *w = &agg->workers[i];
         nng_msg_free(w->msg);
         rl_wire_msg_free(&w->report);
+        free(w->kept);
+        free(w->kept_of);
+        w->kept = NULL;
+        w->kept_of = NULL;
         free(w->presence);
         w->presence = NULL;
         if (w->aio != NULL)

@@ -42,14 +42,15 @@
  * the rest counted); the number of
  * groups, per group the hashes' ttl in ms, the sub-window w their totals
  * are read in (now's), the sub-window their counts go to (w or one of the
- * N before it) and the number of hashes; then per hash its count (summed
+ * N before it), the number of hashes and the sub-windows' length g in ms;
+ * then per hash its count (summed
  * over the fresh parts). Answers {0, agents per set rule..., (recent,
  * oldest) per hash...}, or {1, the numbers of the parts found not new...}
  * having written nothing. A hash may be in two groups of a call (one
  * report's counts of a key made in two sub-windows): the group after sees
  * the writes of the one before.
  *
- * Besides a field per sub-window a hash holds one field m, "h r o": its
+ * Besides a field per sub-window a hash holds one field m, "h r o g": its
  * head h (the newest sub-window a count was applied in, by the clock of
  * the aggregator that applied it: the count itself may be for an older
  * one), r (the sum of h-N+1..h-1) and o (the count of h-N). While h is w
@@ -60,7 +61,19 @@
  * the head (an aggregator whose estimate of Redis's clock lags, or a count
  * its report says was made earlier) adds to r or o, so that they always
  * equal what the fields hold, and gives the hash its expiry again, as a
- * head move does: a hash that only such counts wrote still expires. */
+ * head move does: a hash that only such counts wrote still expires.
+ *
+ * g is the length of the sub-windows the fields are numbered in: a reload
+ * that changes a rule's period changes it, and the fields written before
+ * are read in the period that wrote them, not in the new one. The first
+ * call with another g renumbers the hash: each field f goes to the new
+ * sub-window of its end, floor(((f + 1) * g_old - 1) / g), but not past
+ * now's (nothing was counted later): every count is placed as late as it
+ * may have been made, so it stays in spans as long as it may have to (the
+ * limit admits less, never more), and m is worked out afresh. Two aggregators
+ * whose configs differ for a moment renumber a hash back and forth; each
+ * time moves counts later, never earlier. An m of three numbers (written
+ * by rl_agg_6) is taken as numbered in the call's g. */
 #define LUA_APPLY_BODY \
     "  local nparts, nsets = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
     "  local n = tonumber(ARGV[3])\n" \
@@ -97,7 +110,7 @@
     "               '(' .. ARGV[a + 2 * s - 2])\n" \
     "    out[s + 1] = redis.call('ZCARD', KEYS[nparts + s])\n" \
     "  end\n" \
-    "  local fields, fields_of = {}, nil\n" \
+    "  local fields, fields_of, sub = {}, nil, nil\n" \
     "  local function span(key, w)\n" \
     "    if w ~= fields_of then\n" \
     "      for i = 0, n do fields[i + 1] = string.format('%.0f', w - i) end\n" \
@@ -109,7 +122,30 @@
     "    return recent, tonumber(v[n + 1] or 0), tonumber(v[1] or 0)\n" \
     "  end\n" \
     "  local function sums(key, h, r, o)\n" \
-    "    redis.call('HSET', key, 'm', string.format('%s %.0f %.0f', h, r, o))\n" \
+    "    redis.call('HSET', key, 'm',\n" \
+    "               string.format('%s %.0f %.0f %s', h, r, o, sub))\n" \
+    "  end\n" \
+    "  local function head(m)\n" \
+    "    return string.match(m or '', '^(%d+) (%d+) (%d+) ?(%d*)$')\n" \
+    "  end\n" \
+    "  local function renumber(key, from, w, ws)\n" \
+    "    local all, moved, gone = redis.call('HGETALL', key), {}, {'m'}\n" \
+    "    for i = 1, #all, 2 do\n" \
+    "      local x = tonumber(all[i])\n" \
+    "      if x ~= nil then\n" \
+    "        local y = math.min(math.floor(((x + 1) * from - 1) / sub), w)\n" \
+    "        moved[y] = (moved[y] or 0) + tonumber(all[i + 1])\n" \
+    "        gone[#gone + 1] = all[i]\n" \
+    "      end\n" \
+    "    end\n" \
+    "    redis.call('HDEL', key, unpack(gone))\n" \
+    "    for y, c in pairs(moved) do\n" \
+    "      redis.call('HSET', key, string.format('%.0f', y),\n" \
+    "                 string.format('%.0f', c))\n" \
+    "    end\n" \
+    "    local recent, oldest, now = span(key, w)\n" \
+    "    sums(key, ws, recent - now, oldest)\n" \
+    "    return ws, recent - now, oldest, now\n" \
     "  end\n" \
     "  local function forget_strays(key, w)\n" \
     "    if redis.call('HLEN', key) <= 2 * n + 3 then return end\n" \
@@ -155,10 +191,12 @@
     "  local function entry(key, counted, w, ws, cw, cs, ttl)\n" \
     "    local count = tonumber(counted)\n" \
     "    if count > 0 then\n" \
+    "      local hs, r, o, from = head(redis.call('HGET', key, 'm'))\n" \
+    "      if from ~= nil and from ~= '' and from ~= sub then\n" \
+    "        hs, r, o = renumber(key, tonumber(from), w, ws)\n" \
+    "      end\n" \
     "      local now = redis.call('HINCRBY', key, cs, counted)\n" \
     "      if cs ~= ws then now = nil end\n" \
-    "      local hs, r, o = string.match(redis.call('HGET', key, 'm') or '',\n" \
-    "                                    '^(%d+) (%d+) (%d+)$')\n" \
     "      if now ~= nil and (hs == ws or tonumber(hs) == w) then\n" \
     "        return tonumber(r) + now, tonumber(o)\n" \
     "      end\n" \
@@ -169,16 +207,21 @@
     "      return before_head(key, hs, r, o, cw, count, w, ttl)\n" \
     "    end\n" \
     "    local v = redis.call('HMGET', key, 'm', ws)\n" \
-    "    local hs, r, o = string.match(v[1] or '', '^(%d+) (%d+) (%d+)$')\n" \
+    "    local hs, r, o, from = head(v[1])\n" \
+    "    if from ~= nil and from ~= '' and from ~= sub then\n" \
+    "      local _, r, o, now = renumber(key, tonumber(from), w, ws)\n" \
+    "      return r + now, o\n" \
+    "    end\n" \
     "    if hs == ws or tonumber(hs) == w then\n" \
     "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
     "    end\n" \
     "    return span(key, w)\n" \
     "  end\n" \
     "  local k, g, o = nparts + nsets + 1, a + 2 * nsets + 1, #out\n" \
-    "  local c = g + 4 * tonumber(ARGV[g - 1])\n" \
+    "  local c = g + 5 * tonumber(ARGV[g - 1])\n" \
     "  while k <= #KEYS do\n" \
     "    local ttl, ws, cs = ARGV[g], ARGV[g + 1], ARGV[g + 2]\n" \
+    "    sub = ARGV[g + 4]\n" \
     "    local w, cw = tonumber(ws), tonumber(cs)\n" \
     "    local upto = k + tonumber(ARGV[g + 3])\n" \
     "    while k < upto do\n" \
@@ -187,7 +230,7 @@
     "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
     "      k, c = k + 1, c + 1\n" \
     "    end\n" \
-    "    g = g + 4\n" \
+    "    g = g + 5\n" \
     "  end\n" \
     "  return out\n"
 
@@ -203,7 +246,10 @@
     "  end\n" \
     "  return out\n"
 
-/* rl_agg_7: rl_agg_6 kept each rule's agents in a set per period window
+/* rl_agg_7: rl_agg_6 read a hash's sub-windows in the period of the call,
+ * whatever period numbered them: an m of four numbers does not parse
+ * there, so rl_agg_6 aggregators on the same Redis work its sums out again
+ * from the fields, and write three. And rl_agg_6 kept each rule's agents in a set per period window
  * and counted this one's or the last one's, whichever was larger, so that
  * every process start (a restart, a reload of nginx's workers) counted for
  * up to two periods; rl_agg_7 keeps one sorted set per rule of the agents
@@ -243,7 +289,7 @@ typedef struct call {
 
 /* The distinct set rules, sub-windows and hashes of a call's parts. */
 typedef struct merge {
-    uint64_t *group_ttl, *group_window, *group_count_window;
+    uint64_t *group_ttl, *group_window, *group_count_window, *group_g;
     size_t *group_keys, n_groups, last_group; /* hashes per group */
     size_t *group_first, *group_filled;      /* their places */
     const rl_window_count **key_first; /* per distinct hash, in order met */
@@ -259,6 +305,7 @@ static void merge_free(merge *g)
     free(g->group_ttl);
     free(g->group_window);
     free(g->group_count_window);
+    free(g->group_g);
     free(g->group_keys);
     free(g->group_first);
     free(g->group_filled);
@@ -281,6 +328,7 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
                                         sizeof *g->group_window),
                  .group_count_window = calloc(n_counts + 1,
                                               sizeof *g->group_count_window),
+                 .group_g = calloc(n_counts + 1, sizeof *g->group_g),
                  .group_keys = calloc(n_counts + 1, sizeof *g->group_keys),
                  .group_first = calloc(n_counts + 1,
                                        sizeof *g->group_first),
@@ -295,7 +343,8 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
                  .mask = cap - 1,
                  .sets = calloc(n_sets + 1, sizeof *g->sets)};
     if (g->group_ttl == NULL || g->group_window == NULL
-        || g->group_count_window == NULL || g->group_keys == NULL
+        || g->group_count_window == NULL || g->group_g == NULL
+        || g->group_keys == NULL
         || g->group_first == NULL || g->group_filled == NULL || g->key_slot == NULL
         || g->key_first == NULL
         || g->key_group == NULL || g->by_slot == NULL || g->key_sum == NULL
@@ -310,7 +359,7 @@ static bool in_group(const merge *g, size_t k, const rl_window_count *c)
 {
     return g->group_window[k] == c->window
            && g->group_count_window[k] == c->count_window
-           && g->group_ttl[k] == c->ttl_ms;
+           && g->group_ttl[k] == c->ttl_ms && g->group_g[k] == c->g_ms;
 }
 
 /* The group of a count's hash: its sub-windows and ttl (a call's counts
@@ -329,6 +378,7 @@ static size_t group_of(merge *g, const rl_window_count *c)
         g->group_window[k] = c->window;
         g->group_count_window[k] = c->count_window;
         g->group_ttl[k] = c->ttl_ms;
+        g->group_g[k] = c->g_ms;
         g->n_groups++;
     }
     return g->last_group = k;
@@ -405,7 +455,7 @@ static void merge_parts(merge *g, rl_window_part *parts)
 static size_t args_cap(const merge *g, const rl_window_part *parts,
                        size_t *slots)
 {
-    size_t cap = 8 * 24 + 4 * 24 * g->n_groups, n = 8 + 4 * g->n_groups;
+    size_t cap = 8 * 24 + 5 * 24 * g->n_groups, n = 8 + 5 * g->n_groups;
     for (const rl_window_part *p = parts; p != NULL; p = p->next) {
         cap += p->seq_key_len + p->agent_len + 24 * (3 + p->n_sets);
         n += 5 + p->n_sets;
@@ -453,6 +503,7 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
         rl_args_add_u64(a, g->group_window[k]);
         rl_args_add_u64(a, g->group_count_window[k]);
         rl_args_add_u64(a, g->group_keys[k]);
+        rl_args_add_u64(a, g->group_g[k]);
     }
     for (size_t s = 0; s < g->n_keys; s++)
         rl_args_add_u64(a, g->key_sum[g->by_slot[s]]);

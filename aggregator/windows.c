@@ -8,9 +8,10 @@
  * a key per sub-window: a report entry then passes one key, not 21, and
  * the aggregator's ingest measured 5.3 times faster (bench-synced).
  *
- * Beside the sub-windows the hash holds one field m, "h r o": the head h
- * (the newest sub-window counted), r, the sum of h-N+1..h-1, and o, the
- * count of h-N. So a count in the head's sub-window costs two calls,
+ * Beside the sub-windows the hash holds one field m, "h r o g": the head h
+ * (the newest sub-window counted), r, the sum of h-N+1..h-1, o, the
+ * count of h-N, and g, the sub-windows' length (a changed period
+ * renumbers the hash: window_call.c). So a count in the head's sub-window costs two calls,
  * HINCRBY (whose reply is that sub-window's count) and HGET m, and its
  * answer is r plus that count, and o, never a read of 21 fields; that took
  * Redis's work per pair from about 80,000 instructions to 21,000 (callgrind,
@@ -363,7 +364,7 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms,
         add_window_key(a, v, i);
         c->counts[k] = (rl_window_count){
             .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
-            .ttl_ms = 2 * period,
+            .ttl_ms = 2 * period, .g_ms = rl_wire_subwindow_ms(period),
             .window = now_ms / rl_wire_subwindow_ms(period)};
         place_count(&c->counts[k], &v->m->entries[i],
                     rl_wire_subwindow_ms(period));

@@ -30,6 +30,9 @@
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
+ *           One entry per report entry, in order. window 0 (no sub-window
+ *           has it) says the entry's count was refused, not counted: the
+ *           aggregator has no such synced rule (a reload removed it).
  *   TOTALS  aggregator -> agents (PUB), one per rule and interval, after a
  *           topic prefix "rule\0"
  *           [1, 3, rule, now_ms, stale, agents, [[value, window, current,
@@ -63,7 +66,9 @@
  * than what was counted in the period up to now.
  *
  * now_ms is Redis's clock as the aggregator knows it; windows are numbered
- * by it (window = now_ms / g), never by an agent's clock.
+ * by it (window = now_ms / g), never by an agent's clock. g is the
+ * aggregator's period's: a window number read against now_ms says which
+ * period numbered it (agent/synced.c), so no field names it.
  */
 #ifndef RL_COMMON_WIRE_H
 #define RL_COMMON_WIRE_H

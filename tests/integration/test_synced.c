@@ -368,11 +368,12 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
     snprintf(at_s, sizeof at_s, "%llu", (unsigned long long)at);
     snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
+    /* The rule's period is 30 s (a ttl of two): sub-windows of 1.5 s. */
     const char *argv[] = {"FCALL", "rl_agg_7_apply", "3",
                           "rl:agg:seq:late-sums", "rl:agg:live:late",
                           "rl:tenant:org_late_sums:w", "1", "1", n_s, seq_s,
                           "late-sums", "0", "1", "1", "1", "60000", "1",
-                          "60000", w_s, at_s, "1", count_s};
+                          "60000", w_s, at_s, "1", "1500", count_s};
     enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 11 };
     redisReply *r = redisCommandArgv(c, ARGC, argv, NULL);
     cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2,
@@ -396,7 +397,7 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
 }
 
 /* A hash of sub-windows as Redis holds it: its fields named by a number,
- * and its head and sums (m, "h r o"). */
+ * and its head and sums (m, "h r o g"). */
 typedef struct window_hash {
     unsigned long long field[64][2]; /* sub-window, count */
     size_t n;
@@ -817,7 +818,8 @@ Test(synced, the_aggregator_says_each_interval_that_it_reads_sub_windows)
 /* The value's count is in one sub-window, a field of its hash
  * rl:tenant:<value>:w, and that sub-window is within first..last. The
  * hash's one other field is m, its head and sums (windows.c): the head is
- * that sub-window and the sums hold nothing from before it. */
+ * that sub-window, the sums hold nothing from before it, and its
+ * sub-windows are tenant_rule's, 500 ms. */
 static void expect_one_window(const char *value, uint64_t first,
                               uint64_t last, long long count)
 {
@@ -827,7 +829,7 @@ static void expect_one_window(const char *value, uint64_t first,
     size_t sub = strcmp(h->element[0]->str, "m") == 0 ? 2 : 0;
     const char *window = h->element[sub]->str;
     char sums[64];
-    snprintf(sums, sizeof sums, "%s 0 0", window);
+    snprintf(sums, sizeof sums, "%s 0 0 500", window);
     cr_expect_str_eq(h->element[2 - sub + 1]->str, sums, "%s: m", value);
     uint64_t w = strtoull(window, NULL, 10);
     cr_assert(w >= first && w <= last, "%s counted in sub-window "

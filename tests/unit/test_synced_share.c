@@ -46,7 +46,7 @@ static void one_key_open(one_key *k)
     k->e = rl_synced_find(&k->s, k->id, "v", 1);
     cr_assert_not_null(k->e);
     k->window = now / rl_wire_subwindow_ms(k->rule.period_ms);
-    rl_synced_note_totals(k->e, k->window, 30, 0);
+    rl_synced_note_totals(&k->s, k->e, k->window, now, 30, 0);
     k->e->acked_prior = 10;
     k->e->acked = 30;
     k->e->acked_ms = now - 50;
@@ -84,7 +84,7 @@ Test(synced_share, a_snapshot_older_than_the_ack_does_not)
     rl_synced_rebalance(&k.s, k.e, 0, true);
     cr_assert_eq(mark(&k), 10 + 70, "the acked count before that ack");
     /* An ack's own totals hold its report: lowering from them counts it. */
-    rl_synced_note_totals(k.e, k.window, 60, 0);
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 60, 0);
     rl_synced_rebalance(&k.s, k.e, 0, false);
     cr_assert_eq(mark(&k), 30 + 40);
     one_key_close(&k);
