@@ -112,9 +112,12 @@ TEST_BOTH_MODES(rules, a_plan_override_sets_the_rate_of_the_same_bucket)
               != NULL, "%s", h);
     cr_assert(strstr(h, "RateLimit-Limit: 10\r\n") != NULL, "%s", h);
 
-    /* The free key's empty bucket, now at the enterprise rate: still the
-     * same bucket (empty), refilling at 10 an hour, one token in 6 min
-     * instead of 20. */
+    /* The free key's bucket, now at the enterprise rate: still the same
+     * bucket, its 3 tokens spent kept, so the upgrade gives the difference
+     * (7) and then refills at 10 an hour, one token in 6 min instead of
+     * 20. */
+    cr_assert_eq(offer(t.agent, 30, "per-key", kv, "plan=enterprise", NULL),
+                 7);
     d = check_on(t.agent, kv, "plan=enterprise", NULL, NULL);
     cr_assert(!d.allowed);
     cr_assert_eq(d.limit, 10);
