@@ -45,8 +45,15 @@
  * N before it), the number of hashes and the sub-windows' length g in ms;
  * then per hash its count (summed
  * over the fresh parts). Answers {0, agents per set rule..., (recent,
- * oldest) per hash...}, or {1, the numbers of the parts found not new...}
- * having written nothing. A hash may be in two groups of a call (one
+ * oldest) per hash..., the µs the call took in Redis (its own TIME, not
+ * the wait before it: what it kept others waiting, windows.c sizes calls
+ * by it)}, or {1, the numbers of the parts found not new...} or {2, the
+ * numbers of the KEYS that hold another type...} having written nothing.
+ * Everything that can fail is read before the first write (the types of
+ * the sets and hashes; a hash's m, kept for its first entry) and the
+ * sequence keys are written last: a call that fails part-way would have
+ * marked reports applied whose counts it never wrote, and their resends,
+ * taken as duplicates, lost them. A hash may be in two groups of a call (one
  * report's counts of a key made in two sub-windows): the group after sees
  * the writes of the one before.
  *
@@ -75,6 +82,7 @@
  * time moves counts later, never earlier. An m of three numbers (written
  * by rl_agg_6) is taken as numbered in the call's g. */
 #define LUA_APPLY_BODY \
+    "  local started = redis.call('TIME')\n" \
     "  local nparts, nsets = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
     "  local n = tonumber(ARGV[3])\n" \
     "  local a, last, stale, fresh = 4, {}, {}, {}\n" \
@@ -92,8 +100,25 @@
     "    a = a + 4 + tonumber(ARGV[a + 3])\n" \
     "  end\n" \
     "  if #stale > 0 then return {1, unpack(stale)} end\n" \
-    "  for key, seq in pairs(last) do\n" \
-    "    redis.call('SET', key, seq, 'EX', " SEQ_TTL_S ")\n" \
+    "  local first_hash, heads, wrong = nparts + nsets + 1, {}, {2}\n" \
+    "  for k = nparts + 1, first_hash - 1 do\n" \
+    "    local t = redis.call('TYPE', KEYS[k])['ok']\n" \
+    "    if t ~= 'none' and t ~= 'zset' then wrong[#wrong + 1] = k end\n" \
+    "  end\n" \
+    "  for k = first_hash, #KEYS do\n" \
+    "    local m = redis.pcall('HGET', KEYS[k], 'm')\n" \
+    "    if type(m) == 'table' and m['err'] then\n" \
+    "      wrong[#wrong + 1] = k\n" \
+    "    elseif heads[KEYS[k]] == nil then\n" \
+    "      heads[KEYS[k]] = m\n" \
+    "    end\n" \
+    "  end\n" \
+    "  if #wrong > 1 then return wrong end\n" \
+    "  local function head_of(key)\n" \
+    "    local m = heads[key]\n" \
+    "    if m == nil then return redis.call('HGET', key, 'm') end\n" \
+    "    heads[key] = nil\n" \
+    "    return m\n" \
     "  end\n" \
     "  for _, f in ipairs(fresh) do\n" \
     "    for i = 1, tonumber(ARGV[f + 3]) do\n" \
@@ -191,7 +216,7 @@
     "  local function entry(key, counted, w, ws, cw, cs, ttl)\n" \
     "    local count = tonumber(counted)\n" \
     "    if count > 0 then\n" \
-    "      local hs, r, o, from = head(redis.call('HGET', key, 'm'))\n" \
+    "      local hs, r, o, from = head(head_of(key))\n" \
     "      if from ~= nil and from ~= '' and from ~= sub then\n" \
     "        hs, r, o = renumber(key, tonumber(from), w, ws)\n" \
     "      end\n" \
@@ -206,14 +231,14 @@
     "      end\n" \
     "      return before_head(key, hs, r, o, cw, count, w, ttl)\n" \
     "    end\n" \
-    "    local v = redis.call('HMGET', key, 'm', ws)\n" \
-    "    local hs, r, o, from = head(v[1])\n" \
+    "    local hs, r, o, from = head(head_of(key))\n" \
     "    if from ~= nil and from ~= '' and from ~= sub then\n" \
     "      local _, r, o, now = renumber(key, tonumber(from), w, ws)\n" \
     "      return r + now, o\n" \
     "    end\n" \
     "    if hs == ws or tonumber(hs) == w then\n" \
-    "      return tonumber(r) + tonumber(v[2] or 0), tonumber(o)\n" \
+    "      return tonumber(r) + tonumber(redis.call('HGET', key, ws) or 0),\n" \
+    "             tonumber(o)\n" \
     "    end\n" \
     "    return span(key, w)\n" \
     "  end\n" \
@@ -232,6 +257,12 @@
     "    end\n" \
     "    g = g + 5\n" \
     "  end\n" \
+    "  for key, seq in pairs(last) do\n" \
+    "    redis.call('SET', key, seq, 'EX', " SEQ_TTL_S ")\n" \
+    "  end\n" \
+    "  local ended = redis.call('TIME')\n" \
+    "  out[#out + 1] = (ended[1] - started[1]) * 1000000\n" \
+    "                  + (ended[2] - started[2])\n" \
     "  return out\n"
 
 
@@ -256,7 +287,8 @@
  * live (rl:agg:live:<rule>, windows.c). An rl_agg_6 aggregator on the same
  * Redis keeps its own library and its sets (as rl_agg_5 beside rl_agg_6):
  * the counts of a rolling upgrade are each side's own until it is over.
- * The hashes are the same. */
+ * rl_agg_6 also wrote the sequence keys first, answered no time, and
+ * failed part-way on a key of another type. The hashes are the same. */
 static const char library[] =
     "#!lua name=rl_agg_7\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
@@ -278,13 +310,22 @@ const rl_script_set rl_window_scripts = {
     .n = 2,
 };
 
+/* The first part from p on that has not failed alone: a call leaves
+ * those out. */
+static rl_window_part *live(const rl_window_part *p)
+{
+    while (p != NULL && p->error[0] != '\0')
+        p = p->next;
+    return (rl_window_part *)p;
+}
+
 /* One call in flight. */
 typedef struct call {
     rl_store *store;
     rl_window_part *parts;
     rl_window_call_fn fn;
     void *arg;
-    size_t n_sets, n_keys;
+    size_t n_parts, n_sets, n_keys, n_counts;
 } call;
 
 /* The distinct set rules, sub-windows and hashes of a call's parts. */
@@ -424,7 +465,7 @@ static size_t set_of(merge *g, const rl_window_set *s)
  * script's numbers would not be exact. */
 static void merge_parts(merge *g, rl_window_part *parts)
 {
-    for (rl_window_part *p = parts; p != NULL; p = p->next) {
+    for (rl_window_part *p = live(parts); p != NULL; p = live(p->next)) {
         for (size_t k = 0; k < p->n_sets; k++)
             p->sets[k].slot = set_of(g, &p->sets[k]);
         for (size_t k = 0; k < p->n_counts; k++) {
@@ -445,7 +486,7 @@ static void merge_parts(merge *g, rl_window_part *parts)
         g->key_slot[d] = g->group_first[k] + g->group_filled[k]++;
         g->by_slot[g->key_slot[d]] = d;
     }
-    for (rl_window_part *p = parts; p != NULL; p = p->next) {
+    for (rl_window_part *p = live(parts); p != NULL; p = live(p->next)) {
         for (size_t k = 0; k < p->n_counts; k++)
             p->counts[k].slot = g->key_slot[p->counts[k].slot];
     }
@@ -456,7 +497,8 @@ static size_t args_cap(const merge *g, const rl_window_part *parts,
                        size_t *slots)
 {
     size_t cap = 8 * 24 + 5 * 24 * g->n_groups, n = 8 + 5 * g->n_groups;
-    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+    for (const rl_window_part *p = live(parts); p != NULL;
+         p = live(p->next)) {
         cap += p->seq_key_len + p->agent_len + 24 * (3 + p->n_sets);
         n += 5 + p->n_sets;
     }
@@ -474,7 +516,8 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
                      size_t n_parts)
 {
     rl_args_add_u64(a, n_parts + g->n_sets + g->n_keys);
-    for (const rl_window_part *p = parts; p != NULL; p = p->next)
+    for (const rl_window_part *p = live(parts); p != NULL;
+         p = live(p->next))
         rl_args_add(a, p->seq_key, p->seq_key_len);
     for (size_t k = 0; k < g->n_sets; k++)
         rl_args_add(a, g->sets[k]->key, g->sets[k]->key_len);
@@ -485,7 +528,8 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
     rl_args_add_u64(a, n_parts);
     rl_args_add_u64(a, g->n_sets);
     rl_args_add_u64(a, RL_WIRE_SUBWINDOWS);
-    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+    for (const rl_window_part *p = live(parts); p != NULL;
+         p = live(p->next)) {
         rl_args_add_u64(a, p->seq);
         rl_args_add(a, p->agent, p->agent_len);
         rl_args_add(a, p->duplicate ? "1" : "0", 1);
@@ -526,9 +570,9 @@ static bool mark_duplicates(const call *c, const redisReply *r)
         return false;
     for (size_t i = 1; i < r->elements; i++) {
         long long number = r->element[i]->integer;
-        rl_window_part *p = c->parts;
+        rl_window_part *p = live(c->parts);
         for (long long k = 1; p != NULL && k < number; k++)
-            p = p->next;
+            p = live(p->next);
         if (number < 1 || p == NULL || p->duplicate)
             return false;
         p->duplicate = true;
@@ -536,9 +580,51 @@ static bool mark_duplicates(const call *c, const redisReply *r)
     return true;
 }
 
+/* Fails, each on its own, the parts that carry a key the function found
+ * of another type (by its number among KEYS): an operator has to remove
+ * or rename it, and until then the other reports of the call go on. False
+ * if the answer names no such key of a live part. */
+static bool fail_wrong_types(const call *c, const redisReply *r)
+{
+    size_t first_hash = c->n_parts + c->n_sets + 1;
+    bool any = false;
+    for (size_t i = 1; i < r->elements; i++) {
+        long long k = r->element[i]->integer;
+        if (k <= (long long)c->n_parts || k >= (long long)(first_hash
+                                                           + c->n_keys))
+            return false;
+        for (rl_window_part *p = live(c->parts); p != NULL;
+             p = live(p->next)) {
+            const char *key = NULL;
+            size_t len = 0;
+            for (size_t s = 0; s < p->n_sets && key == NULL; s++) {
+                if (c->n_parts + p->sets[s].slot + 1 == (size_t)k) {
+                    key = p->sets[s].key;
+                    len = p->sets[s].key_len;
+                }
+            }
+            for (size_t e = 0; e < p->n_counts && key == NULL; e++) {
+                if (first_hash + p->counts[e].slot == (size_t)k) {
+                    key = p->counts[e].key;
+                    len = p->counts[e].key_len;
+                }
+            }
+            if (key == NULL)
+                continue;
+            snprintf(p->error, sizeof p->error, "Redis key '%.*s' holds "
+                     "another type than rl writes there (a %s): remove or "
+                     "rename it", (int)(len < 128 ? len : 128), key,
+                     (size_t)k < first_hash ? "set of agents"
+                                            : "hash of sub-windows");
+            any = true;
+        }
+    }
+    return any;
+}
+
 static void take_answer(const call *c, const redisReply *r)
 {
-    for (rl_window_part *p = c->parts; p != NULL; p = p->next) {
+    for (rl_window_part *p = live(c->parts); p != NULL; p = live(p->next)) {
         for (size_t k = 0; k < p->n_sets; k++)
             p->sets[k].agents = (uint64_t)r->element[1 + p->sets[k].slot]
                                     ->integer;
@@ -559,20 +645,25 @@ static void on_reply(void *arg, const redisReply *r, const char *error)
     if (error == NULL && (r->type != REDIS_REPLY_ARRAY || r->elements < 1
                           || !all_integers(r)))
         error = "unexpected reply from the window script";
-    if (error == NULL && r->element[0]->integer == 1) {
-        if (mark_duplicates(c, r)) {
+    if (error == NULL && (r->element[0]->integer == 1
+                          || r->element[0]->integer == 2)) {
+        if (r->element[0]->integer == 1 ? mark_duplicates(c, r)
+                                        : fail_wrong_types(c, r)) {
             rl_window_call(c->store, c->parts, c->fn, c->arg);
             free(c);
             return;
         }
         error = "unexpected reply from the window script";
     } else if (error == NULL
-               && r->elements != 1 + c->n_sets + 2 * c->n_keys) {
+               && r->elements != 2 + c->n_sets + 2 * c->n_keys) {
         error = "unexpected reply from the window script";
     }
-    if (error == NULL)
+    uint64_t redis_us = 0;
+    if (error == NULL) {
         take_answer(c, r);
-    c->fn(c->arg, c->parts, error);
+        redis_us = (uint64_t)r->element[r->elements - 1]->integer;
+    }
+    c->fn(c->arg, c->parts, redis_us, c->n_counts, error);
     free(c);
 }
 
@@ -580,16 +671,21 @@ void rl_window_call(rl_store *store, rl_window_part *parts,
                     rl_window_call_fn fn, void *arg)
 {
     size_t n_parts = 0, n_counts = 0, n_sets = 0, slots = 0;
-    for (const rl_window_part *p = parts; p != NULL; p = p->next) {
+    for (const rl_window_part *p = live(parts); p != NULL;
+         p = live(p->next)) {
         n_parts++;
         n_counts += p->n_counts;
         n_sets += p->n_sets;
+    }
+    if (n_parts == 0) {
+        fn(arg, parts, 0, 0, NULL);
+        return;
     }
     call *c = calloc(1, sizeof *c);
     merge g;
     if (c == NULL || merge_alloc(&g, n_counts, n_sets) != 0) {
         free(c);
-        fn(arg, parts, "out of memory");
+        fn(arg, parts, 0, 0, "out of memory");
         return;
     }
     merge_parts(&g, parts);
@@ -598,12 +694,13 @@ void rl_window_call(rl_store *store, rl_window_part *parts,
     if (rl_args_init(&a, slots, cap) != 0) {
         merge_free(&g);
         free(c);
-        fn(arg, parts, "out of memory");
+        fn(arg, parts, 0, 0, "out of memory");
         return;
     }
     add_args(&a, &g, parts, n_parts);
     *c = (call){.store = store, .parts = parts, .fn = fn, .arg = arg,
-                .n_sets = g.n_sets, .n_keys = g.n_keys};
+                .n_parts = n_parts, .n_sets = g.n_sets, .n_keys = g.n_keys,
+                .n_counts = n_counts};
     merge_free(&g);
     rl_store_run(store, RL_WINDOW_APPLY, (int)a.n, a.argv, a.lens, on_reply,
                  c);

@@ -41,6 +41,8 @@ typedef struct rl_window_count {
     size_t slot;             /* its place in the call */
 } rl_window_count;
 
+#define RL_WINDOW_ERROR_MAX 256
+
 /* What one part of a report asks of Redis: written only if its sequence
  * number is greater than the last applied under seq_key. */
 typedef struct rl_window_part {
@@ -50,6 +52,10 @@ typedef struct rl_window_part {
     /* Known not to be new (the call found so, or seq is 0): it writes
      * nothing and is only answered. Set by the call. */
     bool duplicate;
+    /* Set by the call when this part cannot be applied on its own terms
+     * (one of its keys holds another type): the call applies the others
+     * without it, and the part is answered with this. "" otherwise. */
+    char error[RL_WINDOW_ERROR_MAX];
     size_t n_sets, n_counts;
     rl_window_set *sets;
     rl_window_count *counts;
@@ -57,9 +63,12 @@ typedef struct rl_window_part {
 } rl_window_part;
 
 /* Called once per rl_window_call: the answers are in the parts (and a
- * part's duplicate says whether it was applied before), or error says why
- * none is. */
+ * part's duplicate says whether it was applied before, its error whether
+ * it failed alone), or error says why none is. redis_us is the time the
+ * last call made took in Redis, by Redis's clock (0 when none answered),
+ * and entries the counts it carried. */
 typedef void (*rl_window_call_fn)(void *arg, rl_window_part *parts,
+                                  uint64_t redis_us, size_t entries,
                                   const char *error);
 
 /* rl_window_call applies the list of parts in one call (on a cluster their

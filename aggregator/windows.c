@@ -74,7 +74,9 @@
  * fresh reports' counts, each report still checked against its own
  * sequence key. A report that arrives with no call at Redis goes at once:
  * gathering adds no wait when idle. A gathered call carries at most
- * aggregator.max_entries entries (the first report whatever its size), and
+ * aggregator.max_entries entries, no more than fit RL_WINDOWS_CALL_US of
+ * Redis's time (windows.h: a report over RL_WINDOWS_PIECE entries goes in
+ * pieces, the first part of a call whatever its cost), and
  * at most the reports the aggregator handles at once (RL_INGEST_WORKERS):
  * the queue holds nothing the workers do not. With four agents reporting the same 1,000 keys, a call of four
  * reports costs Redis one HINCRBY and one HGET per key, not four
@@ -107,6 +109,7 @@ struct rl_windows {
     uint64_t live_ms;       /* how long a report keeps its agent live */
     rl_window_part *queue, *queue_tail;
     bool busy;
+    uint64_t cost_ns, cost_entries; /* decaying sums (cost_per_entry_ns) */
 };
 
 /* One report being applied: its parts answer into it. */
@@ -133,6 +136,9 @@ typedef struct job {
  * (a queued part must not hold on to the rules: a reload frees them). */
 typedef struct part {
     job *job;
+    /* Piece number + 1 of a report split in pieces (windows.h), 0 for a
+     * report applied whole. */
+    size_t piece;
     size_t n_rules, n_entries;
     size_t *rules, *entries;
     rl_window_part call;
@@ -198,20 +204,40 @@ static void part_answered(part *pt, const char *error)
         job_done(j);
 }
 
-static void on_answered(void *arg, rl_window_part *parts, const char *error)
+static void on_answered(void *arg, rl_window_part *parts, uint64_t redis_us,
+                        size_t entries, const char *error)
 {
     (void)arg;
+    (void)redis_us;
+    (void)entries;
     while (parts != NULL) {
         rl_window_part *next = parts->next;
-        part_answered(part_of(parts), error);
+        part_answered(part_of(parts),
+                      parts->error[0] != '\0' ? parts->error : error);
         parts = next;
     }
 }
 
-static void on_gathered(void *arg, rl_window_part *parts,
-                        const char *error);
+static void on_gathered(void *arg, rl_window_part *parts, uint64_t redis_us,
+                        size_t entries, const char *error);
 
-/* Sends the parts queued, as many as the cap lets into one call. */
+/* What the queue's next entries are expected to cost Redis, in ns each:
+ * the time recent calls took by Redis's clock over the entries they
+ * carried, each sum decaying by an eighth a call, so that a flood of
+ * fresh keys (a new hash each, several times the work of a known key)
+ * shrinks the calls within a few. Before any call, the cost that makes a
+ * piece of fresh keys fill a call. */
+static uint64_t cost_per_entry_ns(const rl_windows *ws)
+{
+    if (ws->cost_entries == 0)
+        return RL_WINDOWS_CALL_US * 1000 / RL_WINDOWS_PIECE;
+    return ws->cost_ns / ws->cost_entries + 1;
+}
+
+/* Sends the parts queued, as many as fit one call: the entries the cap
+ * lets in, and no more than RL_WINDOWS_CALL_US of Redis's time by the
+ * cost of recent calls, or a piece's worth (the first part whatever its
+ * cost: at most a piece). */
 static void send_gathered(rl_windows *ws)
 {
     rl_window_part *first = ws->queue, *last = first;
@@ -219,9 +245,17 @@ static void send_gathered(rl_windows *ws)
         ws->busy = false;
         return;
     }
+    /* A piece's entries always fit: a call's own cost (its round of Lua,
+     * TIME, the sequence keys) makes small calls read as dear per entry,
+     * and a piece of the dearest entries is sized to the budget. */
+    uint64_t per_entry = cost_per_entry_ns(ws);
+    size_t fit = (size_t)(RL_WINDOWS_CALL_US * 1000 / per_entry);
+    if (fit < RL_WINDOWS_PIECE)
+        fit = RL_WINDOWS_PIECE;
+    size_t cap = fit < ws->max_entries ? fit : ws->max_entries;
     size_t entries = first->n_counts;
-    while (last->next != NULL && entries <= ws->max_entries
-           && last->next->n_counts <= ws->max_entries - entries) {
+    while (last->next != NULL && entries <= cap
+           && last->next->n_counts <= cap - entries) {
         last = last->next;
         entries += last->n_counts;
     }
@@ -233,10 +267,16 @@ static void send_gathered(rl_windows *ws)
     rl_window_call(ws->store, first, on_gathered, ws);
 }
 
-static void on_gathered(void *arg, rl_window_part *parts, const char *error)
+static void on_gathered(void *arg, rl_window_part *parts, uint64_t redis_us,
+                        size_t entries, const char *error)
 {
-    on_answered(NULL, parts, error);
-    send_gathered(arg);
+    rl_windows *ws = arg;
+    if (entries > 0 && redis_us > 0) {
+        ws->cost_ns = ws->cost_ns - ws->cost_ns / 8 + redis_us * 1000;
+        ws->cost_entries = ws->cost_entries - ws->cost_entries / 8 + entries;
+    }
+    on_answered(NULL, parts, redis_us, entries, error);
+    send_gathered(ws);
 }
 
 /* What the report is applied with, shared by its parts. */
@@ -272,6 +312,16 @@ static void add_seq_key(rl_args *a, const report_view *v, const part *pt)
 {
     const rl_wire_msg *m = v->m;
     size_t start = a->used;
+    /* A piece's own sequence (windows.h), named before the agent so that
+     * no agent id can make one piece's key another's. */
+    if (pt->piece > 0) {
+        rl_args_addf(a, "rl:agg:piece:%zu:%.*s", pt->piece - 1,
+                     (int)m->agent_id.len, m->agent_id.ptr);
+        if (m->stream > 0)
+            rl_args_addf(a, "/%llu", (unsigned long long)m->stream);
+        rl_args_join(a, m->stream > 0 ? 2 : 1, start);
+        return;
+    }
     /* One sequence per (agent, stream): an agent's streams (one per
      * aggregator of its config) number their reports each on their own,
      * and a stream's report may reach any aggregator (failover). */
@@ -407,14 +457,22 @@ static int plan(const report_view *v, job *j, size_t n_rules,
     size_t n = v->m->n_entries;
     *n_parts = 0;
     if (!v->cluster) {
-        part *pt = new_part(j, n_rules, n);
-        if (pt == NULL)
-            return -1;
-        for (size_t r = 0; r < n_rules; r++)
-            pt->rules[pt->n_rules++] = r;
-        for (size_t i = 0; i < n; i++)
-            pt->entries[pt->n_entries++] = i;
-        parts[(*n_parts)++] = pt;
+        size_t pieces = (n + RL_WINDOWS_PIECE - 1) / RL_WINDOWS_PIECE;
+        for (size_t k = 0; k == 0 || k < pieces; k++) {
+            size_t from = k * RL_WINDOWS_PIECE;
+            size_t to = pieces <= 1 ? n
+                        : from + RL_WINDOWS_PIECE < n ? from + RL_WINDOWS_PIECE
+                                                      : n;
+            part *pt = new_part(j, k == 0 ? n_rules : 0, to - from);
+            if (pt == NULL)
+                return -1;
+            pt->piece = pieces > 1 ? k + 1 : 0;
+            for (size_t r = 0; k == 0 && r < n_rules; r++)
+                pt->rules[pt->n_rules++] = r;
+            for (size_t i = from; i < to; i++)
+                pt->entries[pt->n_entries++] = i;
+            parts[(*n_parts)++] = pt;
+        }
         return 0;
     }
     for (size_t r = 0; r < n_rules; r++) {

@@ -31,6 +31,20 @@ typedef void (*rl_windows_fn)(void *arg, bool duplicate,
                               const uint64_t *presence_agents,
                               const char *error);
 
+/* A call holds Redis, single-threaded, from every other client: an exact
+ * check waiting behind it has store.timeout_ms (50 ms by default) in all.
+ * So a gathered call takes in the parts queued only while their entries,
+ * at the cost per entry that recent calls measured by Redis's clock, fit
+ * RL_WINDOWS_CALL_US; and on one server a report of more than
+ * RL_WINDOWS_PIECE entries is applied in pieces of that many (by their
+ * order in the report), each checked against a sequence key of its own,
+ * rl:agg:piece:<k>:<agent>[/<stream>], so that a report whose call failed
+ * part-way is applied again only by the pieces that failed. A piece of
+ * fresh keys, the costliest entries (a new hash each), takes about
+ * RL_WINDOWS_CALL_US (docs/performance.md). */
+#define RL_WINDOWS_CALL_US 2000
+#define RL_WINDOWS_PIECE 128
+
 /* Reports being applied through one store. */
 typedef struct rl_windows rl_windows;
 

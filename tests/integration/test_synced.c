@@ -191,6 +191,9 @@ static rl_wire_msg report(nng_socket s, const char *agent, uint64_t seq,
     return report_within(s, agent, seq, rule, value, n, 3000);
 }
 
+/* Entries per piece of a long report (aggregator/windows.h). */
+#define RL_WINDOWS_PIECE_TESTED 128
+
 static const char tenant_rule[] =
     "  - {name: per-tenant, match: tenant, limit: 1000, period: 10s, "
     "mode: synced}\n";
@@ -352,6 +355,172 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     test_redis_stop(&srv);
 }
 
+/* Holds the Redis at addr for ms from another connection (DEBUG SLEEP),
+ * so that reports sent meanwhile queue behind the call at Redis; returns
+ * the connection, to be passed to end_sleep. */
+static redisContext *start_sleep(const char *addr, double seconds)
+{
+    redisContext *sleeper = test_redis_connect(addr);
+    cr_assert_eq(redisAppendCommand(sleeper, "DEBUG SLEEP %.3f", seconds),
+                 REDIS_OK);
+    int written = 0;
+    while (!written)
+        cr_assert_eq(redisBufferWrite(sleeper, &written), REDIS_OK);
+    return sleeper;
+}
+
+static void end_sleep(redisContext *sleeper)
+{
+    redisReply *slept;
+    cr_assert_eq(redisGetReply(sleeper, (void **)&slept), REDIS_OK);
+    freeReplyObject(slept);
+    redisFree(sleeper);
+}
+
+/* Issue 28, 8c. A key of another type (here a string where org_t2's hash
+ * of sub-windows goes) made the function fail part-way: rl_agg_6 had
+ * written the sequence keys and org_t1's count, so the resend, once the
+ * key was gone, was a duplicate and org_t2's and org_t3's counts were
+ * lost. Now nothing is written; the report gathered with it (queued
+ * behind a call held at Redis) is applied all the same; and the resend
+ * counts everything, once. */
+Test(synced, a_key_of_another_type_fails_its_report_alone_and_loses_no_count)
+{
+    test_redis srv;
+    char addr[64], err[512];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    test_aggregator agg;
+    test_aggregator_start(&agg, addr, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    redisContext *c = test_redis_connect(addr);
+    freeReplyObject(test_redis_command(c, "SET rl:tenant:org_t2:w text"));
+    const char *t[] = {"org_t1", "org_t2", "org_t3"}, *ok[] = {"org_t4"};
+    const uint64_t counts[] = {1, 2, 3};
+    nng_socket first = dial_reports(&agg), typed = dial_reports(&agg),
+               other = dial_reports(&agg);
+    redisContext *sleeper = start_sleep(addr, 0.5);
+    test_sleep_ms(50);
+    send_counts(first, "typed-first", 1, ok, (uint64_t[]){5}, NULL, 1);
+    test_sleep_ms(150);
+    send_counts(typed, "typed", 1, t, counts, NULL, 3);
+    send_counts(other, "typed-other", 1, ok, (uint64_t[]){7}, NULL, 1);
+    rl_wire_msg ack = receive_ack(first);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    rl_wire_msg_free(&ack);
+    ack = receive_ack(typed);
+    cr_assert_eq(ack.status, RL_ACK_RETRY, "status %llu",
+                 (unsigned long long)ack.status);
+    rl_wire_msg_free(&ack);
+    ack = receive_ack(other);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED, "the report gathered with it: "
+                 "status %llu", (unsigned long long)ack.status);
+    cr_assert_eq(ack.entries[0].current, 12);
+    rl_wire_msg_free(&ack);
+    end_sleep(sleeper);
+    cr_assert_eq(test_window_total(addr, "rl:tenant:org_t1"), 0,
+                 "written by a call that failed");
+    /* The operator removes the key; the agent's resend is applied. */
+    freeReplyObject(test_redis_command(c, "DEL rl:tenant:org_t2:w"));
+    send_counts(typed, "typed", 1, t, counts, NULL, 3);
+    ack = receive_ack(typed);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED, "the resend: status %llu",
+                 (unsigned long long)ack.status);
+    rl_wire_msg_free(&ack);
+    for (int i = 0; i < 3; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "rl:tenant:%s", t[i]);
+        cr_expect_eq(test_window_total(addr, key), (long long)counts[i],
+                     "%s", t[i]);
+    }
+    redisFree(c);
+    nng_close(first);
+    nng_close(typed);
+    nng_close(other);
+    test_aggregator_stop(&agg);
+    test_redis_stop(&srv);
+}
+
+/* A report of more entries than a piece (windows.h) is applied in pieces,
+ * each under its own sequence key, in calls that each take a few of them.
+ * One piece fails (a key of another type in its middle): the report is
+ * answered "retry" and the other pieces are applied; the resend, once the
+ * key is gone, applies that piece only. Every key then holds its count
+ * exactly: nothing lost, nothing twice. */
+Test(synced, a_long_report_is_applied_in_pieces_each_once)
+{
+    enum { N = 1000, BAD = 700 };
+    test_redis srv;
+    char addr[64], err[512];
+    test_redis_options o = {0};
+    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
+                                  sizeof err), 0, "%s", err);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    test_aggregator agg;
+    test_aggregator_start(&agg, addr, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    redisContext *c = test_redis_connect(addr);
+    static char names[N][24];
+    const char *values[N];
+    uint64_t counts[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "org_p%d", i);
+        values[i] = names[i];
+        counts[i] = (uint64_t)i + 1;
+    }
+    freeReplyObject(test_redis_command(c, "SET rl:tenant:org_p%d:w text",
+                                       BAD));
+    long long calls_before = test_redis_calls(addr, "fcall");
+    nng_socket s = dial_reports(&agg);
+    send_counts(s, "pieces", 1, values, counts, NULL, N);
+    rl_wire_msg ack = receive_ack(s);
+    cr_assert_eq(ack.status, RL_ACK_RETRY, "status %llu",
+                 (unsigned long long)ack.status);
+    rl_wire_msg_free(&ack);
+    long long calls = test_redis_calls(addr, "fcall") - calls_before;
+    cr_expect_geq(calls, 2, "%lld calls for a report of %d entries", calls,
+                  N);
+    int piece = BAD / RL_WINDOWS_PIECE_TESTED;
+    for (int i = 0; i < N; i += 37) {
+        char key[48];
+        snprintf(key, sizeof key, "rl:tenant:%.23s", names[i]);
+        if (i / RL_WINDOWS_PIECE_TESTED != piece)
+            cr_expect_eq(test_window_total(addr, key), (long long)counts[i],
+                         "%s, before the resend", names[i]);
+        else if (i != BAD)
+            cr_expect_eq(test_window_total(addr, key), 0,
+                         "%s, in the piece that failed", names[i]);
+    }
+    freeReplyObject(test_redis_command(c, "DEL rl:tenant:org_p%d:w", BAD));
+    send_counts(s, "pieces", 1, values, counts, NULL, N);
+    ack = receive_ack(s);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED, "the resend: status %llu",
+                 (unsigned long long)ack.status);
+    cr_expect_eq(ack.entries[BAD].current, BAD + 1);
+    rl_wire_msg_free(&ack);
+    long long sum = 0;
+    for (int i = 0; i < N; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "rl:tenant:%.23s", names[i]);
+        long long got = test_window_total(addr, key);
+        cr_expect_eq(got, (long long)counts[i], "%s", names[i]);
+        sum += got;
+    }
+    cr_assert_eq(sum, (long long)N * (N + 1) / 2);
+    /* And once more: every piece a duplicate. */
+    send_counts(s, "pieces", 1, values, counts, NULL, N);
+    ack = receive_ack(s);
+    cr_assert_eq(ack.status, RL_ACK_DUPLICATE);
+    rl_wire_msg_free(&ack);
+    cr_assert_eq(test_window_total(addr, "rl:tenant:org_p999"), N);
+    redisFree(c);
+    nng_close(s);
+    test_aggregator_stop(&agg);
+    test_redis_stop(&srv);
+}
+
 /* One count for the hash of org_late_sums, made in sub-window at (at most
  * w), straight through the aggregator's function (window_call.c), as an
  * aggregator whose clock says w would send it, a report alone in its
@@ -389,7 +558,8 @@ static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
         cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
         cr_assert_eq(r->element[0]->integer, 0);
     }
-    cr_assert_eq(r->elements, 4);
+    /* The answer ends with the µs the call took in Redis. */
+    cr_assert_eq(r->elements, 5);
     *recent = r->element[2]->integer;
     *oldest = r->element[3]->integer;
     freeReplyObject(r);

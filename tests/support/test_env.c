@@ -72,18 +72,37 @@ redisReply *test_redis_command(redisContext *c, const char *fmt, ...)
     return r;
 }
 
-long long test_redis_calls(const char *addr, const char *command)
+/* A field of command's line of INFO commandstats, 0 if none. */
+static double commandstat(const char *addr, const char *command,
+                          const char *field)
 {
     redisContext *c = test_redis_connect(addr);
     redisReply *r = test_redis_command(c, "INFO commandstats");
     cr_assert_eq(r->type, REDIS_REPLY_STRING, "INFO: %s", r->str);
     char name[64];
-    snprintf(name, sizeof name, "cmdstat_%s:calls=", command);
-    const char *at = strstr(r->str, name);
-    long long calls = at != NULL ? atoll(at + strlen(name)) : 0;
+    snprintf(name, sizeof name, "cmdstat_%s:", command);
+    const char *line = strstr(r->str, name), *at = NULL;
+    if (line != NULL) {
+        const char *end = strchr(line, '\r');
+        snprintf(name, sizeof name, "%s=", field);
+        at = strstr(line, name);
+        if (at != NULL && end != NULL && at > end)
+            at = NULL;
+    }
+    double value = at != NULL ? atof(at + strlen(name)) : 0;
     freeReplyObject(r);
     redisFree(c);
-    return calls;
+    return value;
+}
+
+long long test_redis_calls(const char *addr, const char *command)
+{
+    return (long long)commandstat(addr, command, "calls");
+}
+
+double test_redis_usec_per_call(const char *addr, const char *command)
+{
+    return commandstat(addr, command, "usec_per_call");
 }
 
 uint64_t test_redis_time_ms(redisContext *c)

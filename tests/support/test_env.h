@@ -31,6 +31,8 @@ redisReply *test_redis_command(redisContext *c, const char *fmt, ...);
  * (lower case, as INFO commandstats names it: "fcall", "evalsha"), 0 if
  * never. */
 long long test_redis_calls(const char *addr, const char *command);
+/* And the µs each call took on average, by Redis's clock. */
+double test_redis_usec_per_call(const char *addr, const char *command);
 
 /* test_redis_time_ms is Redis's clock (TIME) in ms, on the connection c. */
 uint64_t test_redis_time_ms(redisContext *c);
