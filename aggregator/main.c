@@ -275,7 +275,9 @@ static void on_reload(uv_signal_t *s, int signum)
 static int start(rl_aggregator *agg)
 {
     char err[512];
-    agg->store = rl_store_new(agg->loop, &agg->boot_config->store,
+    const rl_store_config *store =
+        rl_config_aggregator_store(agg->boot_config);
+    agg->store = rl_store_new(agg->loop, store,
                               &rl_window_scripts, NULL, &agg->log);
     agg->windows = rl_windows_new(agg->store,
                                   agg->boot_config->aggregator.max_entries,
@@ -324,8 +326,7 @@ static int start(rl_aggregator *agg)
            "totals=%s store=%s:%u interval_ms=%u",
            (size_t)(agg->endpoint - agg->boot_config->aggregator.endpoints),
            agg->endpoint->reports, agg->endpoint->totals,
-           agg->config->store.nodes[0].host,
-           agg->config->store.nodes[0].port,
+           store->nodes[0].host, store->nodes[0].port,
            agg->config->aggregator.sync_interval_ms);
     rl_service_start(&agg->service, agg->loop, agg->store, &agg->log);
     return 0;

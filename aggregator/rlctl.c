@@ -214,10 +214,20 @@ static const rl_rule *find_rule(const rl_config *cfg, const char *name)
     return NULL;
 }
 
-static int open_store(cli *c, rlctl_store *s, unsigned long long *now)
+/* The store of a rule's keys: a synced rule's are where the aggregators
+ * keep them (aggregator.store, when given). */
+static const rl_store_config *store_of(const cli *c, const rl_rule *rule)
+{
+    return rule != NULL && rule->mode == RL_MODE_SYNCED
+               ? rl_config_aggregator_store(c->cfg)
+               : &c->cfg->store;
+}
+
+static int open_store(const rl_store_config *store, rlctl_store *s,
+                      unsigned long long *now)
 {
     char err[512];
-    if (rlctl_store_open(s, &c->cfg->store, err, sizeof err) != 0)
+    if (rlctl_store_open(s, store, err, sizeof err) != 0)
         return fail(EXIT_UNREACHABLE, "%s", err);
     *now = rlctl_store_now_ms(s);
     if (*now == 0) {
@@ -335,7 +345,7 @@ static int open_view(cli *c, rlctl_store *s, rlctl_view *v)
         return fail(EXIT_USAGE, "rule \"%s\" is local: its buckets live in "
                     "each gateway's memory, not in the store", rule->name);
     unsigned long long now;
-    if ((rc = open_store(c, s, &now)) != EXIT_OK)
+    if ((rc = open_store(store_of(c, rule), s, &now)) != EXIT_OK)
         return rc;
     char err[512];
     if (rlctl_view_read(s, rule, tag_arg(c, rule), value, now, v, err,
@@ -447,7 +457,7 @@ static int read_verdicts(cli *c, const rl_attr *attrs, verdict *v)
 {
     rlctl_store s;
     unsigned long long now;
-    int rc = open_store(c, &s, &now);
+    int rc = open_store(&c->cfg->store, &s, &now);
     if (rc != EXIT_OK)
         return rc;
     for (size_t i = 0; i < c->cfg->n_rules; i++) {
@@ -713,7 +723,7 @@ static int cmd_totals(cli *c)
     }
     rlctl_store s;
     unsigned long long now;
-    int rc = open_store(c, &s, &now);
+    int rc = open_store(rl_config_aggregator_store(c->cfg), &s, &now);
     if (rc != EXIT_OK)
         return rc;
     rc = rlctl_totals_print(c->cfg, &s, now, c->rule, c->top, c->json);

@@ -125,7 +125,8 @@ int rlctl_watch(const rl_config *cfg, unsigned long top,
 {
     rlctl_store s;
     char err[512];
-    if (rlctl_store_open(&s, &cfg->store, err, sizeof err) != 0) {
+    if (rlctl_store_open(&s, rl_config_aggregator_store(cfg), err,
+                         sizeof err) != 0) {
         fprintf(stderr, "rlctl: %s\n", err);
         return 2;
     }

@@ -414,14 +414,26 @@ static int copy_secret(struct loader *ld, const char *text, char **out)
     return RL_OK;
 }
 
+/* Where a store field was written: store.<field>, or
+ * aggregator.store.<field> for the aggregator's own. */
+static const char *store_field(char *buf, size_t cap, const char *where,
+                               const char *field)
+{
+    snprintf(buf, cap, "%s.%s", where, field);
+    return buf;
+}
+
+#define AT(field) store_field(sp, sizeof sp, where, field)
+
 /* A password read from a file: one line, its newline dropped. The file is
  * read once, at load; its text is never logged. */
-static int password_from_file(struct loader *ld, const char *path,
-                              char **out)
+static int password_from_file(struct loader *ld, const char *where,
+                              const char *path, char **out)
 {
+    char sp[64];
     FILE *f = fopen(path, "r");
     if (f == NULL)
-        return bad(ld, "store.password_file", "cannot read '%s': %s", path,
+        return bad(ld, AT("password_file"), "cannot read '%s': %s", path,
                    strerror(errno));
     char text[RL_SECRET_MAX + 2];
     size_t n = fread(text, 1, sizeof text - 1, f);
@@ -433,32 +445,34 @@ static int password_from_file(struct loader *ld, const char *path,
     if (n > 0 && text[n - 1] == '\r')
         text[--n] = '\0';
     if (more || n > RL_SECRET_MAX || strchr(text, '\n') != NULL)
-        return bad(ld, "store.password_file", "'%s' must hold one line of "
+        return bad(ld, AT("password_file"), "'%s' must hold one line of "
                    "at most %d bytes", path, RL_SECRET_MAX);
     if (n == 0 || memchr(text, '\0', n) != NULL)
-        return bad(ld, "store.password_file", "'%s' is empty", path);
+        return bad(ld, AT("password_file"), "'%s' is empty", path);
     return copy_secret(ld, text, out);
 }
 
 /* store.password, or store.password_file, or store.password_env: one of
  * them at most, so that it is clear where the secret comes from. */
-static int load_password(struct loader *ld, const rl_raw_store *raw,
-                         rl_store_config *store)
+static int load_password(struct loader *ld, const char *where,
+                         const rl_raw_store *raw, rl_store_config *store)
 {
+    char sp[64];
     int given = (raw->password != NULL) + (raw->password_file != NULL)
                 + (raw->password_env != NULL);
     if (given > 1)
-        return bad(ld, "store.password", "give one of password, "
+        return bad(ld, AT("password"), "give one of password, "
                    "password_file and password_env");
     if (raw->password_file != NULL)
-        return password_from_file(ld, raw->password_file, &store->password);
+        return password_from_file(ld, where, raw->password_file,
+                                  &store->password);
     if (raw->password_env != NULL) {
         const char *value = getenv(raw->password_env);
         if (value == NULL || value[0] == '\0')
-            return bad(ld, "store.password_env", "the environment variable "
+            return bad(ld, AT("password_env"), "the environment variable "
                        "%s is not set", raw->password_env);
         if (strlen(value) > RL_SECRET_MAX)
-            return bad(ld, "store.password_env", "%s is over %d bytes",
+            return bad(ld, AT("password_env"), "%s is over %d bytes",
                        raw->password_env, RL_SECRET_MAX);
         return copy_secret(ld, value, &store->password);
     }
@@ -467,19 +481,21 @@ static int load_password(struct loader *ld, const rl_raw_store *raw,
 
 /* "user:password@host" where an address goes: refused without echoing
  * the text, as config errors end up in logs (a reload's, the journal). */
-static int credentials_refused(struct loader *ld, const char *path)
+static int credentials_refused(struct loader *ld, const char *where,
+                               const char *path)
 {
     return bad(ld, path, "credentials are not accepted here (and not shown, "
-               "to keep them out of logs): give them in store.username and "
-               "store.password, password_file or password_env");
+               "to keep them out of logs): give them in %s.username and "
+               "%s.password, password_file or password_env", where, where);
 }
 
-static int load_seeds(struct loader *ld, const rl_raw_store *raw,
-                      rl_store_config *store)
+static int load_seeds(struct loader *ld, const char *where,
+                      const rl_raw_store *raw, rl_store_config *store)
 {
+    char sp[64];
     char path[64];
     if (raw->cluster_count == 0)
-        return bad(ld, "store.cluster", "the cluster list is empty: give at "
+        return bad(ld, AT("cluster"), "the cluster list is empty: give at "
                    "least one node as host:port");
     store->nodes = calloc(raw->cluster_count, sizeof *store->nodes);
     if (store->nodes == NULL)
@@ -487,9 +503,9 @@ static int load_seeds(struct loader *ld, const rl_raw_store *raw,
     store->n_nodes = raw->cluster_count;
     store->cluster = true;
     for (size_t i = 0; i < store->n_nodes; i++) {
-        snprintf(path, sizeof path, "store.cluster.%zu", i);
+        snprintf(path, sizeof path, "%s.cluster.%zu", where, i);
         if (strchr(raw->cluster[i], '@') != NULL)
-            return credentials_refused(ld, path);
+            return credentials_refused(ld, where, path);
         if (rl_endpoint_parse(raw->cluster[i], &store->nodes[i]) != RL_OK)
             return bad(ld, path, "'%s' is not host:port (IPv6 as "
                        "[addr]:port)", raw->cluster[i]);
@@ -497,16 +513,18 @@ static int load_seeds(struct loader *ld, const rl_raw_store *raw,
     return RL_OK;
 }
 
-static int load_store(struct loader *ld, const rl_raw_store *raw,
-                      rl_store_config *store)
+/* The store block at where ("store", or "aggregator.store"). */
+static int load_store(struct loader *ld, const char *where,
+                      const rl_raw_store *raw, rl_store_config *store)
 {
+    char sp[64];
     int rc;
     store->timeout_ms = DEFAULT_TIMEOUT_MS;
     if (raw != NULL && raw->url != NULL && raw->cluster != NULL)
-        return bad(ld, "store.cluster", "give either store.url or "
-                   "store.cluster, not both");
+        return bad(ld, AT("cluster"), "give either %s.url or %s.cluster, "
+                   "not both", where, where);
     if (raw != NULL && raw->cluster != NULL) {
-        if ((rc = load_seeds(ld, raw, store)) != RL_OK)
+        if ((rc = load_seeds(ld, where, raw, store)) != RL_OK)
             return rc;
     } else {
         store->nodes = calloc(1, sizeof *store->nodes);
@@ -517,10 +535,10 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
         store->nodes[0].port = RL_REDIS_DEFAULT_PORT;
         if (raw != NULL && raw->url != NULL
             && strchr(raw->url, '@') != NULL)
-            return credentials_refused(ld, "store.url");
+            return credentials_refused(ld, where, AT("url"));
         if (raw != NULL && raw->url != NULL
             && rl_redis_url_parse(raw->url, &store->nodes[0], &store->db))
-            return bad(ld, "store.url", "'%s' is not redis://host[:port][/db]"
+            return bad(ld, AT("url"), "'%s' is not redis://host[:port][/db]"
                        " (credentials go in store.username and "
                        "store.password)", raw->url);
     }
@@ -528,29 +546,29 @@ static int load_store(struct loader *ld, const rl_raw_store *raw,
         return RL_OK;
     uint64_t n;
     if (raw->timeout_ms != NULL) {
-        if ((rc = parse_int(ld, "store.timeout_ms", raw->timeout_ms, 1, 60000,
+        if ((rc = parse_int(ld, AT("timeout_ms"), raw->timeout_ms, 1, 60000,
                             &n)) != RL_OK)
             return rc;
         store->timeout_ms = (uint32_t)n;
     }
     if (raw->wait_replicas != NULL) {
-        if ((rc = parse_int(ld, "store.wait_replicas", raw->wait_replicas, 0,
+        if ((rc = parse_int(ld, AT("wait_replicas"), raw->wait_replicas, 0,
                             16, &n)) != RL_OK)
             return rc;
         store->wait_replicas = (uint32_t)n;
     }
     int choice = RL_SCRIPTS_AUTO;
-    if ((rc = choose(ld, "store.scripts", raw->scripts, scripts_names,
+    if ((rc = choose(ld, AT("scripts"), raw->scripts, scripts_names,
                      &choice)) != RL_OK)
         return rc;
     store->scripts = (rl_scripts)choice;
     if (raw->username != NULL && raw->password == NULL
         && raw->password_file == NULL && raw->password_env == NULL)
-        return bad(ld, "store.username", "a username needs a password "
+        return bad(ld, AT("username"), "a username needs a password "
                    "(store.password, password_file or password_env)");
     if ((rc = copy_secret(ld, raw->username, &store->username)) != RL_OK)
         return rc;
-    return load_password(ld, raw, store);
+    return load_password(ld, where, raw, store);
 }
 
 static bool is_nng_url(const char *url)
@@ -790,6 +808,14 @@ static int load_aggregator(struct loader *ld, const rl_raw_config *top,
             return rc;
         agg->max_agents = (uint32_t)n;
     }
+    /* The aggregator's own Redis, or the shared one: apart, a flood of
+     * synced keys never holds up an exact check. */
+    if (raw->store != NULL) {
+        agg->has_store = true;
+        if ((rc = load_store(ld, "aggregator.store", raw->store,
+                             &agg->store)) != RL_OK)
+            return rc;
+    }
     return load_tls(ld, raw->tls, agg, listed);
 }
 
@@ -893,7 +919,7 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
                        rl_config *cfg)
 {
     int rc, choice = RL_CHARGE_ALL;
-    if ((rc = load_store(ld, raw->store, &cfg->store)) != RL_OK
+    if ((rc = load_store(ld, "store", raw->store, &cfg->store)) != RL_OK
         || (rc = load_aggregator(ld, raw, &cfg->aggregator))
                != RL_OK
         || (rc = load_local(ld, raw->local, cfg)) != RL_OK
@@ -1072,6 +1098,17 @@ int rl_config_load(const char *path, rl_config **out, rl_error *err)
     return rc;
 }
 
+static void store_fini(rl_store_config *store)
+{
+    free(store->nodes);
+    free(store->username);
+    if (store->password != NULL) {
+        /* Do not leave the secret in freed memory. */
+        explicit_bzero(store->password, strlen(store->password));
+        free(store->password);
+    }
+}
+
 void rl_config_free(rl_config *cfg)
 {
     if (cfg == NULL)
@@ -1086,12 +1123,12 @@ void rl_config_free(rl_config *cfg)
         free(cfg->gateway.routes[i].name);
     }
     free(cfg->gateway.routes);
-    free(cfg->store.nodes);
-    free(cfg->store.username);
-    if (cfg->store.password != NULL) {
-        /* Do not leave the secret in freed memory. */
-        explicit_bzero(cfg->store.password, strlen(cfg->store.password));
-        free(cfg->store.password);
-    }
+    store_fini(&cfg->store);
+    store_fini(&cfg->aggregator.store);
     free(cfg);
+}
+
+const rl_store_config *rl_config_aggregator_store(const rl_config *cfg)
+{
+    return cfg->aggregator.has_store ? &cfg->aggregator.store : &cfg->store;
 }

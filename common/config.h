@@ -202,6 +202,10 @@ typedef struct rl_aggregator_config {
     uint32_t max_message_bytes;   /* a report or totals message, at most */
     uint32_t max_entries;         /* (key, count) pairs in one report */
     rl_tls_config tls;
+    /* aggregator.store: the Redis the aggregators keep the synced counts
+     * in, when not the shared store (rl_config_aggregator_store). */
+    bool has_store;
+    rl_store_config store;
 } rl_aggregator_config;
 
 /* What rl-gateway reads from the config besides the rules. */
@@ -242,6 +246,10 @@ struct rl_config {
  * off the wire, not NUL-terminated), or NULL. */
 const rl_rule *rl_config_synced_rule(const rl_config *cfg, const char *name,
                                      size_t len);
+
+/* The Redis of the synced counts: aggregator.store if given, else the
+ * shared store. */
+const rl_store_config *rl_config_aggregator_store(const rl_config *cfg);
 
 /* The config's words for its enums, for messages and listings. */
 const char *rl_mode_name(rl_mode mode);

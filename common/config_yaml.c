@@ -134,6 +134,8 @@ static const cyaml_schema_field_t aggregator_fields[] = {
               RL_HOST_MAX + 8),
     CYAML_FIELD_MAPPING_PTR("tls", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                             rl_raw_aggregator, tls, tls_fields),
+    CYAML_FIELD_MAPPING_PTR("store", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                            rl_raw_aggregator, store, store_fields),
     CYAML_FIELD_END,
 };
 

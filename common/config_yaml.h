@@ -75,6 +75,7 @@ typedef struct rl_raw_aggregator {
     char *max_entries;
     char *metrics;
     rl_raw_tls *tls;
+    rl_raw_store *store;
 } rl_raw_aggregator;
 
 /* One entry of `aggregators:`: where one aggregator listens. */

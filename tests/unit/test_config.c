@@ -185,6 +185,34 @@ Test(config, fleet_size_is_the_rules_own_else_the_top_levels)
     rl_config_free(cfg);
 }
 
+/* aggregator.store: a Redis of the aggregators' own, with the store
+ * block's fields; without it, the shared store. */
+Test(config, aggregator_store_is_its_own_or_the_shared_one)
+{
+    static const char rules[] =
+        "rules:\n"
+        "  - {name: per-tenant, match: tenant, limit: 10, period: 1m, "
+        "mode: synced}\n";
+    rl_config *cfg = load_ok(rules);
+    cr_assert_eq(rl_config_aggregator_store(cfg), &cfg->store);
+    rl_config_free(cfg);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "store:\n  url: redis://shared:6379\n"
+             "aggregator:\n  store:\n    url: redis://counts:6390/2\n"
+             "    password: other\n    timeout_ms: 200\n%s", rules);
+    cfg = load_ok(yaml);
+    const rl_store_config *own = rl_config_aggregator_store(cfg);
+    cr_assert_str_eq(own->nodes[0].host, "counts");
+    cr_assert_eq(own->nodes[0].port, 6390);
+    cr_assert_eq(own->db, 2);
+    cr_assert_str_eq(own->password, "other");
+    cr_assert_eq(own->timeout_ms, 200);
+    cr_assert_str_eq(cfg->store.nodes[0].host, "shared");
+    cr_assert_null(cfg->store.password);
+    rl_config_free(cfg);
+}
+
 Test(config, every_field_can_be_set)
 {
     rl_config *cfg = load_ok(
@@ -631,6 +659,7 @@ static const struct bad_file bad_files[] = {
     {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 1500 is less than twice sync_interval_ms (2000): totals come once an interval, so keys would go degraded whenever one came late"},
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
+    {"aggregator-store-timeout-zero.yaml", ":5:17: aggregator.store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},
     {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund, atomic)"},
