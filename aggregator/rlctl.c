@@ -229,10 +229,10 @@ static int open_store(const rl_store_config *store, rlctl_store *s,
     char err[512];
     if (rlctl_store_open(s, store, err, sizeof err) != 0)
         return fail(EXIT_UNREACHABLE, "%s", err);
-    *now = rlctl_store_now_ms(s);
+    *now = rlctl_store_now_ms(s, err, sizeof err);
     if (*now == 0) {
         rlctl_store_close(s);
-        return fail(EXIT_UNREACHABLE, "Redis did not answer TIME");
+        return fail(EXIT_UNREACHABLE, "%s", err);
     }
     return EXIT_OK;
 }

@@ -133,13 +133,28 @@ redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
     return s->primaries[s->slot_owner[rl_key_slot(key, len)]];
 }
 
-unsigned long long rlctl_store_now_ms(rlctl_store *s)
+void rlctl_store_why(const redisContext *c, const redisReply *r,
+                     const char *command, char *err, size_t errlen)
+{
+    if (r != NULL && r->type == REDIS_REPLY_ERROR)
+        snprintf(err, errlen, "Redis refused %s: %s", command, r->str);
+    else if (c->err)
+        snprintf(err, errlen, "Redis did not answer %s: %s", command,
+                 c->errstr);
+    else
+        snprintf(err, errlen, "Redis answered %s unexpectedly", command);
+}
+
+unsigned long long rlctl_store_now_ms(rlctl_store *s, char *err,
+                                      size_t errlen)
 {
     redisReply *r = redisCommand(s->primaries[0], "TIME");
     unsigned long long ms = 0;
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
         ms = strtoull(r->element[0]->str, NULL, 10) * 1000
              + strtoull(r->element[1]->str, NULL, 10) / 1000;
+    else
+        rlctl_store_why(s->primaries[0], r, "TIME", err, errlen);
     freeReplyObject(r);
     return ms;
 }

@@ -30,7 +30,15 @@ void rlctl_store_close(rlctl_store *s);
 redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
                                   size_t len);
 
-/* Redis's clock in ms (TIME on the first primary); 0 on failure. */
-unsigned long long rlctl_store_now_ms(rlctl_store *s);
+/* Redis's clock in ms (TIME on the first primary); 0 on failure, with
+ * the reason in err. */
+unsigned long long rlctl_store_now_ms(rlctl_store *s, char *err,
+                                      size_t errlen);
+
+/* Why r, the reply to command on c, is not what was asked: the server's
+ * own reason naming the command (a NOPERM from an ACL, say), else the
+ * connection's. */
+void rlctl_store_why(const redisContext *c, const redisReply *r,
+                     const char *command, char *err, size_t errlen);
 
 #endif

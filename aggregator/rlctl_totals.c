@@ -92,7 +92,8 @@ static row *row_for(table *t, size_t sorted, const char *value)
 /* The trailing period's sub-windows (w-N..w) of one rule's clients on one
  * primary, one row per client. */
 static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
-                unsigned long long window, table *t)
+                unsigned long long window, table *t, char *err,
+                size_t errlen)
 {
     char match[2 * RL_PREFIX_MAX + 64], cursor[32] = "0";
     pattern(s, rule, match, sizeof match);
@@ -100,6 +101,7 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
         redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
                                      match);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            rlctl_store_why(c, r, "SCAN", err, errlen);
             freeReplyObject(r);
             return -1;
         }
@@ -111,6 +113,12 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
                 continue;
             redisReply *g = redisCommand(c, "HGETALL %s",
                                          keys->element[i]->str);
+            if (g == NULL || g->type == REDIS_REPLY_ERROR) {
+                rlctl_store_why(c, g, "HGETALL", err, errlen);
+                freeReplyObject(g);
+                freeReplyObject(r);
+                return -1;
+            }
             row *client = g != NULL && g->type == REDIS_REPLY_ARRAY
                               ? row_for(t, 0, value) : NULL;
             for (size_t f = 0; client != NULL && f + 1 < g->elements;
@@ -178,8 +186,10 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
     unsigned long long w = now / rl_wire_subwindow_ms(r->period_ms);
     memset(t, 0, sizeof *t);
     int failed = -1;
+    char err[512] = "";
     for (int p = 0; p < s->n && failed < 0; p++)
-        failed = scan(s->primaries[p], s, r, w, t) ? p : -1;
+        failed = scan(s->primaries[p], s, r, w, t, err, sizeof err) ? p
+                                                                   : -1;
     /* A client's hash is on one primary: rows merge only if a value
      * repeats across primaries, which a cluster's slots rule out. */
     if (t->n > 0)
@@ -198,8 +208,8 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
     if (failed >= 0) {
         free(t->rows);
         t->rows = NULL;
-        fprintf(stderr, "rlctl: SCAN failed on %s:%u\n",
-                s->endpoints[failed].host, s->endpoints[failed].port);
+        fprintf(stderr, "rlctl: %s:%u: %s\n", s->endpoints[failed].host,
+                s->endpoints[failed].port, err);
         return -1;
     }
     for (size_t k = 0; k < t->n; k++)

@@ -18,12 +18,10 @@ static uint64_t ceil_div(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-static int store_error(redisContext *c, redisReply *r, char *err,
-                       size_t errlen)
+static int store_error(redisContext *c, redisReply *r, const char *command,
+                       char *err, size_t errlen)
 {
-    snprintf(err, errlen, "Redis: %s",
-             r != NULL && r->type == REDIS_REPLY_ERROR ? r->str
-             : c->err ? c->errstr : "unexpected reply");
+    rlctl_store_why(c, r, command, err, errlen);
     freeReplyObject(r);
     return -1;
 }
@@ -37,13 +35,13 @@ static int read_key(rlctl_store *s, const char *key, char *value,
     redisReply *r = redisCommand(c, "GET %s", key);
     if (r == NULL || (r->type != REDIS_REPLY_STRING
                       && r->type != REDIS_REPLY_NIL))
-        return store_error(c, r, err, errlen);
+        return store_error(c, r, "GET", err, errlen);
     *exists = r->type == REDIS_REPLY_STRING;
     snprintf(value, cap, "%s", *exists ? r->str : "");
     freeReplyObject(r);
     r = redisCommand(c, "PTTL %s", key);
     if (r == NULL || r->type != REDIS_REPLY_INTEGER)
-        return store_error(c, r, err, errlen);
+        return store_error(c, r, "PTTL", err, errlen);
     *ttl = r->integer;
     freeReplyObject(r);
     return 0;
@@ -90,7 +88,7 @@ static int read_synced(rlctl_store *s, const char *value,
     redisContext *c = rlctl_store_for_key(s, v->key, strlen(v->key));
     redisReply *h = redisCommand(c, "HGETALL %s", v->key);
     if (h == NULL || h->type != REDIS_REPLY_ARRAY)
-        return store_error(c, h, err, errlen);
+        return store_error(c, h, "HGETALL", err, errlen);
     v->exists = h->elements > 0;
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
         char *end;
@@ -109,7 +107,7 @@ static int read_synced(rlctl_store *s, const char *value,
     freeReplyObject(h);
     redisReply *t = redisCommand(c, "PTTL %s", v->key);
     if (t == NULL || t->type != REDIS_REPLY_INTEGER)
-        return store_error(c, t, err, errlen);
+        return store_error(c, t, "PTTL", err, errlen);
     v->ttl_ms = t->integer;
     freeReplyObject(t);
     /* The oldest leaves the span when the next sub-window starts. */
@@ -182,7 +180,7 @@ long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
         redisContext *c = rlctl_store_for_key(s, key, strlen(key));
         redisReply *r = redisCommand(c, "DEL %s", key);
         if (r == NULL || r->type != REDIS_REPLY_INTEGER)
-            return store_error(c, r, err, errlen);
+            return store_error(c, r, "DEL", err, errlen);
         removed += r->integer;
         freeReplyObject(r);
     }

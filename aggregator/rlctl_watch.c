@@ -69,7 +69,12 @@ static void show_row(const rl_rule *r, const rlctl_row *row, double rate,
 static int refresh(const rl_config *cfg, rlctl_store *s, unsigned long top,
                    bool json, seen **old, size_t *n_old, double elapsed_s)
 {
-    unsigned long long now = rlctl_store_now_ms(s);
+    char err[512];
+    unsigned long long now = rlctl_store_now_ms(s, err, sizeof err);
+    if (now == 0) {
+        fprintf(stderr, "rlctl: %s\n", err);
+        return 2;
+    }
     size_t cap = 0, n = 0;
     seen *next = NULL;
     bool first = true;

@@ -12,6 +12,16 @@
  * promoted replica has none. A NOSCRIPT or "function not found" reply (a
  * SCRIPT FLUSH or FUNCTION FLUSH behind our back) reloads them and resends
  * the calls that failed, so no check is lost to it.
+ *
+ * The handshake needs no privilege a least-privilege ACL user lacks: HELLO
+ * (@fast @connection) authenticates, names the client and answers the
+ * server's version and role in one round trip, where INFO is @dangerous
+ * (Redis before 6 has no HELLO and no ACL: it gets AUTH and INFO). A
+ * refusal of any command rl sends (NOPERM, WRONGPASS, an unknown command)
+ * is logged once per command, with the server's own reason. With
+ * `scripts: auto`, a server that refuses FUNCTION LOAD or FCALL (an ACL,
+ * a managed service) gets the same bodies by SCRIPT LOAD and EVALSHA:
+ * the buckets are the same keys and values either way (scripts.c).
  */
 #include "node.h"
 
@@ -22,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CONNECT_TIMEOUT_MS 1000
 #define BACKOFF_FIRST_MS 25
@@ -42,6 +53,9 @@
  * flight. */
 #define CALL_BYTES 768
 #define CALLS_KEPT 256
+/* Commands whose refusal is logged once each (note_refusal). */
+#define REFUSALS_MAX 16
+#define COMMAND_NAME_MAX 32
 
 typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
 
@@ -52,6 +66,7 @@ typedef struct call {
     bool recycled;      /* a CALL_BYTES block, kept for reuse once done */
     int script;         /* or RL_NODE_RAW */
     bool asking;        /* ASKING first (a cluster ASK redirection) */
+    bool by_function;   /* last sent as FCALL (else EVALSHA or raw) */
     int argc;
     rl_node_fn fn;
     void *arg;
@@ -88,6 +103,12 @@ struct rl_node {
     int open_handles;
     call *spare;             /* answered CALL_BYTES blocks, linked by next */
     int n_spare;
+    /* The server refused functions (FUNCTION LOAD or FCALL) under
+     * scripts: auto: this node loads and calls scripts from then on. */
+    bool functions_refused;
+    char refused[REFUSALS_MAX][COMMAND_NAME_MAX]; /* logged once each */
+    int n_refused;
+    char down_reason[256];   /* the last drop's, logged once until ready */
 };
 
 static void connect_now(rl_node *s);
@@ -171,6 +192,8 @@ static void retry_fired(uv_timer_t *t)
 /* The connection is gone (or never came): fail what waits, retry later. */
 static void went_down(rl_node *s, const char *why)
 {
+    if (why != s->down_reason)
+        snprintf(s->down_reason, sizeof s->down_reason, "%s", why);
     s->ac = NULL;
     s->in_flight = 0;
     if (s->state == CLOSED)
@@ -189,20 +212,79 @@ static void went_down(rl_node *s, const char *why)
  * callback the free waits for the callback to return. */
 static void drop_connection(rl_node *s, const char *event, const char *why)
 {
-    rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
-           s->ep.host, s->ep.port, why);
+    /* A server that refuses every handshake alike is said once, not at
+     * every reconnect. */
+    if (strcmp(s->down_reason, why) != 0) {
+        rl_log(s->log, RL_LOG_WARN, event, "addr=%s:%u reason=\"%s\"",
+               s->ep.host, s->ep.port, why);
+        snprintf(s->down_reason, sizeof s->down_reason, "%s", why);
+    }
     if (s->ac != NULL)
         redisAsyncFree(s->ac);
+}
+
+/* An error reply that says the server will not run the command for us,
+ * rather than that the call failed. */
+static bool is_refusal(const char *reply)
+{
+    static const char *const refusals[] = {
+        "NOPERM", "WRONGPASS", "NOAUTH", "ERR unknown command",
+        "ERR unknown subcommand", "ERR unknown or unsupported subcommand",
+        "ERR The user executing the script can't run"};
+    for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
+        if (strncmp(reply, refusals[i], strlen(refusals[i])) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Logs a refusal of command once in the node's life, with the server's
+ * reason (which names no secret: WRONGPASS does not echo the password).
+ * Returns whether reply is a refusal. */
+static bool note_refusal(rl_node *s, const char *command, const char *reply)
+{
+    if (!is_refusal(reply))
+        return false;
+    for (int i = 0; i < s->n_refused; i++) {
+        if (strcmp(s->refused[i], command) == 0)
+            return true;
+    }
+    if (s->n_refused < REFUSALS_MAX)
+        snprintf(s->refused[s->n_refused++], COMMAND_NAME_MAX, "%s",
+                 command);
+    rl_log(s->log, RL_LOG_WARN, "store_command_refused",
+           "addr=%s:%u command=%s reason=\"%s\"", s->ep.host, s->ep.port,
+           command, reply);
+    return true;
 }
 
 static void became_ready(rl_node *s)
 {
     s->state = READY;
     s->backoff_ms = BACKOFF_FIRST_MS;
+    s->down_reason[0] = '\0';
     rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s",
            s->ep.host, s->ep.port,
            s->use_functions ? "function" : "eval");
     send_waiting(s);
+}
+
+static void load_scripts(rl_node *s);
+
+/* Under scripts: auto, functions refused (FUNCTION LOAD or FCALL) move
+ * this node to SCRIPT LOAD and EVALSHA for good: same bodies, same
+ * buckets. False when the config asks for functions only. */
+static bool fall_back_to_scripts(rl_node *s, const char *reply)
+{
+    if (s->cfg->scripts != RL_SCRIPTS_AUTO || s->scripts == NULL)
+        return false;
+    if (!s->functions_refused)
+        rl_log(s->log, RL_LOG_WARN, "store_functions_refused",
+               "addr=%s:%u reason=\"%s\" using=evalsha", s->ep.host,
+               s->ep.port, reply);
+    s->functions_refused = true;
+    s->use_functions = false;
+    return true;
 }
 
 static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
@@ -213,6 +295,14 @@ static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
     if (reply == NULL || s->state != LOADING)
         return;
     if (reply->type == REDIS_REPLY_ERROR) {
+        bool refused = note_refusal(s, s->use_functions ? "FUNCTION LOAD"
+                                                        : "SCRIPT LOAD",
+                                    reply->str);
+        if (refused && s->use_functions
+            && fall_back_to_scripts(s, reply->str)) {
+            load_scripts(s);
+            return;
+        }
         drop_connection(s, "store_load_failed", reply->str);
         return;
     }
@@ -245,6 +335,8 @@ static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
     redisReply *reply = r;
     rl_node *s = ac->data;
     (void)privdata;
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR)
+        note_refusal(s, "TIME", reply->str);
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
         || reply->elements != 2)
         return;
@@ -261,29 +353,13 @@ static void read_clock(rl_node *s)
         redisAsyncCommand(s->ac, on_time_reply, NULL, "TIME");
 }
 
-/* "redis_version:7.0.15" -> 7 */
-static int major_version(const char *info)
+/* What the handshake learnt decides how scripts are called: functions on
+ * Redis 7 or later (scripts: auto), unless this node saw them refused. */
+static void handshake_done(rl_node *s, int major)
 {
-    const char *v = strstr(info, "redis_version:");
-    return v != NULL ? atoi(v + strlen("redis_version:")) : 0;
-}
-
-static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply == NULL || s->state != LOADING)
-        return;
-    if (reply->type != REDIS_REPLY_STRING) {
-        drop_connection(s, "store_handshake_failed",
-                        reply->type == REDIS_REPLY_ERROR ? reply->str
-                                                         : "INFO failed");
-        return;
-    }
-    int major = major_version(reply->str);
     s->use_functions = s->cfg->scripts == RL_SCRIPTS_FUNCTION
-                       || (s->cfg->scripts == RL_SCRIPTS_AUTO && major >= 7);
+                       || (s->cfg->scripts == RL_SCRIPTS_AUTO && major >= 7
+                           && !s->functions_refused);
     if (s->use_functions && major < 7) {
         drop_connection(s, "store_handshake_failed", "scripts: function "
                         "needs Redis 7 or later");
@@ -296,15 +372,167 @@ static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
         load_scripts(s);
 }
 
-/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
-static void on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
+/* A handshake command's error ends the handshake, said once. */
+static bool handshake_refused(rl_node *s, const char *command,
+                              const redisReply *reply)
+{
+    if (reply->type != REDIS_REPLY_ERROR)
+        return false;
+    note_refusal(s, command, reply->str);
+    char why[256];
+    snprintf(why, sizeof why, "%s: %s", command, reply->str);
+    drop_connection(s, "store_handshake_failed", why);
+    return true;
+}
+
+/* "redis_version:7.0.15" -> 7 */
+static int major_version(const char *info)
+{
+    const char *v = strstr(info, "redis_version:");
+    return v != NULL ? atoi(v + strlen("redis_version:")) : 0;
+}
+
+/* Redis before 6 (no HELLO, no ACL): INFO gives the version. */
+static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     rl_node *s = ac->data;
     (void)privdata;
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR
-        && s->state == LOADING)
-        drop_connection(s, "store_handshake_failed", reply->str);
+    if (reply == NULL || s->state != LOADING
+        || handshake_refused(s, "INFO", reply))
+        return;
+    if (reply->type != REDIS_REPLY_STRING) {
+        drop_connection(s, "store_handshake_failed", "INFO failed");
+        return;
+    }
+    handshake_done(s, major_version(reply->str));
+}
+
+/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
+static void on_auth_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply != NULL && s->state == LOADING)
+        handshake_refused(s, "AUTH", reply);
+}
+
+static void on_select_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply != NULL && s->state == LOADING)
+        handshake_refused(s, "SELECT", reply);
+}
+
+/* The value of field in HELLO's answer (RESP2: a flat list of names and
+ * values), or NULL. */
+static const redisReply *hello_field(const redisReply *r, const char *field)
+{
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *k = r->element[i];
+        if (k->type == REDIS_REPLY_STRING && strcmp(k->str, field) == 0)
+            return r->element[i + 1];
+    }
+    return NULL;
+}
+
+static void legacy_handshake(rl_node *s)
+{
+    const rl_store_config *cfg = s->cfg;
+    if (cfg->password != NULL)
+        redisAsyncCommand(s->ac, on_auth_reply, NULL, "AUTH %s",
+                          cfg->password);
+    if (cfg->db != 0)
+        redisAsyncCommand(s->ac, on_select_reply, NULL, "SELECT %u",
+                          cfg->db);
+    redisAsyncCommand(s->ac, on_info_reply, NULL, "INFO server");
+}
+
+/* HELLO's answer: the version, and a role that must be master (a replica
+ * refuses writes, and rl never writes to one). */
+static void on_hello_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    rl_node *s = ac->data;
+    (void)privdata;
+    if (reply == NULL || s->state != LOADING)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR
+        && strncmp(reply->str, "ERR unknown command", 19) == 0
+        && s->cfg->username == NULL) {
+        legacy_handshake(s);
+        return;
+    }
+    if (handshake_refused(s, "HELLO", reply))
+        return;
+    const redisReply *version = reply->type == REDIS_REPLY_ARRAY
+                                    ? hello_field(reply, "version")
+                                    : NULL;
+    const redisReply *role = reply->type == REDIS_REPLY_ARRAY
+                                 ? hello_field(reply, "role")
+                                 : NULL;
+    if (version == NULL || version->type != REDIS_REPLY_STRING) {
+        drop_connection(s, "store_handshake_failed", "HELLO answered no "
+                        "version");
+        return;
+    }
+    if (role != NULL && role->type == REDIS_REPLY_STRING
+        && strcmp(role->str, "master") != 0) {
+        char why[128];
+        snprintf(why, sizeof why, "the server is a replica (role %.32s): "
+                 "rl writes to primaries only", role->str);
+        drop_connection(s, "store_handshake_failed", why);
+        return;
+    }
+    if (s->cfg->db != 0)
+        redisAsyncCommand(s->ac, on_select_reply, NULL, "SELECT %u",
+                          s->cfg->db);
+    handshake_done(s, atoi(version->str));
+}
+
+/* The name the connection shows in CLIENT LIST: rl, the program and its
+ * process, e.g. rl:rl-gateway:4242 (no spaces: SETNAME refuses them). */
+static void client_name(char *out, size_t cap)
+{
+    char comm[32] = "";
+    FILE *f = fopen("/proc/self/comm", "r");
+    if (f != NULL) {
+        if (fgets(comm, sizeof comm, f) == NULL)
+            comm[0] = '\0';
+        fclose(f);
+    }
+    for (char *p = comm; *p != '\0'; p++) {
+        if (*p == '\n') {
+            *p = '\0';
+            break;
+        }
+        if (!(*p >= 'a' && *p <= 'z') && !(*p >= 'A' && *p <= 'Z')
+            && !(*p >= '0' && *p <= '9') && *p != '-' && *p != '_'
+            && *p != '.')
+            *p = '_';
+    }
+    snprintf(out, cap, "rl:%s:%ld", comm[0] != '\0' ? comm : "librl",
+             (long)getpid());
+}
+
+/* HELLO 2 keeps RESP2 replies; AUTH in it takes "default" as the user of
+ * a password alone (requirepass), as AUTH with one argument does. */
+static void send_hello(rl_node *s)
+{
+    const rl_store_config *cfg = s->cfg;
+    char name[64];
+    client_name(name, sizeof name);
+    if (cfg->password != NULL)
+        redisAsyncCommand(s->ac, on_hello_reply, NULL,
+                          "HELLO 2 AUTH %s %s SETNAME %s",
+                          cfg->username != NULL ? cfg->username : "default",
+                          cfg->password, name);
+    else
+        redisAsyncCommand(s->ac, on_hello_reply, NULL, "HELLO 2 SETNAME %s",
+                          name);
 }
 
 static void on_connect(const redisAsyncContext *cac, int status)
@@ -323,16 +551,7 @@ static void on_connect(const redisAsyncContext *cac, int status)
     }
     s->state = LOADING;
     s->loading_since = now_ms(s);
-    const rl_store_config *cfg = s->cfg;
-    if (cfg->password != NULL && cfg->username != NULL)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s %s",
-                          cfg->username, cfg->password);
-    else if (cfg->password != NULL)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "AUTH %s",
-                          cfg->password);
-    if (cfg->db != 0)
-        redisAsyncCommand(ac, on_handshake_reply, NULL, "SELECT %u", cfg->db);
-    redisAsyncCommand(ac, on_info_reply, NULL, "INFO server");
+    send_hello(s);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -343,7 +562,10 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
         return;
     rl_log(s->log, RL_LOG_WARN, "store_disconnected", "addr=%s:%u",
            s->ep.host, s->ep.port);
-    went_down(s, "store connection lost");
+    /* A handshake the server refused: the calls waiting hear why. */
+    went_down(s, s->state == LOADING && s->down_reason[0] != '\0'
+                     ? s->down_reason
+                     : "store connection lost");
 }
 
 static void connect_now(rl_node *s)
@@ -420,6 +642,9 @@ static void on_wait_reply(redisAsyncContext *ac, void *r, void *privdata)
     if (r != NULL) { /* NULL: the connection went, and in_flight with it */
         s->in_flight--;
         s->last_progress = now_ms(s);
+        const redisReply *reply = r;
+        if (reply->type == REDIS_REPLY_ERROR)
+            note_refusal(s, "WAIT", reply->str);
     }
     if (s->open_wait == g)
         s->open_wait = NULL;
@@ -468,6 +693,14 @@ static bool held_for_wait(rl_node *s, call *c, const redisReply *reply)
     return true;
 }
 
+/* The command a call was sent as, for a refusal's log line. */
+static const char *command_of(const call *c)
+{
+    if (c->script != RL_NODE_RAW)
+        return c->by_function ? "FCALL" : "EVALSHA";
+    return c->argv[2];
+}
+
 static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
@@ -480,13 +713,18 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
     s->in_flight--;
     s->last_progress = now_ms(s);
+    bool refused = reply->type == REDIS_REPLY_ERROR
+                   && note_refusal(s, command_of(c), reply->str);
     if (reply->type == REDIS_REPLY_ERROR && c->script != RL_NODE_RAW
-        && scripts_missing(reply) && c->attempts < MAX_ATTEMPTS
-        && s->state != CLOSED) {
+        && c->attempts < MAX_ATTEMPTS && s->state != CLOSED
+        && (scripts_missing(reply)
+            || (refused && c->by_function
+                && fall_back_to_scripts(s, reply->str)))) {
         if (s->state == READY) {
-            rl_log(s->log, RL_LOG_WARN, "store_scripts_missing",
-                   "addr=%s:%u reason=\"%s\"", s->ep.host,
-                   s->ep.port, reply->str);
+            if (!refused)
+                rl_log(s->log, RL_LOG_WARN, "store_scripts_missing",
+                       "addr=%s:%u reason=\"%s\"", s->ep.host,
+                       s->ep.port, reply->str);
             load_scripts(s);
         }
         wait_for_ready(s, c);
@@ -554,6 +792,7 @@ static void send_call(rl_node *s, call *c)
         first = 2; /* the command is the caller's first argument */
     } else {
         /* Slots 0 and 1 were left free for the command and the script. */
+        c->by_function = s->use_functions;
         c->argv[0] = s->use_functions ? "FCALL" : "EVALSHA";
         c->argv[1] = s->use_functions ? s->scripts->functions[c->script]
                                       : s->sha[c->script];
@@ -623,8 +862,10 @@ void rl_node_run(rl_node *s, int script, bool asking, int argc,
                  void *arg)
 {
     if (s->state == DOWN || s->state == CLOSED) {
-        fn(arg, NULL, s->state == DOWN ? "store unavailable"
-                                       : "shutting down");
+        char why[320];
+        snprintf(why, sizeof why, "store unavailable%s%s",
+                 s->down_reason[0] != '\0' ? ": " : "", s->down_reason);
+        fn(arg, NULL, s->state == DOWN ? why : "shutting down");
         return;
     }
     if (s->in_flight >= MAX_IN_FLIGHT) {
@@ -641,6 +882,7 @@ void rl_node_run(rl_node *s, int script, bool asking, int argc,
     c->store = s;
     c->script = script;
     c->asking = asking;
+    c->by_function = false;
     c->fn = fn;
     c->arg = arg;
     c->attempts = 0;
