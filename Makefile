@@ -50,11 +50,7 @@ CFLAGS_ALL  += -Itests/support/tsan
 endif
 
 LIB_SRC    = $(wildcard common/*.c) $(wildcard agent/*.c)
-RLCTL_SRC  = aggregator/rlctl.c aggregator/rlctl_store.c \
-             aggregator/rlctl_view.c aggregator/rlctl_totals.c \
-             aggregator/rlctl_agents.c aggregator/rlctl_json.c \
-             aggregator/rlctl_watch.c aggregator/rlctl_explain.c \
-             aggregator/rlctl_config.c
+RLCTL_SRC  = $(wildcard rlctl/*.c)
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c aggregator/metrics.c \
              aggregator/agents.c aggregator/window_call.c \
