@@ -24,10 +24,12 @@
 
 #include "nng_tls.h"
 
+#include <errno.h>
 #include <nng/protocol/pubsub0/pub.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define EXIT_USAGE 1
 #define EXIT_CONFIG 3
@@ -100,14 +102,90 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
     return interval - phase;
 }
 
+/* How long the stop waits for nng to close the sockets. */
+#define NNG_CLOSE_WAIT_MS 5000
+
+/* nng 1.5.2 (Debian 12's libnng1) can lose a pipe's send for good: its
+ * tls+tcp transport writes a message's length and its body as two writes
+ * (tls_do_send sends one iov at a time), and when the pipe closes between
+ * them (an agent going away: its drain, nng_sub.h, ends its TOTALS
+ * connection as the next message's header arrives) tlstran_pipe_send_cb
+ * arms the body's write on an aio the close has stopped, which
+ * nni_aio_begin refuses without completing anything. The PUB pipe's send
+ * then never ends, nng's one reaper thread waits for it forever
+ * (pipe_destroy, pub0_pipe_stop, nni_aio_stop), and every nng_close and
+ * nng_http_server_stop after that waits for the reaper. So the sockets
+ * are closed on a thread of their own, and the stop goes on without them
+ * after NNG_CLOSE_WAIT_MS: the reports are all acknowledged by then, and
+ * the process is about to exit. */
+typedef struct nng_teardown {
+    rl_aggregator *agg;
+    pthread_mutex_t lock;
+    pthread_cond_t done_cv;
+    bool done;
+} nng_teardown;
+
+static void *teardown_nng(void *arg)
+{
+    nng_teardown *t = arg;
+    /* The reports socket first: its pipe callbacks count into the
+     * metrics. */
+    rl_ingest_stop(t->agg);
+    rl_metrics_stop(t->agg);
+    nng_close(t->agg->totals);
+    pthread_mutex_lock(&t->lock);
+    t->done = true;
+    pthread_cond_signal(&t->done_cv);
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* Whether nng closed within NNG_CLOSE_WAIT_MS. */
+static bool close_nng(rl_aggregator *agg)
+{
+    /* Static: a thread left stuck holds on to it until the exit. */
+    static nng_teardown t;
+    t = (nng_teardown){.agg = agg};
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&t.lock, NULL);
+    pthread_cond_init(&t.done_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, teardown_nng, &t) != 0) {
+        teardown_nng(&t);
+        return true;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += NNG_CLOSE_WAIT_MS / 1000;
+    until.tv_nsec += (NNG_CLOSE_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&t.lock);
+    int rc = 0;
+    while (!t.done && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&t.done_cv, &t.lock, &until);
+    bool done = t.done;
+    pthread_mutex_unlock(&t.lock);
+    if (done)
+        pthread_join(thread, NULL);
+    else
+        pthread_detach(thread);
+    return done;
+}
+
 static void shutdown_now(rl_aggregator *agg)
 {
     rl_broadcast_publish(agg);
-    /* The reports socket first: its pipe callbacks count into the
-     * metrics. */
-    rl_ingest_stop(agg);
-    rl_metrics_stop(agg);
-    nng_close(agg->totals);
+    if (!close_nng(agg))
+        rl_log(&agg->log, RL_LOG_WARN, "sockets_not_closed",
+               "after_ms=%d reason=\"nng 1.5.2 lost a pipe's send (see "
+               "close_nng in aggregator/main.c); exiting without them\"",
+               NNG_CLOSE_WAIT_MS);
     uv_timer_stop(&agg->publish_timer);
     uv_close((uv_handle_t *)&agg->publish_timer, NULL);
     uv_close((uv_handle_t *)&agg->wakeup, NULL);
