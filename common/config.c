@@ -513,6 +513,51 @@ static int load_seeds(struct loader *ld, const char *where,
     return RL_OK;
 }
 
+/* store.sentinel: a master's name (as the sentinels' config has it) and
+ * the sentinels' host:port. nodes[0] starts as the first sentinel, for
+ * the lines that name the store before a sentinel has answered. */
+static int load_sentinel(struct loader *ld, const char *where,
+                         const rl_raw_sentinel *raw, rl_store_config *store)
+{
+    char sp[64], path[64];
+    int rc;
+    if (raw->master == NULL)
+        return bad(ld, AT("sentinel"), "give master: the master's name as "
+                   "the sentinels know it");
+    if (raw->master[0] == '\0' || strpbrk(raw->master, " \t\r\n") != NULL)
+        return bad(ld, AT("sentinel.master"), "'%s' is not a master's name "
+                   "(one word, as the sentinels know it)", raw->master);
+    if (raw->addresses_count == 0)
+        return bad(ld, AT("sentinel"), "give addresses: at least one "
+                   "sentinel as host:port");
+    store->sentinel.addresses = calloc(raw->addresses_count,
+                                       sizeof *store->sentinel.addresses);
+    store->nodes = calloc(1, sizeof *store->nodes);
+    if (store->sentinel.addresses == NULL || store->nodes == NULL)
+        return out_of_memory(ld);
+    store->sentinel.n_addresses = raw->addresses_count;
+    for (size_t i = 0; i < raw->addresses_count; i++) {
+        snprintf(path, sizeof path, "%s.sentinel.addresses.%zu", where, i);
+        if (strchr(raw->addresses[i], '@') != NULL)
+            return credentials_refused(ld, where, path);
+        if (rl_endpoint_parse(raw->addresses[i],
+                              &store->sentinel.addresses[i]) != RL_OK)
+            return bad(ld, path, "'%s' is not host:port (IPv6 as "
+                       "[addr]:port)", raw->addresses[i]);
+    }
+    store->nodes[0] = store->sentinel.addresses[0];
+    store->n_nodes = 1;
+    if (raw->username != NULL && raw->password == NULL)
+        return bad(ld, AT("sentinel.username"), "a username needs a "
+                   "password (%s.sentinel.password)", where);
+    if ((rc = copy_secret(ld, raw->master, &store->sentinel.master))
+            != RL_OK
+        || (rc = copy_secret(ld, raw->username, &store->sentinel.username))
+               != RL_OK)
+        return rc;
+    return copy_secret(ld, raw->password, &store->sentinel.password);
+}
+
 /* The store block at where ("store", or "aggregator.store"). */
 static int load_store(struct loader *ld, const char *where,
                       const rl_raw_store *raw, rl_store_config *store)
@@ -523,7 +568,14 @@ static int load_store(struct loader *ld, const char *where,
     if (raw != NULL && raw->url != NULL && raw->cluster != NULL)
         return bad(ld, AT("cluster"), "give either %s.url or %s.cluster, "
                    "not both", where, where);
-    if (raw != NULL && raw->cluster != NULL) {
+    if (raw != NULL && raw->sentinel != NULL
+        && (raw->url != NULL || raw->cluster != NULL))
+        return bad(ld, AT("sentinel"), "give one of %s.url, %s.cluster and "
+                   "%s.sentinel", where, where, where);
+    if (raw != NULL && raw->sentinel != NULL) {
+        if ((rc = load_sentinel(ld, where, raw->sentinel, store)) != RL_OK)
+            return rc;
+    } else if (raw != NULL && raw->cluster != NULL) {
         if ((rc = load_seeds(ld, where, raw, store)) != RL_OK)
             return rc;
     } else {
@@ -1098,15 +1150,24 @@ int rl_config_load(const char *path, rl_config **out, rl_error *err)
     return rc;
 }
 
+/* Frees a secret without leaving it in freed memory. */
+static void free_secret(char *secret)
+{
+    if (secret == NULL)
+        return;
+    explicit_bzero(secret, strlen(secret));
+    free(secret);
+}
+
 static void store_fini(rl_store_config *store)
 {
+    free(store->sentinel.master);
+    free(store->sentinel.addresses);
+    free(store->sentinel.username);
+    free_secret(store->sentinel.password);
     free(store->nodes);
     free(store->username);
-    if (store->password != NULL) {
-        /* Do not leave the secret in freed memory. */
-        explicit_bzero(store->password, strlen(store->password));
-        free(store->password);
-    }
+    free_secret(store->password);
 }
 
 void rl_config_free(rl_config *cfg)

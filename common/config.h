@@ -154,8 +154,23 @@ typedef struct rl_rule {
 _Static_assert(sizeof(rl_limit) == 4 * sizeof(uint64_t),
                "rl_rule's own rate and rl_limit share one layout");
 
+/* store.sentinel: the primary named master, found by asking the
+ * sentinels in turn; their own credentials, if any. */
+#define RL_SENTINELS_MAX 16
+
+typedef struct rl_sentinel_config {
+    char *master;           /* NULL when the store is not found this way */
+    rl_endpoint *addresses;
+    size_t n_addresses;
+    char *username;         /* the sentinels' own; NULL when not set */
+    char *password;
+} rl_sentinel_config;
+
 typedef struct rl_store_config {
     bool cluster;           /* nodes are cluster seeds, not one server */
+    /* With sentinel.master, nodes[0] is the first sentinel's address
+     * until a sentinel names the primary (node.c). */
+    rl_sentinel_config sentinel;
     rl_endpoint *nodes;
     size_t n_nodes;
     unsigned db;            /* always 0 for a cluster */

@@ -83,7 +83,23 @@ static const cyaml_schema_value_t seed_schema = {
     CYAML_VALUE_STRING(CYAML_FLAG_POINTER, char, 1, RL_HOST_MAX + 8),
 };
 
+static const cyaml_schema_field_t sentinel_fields[] = {
+    STR_FIELD("master", CYAML_FLAG_OPTIONAL, rl_raw_sentinel, master,
+              RL_NAME_MAX),
+    CYAML_FIELD_SEQUENCE("addresses", CYAML_FLAG_POINTER
+                         | CYAML_FLAG_OPTIONAL, rl_raw_sentinel, addresses,
+                         &seed_schema, 0, RL_SENTINELS_MAX),
+    STR_FIELD("username", CYAML_FLAG_OPTIONAL, rl_raw_sentinel, username,
+              RL_SECRET_MAX),
+    STR_FIELD("password", CYAML_FLAG_OPTIONAL, rl_raw_sentinel, password,
+              RL_SECRET_MAX),
+    CYAML_FIELD_END,
+};
+
 static const cyaml_schema_field_t store_fields[] = {
+    CYAML_FIELD_MAPPING_PTR("sentinel", CYAML_FLAG_POINTER
+                            | CYAML_FLAG_OPTIONAL, rl_raw_store, sentinel,
+                            sentinel_fields),
     STR_FIELD("url", CYAML_FLAG_OPTIONAL, rl_raw_store, url, 1024),
     CYAML_FIELD_SEQUENCE("cluster", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                          rl_raw_store, cluster, &seed_schema, 0, RL_SEEDS_MAX),

@@ -43,7 +43,16 @@ typedef struct rl_raw_rule {
     unsigned overrides_count;
 } rl_raw_rule;
 
+typedef struct rl_raw_sentinel {
+    char *master;
+    char **addresses;
+    unsigned addresses_count;
+    char *username;
+    char *password;
+} rl_raw_sentinel;
+
 typedef struct rl_raw_store {
+    rl_raw_sentinel *sentinel;
     char *url;
     char **cluster;
     unsigned cluster_count;

@@ -27,6 +27,7 @@
 
 #include "node_uv.h"
 #include "resp.h"
+#include "sentinel.h"
 
 #include <hiredis/async.h>
 #include <stdio.h>
@@ -108,7 +109,10 @@ struct rl_node {
     bool functions_refused;
     char refused[REFUSALS_MAX][COMMAND_NAME_MAX]; /* logged once each */
     int n_refused;
-    char down_reason[256];   /* the last drop's, logged once until ready */
+    char down_reason[1024];  /* the last drop's, logged once until ready */
+    /* store.sentinel: asked for the primary before every connection. */
+    rl_sentinel *sentinel;
+    bool locating;
 };
 
 static void connect_now(rl_node *s);
@@ -176,7 +180,7 @@ static void retry_fired(uv_timer_t *t)
     rl_node *s = t->data;
     if (s->state == DOWN) {
         connect_now(s);
-    } else if (s->state == CONNECTING && s->ac != NULL) {
+    } else if (s->state == CONNECTING && s->ac != NULL && !s->locating) {
         /* Connect timeout. The context never connected, so hiredis will
          * not call the disconnect callback: clean up here. */
         rl_log(s->log, RL_LOG_WARN, "store_connect_timeout",
@@ -568,7 +572,57 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
                      : "store connection lost");
 }
 
+static void connect_to_primary(rl_node *s);
+
+/* A sentinel named the primary (or none could): connect to it. */
+static void on_located(void *arg, const rl_endpoint *primary,
+                       const char *error)
+{
+    rl_node *s = arg;
+    s->locating = false;
+    if (s->state != CONNECTING)
+        return;
+    uv_timer_stop(&s->retry_timer);
+    if (primary == NULL) {
+        if (strcmp(s->down_reason, error) != 0)
+            rl_log(s->log, RL_LOG_WARN, "store_sentinel_failed",
+                   "master=%s reason=\"%s\"", s->cfg->sentinel.master,
+                   error);
+        went_down(s, error);
+        return;
+    }
+    if (primary->port != s->ep.port || strcmp(primary->host, s->ep.host)) {
+        rl_log(s->log, RL_LOG_INFO, "store_master", "master=%s addr=%s:%u",
+               s->cfg->sentinel.master, primary->host, primary->port);
+        s->ep = *primary;
+        if (s->batches != NULL)
+            s->slot = rl_node_batches_slot(s->batches, primary);
+    }
+    connect_to_primary(s);
+}
+
+/* The master moved (+switch-master): reconnect, asking again, before the
+ * old primary answers READONLY. */
+static void on_master_moved(void *arg)
+{
+    rl_node *s = arg;
+    if (s->ac != NULL && s->state != CLOSED)
+        drop_connection(s, "store_master_moved", "a sentinel announced a "
+                        "new master");
+}
+
 static void connect_now(rl_node *s)
+{
+    if (s->sentinel == NULL) {
+        connect_to_primary(s);
+        return;
+    }
+    s->state = CONNECTING;
+    s->locating = true;
+    rl_sentinel_locate(s->sentinel, on_located, s);
+}
+
+static void connect_to_primary(rl_node *s)
 {
     const rl_endpoint *ep = &s->ep;
     redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
@@ -715,7 +769,15 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
     s->last_progress = now_ms(s);
     bool refused = reply->type == REDIS_REPLY_ERROR
                    && note_refusal(s, command_of(c), reply->str);
-    if (reply->type == REDIS_REPLY_ERROR && c->script != RL_NODE_RAW
+    if (reply->type == REDIS_REPLY_ERROR && c->attempts < MAX_ATTEMPTS
+        && s->state != CLOSED && strncmp(reply->str, "READONLY", 8) == 0) {
+        /* A replica now (a failover demoted it): nothing was written.
+         * Reconnect, to the primary the sentinels name, and send the call
+         * again there. */
+        wait_for_ready(s, c);
+        if (s->state == READY)
+            drop_connection(s, "store_readonly", reply->str);
+    } else if (reply->type == REDIS_REPLY_ERROR && c->script != RL_NODE_RAW
         && c->attempts < MAX_ATTEMPTS && s->state != CLOSED
         && (scripts_missing(reply)
             || (refused && c->by_function
@@ -862,7 +924,7 @@ void rl_node_run(rl_node *s, int script, bool asking, int argc,
                  void *arg)
 {
     if (s->state == DOWN || s->state == CLOSED) {
-        char why[320];
+        char why[1100];
         snprintf(why, sizeof why, "store unavailable%s%s",
                  s->down_reason[0] != '\0' ? ": " : "", s->down_reason);
         fn(arg, NULL, s->state == DOWN ? why : "shutting down");
@@ -947,6 +1009,12 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
     s->open_handles = 2;
     uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
                    WATCHDOG_EVERY_MS);
+    if (cfg->sentinel.master != NULL
+        && (s->sentinel = rl_sentinel_new(loop, cfg, log, on_master_moved,
+                                          s)) == NULL) {
+        rl_node_close(s);
+        return NULL;
+    }
     connect_now(s);
     return s;
 }
@@ -969,6 +1037,8 @@ void rl_node_close(rl_node *s)
     if (s == NULL)
         return;
     s->state = CLOSED;
+    rl_sentinel_close(s->sentinel);
+    s->sentinel = NULL;
     redisAsyncContext *ac = s->ac;
     s->ac = NULL;
     if (ac != NULL)

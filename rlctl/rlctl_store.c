@@ -97,11 +97,78 @@ static int read_map(rlctl_store *s, redisContext *seed,
     return rc;
 }
 
+/* The master's address from one sentinel (SENTINEL
+ * GET-MASTER-ADDR-BY-NAME, after AUTH if the sentinels have a password);
+ * -1 with why in err. */
+static int ask_sentinel(const rl_store_config *cfg, const rl_endpoint *at,
+                        rl_endpoint *primary, char *err, size_t errlen)
+{
+    const rl_sentinel_config *sc = &cfg->sentinel;
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(at->host, at->port, tv);
+    if (c == NULL || c->err) {
+        snprintf(err, errlen, "sentinel %s:%u: %s", at->host, at->port,
+                 c != NULL ? c->errstr : "out of memory");
+        redisFree(c);
+        return -1;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = NULL;
+    if (sc->password != NULL && sc->username != NULL)
+        r = redisCommand(c, "AUTH %s %s", sc->username, sc->password);
+    else if (sc->password != NULL)
+        r = redisCommand(c, "AUTH %s", sc->password);
+    if (r == NULL || r->type != REDIS_REPLY_ERROR) {
+        freeReplyObject(r);
+        r = redisCommand(c, "SENTINEL get-master-addr-by-name %s",
+                         sc->master);
+    }
+    int rc = -1;
+    char text[RL_HOST_MAX + 16];
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2
+        && r->element[0]->type == REDIS_REPLY_STRING
+        && r->element[1]->type == REDIS_REPLY_STRING) {
+        snprintf(text, sizeof text,
+                 strchr(r->element[0]->str, ':') ? "[%s]:%s" : "%s:%s",
+                 r->element[0]->str, r->element[1]->str);
+        rc = rl_endpoint_parse(text, primary) == RL_OK ? 0 : -1;
+    }
+    if (rc != 0) {
+        if (r != NULL && r->type == REDIS_REPLY_NIL)
+            snprintf(err, errlen, "sentinel %s:%u does not know master "
+                     "'%s'", at->host, at->port, sc->master);
+        else
+            rlctl_store_why(c, r, "SENTINEL get-master-addr-by-name", err,
+                            errlen);
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return rc;
+}
+
+/* The primary the first sentinel that knows the master names. */
+static int open_by_sentinel(rlctl_store *s, const rl_store_config *cfg,
+                            char *err, size_t errlen)
+{
+    char why[512] = "";
+    for (size_t i = 0; i < cfg->sentinel.n_addresses; i++) {
+        rl_endpoint primary;
+        if (ask_sentinel(cfg, &cfg->sentinel.addresses[i], &primary, why,
+                         sizeof why) == 0)
+            return add_primary(s, &primary, err, errlen) < 0 ? -1 : 0;
+    }
+    snprintf(err, errlen, "no sentinel named master '%s' (last: %s)",
+             cfg->sentinel.master, why);
+    return -1;
+}
+
 int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
                      size_t errlen)
 {
     memset(s, 0, sizeof *s);
     s->cfg = cfg;
+    if (cfg->sentinel.master != NULL)
+        return open_by_sentinel(s, cfg, err, errlen);
     if (!cfg->cluster)
         return add_primary(s, &cfg->nodes[0], err, errlen) < 0 ? -1 : 0;
     for (size_t i = 0; i < cfg->n_nodes; i++) {

@@ -173,7 +173,10 @@ static pid_t spawn(const test_redis *srv)
         dup2(fd, STDERR_FILENO);
         close(fd);
     }
-    execlp(bin, bin, conf, (char *)NULL);
+    if (srv->sentinel)
+        execlp(bin, bin, conf, "--sentinel", (char *)NULL);
+    else
+        execlp(bin, bin, conf, (char *)NULL);
     _exit(127);
 }
 
@@ -237,6 +240,7 @@ static int try_start(test_redis *srv, const char *root,
                      const test_redis_options *o, char *err, size_t errlen)
 {
     srv->port = test_free_port();
+    srv->sentinel = o->sentinel;
     srv->bus_port = o->cluster ? test_free_port() : 0;
     if (srv->port == 0 || (o->cluster && srv->bus_port == 0)) {
         snprintf(err, errlen, "no free loopback port: %s", strerror(errno));

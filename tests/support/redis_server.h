@@ -16,11 +16,14 @@ typedef struct test_redis {
     uint16_t port;
     uint16_t bus_port;  /* cluster bus, 0 when not a cluster node */
     char dir[PATH_MAX]; /* its working directory: redis.conf, redis.log */
+    bool sentinel;      /* started with --sentinel */
 } test_redis;
 
-/* What to start: cluster mode, and extra redis.conf lines (or NULL). */
+/* What to start: cluster mode, a sentinel (its `sentinel monitor` lines
+ * in extra_conf), and extra redis.conf lines (or NULL). */
 typedef struct test_redis_options {
     bool cluster;
+    bool sentinel;
     const char *extra_conf;
 } test_redis_options;
 

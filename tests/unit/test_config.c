@@ -213,6 +213,32 @@ Test(config, aggregator_store_is_its_own_or_the_shared_one)
     rl_config_free(cfg);
 }
 
+/* store.sentinel: the master's name, the sentinels, their own
+ * credentials; nodes[0] is the first sentinel until one names the
+ * primary. */
+Test(config, a_store_found_through_sentinels)
+{
+    rl_config *cfg = load_ok(
+        "store:\n"
+        "  username: rl-agent\n  password: data-pw\n"
+        "  sentinel:\n    master: mymaster\n"
+        "    addresses: [\"10.0.0.1:26379\", \"[::1]:26380\"]\n"
+        "    username: watcher\n    password: sentinel-pw\n"
+        "rules:\n  - {name: per-key, match: api_key, limit: 10, "
+        "period: 1m}\n");
+    const rl_sentinel_config *sc = &cfg->store.sentinel;
+    cr_assert_str_eq(sc->master, "mymaster");
+    cr_assert_eq(sc->n_addresses, 2);
+    cr_assert_str_eq(sc->addresses[1].host, "::1");
+    cr_assert_eq(sc->addresses[1].port, 26380);
+    cr_assert_str_eq(sc->username, "watcher");
+    cr_assert_str_eq(sc->password, "sentinel-pw");
+    cr_assert_str_eq(cfg->store.password, "data-pw");
+    cr_assert(!cfg->store.cluster);
+    cr_assert_str_eq(cfg->store.nodes[0].host, "10.0.0.1");
+    rl_config_free(cfg);
+}
+
 Test(config, every_field_can_be_set)
 {
     rl_config *cfg = load_ok(
@@ -660,6 +686,9 @@ static const struct bad_file bad_files[] = {
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
     {"aggregator-store-timeout-zero.yaml", ":5:17: aggregator.store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
+    {"sentinel-and-url.yaml", ":5:5: store.sentinel: give one of store.url, store.cluster and store.sentinel"},
+    {"sentinel-without-master.yaml", ":4:5: store.sentinel: give master: the master's name as the sentinels know it"},
+    {"sentinel-address-not-host-port.yaml", ":5:36: store.sentinel.addresses[1]: 'sentinel-b' is not host:port (IPv6 as [addr]:port)"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},
     {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund, atomic)"},
