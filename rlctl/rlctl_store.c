@@ -10,6 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* AUTH as username (NULL: the default user) when there is a password;
+ * NULL when there is none to give. */
+static redisReply *authenticate(redisContext *c, const char *username,
+                                const char *password)
+{
+    if (password == NULL)
+        return NULL;
+    return username != NULL
+               ? redisCommand(c, "AUTH %s %s", username, password)
+               : redisCommand(c, "AUTH %s", password);
+}
+
 static redisContext *connect_node(const rl_store_config *cfg,
                                   const rl_endpoint *ep, char *err,
                                   size_t errlen)
@@ -25,11 +37,7 @@ static redisContext *connect_node(const rl_store_config *cfg,
         return NULL;
     }
     redisSetTimeout(c, tv);
-    redisReply *r = NULL;
-    if (cfg->password != NULL && cfg->username != NULL)
-        r = redisCommand(c, "AUTH %s %s", cfg->username, cfg->password);
-    else if (cfg->password != NULL)
-        r = redisCommand(c, "AUTH %s", cfg->password);
+    redisReply *r = authenticate(c, cfg->username, cfg->password);
     if ((r == NULL || r->type != REDIS_REPLY_ERROR) && cfg->db != 0) {
         freeReplyObject(r);
         r = redisCommand(c, "SELECT %u", cfg->db);
@@ -113,11 +121,7 @@ static int ask_sentinel(const rl_store_config *cfg, const rl_endpoint *at,
         return -1;
     }
     redisSetTimeout(c, tv);
-    redisReply *r = NULL;
-    if (sc->password != NULL && sc->username != NULL)
-        r = redisCommand(c, "AUTH %s %s", sc->username, sc->password);
-    else if (sc->password != NULL)
-        r = redisCommand(c, "AUTH %s", sc->password);
+    redisReply *r = authenticate(c, sc->username, sc->password);
     if (r == NULL || r->type != REDIS_REPLY_ERROR) {
         freeReplyObject(r);
         r = redisCommand(c, "SENTINEL get-master-addr-by-name %s",

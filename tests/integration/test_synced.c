@@ -267,6 +267,28 @@ static rl_wire_msg receive_ack(nng_socket s)
     return m;
 }
 
+/* Holds the Redis at addr for seconds from another connection (DEBUG SLEEP),
+ * so that reports sent meanwhile queue behind the call at Redis; returns
+ * the connection, to be passed to end_sleep. */
+static redisContext *start_sleep(const char *addr, double seconds)
+{
+    redisContext *sleeper = test_redis_connect(addr);
+    cr_assert_eq(redisAppendCommand(sleeper, "DEBUG SLEEP %.3f", seconds),
+                 REDIS_OK);
+    int written = 0;
+    while (!written)
+        cr_assert_eq(redisBufferWrite(sleeper, &written), REDIS_OK);
+    return sleeper;
+}
+
+static void end_sleep(redisContext *sleeper)
+{
+    redisReply *slept;
+    cr_assert_eq(redisGetReply(sleeper, (void **)&slept), REDIS_OK);
+    freeReplyObject(slept);
+    redisFree(sleeper);
+}
+
 /* While a call is at Redis (held there by DEBUG SLEEP), reports from four
  * agents queue and then go as one call, each key once with the sum of the
  * fresh reports' counts. Among them a report applied before (its ack
@@ -290,12 +312,8 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
     cr_assert_eq(ack.status, RL_ACK_APPLIED);
     rl_wire_msg_free(&ack);
     redisContext *c = test_redis_connect(addr);
-    redisContext *sleeper = test_redis_connect(addr);
     long long calls_before = test_redis_calls(addr, "fcall");
-    cr_assert_eq(redisAppendCommand(sleeper, "DEBUG SLEEP 0.6"), REDIS_OK);
-    int written = 0;
-    while (!written)
-        cr_assert_eq(redisBufferWrite(sleeper, &written), REDIS_OK);
+    redisContext *sleeper = start_sleep(addr, 0.6);
     test_sleep_ms(50);
     /* This one goes at once, and waits at Redis... */
     nng_socket at_redis = dial_reports(&agg);
@@ -344,37 +362,12 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
      * six. */
     long long calls = test_redis_calls(addr, "fcall") - calls_before;
     cr_expect_leq(calls, 3, "%lld calls for 6 reports", calls);
-    redisReply *slept;
-    cr_assert_eq(redisGetReply(sleeper, (void **)&slept), REDIS_OK);
-    freeReplyObject(slept);
-    redisFree(sleeper);
+    end_sleep(sleeper);
     redisFree(c);
     nng_close(at_redis);
     nng_close(first);
     test_aggregator_stop(&agg);
     test_redis_stop(&srv);
-}
-
-/* Holds the Redis at addr for ms from another connection (DEBUG SLEEP),
- * so that reports sent meanwhile queue behind the call at Redis; returns
- * the connection, to be passed to end_sleep. */
-static redisContext *start_sleep(const char *addr, double seconds)
-{
-    redisContext *sleeper = test_redis_connect(addr);
-    cr_assert_eq(redisAppendCommand(sleeper, "DEBUG SLEEP %.3f", seconds),
-                 REDIS_OK);
-    int written = 0;
-    while (!written)
-        cr_assert_eq(redisBufferWrite(sleeper, &written), REDIS_OK);
-    return sleeper;
-}
-
-static void end_sleep(redisContext *sleeper)
-{
-    redisReply *slept;
-    cr_assert_eq(redisGetReply(sleeper, (void **)&slept), REDIS_OK);
-    freeReplyObject(slept);
-    redisFree(sleeper);
 }
 
 /* Issue 28, 8c. A key of another type (here a string where org_t2's hash
