@@ -811,6 +811,13 @@ Test(nginx, a_reload_with_a_key_the_workers_cannot_read_keeps_the_old_workers)
     nginx_prepare(&ngx, 2, t.config, "", "        location / { rl on; }\n");
     ngx.expected_alert = "aggregator.tls.key: cannot read";
     nginx_start(&ngx, 2);
+    /* Both workers' agents open (a slow, sanitizer, worker may still be
+     * opening it when the port answers) before the key is taken away. */
+    for (int waited = 0; waited < 10000
+         && log_count(&ngx, "event=store_ready") < 2; waited += 50)
+        test_sleep_ms(50);
+    cr_assert_geq(log_count(&ngx, "event=store_ready"), 2, "the workers' "
+                  "agents did not open");
     char before[256], after[256];
     worker_pids(&ngx, before, sizeof before);
 
