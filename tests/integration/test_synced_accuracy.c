@@ -58,7 +58,8 @@ static void fleet_start_at(fleet *f, const char *name, long limit)
     char rule[200];
     snprintf(rule, sizeof rule, "  - {name: %s, match: tenant, limit: %ld, "
              "period: %dms, mode: synced}\n", name, limit, PERIOD_MS);
-    test_fleet_start(f, AGENTS, NULL, rule, INTERVAL_MS, "org_warm", NULL);
+    test_fleet_start(f, AGENTS, NULL, rule, INTERVAL_MS, "org_warm", NULL,
+                     NULL);
 }
 
 static void fleet_start(fleet *f, const char *name)

@@ -11,12 +11,15 @@
 
 void test_fleet_start(test_fleet *f, size_t n, const char *redis,
                       const char *rules_yaml, unsigned interval_ms,
-                      const char *warm_tenant, test_log *logs)
+                      const char *warm_tenant, test_log *logs,
+                      const char *aggregator_extra)
 {
     cr_assert_leq(n, TEST_FLEET_MAX);
     memset(f, 0, sizeof *f);
     f->n = n;
-    test_aggregator_start(&f->agg, redis, rules_yaml, interval_ms, NULL);
+    test_aggregator tpl = TEST_AGGREGATOR_EXTRA(aggregator_extra);
+    test_aggregator_start(&f->agg, redis, rules_yaml, interval_ms,
+                          aggregator_extra != NULL ? &tpl : NULL);
     test_aggregator_wait_ready(&f->agg);
     for (size_t i = 0; i < n; i++)
         f->agents[i] = test_agent_on(f->agg.config, &f->configs[i],

@@ -36,10 +36,12 @@ typedef struct test_admissions {
  * Redis when NULL) with the rules and sync interval given, and n agents on
  * its config (logging into logs[i] unless logs is NULL), each of which
  * then checks warm_tenant once; waits eight intervals, so that they have
- * heard the totals and know how many they are. */
+ * heard the totals and know how many they are. aggregator_extra: more
+ * aggregator: lines for the config they all read (or NULL). */
 void test_fleet_start(test_fleet *f, size_t n, const char *redis,
                       const char *rules_yaml, unsigned interval_ms,
-                      const char *warm_tenant, test_log *logs);
+                      const char *warm_tenant, test_log *logs,
+                      const char *aggregator_extra);
 void test_fleet_stop(test_fleet *f);
 
 /* One check of cost 1 for tenant (attribute "tenant"). */
