@@ -980,8 +980,11 @@ Test(synced_reload, a_rule_removed_on_the_aggregator_is_refused_and_on_error_dec
     expect_redis_total(okey, 10, 5000);
     write_rules(&f.agg, keep);
     hup(&f.agg);
+    /* Counts the aggregator no longer takes; whether these are admitted
+     * races the refusal (a TSan build once heard it, or went stale,
+     * first): what is tested is what follows. */
     for (int n = 0; n < 4; n++)
-        cr_assert(check(f.agents[n % N_AGENTS], "org", org).allowed);
+        check(f.agents[n % N_AGENTS], "org", org);
     for (int i = 0; i < N_AGENTS; i++)
         cr_assert(test_log_wait(&agent_logs[i], "event=synced_refused",
                                 "on_error=deny", 3000),
