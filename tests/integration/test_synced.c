@@ -298,11 +298,8 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
 {
     /* A Redis of its own: its function calls are counted. */
     test_redis srv;
-    char addr[64], err[512];
-    test_redis_options o = {0};
-    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
-                                  sizeof err), 0, "%s", err);
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
     test_aggregator agg;
     test_aggregator_start(&agg, addr, tenant_rule, 1000, NULL);
     test_aggregator_wait_ready(&agg);
@@ -380,11 +377,8 @@ Test(synced, reports_that_arrive_together_are_gathered_and_counted_once)
 Test(synced, a_key_of_another_type_fails_its_report_alone_and_loses_no_count)
 {
     test_redis srv;
-    char addr[64], err[512];
-    test_redis_options o = {0};
-    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
-                                  sizeof err), 0, "%s", err);
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
     test_aggregator agg;
     test_aggregator_start(&agg, addr, tenant_rule, 1000, NULL);
     test_aggregator_wait_ready(&agg);
@@ -446,11 +440,8 @@ Test(synced, a_long_report_is_applied_in_pieces_each_once)
 {
     enum { N = 1000, BAD = 700 };
     test_redis srv;
-    char addr[64], err[512];
-    test_redis_options o = {0};
-    cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
-                                  sizeof err), 0, "%s", err);
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", srv.port);
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
     test_aggregator agg;
     test_aggregator_start(&agg, addr, tenant_rule, 1000, NULL);
     test_aggregator_wait_ready(&agg);
