@@ -133,11 +133,18 @@ static long long total_reaches(const char *value, long long want)
     return got;
 }
 
-static rl_decision check(rl_agent *a, const char *tenant)
+static rl_decision decide(rl_agent *a, const char *tenant)
 {
     rl_attr attr = {"tenant", tenant, strlen(tenant)};
     rl_decision d;
     cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+    return d;
+}
+
+/* A check of an agent that hears its aggregator. */
+static rl_decision check(rl_agent *a, const char *tenant)
+{
+    rl_decision d = decide(a, tenant);
     cr_assert(!d.degraded);
     return d;
 }
@@ -174,7 +181,10 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
     unique(tenant, sizeof tenant, "org_tls");
     unique(other, sizeof other, "org_stranger");
     count(good, tenant, 15);
-    count(bad, other, 15);
+    /* Past aggregator.stale_after_ms the stranger's rule is degraded: it
+     * hears no totals. */
+    for (int i = 0; i < 15; i++)
+        decide(bad, other);
     long long got = total_reaches(tenant, 15);
     cr_assert_eq(got, 15, "over TLS, Redis holds %lld of 15", got);
     usleep(1000 * 1000);
@@ -195,7 +205,9 @@ Test(tls, the_synced_path_runs_over_mutual_tls)
  * fills a tenant to its limit, the other, which counted one request there,
  * then rejects it, which only the totals can have told it. The refusing
  * agent counted there too: its count never reaches Redis, it still admits
- * (it heard no totals), and it logs why, naming the setting to check. */
+ * (it heard no totals; past aggregator.stale_after_ms its rule is degraded
+ * and on_error: local decides from its own share), and it logs why, naming
+ * the setting to check. */
 static void refused(const aggregator *agg, const char *accepted_config,
                     const char *refusing_config)
 {
@@ -208,7 +220,7 @@ static void refused(const aggregator *agg, const char *accepted_config,
     char tenant[64];
     unique(tenant, sizeof tenant, "org_refused");
     check(listener, tenant);
-    cr_assert(check(refusing, tenant).allowed);
+    cr_assert(decide(refusing, tenant).allowed);
     /* Before any totals (the first report is a tick away): all allowed. */
     cr_assert_eq(count(filler, tenant, LIMIT - 1), LIMIT - 1);
     long long got = total_reaches(tenant, LIMIT);
@@ -223,7 +235,7 @@ static void refused(const aggregator *agg, const char *accepted_config,
         usleep(100 * 1000);
     }
     cr_assert(told, "no totals reached an accepted agent in 10 s");
-    cr_assert(check(refusing, tenant).allowed, "totals reached the agent "
+    cr_assert(decide(refusing, tenant).allowed, "totals reached the agent "
               "that should have refused the aggregator");
     total_reaches(tenant, LIMIT + more);
     /* Two more reports' time for the refusing agent's two requests. */
@@ -234,6 +246,8 @@ static void refused(const aggregator *agg, const char *accepted_config,
     cr_assert(test_log_wait(&log, "event=aggregator_unreachable",
                             "aggregator.tls", 10000),
               "the refusing agent did not log why:\n%s", log.text);
+    cr_assert(decide(refusing, tenant).degraded, "an agent that refuses its "
+              "aggregator has no totals: on_error decides");
     for (int i = 0; i < 3; i++) {
         rl_agent_close(i == 0 ? filler : i == 1 ? listener : refusing);
         rl_config_free(cfg[i]);
