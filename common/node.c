@@ -1,9 +1,12 @@
 /*
- * node.c: one connection to one Redis server, driven by hiredis's async API
- * on a libuv loop (the agent's I/O thread, the aggregator's main loop).
- * hiredis queues every command written in one turn of the loop and sends
- * them in one write, so calls from many requests share round trips
- * (automatic pipelining); each such write is counted as a batch.
+ * node.c: one connection to one Redis server (redis_conn.c) on a libuv
+ * loop (the agent's I/O thread, the aggregator's main loop). Every command
+ * written in one turn of the loop goes out in one write, so calls from
+ * many requests share round trips (automatic pipelining); each such write
+ * is counted as a batch. Replies come in the order of the commands: each
+ * command sent leaves an entry in a queue that says what its reply is for
+ * (a call, a WAIT, a step of the handshake), so a call costs no callback
+ * object of its own.
  *
  * States: DOWN (waiting to reconnect: calls fail at once, so a gateway is
  * not held up while Redis is known to be away), CONNECTING and LOADING
@@ -25,11 +28,10 @@
  */
 #include "node.h"
 
-#include "node_uv.h"
-#include "resp.h"
+#include "redis_conn.h"
 #include "sentinel.h"
 
-#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,18 @@
 
 typedef enum state { DOWN, CONNECTING, LOADING, READY, CLOSED } state;
 
+/* What a reply answers, in the order the commands went. */
+typedef enum reply_to {
+    TO_CALL, TO_WAIT, TO_LOAD, TO_HELLO, TO_AUTH, TO_SELECT, TO_INFO,
+    TO_TIME, TO_NOTHING
+} reply_to;
+
+typedef struct expected {
+    reply_to to;
+    int script;  /* TO_LOAD: which */
+    void *ptr;   /* TO_CALL: the call; TO_WAIT: its group */
+} expected;
+
 typedef struct call {
     struct call *next;
     redisReply *stash;  /* the script's answer, held until WAIT answers */
@@ -87,7 +101,11 @@ struct rl_node {
     struct wait_group *open_wait; /* the WAIT this turn's answers join */
     const rl_script_set *scripts;
     const rl_logger *log;
-    redisAsyncContext *ac;
+    rl_redis_conn *conn;
+    /* What the replies due on conn answer: a ring, grown (never shrunk)
+     * to the depth in flight. */
+    expected *due;
+    size_t due_cap, due_head, due_len;
     state state;
     bool use_functions;
     char sha[RL_STORE_SCRIPTS_MAX][41]; /* EVALSHA digests by script */
@@ -118,6 +136,7 @@ struct rl_node {
 static void connect_now(rl_node *s);
 static void send_call(rl_node *s, call *c);
 static void went_down(rl_node *s, const char *why);
+static void lose(rl_node *s, const char *why);
 
 static uint64_t now_ms(const rl_node *s)
 {
@@ -180,16 +199,11 @@ static void retry_fired(uv_timer_t *t)
     rl_node *s = t->data;
     if (s->state == DOWN) {
         connect_now(s);
-    } else if (s->state == CONNECTING && s->ac != NULL && !s->locating) {
-        /* Connect timeout. The context never connected, so hiredis will
-         * not call the disconnect callback: clean up here. */
+    } else if (s->state == CONNECTING && s->conn != NULL && !s->locating) {
         rl_log(s->log, RL_LOG_WARN, "store_connect_timeout",
                "addr=%s:%u after_ms=%d", s->ep.host,
                s->ep.port, CONNECT_TIMEOUT_MS);
-        redisAsyncContext *ac = s->ac;
-        s->ac = NULL;
-        redisAsyncFree(ac);
-        went_down(s, "store connect timed out");
+        lose(s, "store connect timed out");
     }
 }
 
@@ -198,7 +212,6 @@ static void went_down(rl_node *s, const char *why)
 {
     if (why != s->down_reason)
         snprintf(s->down_reason, sizeof s->down_reason, "%s", why);
-    s->ac = NULL;
     s->in_flight = 0;
     if (s->state == CLOSED)
         return;
@@ -209,11 +222,8 @@ static void went_down(rl_node *s, const char *why)
                                                        : s->backoff_ms * 2;
 }
 
-/* Freed, not disconnected: hiredis holds a disconnect back until every
- * reply due has arrived, which a stalled server never sends. Freeing
- * answers the calls in flight with NULL (they fail), then calls
- * on_disconnect, which schedules the new connection. From inside a hiredis
- * callback the free waits for the callback to return. */
+/* Closed at once, not after the replies due: a stalled server never sends
+ * them. The calls in flight fail, and a new connection is scheduled. */
 static void drop_connection(rl_node *s, const char *event, const char *why)
 {
     /* A server that refuses every handshake alike is said once, not at
@@ -223,8 +233,7 @@ static void drop_connection(rl_node *s, const char *event, const char *why)
                s->ep.host, s->ep.port, why);
         snprintf(s->down_reason, sizeof s->down_reason, "%s", why);
     }
-    if (s->ac != NULL)
-        redisAsyncFree(s->ac);
+    lose(s, why);
 }
 
 /* An error reply that says the server will not run the command for us,
@@ -273,6 +282,59 @@ static void became_ready(rl_node *s)
     send_waiting(s);
 }
 
+/* --- Sending, and what each reply answers ------------------------------ */
+
+/* Room in the ring for two more entries (a call and its ASKING). */
+static int due_reserve(rl_node *s)
+{
+    if (s->due_len + 2 <= s->due_cap)
+        return 0;
+    size_t cap = s->due_cap > 0 ? s->due_cap * 2 : 64;
+    expected *due = malloc(cap * sizeof *due);
+    if (due == NULL)
+        return -1;
+    for (size_t i = 0; i < s->due_len; i++)
+        due[i] = s->due[(s->due_head + i) % s->due_cap];
+    free(s->due);
+    s->due = due;
+    s->due_cap = cap;
+    s->due_head = 0;
+    return 0;
+}
+
+static void due_push(rl_node *s, reply_to to, int script, void *ptr)
+{
+    s->due[(s->due_head + s->due_len++) % s->due_cap] =
+        (expected){.to = to, .script = script, .ptr = ptr};
+}
+
+static expected due_pop(rl_node *s)
+{
+    expected e = s->due[s->due_head];
+    s->due_head = (s->due_head + 1) % s->due_cap;
+    s->due_len--;
+    return e;
+}
+
+/* Sends a command of NUL-terminated arguments (argv ends with NULL) whose
+ * reply goes to `to`. Returns -1 when it cannot be sent (out of memory, no
+ * connection). */
+static int ask(rl_node *s, reply_to to, int script, void *ptr,
+               const char *const *argv)
+{
+    size_t lens[16];
+    int argc = 0;
+    while (argv[argc] != NULL && argc < 16) {
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+    }
+    if (s->conn == NULL || due_reserve(s) != 0
+        || rl_redis_conn_command(s->conn, argc, argv, lens) != 0)
+        return -1;
+    due_push(s, to, script, ptr);
+    return 0;
+}
+
 static void load_scripts(rl_node *s);
 
 /* Under scripts: auto, functions refused (FUNCTION LOAD or FCALL) move
@@ -291,12 +353,9 @@ static bool fall_back_to_scripts(rl_node *s, const char *reply)
     return true;
 }
 
-static void on_load_reply(redisAsyncContext *ac, void *r, void *privdata)
+static void on_load_reply(rl_node *s, int script, const redisReply *reply)
 {
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    intptr_t script = (intptr_t)privdata;
-    if (reply == NULL || s->state != LOADING)
+    if (s->state != LOADING)
         return;
     if (reply->type == REDIS_REPLY_ERROR) {
         bool refused = note_refusal(s, s->use_functions ? "FUNCTION LOAD"
@@ -323,26 +382,31 @@ static void load_scripts(rl_node *s)
     s->loading_since = now_ms(s);
     if (s->use_functions) {
         s->loads_pending = 1;
-        redisAsyncCommand(s->ac, on_load_reply, (void *)0,
-                          "FUNCTION LOAD REPLACE %s", s->scripts->library);
+        if (ask(s, TO_LOAD, 0, NULL,
+                (const char *[]){"FUNCTION", "LOAD", "REPLACE",
+                                 s->scripts->library, NULL})
+            != 0)
+            drop_connection(s, "store_load_failed", "out of memory");
         return;
     }
     s->loads_pending = s->scripts->n;
-    for (intptr_t i = 0; i < s->scripts->n; i++)
-        redisAsyncCommand(s->ac, on_load_reply, (void *)i, "SCRIPT LOAD %s",
-                          s->scripts->sources[i]);
+    for (int i = 0; i < s->scripts->n; i++) {
+        if (ask(s, TO_LOAD, i, NULL,
+                (const char *[]){"SCRIPT", "LOAD", s->scripts->sources[i],
+                                 NULL})
+            != 0) {
+            drop_connection(s, "store_load_failed", "out of memory");
+            return;
+        }
+    }
 }
 
 /* TIME answers [seconds, microseconds]. */
-static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
+static void on_time_reply(rl_node *s, const redisReply *reply)
 {
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR)
+    if (reply->type == REDIS_REPLY_ERROR)
         note_refusal(s, "TIME", reply->str);
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY
-        || reply->elements != 2)
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2)
         return;
     uint64_t ms = strtoull(reply->element[0]->str, NULL, 10) * 1000
                   + strtoull(reply->element[1]->str, NULL, 10) / 1000;
@@ -353,8 +417,7 @@ static void on_time_reply(redisAsyncContext *ac, void *r, void *privdata)
 static void read_clock(rl_node *s)
 {
     s->clock_read_at = now_ms(s);
-    if (s->ac != NULL)
-        redisAsyncCommand(s->ac, on_time_reply, NULL, "TIME");
+    ask(s, TO_TIME, 0, NULL, (const char *[]){"TIME", NULL});
 }
 
 /* What the handshake learnt decides how scripts are called: functions on
@@ -397,38 +460,15 @@ static int major_version(const char *info)
 }
 
 /* Redis before 6 (no HELLO, no ACL): INFO gives the version. */
-static void on_info_reply(redisAsyncContext *ac, void *r, void *privdata)
+static void on_info_reply(rl_node *s, const redisReply *reply)
 {
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply == NULL || s->state != LOADING
-        || handshake_refused(s, "INFO", reply))
+    if (handshake_refused(s, "INFO", reply))
         return;
     if (reply->type != REDIS_REPLY_STRING) {
         drop_connection(s, "store_handshake_failed", "INFO failed");
         return;
     }
     handshake_done(s, major_version(reply->str));
-}
-
-/* AUTH and SELECT answer OK or an error; an error ends the handshake. */
-static void on_auth_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply != NULL && s->state == LOADING)
-        handshake_refused(s, "AUTH", reply);
-}
-
-static void on_select_reply(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply != NULL && s->state == LOADING)
-        handshake_refused(s, "SELECT", reply);
 }
 
 /* The value of field in HELLO's answer (RESP2: a flat list of names and
@@ -443,27 +483,28 @@ static const redisReply *hello_field(const redisReply *r, const char *field)
     return NULL;
 }
 
+static void select_db(rl_node *s)
+{
+    char db[16];
+    snprintf(db, sizeof db, "%u", s->cfg->db);
+    ask(s, TO_SELECT, 0, NULL, (const char *[]){"SELECT", db, NULL});
+}
+
 static void legacy_handshake(rl_node *s)
 {
     const rl_store_config *cfg = s->cfg;
     if (cfg->password != NULL)
-        redisAsyncCommand(s->ac, on_auth_reply, NULL, "AUTH %s",
-                          cfg->password);
+        ask(s, TO_AUTH, 0, NULL,
+            (const char *[]){"AUTH", cfg->password, NULL});
     if (cfg->db != 0)
-        redisAsyncCommand(s->ac, on_select_reply, NULL, "SELECT %u",
-                          cfg->db);
-    redisAsyncCommand(s->ac, on_info_reply, NULL, "INFO server");
+        select_db(s);
+    ask(s, TO_INFO, 0, NULL, (const char *[]){"INFO", "server", NULL});
 }
 
 /* HELLO's answer: the version, and a role that must be master (a replica
  * refuses writes, and rl never writes to one). */
-static void on_hello_reply(redisAsyncContext *ac, void *r, void *privdata)
+static void on_hello_reply(rl_node *s, const redisReply *reply)
 {
-    redisReply *reply = r;
-    rl_node *s = ac->data;
-    (void)privdata;
-    if (reply == NULL || s->state != LOADING)
-        return;
     if (reply->type == REDIS_REPLY_ERROR
         && strncmp(reply->str, "ERR unknown command", 19) == 0
         && s->cfg->username == NULL) {
@@ -492,8 +533,7 @@ static void on_hello_reply(redisAsyncContext *ac, void *r, void *privdata)
         return;
     }
     if (s->cfg->db != 0)
-        redisAsyncCommand(s->ac, on_select_reply, NULL, "SELECT %u",
-                          s->cfg->db);
+        select_db(s);
     handshake_done(s, atoi(version->str));
 }
 
@@ -529,48 +569,47 @@ static void send_hello(rl_node *s)
     const rl_store_config *cfg = s->cfg;
     char name[64];
     client_name(name, sizeof name);
-    if (cfg->password != NULL)
-        redisAsyncCommand(s->ac, on_hello_reply, NULL,
-                          "HELLO 2 AUTH %s %s SETNAME %s",
-                          cfg->username != NULL ? cfg->username : "default",
-                          cfg->password, name);
-    else
-        redisAsyncCommand(s->ac, on_hello_reply, NULL, "HELLO 2 SETNAME %s",
-                          name);
+    int rc = cfg->password != NULL
+                 ? ask(s, TO_HELLO, 0, NULL,
+                       (const char *[]){"HELLO", "2", "AUTH",
+                                        cfg->username != NULL
+                                            ? cfg->username
+                                            : "default",
+                                        cfg->password, "SETNAME", name,
+                                        NULL})
+                 : ask(s, TO_HELLO, 0, NULL,
+                       (const char *[]){"HELLO", "2", "SETNAME", name,
+                                        NULL});
+    if (rc != 0)
+        drop_connection(s, "store_handshake_failed", "out of memory");
 }
 
-static void on_connect(const redisAsyncContext *cac, int status)
+static void on_connected(void *arg)
 {
-    redisAsyncContext *ac = (redisAsyncContext *)cac;
-    rl_node *s = ac->data;
-    if (s->state != CONNECTING || s->ac != ac)
-        return;
+    rl_node *s = arg;
     uv_timer_stop(&s->retry_timer);
-    if (status != REDIS_OK) {
-        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
-               "addr=%s:%u reason=\"%s\"", s->ep.host,
-               s->ep.port, ac->errstr);
-        went_down(s, "store unreachable"); /* hiredis frees ac */
-        return;
-    }
     s->state = LOADING;
     s->loading_since = now_ms(s);
     send_hello(s);
 }
 
-static void on_disconnect(const redisAsyncContext *ac, int status)
+static void on_lost(void *arg, const char *why)
 {
-    rl_node *s = ac->data;
-    (void)status;
-    if (s->ac != ac)
-        return;
-    rl_log(s->log, RL_LOG_WARN, "store_disconnected", "addr=%s:%u",
-           s->ep.host, s->ep.port);
-    /* A handshake the server refused: the calls waiting hear why. */
-    went_down(s, s->state == LOADING && s->down_reason[0] != '\0'
-                     ? s->down_reason
-                     : "store connection lost");
+    rl_node *s = arg;
+    /* Said once per reason, not at every attempt to reconnect. */
+    if (s->state == CONNECTING) {
+        if (strcmp(s->down_reason, why) != 0)
+            rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
+                   "addr=%s:%u reason=\"%s\"", s->ep.host, s->ep.port, why);
+        uv_timer_stop(&s->retry_timer);
+    }
+    lose(s, why);
 }
+
+static void on_reply(void *arg, redisReply *reply);
+
+static const rl_redis_conn_events conn_events = {
+    .connected = on_connected, .reply = on_reply, .lost = on_lost};
 
 static void connect_to_primary(rl_node *s);
 
@@ -606,7 +645,7 @@ static void on_located(void *arg, const rl_endpoint *primary,
 static void on_master_moved(void *arg)
 {
     rl_node *s = arg;
-    if (s->ac != NULL && s->state != CLOSED)
+    if (s->conn != NULL && s->state != CLOSED)
         drop_connection(s, "store_master_moved", "a sentinel announced a "
                         "new master");
 }
@@ -624,30 +663,14 @@ static void connect_now(rl_node *s)
 
 static void connect_to_primary(rl_node *s)
 {
-    const rl_endpoint *ep = &s->ep;
-    redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
-    if (ac == NULL || ac->err) {
-        rl_log(s->log, RL_LOG_WARN, "store_connect_failed",
-               "addr=%s:%u reason=\"%s\"", ep->host, ep->port,
-               ac != NULL ? ac->errstr : "out of memory");
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        s->state = CONNECTING; /* so that went_down schedules a retry */
-        went_down(s, "store unreachable");
-        return;
-    }
-    ac->data = s;
-    if (rl_node_uv_attach(ac, s->loop) != REDIS_OK) {
-        redisAsyncFree(ac);
-        s->state = CONNECTING;
-        went_down(s, "cannot watch the store's socket");
-        return;
-    }
-    redisAsyncSetConnectCallback(ac, on_connect);
-    redisAsyncSetDisconnectCallback(ac, on_disconnect);
-    s->ac = ac;
     s->state = CONNECTING;
-    uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
+    s->conn = rl_redis_conn_open(s->loop, &s->ep, &conn_events, s);
+    if (s->conn == NULL) {
+        went_down(s, "out of memory");
+        return;
+    }
+    if (s->state == CONNECTING)
+        uv_timer_start(&s->retry_timer, retry_fired, CONNECT_TIMEOUT_MS, 0);
 }
 
 /* The scripts are gone from the server (flushed, or a restart the
@@ -656,25 +679,6 @@ static bool scripts_missing(const redisReply *r)
 {
     return strncmp(r->str, "NOSCRIPT", 8) == 0
            || strstr(r->str, "Function not found") != NULL;
-}
-
-/* hiredis frees a reply when its callback returns; a reply held for WAIT
- * is copied. */
-static redisReply *copy_reply(const redisReply *r)
-{
-    redisReply *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return NULL;
-    *c = (redisReply){.type = r->type, .integer = r->integer,
-                      .len = r->len, .elements = r->elements};
-    if (r->str != NULL && (c->str = malloc(r->len + 1)) != NULL)
-        memcpy(c->str, r->str, r->len + 1);
-    if (r->elements > 0
-        && (c->element = calloc(r->elements, sizeof *c->element)) != NULL) {
-        for (size_t i = 0; i < r->elements; i++)
-            c->element[i] = copy_reply(r->element[i]);
-    }
-    return c;
 }
 
 /* The calls whose answers arrived in one turn of the loop share one WAIT:
@@ -686,22 +690,19 @@ typedef struct wait_group {
 
 /* WAIT's answer (how many replicas have the write) does not change the
  * calls': the writes are done either way; WAIT only narrows the window in
- * which a failover can lose them. */
-static void on_wait_reply(redisAsyncContext *ac, void *r, void *privdata)
+ * which a failover can lose them. reply NULL: the connection went (and
+ * in_flight with it). */
+static void on_wait_reply(rl_node *s, wait_group *g, const redisReply *reply)
 {
-    wait_group *g = privdata;
-    (void)ac;
-    call *c = g->calls;
-    rl_node *s = c->store;
-    if (r != NULL) { /* NULL: the connection went, and in_flight with it */
+    if (reply != NULL) {
         s->in_flight--;
         s->last_progress = now_ms(s);
-        const redisReply *reply = r;
         if (reply->type == REDIS_REPLY_ERROR)
             note_refusal(s, "WAIT", reply->str);
     }
     if (s->open_wait == g)
         s->open_wait = NULL;
+    call *c = g->calls;
     free(g);
     while (c != NULL) {
         call *next = c->next;
@@ -712,14 +713,12 @@ static void on_wait_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
 }
 
-/* With store.wait_replicas, a script's answer waits for WAIT. */
-static bool held_for_wait(rl_node *s, call *c, const redisReply *reply)
+/* With store.wait_replicas, a script's answer waits for WAIT: the call
+ * keeps the reply. */
+static bool held_for_wait(rl_node *s, call *c, redisReply *reply)
 {
     if (s->cfg->wait_replicas == 0 || c->script == RL_NODE_RAW
-        || s->state == CLOSED || s->ac == NULL)
-        return false;
-    c->stash = copy_reply(reply);
-    if (c->stash == NULL)
+        || s->state == CLOSED || s->conn == NULL)
         return false;
     uint64_t turn = s->batches != NULL ? s->batches->turn : 0;
     wait_group *g = s->open_wait;
@@ -728,20 +727,21 @@ static bool held_for_wait(rl_node *s, call *c, const redisReply *reply)
          * replicas are slow. */
         unsigned wait_ms = s->cfg->timeout_ms / 2 > 0 ? s->cfg->timeout_ms / 2
                                                       : 1;
+        char replicas[16], ms[16];
+        snprintf(replicas, sizeof replicas, "%u", s->cfg->wait_replicas);
+        snprintf(ms, sizeof ms, "%u", wait_ms);
         g = calloc(1, sizeof *g);
         if (g == NULL
-            || redisAsyncCommand(s->ac, on_wait_reply, g, "WAIT %u %u",
-                                 s->cfg->wait_replicas, wait_ms)
-                   != REDIS_OK) {
+            || ask(s, TO_WAIT, 0, g,
+                   (const char *[]){"WAIT", replicas, ms, NULL}) != 0) {
             free(g);
-            freeReplyObject(c->stash);
-            c->stash = NULL;
             return false;
         }
         g->turn = turn;
         s->open_wait = g;
         s->in_flight++;
     }
+    c->stash = reply;
     c->next = g->calls;
     g->calls = c;
     return true;
@@ -755,16 +755,9 @@ static const char *command_of(const call *c)
     return c->argv[2];
 }
 
-static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
+/* Returns whether the call kept reply. */
+static bool on_call_reply(rl_node *s, call *c, redisReply *reply)
 {
-    redisReply *reply = r;
-    call *c = privdata;
-    rl_node *s = c->store;
-    (void)ac;
-    if (reply == NULL) {
-        finish(c, NULL, "store connection lost");
-        return;
-    }
     s->in_flight--;
     s->last_progress = now_ms(s);
     bool refused = reply->type == REDIS_REPLY_ERROR
@@ -792,20 +785,79 @@ static void on_call_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_for_ready(s, c);
     } else if (reply->type == REDIS_REPLY_ERROR) {
         finish(c, NULL, reply->str);
-    } else if (!held_for_wait(s, c, reply)) {
+    } else if (held_for_wait(s, c, reply)) {
+        return true;
+    } else {
         finish(c, reply, NULL);
+    }
+    return false;
+}
+
+/* A reply from the connection, to what its entry in the ring says. */
+static void on_reply(void *arg, redisReply *reply)
+{
+    rl_node *s = arg;
+    if (s->due_len == 0) {
+        freeReplyObject(reply);
+        drop_connection(s, "store_protocol_error", "a reply to no command");
+        return;
+    }
+    expected e = due_pop(s);
+    bool kept = false;
+    bool handshake = s->state == LOADING;
+    switch (e.to) {
+    case TO_CALL: kept = on_call_reply(s, e.ptr, reply); break;
+    case TO_WAIT: on_wait_reply(s, e.ptr, reply); break;
+    case TO_LOAD: on_load_reply(s, e.script, reply); break;
+    case TO_TIME: on_time_reply(s, reply); break;
+    case TO_HELLO: if (handshake) on_hello_reply(s, reply); break;
+    case TO_INFO: if (handshake) on_info_reply(s, reply); break;
+    case TO_AUTH: if (handshake) handshake_refused(s, "AUTH", reply); break;
+    case TO_SELECT:
+        if (handshake)
+            handshake_refused(s, "SELECT", reply);
+        break;
+    case TO_NOTHING: break;
+    }
+    if (!kept)
+        freeReplyObject(reply);
+}
+
+/* The replies due on a connection that is gone never come: the calls fail,
+ * and the calls a WAIT held get their answers (they were written). */
+static void fail_due(rl_node *s)
+{
+    while (s->due_len > 0) {
+        expected e = due_pop(s);
+        if (e.to == TO_CALL)
+            finish(e.ptr, NULL, "store connection lost");
+        else if (e.to == TO_WAIT)
+            on_wait_reply(s, e.ptr, NULL);
     }
 }
 
-static void ignore_reply(redisAsyncContext *ac, void *r, void *privdata)
+/* The connection is gone (lost, dropped, timed out): what was sent on it
+ * fails, and the node waits to connect again. A handshake the server
+ * refused gives the waiting calls its reason. */
+static void lose(rl_node *s, const char *why)
 {
-    (void)ac;
-    (void)r;
-    (void)privdata;
+    if (s->conn == NULL)
+        return;
+    bool was_up = s->state == LOADING || s->state == READY;
+    rl_redis_conn_close(s->conn);
+    s->conn = NULL;
+    if (was_up)
+        rl_log(s->log, RL_LOG_WARN, "store_disconnected",
+               "addr=%s:%u reason=\"%s\"", s->ep.host, s->ep.port, why);
+    if (s->state == LOADING && s->down_reason[0] != '\0')
+        went_down(s, s->down_reason);
+    else
+        went_down(s, was_up ? "store connection lost" : why);
+    fail_due(s);
 }
 
 /* Counts a batch the first time this node is written to in a turn of the
- * loop: hiredis sends everything queued in one turn in one write. */
+ * loop: everything queued in one turn goes out in one write. */
 static void count_batch(rl_node *s)
 {
     rl_node_batches *b = s->batches;
@@ -825,22 +877,23 @@ static void count_batch(rl_node *s)
     }
 }
 
-/* Formats the command itself (see resp.c); hiredis copies it into its
- * output buffer. Returns why it could not, or NULL. */
+/* Queues c (after ASKING, when it asks) on the connection. Returns why it
+ * could not, or NULL. */
 static const char *queue_command(rl_node *s, call *c, int argc,
                                  const char *const *argv,
                                  const size_t *lens)
 {
-    char local[512];
-    size_t len = rl_resp_length(argc, lens);
-    char *cmd = len <= sizeof local ? local : malloc(len);
-    if (cmd == NULL)
+    if (due_reserve(s) != 0)
         return "out of memory";
-    rl_resp_format(cmd, argc, argv, lens);
-    int rc = redisAsyncFormattedCommand(s->ac, on_call_reply, c, cmd, len);
-    if (cmd != local)
-        free(cmd);
-    return rc == REDIS_OK ? NULL : "store connection is closing";
+    if (c->asking) {
+        if (rl_redis_conn_send(s->conn, "ASKING", NULL) != 0)
+            return "out of memory";
+        due_push(s, TO_NOTHING, 0, NULL);
+    }
+    if (rl_redis_conn_command(s->conn, argc, argv, lens) != 0)
+        return "out of memory";
+    due_push(s, TO_CALL, 0, c);
+    return NULL;
 }
 
 static void send_call(rl_node *s, call *c)
@@ -863,8 +916,6 @@ static void send_call(rl_node *s, call *c)
         argc += 2;
     }
     c->attempts++;
-    if (c->asking)
-        redisAsyncCommand(s->ac, ignore_reply, NULL, "ASKING");
     const char *error = queue_command(s, c, argc, c->argv + first,
                                       c->lens + first);
     if (error != NULL) {
@@ -1029,6 +1080,7 @@ static void handle_closed(uv_handle_t *h)
         s->spare = c->next;
         free(c);
     }
+    free(s->due);
     free(s);
 }
 
@@ -1039,10 +1091,7 @@ void rl_node_close(rl_node *s)
     s->state = CLOSED;
     rl_sentinel_close(s->sentinel);
     s->sentinel = NULL;
-    redisAsyncContext *ac = s->ac;
-    s->ac = NULL;
-    if (ac != NULL)
-        redisAsyncFree(ac); /* answers every call in flight with NULL */
+    lose(s, "shutting down");
     fail_waiting(s, "shutting down");
     uv_close((uv_handle_t *)&s->retry_timer, handle_closed);
     uv_close((uv_handle_t *)&s->watchdog, handle_closed);

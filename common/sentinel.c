@@ -15,9 +15,8 @@
  */
 #include "sentinel.h"
 
-#include "node_uv.h"
+#include "redis_conn.h"
 
-#include <hiredis/async.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +30,9 @@ struct rl_sentinel {
     rl_sentinel_moved_fn moved;
     void *moved_arg;
 
-    redisAsyncContext *ask;  /* the ask in flight, or NULL */
+    rl_redis_conn *ask;      /* the ask in flight, or NULL */
+    const rl_endpoint *ask_at;
+    bool ask_auth_due;       /* AUTH's reply comes first */
     size_t next;             /* the sentinel asked first */
     size_t tried;            /* sentinels tried by this locate */
     rl_sentinel_found_fn found;
@@ -39,7 +40,8 @@ struct rl_sentinel {
     char why[RL_HOST_MAX + 320]; /* the last sentinel's failure */
     uv_timer_t ask_timer;    /* the next ask; an answer's deadline */
 
-    redisAsyncContext *watch;
+    rl_redis_conn *watch;
+    bool watch_auth_due;
     size_t watch_at;
     uv_timer_t watch_timer;
     bool closed;
@@ -54,42 +56,36 @@ static const rl_endpoint *sentinel_at(const rl_sentinel *s, size_t i)
     return &s->cfg->addresses[i % s->cfg->n_addresses];
 }
 
-/* A context to one sentinel, attached to the loop, with AUTH queued when
- * the sentinels have a password. NULL with why set. */
-static redisAsyncContext *dial(rl_sentinel *s, const rl_endpoint *ep)
+/* A connection to one sentinel, with AUTH queued when the sentinels have
+ * a password (*auth set then). NULL when out of memory, with why set. */
+static rl_redis_conn *dial(rl_sentinel *s, const rl_endpoint *ep,
+                           const rl_redis_conn_events *ev, bool *auth)
 {
-    redisAsyncContext *ac = redisAsyncConnect(ep->host, ep->port);
-    if (ac == NULL || ac->err) {
-        snprintf(s->why, sizeof s->why, "sentinel %s:%u: %s", ep->host,
-                 ep->port, ac != NULL ? ac->errstr : "out of memory");
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        return NULL;
-    }
-    if (rl_node_uv_attach(ac, s->loop) != REDIS_OK) {
-        snprintf(s->why, sizeof s->why, "sentinel %s:%u: cannot watch its "
-                 "socket", ep->host, ep->port);
-        redisAsyncFree(ac);
-        return NULL;
-    }
-    ac->data = s;
+    rl_redis_conn *c = rl_redis_conn_open(s->loop, ep, ev, s);
     const rl_sentinel_config *cfg = s->cfg;
-    if (cfg->password != NULL && cfg->username != NULL)
-        redisAsyncCommand(ac, NULL, NULL, "AUTH %s %s", cfg->username,
-                          cfg->password);
-    else if (cfg->password != NULL)
-        redisAsyncCommand(ac, NULL, NULL, "AUTH %s", cfg->password);
-    return ac;
+    *auth = cfg->password != NULL;
+    int rc = c == NULL ? -1
+             : cfg->password != NULL && cfg->username != NULL
+                 ? rl_redis_conn_send(c, "AUTH", cfg->username,
+                                      cfg->password, NULL)
+             : cfg->password != NULL
+                 ? rl_redis_conn_send(c, "AUTH", cfg->password, NULL)
+                 : 0;
+    if (rc != 0) {
+        snprintf(s->why, sizeof s->why, "sentinel %s:%u: out of memory",
+                 ep->host, ep->port);
+        rl_redis_conn_close(c);
+        return NULL;
+    }
+    return c;
 }
 
 /* --- Asking ------------------------------------------------------------ */
 
 static void drop_ask(rl_sentinel *s)
 {
-    redisAsyncContext *ac = s->ask;
+    rl_redis_conn_close(s->ask);
     s->ask = NULL;
-    if (ac != NULL)
-        redisAsyncFree(ac);
 }
 
 static void found(rl_sentinel *s, const rl_endpoint *primary,
@@ -103,17 +99,28 @@ static void found(rl_sentinel *s, const rl_endpoint *primary,
         fn(s->found_arg, primary, error);
 }
 
-/* [ip, port] of the master, or nil when this sentinel does not know it. */
-static void on_master(redisAsyncContext *ac, void *r, void *privdata)
+static void ask_failed(rl_sentinel *s, const char *why)
 {
-    rl_sentinel *s = ac->data;
-    const redisReply *reply = r;
-    const rl_endpoint *ep = privdata;
-    if (s->ask != ac || s->closed)
+    snprintf(s->why, sizeof s->why, "sentinel %s:%u: %s", s->ask_at->host,
+             s->ask_at->port, why);
+    drop_ask(s);
+    ask_next(s);
+}
+
+/* AUTH's answer, then [ip, port] of the master, or nil when this sentinel
+ * does not know it. */
+static void on_ask_reply(void *arg, redisReply *reply)
+{
+    rl_sentinel *s = arg;
+    if (s->ask_auth_due) {
+        s->ask_auth_due = false;
+        if (reply->type == REDIS_REPLY_ERROR)
+            ask_failed(s, reply->str);
+        freeReplyObject(reply);
         return;
+    }
     rl_endpoint primary;
-    if (reply != NULL && reply->type == REDIS_REPLY_ARRAY
-        && reply->elements == 2
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2
         && reply->element[0]->type == REDIS_REPLY_STRING
         && reply->element[1]->type == REDIS_REPLY_STRING) {
         char text[RL_HOST_MAX + 16];
@@ -121,21 +128,32 @@ static void on_master(redisAsyncContext *ac, void *r, void *privdata)
                  strchr(reply->element[0]->str, ':') ? "[%s]:%s" : "%s:%s",
                  reply->element[0]->str, reply->element[1]->str);
         if (rl_endpoint_parse(text, &primary) == RL_OK) {
+            freeReplyObject(reply);
             /* Asked first next time: it knew. */
-            s->next = (size_t)(ep - s->cfg->addresses);
+            s->next = (size_t)(s->ask_at - s->cfg->addresses);
             found(s, &primary, NULL);
             return;
         }
     }
-    snprintf(s->why, sizeof s->why, "sentinel %s:%u: %s", ep->host,
-             ep->port,
-             reply == NULL ? "connection lost"
-             : reply->type == REDIS_REPLY_ERROR ? reply->str
-             : reply->type == REDIS_REPLY_NIL ? "does not know the master"
-                                              : "unexpected answer");
-    drop_ask(s);
-    ask_next(s);
+    ask_failed(s, reply->type == REDIS_REPLY_ERROR ? reply->str
+                  : reply->type == REDIS_REPLY_NIL ? "does not know the master"
+                                                   : "unexpected answer");
+    freeReplyObject(reply);
 }
+
+static void on_ask_lost(void *arg, const char *why)
+{
+    ask_failed(arg, why);
+}
+
+static void connected_anyway(void *arg)
+{
+    (void)arg;
+}
+
+static const rl_redis_conn_events ask_events = {
+    .connected = connected_anyway, .reply = on_ask_reply,
+    .lost = on_ask_lost};
 
 static void ask_fired(uv_timer_t *t)
 {
@@ -153,16 +171,16 @@ static void ask_next(rl_sentinel *s)
 {
     while (s->tried < s->cfg->n_addresses) {
         const rl_endpoint *ep = sentinel_at(s, s->next + s->tried++);
-        redisAsyncContext *ac = dial(s, ep);
-        if (ac == NULL)
+        rl_redis_conn *c = dial(s, ep, &ask_events, &s->ask_auth_due);
+        if (c == NULL)
             continue;
-        if (redisAsyncCommand(ac, on_master, (void *)ep,
-                              "SENTINEL get-master-addr-by-name %s",
-                              s->cfg->master) != REDIS_OK) {
-            redisAsyncFree(ac);
+        if (rl_redis_conn_send(c, "SENTINEL", "get-master-addr-by-name",
+                               s->cfg->master, NULL) != 0) {
+            rl_redis_conn_close(c);
             continue;
         }
-        s->ask = ac;
+        s->ask = c;
+        s->ask_at = ep;
         uv_timer_start(&s->ask_timer, ask_fired, RL_SENTINEL_ASK_MS, 0);
         return;
     }
@@ -186,54 +204,61 @@ void rl_sentinel_locate(rl_sentinel *s, rl_sentinel_found_fn fn, void *arg)
 
 /* --- Watching ---------------------------------------------------------- */
 
-/* Subscribed: every message of +switch-master comes here. */
-static void on_switch(redisAsyncContext *ac, void *r, void *privdata)
+static void on_watch_lost(void *arg, const char *why);
+
+/* AUTH's answer, SUBSCRIBE's, then every message of +switch-master. */
+static void on_watch_reply(void *arg, redisReply *reply)
 {
-    rl_sentinel *s = ac->data;
-    const redisReply *reply = r;
-    (void)privdata;
-    if (s->watch != ac || s->closed || reply == NULL)
-        return;
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3
-        || reply->element[2]->type != REDIS_REPLY_STRING
-        || strcmp(reply->element[0]->str, "message") != 0)
-        return;
-    const char *text = reply->element[2]->str;
+    rl_sentinel *s = arg;
+    const char *text = NULL;
+    if (s->watch_auth_due) {
+        s->watch_auth_due = false;
+        if (reply->type == REDIS_REPLY_ERROR) {
+            freeReplyObject(reply);
+            on_watch_lost(s, "AUTH refused");
+            return;
+        }
+    } else if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3
+               && reply->element[0]->type == REDIS_REPLY_STRING
+               && reply->element[2]->type == REDIS_REPLY_STRING
+               && strcmp(reply->element[0]->str, "message") == 0) {
+        text = reply->element[2]->str;
+    }
     size_t len = strlen(s->cfg->master);
-    if (strncmp(text, s->cfg->master, len) != 0 || text[len] != ' ')
-        return;
-    rl_log(s->log, RL_LOG_WARN, "store_master_switched", "master=%s "
-           "change=\"%s\"", s->cfg->master, text + len + 1);
-    s->moved(s->moved_arg);
+    if (text != NULL && strncmp(text, s->cfg->master, len) == 0
+        && text[len] == ' ') {
+        rl_log(s->log, RL_LOG_WARN, "store_master_switched", "master=%s "
+               "change=\"%s\"", s->cfg->master, text + len + 1);
+        s->moved(s->moved_arg);
+    }
+    freeReplyObject(reply);
 }
 
-static void on_watch_lost(const redisAsyncContext *ac, int status)
+static void on_watch_lost(void *arg, const char *why)
 {
-    rl_sentinel *s = ac->data;
-    (void)status;
-    if (s->watch != ac || s->closed)
-        return;
-    s->watch = NULL; /* hiredis frees it */
+    rl_sentinel *s = arg;
+    (void)why;
+    rl_redis_conn_close(s->watch);
+    s->watch = NULL;
     watch_later(s);
 }
+
+static const rl_redis_conn_events watch_events = {
+    .connected = connected_anyway, .reply = on_watch_reply,
+    .lost = on_watch_lost};
 
 static void watch_fired(uv_timer_t *t)
 {
     rl_sentinel *s = t->data;
     const rl_endpoint *ep = sentinel_at(s, s->watch_at++);
-    redisAsyncContext *ac = dial(s, ep);
-    if (ac == NULL) {
+    rl_redis_conn *c = dial(s, ep, &watch_events, &s->watch_auth_due);
+    if (c == NULL
+        || rl_redis_conn_send(c, "SUBSCRIBE", "+switch-master", NULL) != 0) {
+        rl_redis_conn_close(c);
         watch_later(s);
         return;
     }
-    redisAsyncSetDisconnectCallback(ac, on_watch_lost);
-    if (redisAsyncCommand(ac, on_switch, NULL, "SUBSCRIBE +switch-master")
-        != REDIS_OK) {
-        redisAsyncFree(ac);
-        watch_later(s);
-        return;
-    }
-    s->watch = ac;
+    s->watch = c;
 }
 
 static void watch_later(rl_sentinel *s)
@@ -274,10 +299,8 @@ void rl_sentinel_close(rl_sentinel *s)
     s->closed = true;
     s->found = NULL;
     drop_ask(s);
-    redisAsyncContext *watch = s->watch;
+    rl_redis_conn_close(s->watch);
     s->watch = NULL;
-    if (watch != NULL)
-        redisAsyncFree(watch);
     uv_close((uv_handle_t *)&s->ask_timer, timer_closed);
     uv_close((uv_handle_t *)&s->watch_timer, timer_closed);
 }

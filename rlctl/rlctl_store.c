@@ -1,6 +1,7 @@
 /*
  * rlctl_store.c: see rlctl_store.h. rlctl runs one command and exits, so
- * plain blocking hiredis is enough; a cluster's map is read once.
+ * blocking connections are enough (rlctl_conn.c); a cluster's map is read
+ * once.
  */
 #include "rlctl_store.h"
 
@@ -12,35 +13,35 @@
 
 /* AUTH as username (NULL: the default user) when there is a password;
  * NULL when there is none to give. */
-static redisReply *authenticate(redisContext *c, const char *username,
+static redisReply *authenticate(rlctl_conn *c, const char *username,
                                 const char *password)
 {
     if (password == NULL)
         return NULL;
-    return username != NULL
-               ? redisCommand(c, "AUTH %s %s", username, password)
-               : redisCommand(c, "AUTH %s", password);
+    return username != NULL ? rlctl_command(c, "AUTH", username, password,
+                                            NULL)
+                            : rlctl_command(c, "AUTH", password, NULL);
 }
 
-static redisContext *connect_node(const rl_store_config *cfg,
-                                  const rl_endpoint *ep, char *err,
-                                  size_t errlen)
+static rlctl_conn *connect_node(const rl_store_config *cfg,
+                                const rl_endpoint *ep, char *err,
+                                size_t errlen)
 {
-    struct timeval tv = {cfg->timeout_ms < 2000 ? 2 : cfg->timeout_ms / 1000,
-                         0};
-    redisContext *c = redisConnectWithTimeout(ep->host, ep->port, tv);
-    if (c == NULL || c->err) {
+    unsigned timeout_ms = cfg->timeout_ms < 2000 ? 2000 : cfg->timeout_ms;
+    char why[300];
+    rlctl_conn *c = rlctl_conn_open(ep, timeout_ms, why, sizeof why);
+    if (c == NULL) {
         snprintf(err, errlen, "cannot reach Redis at %s:%u: %s (is it "
                  "running, and is store in the config right?)", ep->host,
-                 ep->port, c != NULL ? c->errstr : "out of memory");
-        redisFree(c);
+                 ep->port, why);
         return NULL;
     }
-    redisSetTimeout(c, tv);
     redisReply *r = authenticate(c, cfg->username, cfg->password);
     if ((r == NULL || r->type != REDIS_REPLY_ERROR) && cfg->db != 0) {
         freeReplyObject(r);
-        r = redisCommand(c, "SELECT %u", cfg->db);
+        char db[16];
+        snprintf(db, sizeof db, "%u", cfg->db);
+        r = rlctl_command(c, "SELECT", db, NULL);
     }
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
         /* The reply names no secret: Redis says WRONGPASS or NOAUTH. */
@@ -48,7 +49,7 @@ static redisContext *connect_node(const rl_store_config *cfg,
                  "store.username, store.password and store.url's db)",
                  ep->host, ep->port, r->str);
         freeReplyObject(r);
-        redisFree(c);
+        rlctl_conn_close(c);
         return NULL;
     }
     freeReplyObject(r);
@@ -67,7 +68,7 @@ static int add_primary(rlctl_store *s, const rl_endpoint *ep, char *err,
         snprintf(err, errlen, "more than %d primaries", RLCTL_PRIMARIES_MAX);
         return -1;
     }
-    redisContext *c = connect_node(s->cfg, ep, err, errlen);
+    rlctl_conn *c = connect_node(s->cfg, ep, err, errlen);
     if (c == NULL)
         return -1;
     s->primaries[s->n] = c;
@@ -76,10 +77,10 @@ static int add_primary(rlctl_store *s, const rl_endpoint *ep, char *err,
 }
 
 /* CLUSTER SLOTS: [start, end, [host, port, id], replicas...]... */
-static int read_map(rlctl_store *s, redisContext *seed,
+static int read_map(rlctl_store *s, rlctl_conn *seed,
                     const rl_endpoint *asked, char *err, size_t errlen)
 {
-    redisReply *r = redisCommand(seed, "CLUSTER SLOTS");
+    redisReply *r = rlctl_command(seed, "CLUSTER", "SLOTS", NULL);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
         snprintf(err, errlen, "%s:%u did not answer CLUSTER SLOTS (is it a "
                  "cluster node?)", asked->host, asked->port);
@@ -112,20 +113,18 @@ static int ask_sentinel(const rl_store_config *cfg, const rl_endpoint *at,
                         rl_endpoint *primary, char *err, size_t errlen)
 {
     const rl_sentinel_config *sc = &cfg->sentinel;
-    struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout(at->host, at->port, tv);
-    if (c == NULL || c->err) {
-        snprintf(err, errlen, "sentinel %s:%u: %s", at->host, at->port,
-                 c != NULL ? c->errstr : "out of memory");
-        redisFree(c);
+    char why[300];
+    rlctl_conn *c = rlctl_conn_open(at, 1000, why, sizeof why);
+    if (c == NULL) {
+        snprintf(err, errlen, "sentinel %s:%u: %.200s", at->host, at->port,
+                 why);
         return -1;
     }
-    redisSetTimeout(c, tv);
     redisReply *r = authenticate(c, sc->username, sc->password);
     if (r == NULL || r->type != REDIS_REPLY_ERROR) {
         freeReplyObject(r);
-        r = redisCommand(c, "SENTINEL get-master-addr-by-name %s",
-                         sc->master);
+        r = rlctl_command(c, "SENTINEL", "get-master-addr-by-name",
+                          sc->master, NULL);
     }
     int rc = -1;
     char text[RL_HOST_MAX + 16];
@@ -146,7 +145,7 @@ static int ask_sentinel(const rl_store_config *cfg, const rl_endpoint *at,
                             errlen);
     }
     freeReplyObject(r);
-    redisFree(c);
+    rlctl_conn_close(c);
     return rc;
 }
 
@@ -176,11 +175,11 @@ int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
     if (!cfg->cluster)
         return add_primary(s, &cfg->nodes[0], err, errlen) < 0 ? -1 : 0;
     for (size_t i = 0; i < cfg->n_nodes; i++) {
-        redisContext *seed = connect_node(cfg, &cfg->nodes[i], err, errlen);
+        rlctl_conn *seed = connect_node(cfg, &cfg->nodes[i], err, errlen);
         if (seed == NULL)
             continue;
         int rc = read_map(s, seed, &cfg->nodes[i], err, errlen);
-        redisFree(seed);
+        rlctl_conn_close(seed);
         if (rc == 0)
             return 0;
         rlctl_store_close(s);
@@ -192,11 +191,11 @@ int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
 void rlctl_store_close(rlctl_store *s)
 {
     for (int i = 0; i < s->n; i++)
-        redisFree(s->primaries[i]);
+        rlctl_conn_close(s->primaries[i]);
     s->n = 0;
 }
 
-redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
+rlctl_conn *rlctl_store_for_key(rlctl_store *s, const char *key,
                                   size_t len)
 {
     if (!s->cfg->cluster)
@@ -204,14 +203,14 @@ redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
     return s->primaries[s->slot_owner[rl_key_slot(key, len)]];
 }
 
-void rlctl_store_why(const redisContext *c, const redisReply *r,
+void rlctl_store_why(const rlctl_conn *c, const redisReply *r,
                      const char *command, char *err, size_t errlen)
 {
     if (r != NULL && r->type == REDIS_REPLY_ERROR)
         snprintf(err, errlen, "Redis refused %s: %s", command, r->str);
-    else if (c->err)
+    else if (r == NULL)
         snprintf(err, errlen, "Redis did not answer %s: %s", command,
-                 c->errstr);
+                 rlctl_conn_error(c));
     else
         snprintf(err, errlen, "Redis answered %s unexpectedly", command);
 }
@@ -219,7 +218,7 @@ void rlctl_store_why(const redisContext *c, const redisReply *r,
 unsigned long long rlctl_store_now_ms(rlctl_store *s, char *err,
                                       size_t errlen)
 {
-    redisReply *r = redisCommand(s->primaries[0], "TIME");
+    redisReply *r = rlctl_command(s->primaries[0], "TIME", NULL);
     unsigned long long ms = 0;
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
         ms = strtoull(r->element[0]->str, NULL, 10) * 1000

@@ -7,14 +7,13 @@
 #define RL_RLCTL_STORE_H
 
 #include "config.h"
-
-#include <hiredis/hiredis.h>
+#include "rlctl_conn.h"
 
 #define RLCTL_PRIMARIES_MAX 64
 
 typedef struct rlctl_store {
     const rl_store_config *cfg;
-    redisContext *primaries[RLCTL_PRIMARIES_MAX]; /* one server: [0] */
+    rlctl_conn *primaries[RLCTL_PRIMARIES_MAX];   /* one server: [0] */
     rl_endpoint endpoints[RLCTL_PRIMARIES_MAX];
     int n;
     unsigned char slot_owner[16384];               /* cluster: index */
@@ -27,8 +26,8 @@ int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
 void rlctl_store_close(rlctl_store *s);
 
 /* The connection that serves key. */
-redisContext *rlctl_store_for_key(rlctl_store *s, const char *key,
-                                  size_t len);
+rlctl_conn *rlctl_store_for_key(rlctl_store *s, const char *key,
+                                size_t len);
 
 /* Redis's clock in ms (TIME on the first primary); 0 on failure, with
  * the reason in err. */
@@ -38,7 +37,7 @@ unsigned long long rlctl_store_now_ms(rlctl_store *s, char *err,
 /* Why r, the reply to command on c, is not what was asked: the server's
  * own reason naming the command (a NOPERM from an ACL, say), else the
  * connection's. */
-void rlctl_store_why(const redisContext *c, const redisReply *r,
+void rlctl_store_why(const rlctl_conn *c, const redisReply *r,
                      const char *command, char *err, size_t errlen);
 
 #endif

@@ -91,15 +91,15 @@ static row *row_for(table *t, size_t sorted, const char *value)
 
 /* The trailing period's sub-windows (w-N..w) of one rule's clients on one
  * primary, one row per client. */
-static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
+static int scan(rlctl_conn *c, const rlctl_store *s, const rl_rule *rule,
                 unsigned long long window, table *t, char *err,
                 size_t errlen)
 {
     char match[2 * RL_PREFIX_MAX + 64], cursor[32] = "0";
     pattern(s, rule, match, sizeof match);
     do {
-        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
-                                     match);
+        redisReply *r = rlctl_command(c, "SCAN", cursor, "MATCH", match,
+                                      "COUNT", "1000", NULL);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
             rlctl_store_why(c, r, "SCAN", err, errlen);
             freeReplyObject(r);
@@ -111,8 +111,8 @@ static int scan(redisContext *c, const rlctl_store *s, const rl_rule *rule,
             char value[RL_VALUE_MAX + 1];
             if (!value_of(s, rule, keys->element[i]->str, value))
                 continue;
-            redisReply *g = redisCommand(c, "HGETALL %s",
-                                         keys->element[i]->str);
+            redisReply *g = rlctl_command(c, "HGETALL",
+                                          keys->element[i]->str, NULL);
             if (g == NULL || g->type == REDIS_REPLY_ERROR) {
                 rlctl_store_why(c, g, "HGETALL", err, errlen);
                 freeReplyObject(g);

@@ -18,7 +18,7 @@ static uint64_t ceil_div(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-static int store_error(redisContext *c, redisReply *r, const char *command,
+static int store_error(rlctl_conn *c, redisReply *r, const char *command,
                        char *err, size_t errlen)
 {
     rlctl_store_why(c, r, command, err, errlen);
@@ -31,15 +31,15 @@ static int read_key(rlctl_store *s, const char *key, char *value,
                     size_t cap, long long *ttl, bool *exists, char *err,
                     size_t errlen)
 {
-    redisContext *c = rlctl_store_for_key(s, key, strlen(key));
-    redisReply *r = redisCommand(c, "GET %s", key);
+    rlctl_conn *c = rlctl_store_for_key(s, key, strlen(key));
+    redisReply *r = rlctl_command(c, "GET", key, NULL);
     if (r == NULL || (r->type != REDIS_REPLY_STRING
                       && r->type != REDIS_REPLY_NIL))
         return store_error(c, r, "GET", err, errlen);
     *exists = r->type == REDIS_REPLY_STRING;
     snprintf(value, cap, "%s", *exists ? r->str : "");
     freeReplyObject(r);
-    r = redisCommand(c, "PTTL %s", key);
+    r = rlctl_command(c, "PTTL", key, NULL);
     if (r == NULL || r->type != REDIS_REPLY_INTEGER)
         return store_error(c, r, "PTTL", err, errlen);
     *ttl = r->integer;
@@ -85,8 +85,8 @@ static int read_synced(rlctl_store *s, const char *value,
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     v->window = now / g;
     window_key(s, r, value, v->key, sizeof v->key);
-    redisContext *c = rlctl_store_for_key(s, v->key, strlen(v->key));
-    redisReply *h = redisCommand(c, "HGETALL %s", v->key);
+    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
     if (h == NULL || h->type != REDIS_REPLY_ARRAY)
         return store_error(c, h, "HGETALL", err, errlen);
     v->exists = h->elements > 0;
@@ -105,7 +105,7 @@ static int read_synced(rlctl_store *s, const char *value,
                                               : &v->current) += n;
     }
     freeReplyObject(h);
-    redisReply *t = redisCommand(c, "PTTL %s", v->key);
+    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
     if (t == NULL || t->type != REDIS_REPLY_INTEGER)
         return store_error(c, t, "PTTL", err, errlen);
     v->ttl_ms = t->integer;
@@ -177,8 +177,8 @@ long long rlctl_view_forget(rlctl_store *s, const rlctl_view *v, char *err,
     long long removed = 0;
     for (size_t i = 0; i < 1; i++) {
         const char *key = v->key;
-        redisContext *c = rlctl_store_for_key(s, key, strlen(key));
-        redisReply *r = redisCommand(c, "DEL %s", key);
+        rlctl_conn *c = rlctl_store_for_key(s, key, strlen(key));
+        redisReply *r = rlctl_command(c, "DEL", key, NULL);
         if (r == NULL || r->type != REDIS_REPLY_INTEGER)
             return store_error(c, r, "DEL", err, errlen);
         removed += r->integer;
