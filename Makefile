@@ -35,7 +35,7 @@ CFLAGS_ALL  += $(LTO)
 LDFLAGS_ALL += $(if $(LTO),-flto=auto)
 LIB_AR = $(if $(LTO),gcc-ar,ar)
 
-LIB_DEPS  = -lcyaml -lyaml -lhiredis -luv -lnng -lmsgpackc -lm -lpthread
+LIB_DEPS  = -lcyaml -lyaml -lhiredis -lssl -lcrypto -luv -lnng -lmsgpackc -lm -lpthread
 # Criterion cannot run under ThreadSanitizer (its sandbox maps memory where
 # TSan forbids it), so `make tsan` builds the same test files against a
 # stand-in for its API: see tests/support/tsan/criterion/criterion.h.
@@ -61,7 +61,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_gateway.c tests/support/test_process.c \
              tests/support/redis_cluster.c tests/support/test_proxy.c \
              tests/support/no_network.c tests/support/fake_aggregator.c \
-             tests/support/test_fleet.c \
+             tests/support/test_fleet.c tests/support/test_certs.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \

@@ -111,7 +111,7 @@ static void io_thread(void *arg)
     /* Its own generation's modes: a reload may be adding others (the
      * I/O thread makes those when it takes the generation up). */
     if (a->io_gen->has_exact || a->io_gen->has_leased) {
-        a->store = rl_store_new(&a->loop, &a->store_config,
+        a->store = rl_store_new(&a->loop, &a->store_config, a->redis_tls,
                                 &rl_bucket_scripts, &a->store_counters,
                                 &a->log);
         if (a->store == NULL)
@@ -188,6 +188,17 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
                                 "%u is over 60000", o->timeout_ms);
         a->store_config.timeout_ms = o->timeout_ms;
     }
+    /* TLS files are read here, where a refusal still reaches the caller,
+     * not on the I/O thread. */
+    if (a->store_config.tls.enabled) {
+        char why[RL_PATH_MAX + 200];
+        a->redis_tls = rl_redis_tls_new(&a->store_config.tls, "store.tls",
+                                        why, sizeof why);
+        if (a->redis_tls == NULL)
+            return rl_error_set(err, strstr(why, "cannot read") != NULL
+                                         ? RL_EIO : RL_ECONFIG,
+                                "%s", why);
+    }
     /* The agent's own counters: exact latency and store errors. Checks
      * count in their generation's. */
     rl_gen *g;
@@ -225,6 +236,7 @@ static void free_agent(rl_agent *a)
     rl_node_batches_fini(&a->store_counters.batches);
     pthread_mutex_destroy(&a->reload_lock);
     pthread_cond_destroy(&a->io_applied_cond);
+    rl_redis_tls_free(a->redis_tls);
     rl_config_free(a->owned_config);
     free(a);
 }

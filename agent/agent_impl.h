@@ -19,6 +19,7 @@
 #include "ident.h"
 #include "leased.h"
 #include "local.h"
+#include "redis_tls.h"
 #include "stats.h"
 #include "store.h"
 #include "sync.h"
@@ -104,6 +105,7 @@ struct rl_agent {
     rl_config *owned_config;      /* NULL when the config is borrowed */
     const rl_config *config;
     rl_store_config store_config; /* the config's, with overrides */
+    rl_redis_tls *redis_tls;      /* store.tls's context, or NULL */
     rl_logger log;
     unsigned forks;               /* rl_forks() when it was opened */
 

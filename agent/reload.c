@@ -83,7 +83,7 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
     if (!quiet)
         rl_agent_warn_fleet_unknown(a, g);
     if (!quiet && (g->has_exact || g->has_leased) && a->store == NULL) {
-        a->store = rl_store_new(&a->loop, &a->store_config,
+        a->store = rl_store_new(&a->loop, &a->store_config, a->redis_tls,
                                 &rl_bucket_scripts, &a->store_counters,
                                 &a->log);
         if (a->store == NULL)

@@ -83,14 +83,15 @@ RL_API void rl_config_free(rl_config *config);
 
 /* rl_config_check opens, with the calling process's rights, every file an
  * agent opened with config would read that rl_config_load did not (it has
- * read the rules file, overrides_files and store.password_file): today the
+ * read the rules file, overrides_files and store.password_file): today
+ * store.tls's CA, certificate and key for a rediss:// store, and the
  * aggregator.tls CA, certificate and key when an aggregator URL is
- * tls+tcp://, parsed as the agent's dials parse them. A host whose workers
+ * tls+tcp://, parsed as the agent parses them. A host whose workers
  * open their agents as another user (nginx's `user`) runs it with the
  * workers' rights, so that a config they could not open with is refused
  * before they start. Returns RL_OK; RL_EIO when a file cannot be read
  * (err->message names the field, the file and the system's reason, e.g.
- * "aggregator.tls.key: cannot read '/etc/rl/k.key': Permission denied");
+ * "store.tls.key: cannot read '/etc/rl/k.key': Permission denied");
  * RL_ECONFIG when its contents are refused (not PEM, a key that is not the
  * certificate's); RL_EINVAL for a NULL config. Reads nothing else and
  * connects nowhere. Thread-safe. Parsing the TLS files starts nng's
@@ -136,7 +137,8 @@ typedef struct rl_options {
  * connecting to the store. It returns without waiting for the connection:
  * checks made before the store answers wait for it up to their deadline.
  * On success *out owns a new agent, released with rl_agent_close(). On
- * failure *out is NULL and err says why: RL_EIO / RL_ECONFIG for the config,
+ * failure *out is NULL and err says why: RL_EIO / RL_ECONFIG for the config
+ * (and for store.tls's files, read here: "store.tls.key: cannot read ..."),
  * RL_ENOTSUP for a rule mode this build cannot serve, RL_ESYS if no thread
  * could be started, RL_EINVAL, RL_ENOMEM. Thread-safe.
  *

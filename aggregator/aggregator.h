@@ -86,6 +86,7 @@ struct rl_aggregator {
     char *config_path;
     rl_logger log;
     uv_loop_t *loop;
+    rl_redis_tls *redis_tls;       /* the store's TLS context, or NULL */
     rl_store *store;
     struct rl_windows *windows;    /* reports into the store */
     nng_socket reports;

@@ -337,7 +337,15 @@ static int start(rl_aggregator *agg)
     char err[512];
     const rl_store_config *store =
         rl_config_aggregator_store(agg->boot_config);
-    agg->store = rl_store_new(agg->loop, store,
+    if (store->tls.enabled
+        && (agg->redis_tls = rl_redis_tls_new(
+                &store->tls, store == &agg->boot_config->store
+                                 ? "store.tls" : "aggregator.store.tls",
+                err, sizeof err)) == NULL) {
+        fprintf(stderr, "rl-aggregator: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    agg->store = rl_store_new(agg->loop, store, agg->redis_tls,
                               &rl_window_scripts, NULL, &agg->log);
     agg->windows = rl_windows_new(agg->store,
                                   agg->boot_config->aggregator.max_entries,
@@ -480,6 +488,7 @@ int main(int argc, char **argv)
     uv_loop_close(&loop);
     rl_broadcast_free(agg.broadcast);
     rl_windows_free(agg.windows);
+    rl_redis_tls_free(agg.redis_tls);
     free_retired(&agg);
     if (agg.config != agg.boot_config)
         rl_config_free(agg.config);

@@ -70,14 +70,17 @@ int rl_endpoint_parse(const char *text, rl_endpoint *out)
     return parse_host_port(text, text + strlen(text), 0, out);
 }
 
-int rl_redis_url_parse(const char *url, rl_endpoint *out, unsigned *db)
+int rl_redis_url_parse(const char *url, rl_endpoint *out, unsigned *db,
+                       bool *tls)
 {
-    static const char scheme[] = "redis://";
-    if (url == NULL || out == NULL || db == NULL)
+    static const char scheme[] = "redis://", tls_scheme[] = "rediss://";
+    if (url == NULL || out == NULL || db == NULL || tls == NULL)
         return RL_EINVAL;
-    if (strncmp(url, scheme, sizeof scheme - 1) != 0)
+    bool secure = strncmp(url, tls_scheme, sizeof tls_scheme - 1) == 0;
+    if (!secure && strncmp(url, scheme, sizeof scheme - 1) != 0)
         return RL_EINVAL;
-    const char *authority = url + sizeof scheme - 1;
+    const char *authority = url + (secure ? sizeof tls_scheme
+                                          : sizeof scheme) - 1;
     const char *end = authority + strlen(authority);
     const char *slash = strchr(authority, '/');
     const char *host_end = slash != NULL ? slash : end;
@@ -93,5 +96,6 @@ int rl_redis_url_parse(const char *url, rl_endpoint *out, unsigned *db)
         return RL_EINVAL;
     *out = ep;
     *db = (unsigned)n;
+    *tls = secure;
     return RL_OK;
 }

@@ -5,6 +5,7 @@
 #ifndef RL_COMMON_ADDRESS_H
 #define RL_COMMON_ADDRESS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define RL_HOST_MAX 256
@@ -20,10 +21,12 @@ typedef struct rl_endpoint {
  * RL_ETOOLONG when the host is longer than RL_HOST_MAX - 1 bytes. */
 int rl_endpoint_parse(const char *text, rl_endpoint *out);
 
-/* rl_redis_url_parse reads "redis://host[:port][/db]" (port defaults to
- * 6379, db to 0, db at most 1,000,000). Credentials in the URL are refused
+/* rl_redis_url_parse reads "redis://host[:port][/db]", or "rediss://..."
+ * for TLS (*tls set), (port defaults to 6379, db to 0, db at most
+ * 1,000,000). Credentials in the URL are refused
  * (RL_EINVAL): they belong in the config's username/password fields, where
  * they are not logged with the URL. */
-int rl_redis_url_parse(const char *url, rl_endpoint *out, unsigned *db);
+int rl_redis_url_parse(const char *url, rl_endpoint *out, unsigned *db,
+                       bool *tls);
 
 #endif

@@ -45,6 +45,7 @@ static const char *const on_error_names[] = {"allow", "deny", "local",
 static const char *const charge_names[] = {"all", "first_reject", "refund",
                                            "atomic", NULL};
 static const char *const scripts_names[] = {"auto", "function", "eval", NULL};
+static const char *const verify_names[] = {"full", "ca", "none", NULL};
 
 const char *rl_mode_name(rl_mode m) { return mode_names[m]; }
 const char *rl_algorithm_name(rl_algorithm a) { return algorithm_names[a]; }
@@ -558,6 +559,42 @@ static int load_sentinel(struct loader *ld, const char *where,
     return copy_secret(ld, raw->password, &store->sentinel.password);
 }
 
+/* store.tls: TLS to every node and sentinel of the store. A rediss:// URL
+ * alone takes the defaults (the system's trust store, verify: full); a
+ * plain redis:// URL with a tls block is a contradiction, said so. */
+static int load_store_tls(struct loader *ld, const char *where,
+                          const rl_raw_store *raw, rl_store_config *store)
+{
+    const rl_raw_store_tls *t = raw->tls;
+    rl_store_tls_config *c = &store->tls;
+    c->verify = RL_TLS_VERIFY_FULL;
+    if (t == NULL)
+        return RL_OK;
+    char sp[64];
+    if (raw->url != NULL && !c->enabled)
+        return bad(ld, AT("tls"), "set, but %s.url is redis://: write "
+                   "rediss:// for TLS", where);
+    c->enabled = true;
+    snprintf(c->ca, sizeof c->ca, "%s", t->ca != NULL ? t->ca : "");
+    snprintf(c->ca_dir, sizeof c->ca_dir, "%s",
+             t->ca_dir != NULL ? t->ca_dir : "");
+    snprintf(c->cert, sizeof c->cert, "%s", t->cert != NULL ? t->cert : "");
+    snprintf(c->key, sizeof c->key, "%s", t->key != NULL ? t->key : "");
+    snprintf(c->server_name, sizeof c->server_name, "%s",
+             t->server_name != NULL ? t->server_name : "");
+    int choice = RL_TLS_VERIFY_FULL;
+    int rc = choose(ld, AT("tls.verify"), t->verify, verify_names, &choice);
+    if (rc != RL_OK)
+        return rc;
+    c->verify = (rl_tls_verify)choice;
+    if (c->ca[0] != '\0' && c->ca_dir[0] != '\0')
+        return bad(ld, AT("tls"), "give ca or ca_dir, not both");
+    if ((c->cert[0] == '\0') != (c->key[0] == '\0'))
+        return bad(ld, AT("tls"), "cert and key go together: give both or "
+                   "neither");
+    return RL_OK;
+}
+
 /* The store block at where ("store", or "aggregator.store"). */
 static int load_store(struct loader *ld, const char *where,
                       const rl_raw_store *raw, rl_store_config *store)
@@ -589,13 +626,16 @@ static int load_store(struct loader *ld, const char *where,
             && strchr(raw->url, '@') != NULL)
             return credentials_refused(ld, where, AT("url"));
         if (raw != NULL && raw->url != NULL
-            && rl_redis_url_parse(raw->url, &store->nodes[0], &store->db))
+            && rl_redis_url_parse(raw->url, &store->nodes[0], &store->db,
+                                  &store->tls.enabled))
             return bad(ld, AT("url"), "'%s' is not redis://host[:port][/db]"
-                       " (credentials go in store.username and "
-                       "store.password)", raw->url);
+                       " or rediss://... (credentials go in store.username "
+                       "and store.password)", raw->url);
     }
     if (raw == NULL)
         return RL_OK;
+    if ((rc = load_store_tls(ld, where, raw, store)) != RL_OK)
+        return rc;
     uint64_t n;
     if (raw->timeout_ms != NULL) {
         if ((rc = parse_int(ld, AT("timeout_ms"), raw->timeout_ms, 1, 60000,

@@ -166,6 +166,25 @@ typedef struct rl_sentinel_config {
     char *password;
 } rl_sentinel_config;
 
+/* How much of the server's certificate store.tls checks. */
+typedef enum rl_tls_verify {
+    RL_TLS_VERIFY_FULL,     /* the chain, and the host name or address */
+    RL_TLS_VERIFY_CA,       /* the chain only */
+    RL_TLS_VERIFY_NONE,     /* nothing (tests only) */
+} rl_tls_verify;
+
+/* TLS to Redis (rediss://, store.tls). Paths are PEM files, "" when not
+ * set; with neither ca nor ca_dir the system's trust store is used. */
+typedef struct rl_store_tls_config {
+    bool enabled;
+    char ca[RL_PATH_MAX + 1];
+    char ca_dir[RL_PATH_MAX + 1];
+    char cert[RL_PATH_MAX + 1];   /* a client certificate (mutual TLS) */
+    char key[RL_PATH_MAX + 1];
+    char server_name[256];        /* SNI and the name checked; "": host */
+    rl_tls_verify verify;
+} rl_store_tls_config;
+
 typedef struct rl_store_config {
     bool cluster;           /* nodes are cluster seeds, not one server */
     /* With sentinel.master, nodes[0] is the first sentinel's address
@@ -179,6 +198,7 @@ typedef struct rl_store_config {
     uint32_t timeout_ms;    /* deadline of one check against the store */
     uint32_t wait_replicas; /* WAIT for this many replicas after a write */
     rl_scripts scripts;
+    rl_store_tls_config tls; /* to every node and sentinel alike */
 } rl_store_config;
 
 /* TLS between agents and aggregators (tls+tcp:// URLs). Paths are PEM

@@ -96,10 +96,25 @@ static const cyaml_schema_field_t sentinel_fields[] = {
     CYAML_FIELD_END,
 };
 
+static const cyaml_schema_field_t store_tls_fields[] = {
+    STR_FIELD("ca", CYAML_FLAG_OPTIONAL, rl_raw_store_tls, ca, RL_PATH_MAX),
+    STR_FIELD("ca_dir", CYAML_FLAG_OPTIONAL, rl_raw_store_tls, ca_dir,
+              RL_PATH_MAX),
+    STR_FIELD("cert", CYAML_FLAG_OPTIONAL, rl_raw_store_tls, cert,
+              RL_PATH_MAX),
+    STR_FIELD("key", CYAML_FLAG_OPTIONAL, rl_raw_store_tls, key, RL_PATH_MAX),
+    STR_FIELD("server_name", CYAML_FLAG_OPTIONAL, rl_raw_store_tls,
+              server_name, 255),
+    STR_FIELD("verify", CYAML_FLAG_OPTIONAL, rl_raw_store_tls, verify, 32),
+    CYAML_FIELD_END,
+};
+
 static const cyaml_schema_field_t store_fields[] = {
     CYAML_FIELD_MAPPING_PTR("sentinel", CYAML_FLAG_POINTER
                             | CYAML_FLAG_OPTIONAL, rl_raw_store, sentinel,
                             sentinel_fields),
+    CYAML_FIELD_MAPPING_PTR("tls", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
+                            rl_raw_store, tls, store_tls_fields),
     STR_FIELD("url", CYAML_FLAG_OPTIONAL, rl_raw_store, url, 1024),
     CYAML_FIELD_SEQUENCE("cluster", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                          rl_raw_store, cluster, &seed_schema, 0, RL_SEEDS_MAX),

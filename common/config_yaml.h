@@ -51,8 +51,18 @@ typedef struct rl_raw_sentinel {
     char *password;
 } rl_raw_sentinel;
 
+typedef struct rl_raw_store_tls {
+    char *ca;
+    char *ca_dir;
+    char *cert;
+    char *key;
+    char *server_name;
+    char *verify;
+} rl_raw_store_tls;
+
 typedef struct rl_raw_store {
     rl_raw_sentinel *sentinel;
+    rl_raw_store_tls *tls;
     char *url;
     char **cluster;
     unsigned cluster_count;

@@ -94,6 +94,7 @@ typedef struct call {
 struct rl_node {
     uv_loop_t *loop;
     const rl_store_config *cfg;
+    rl_redis_tls *tls;
     rl_endpoint ep;
     rl_node_batches *batches;  /* shared with the other nodes, or NULL */
     int slot;                  /* this node's in batches->shards, or -1 */
@@ -276,9 +277,10 @@ static void became_ready(rl_node *s)
     s->state = READY;
     s->backoff_ms = BACKOFF_FIRST_MS;
     s->down_reason[0] = '\0';
-    rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s",
-           s->ep.host, s->ep.port,
-           s->use_functions ? "function" : "eval");
+    rl_log(s->log, RL_LOG_INFO, "store_ready", "addr=%s:%u scripts=%s "
+           "tls=%s", s->ep.host, s->ep.port,
+           s->use_functions ? "function" : "eval",
+           rl_redis_conn_tls(s->conn));
     send_waiting(s);
 }
 
@@ -664,7 +666,7 @@ static void connect_now(rl_node *s)
 static void connect_to_primary(rl_node *s)
 {
     s->state = CONNECTING;
-    s->conn = rl_redis_conn_open(s->loop, &s->ep, &conn_events, s);
+    s->conn = rl_redis_conn_open(s->loop, &s->ep, s->tls, &conn_events, s);
     if (s->conn == NULL) {
         went_down(s, "out of memory");
         return;
@@ -843,16 +845,17 @@ static void lose(rl_node *s, const char *why)
 {
     if (s->conn == NULL)
         return;
-    bool was_up = s->state == LOADING || s->state == READY;
+    bool loading = s->state == LOADING;
+    bool was_up = loading || s->state == READY;
     rl_redis_conn_close(s->conn);
     s->conn = NULL;
-    if (was_up)
+    /* A handshake refused alike at every reconnect (a client certificate
+     * the server does not take, which TLS 1.3 says after the handshake)
+     * is said once. */
+    if (was_up && !(loading && strcmp(s->down_reason, why) == 0))
         rl_log(s->log, RL_LOG_WARN, "store_disconnected",
                "addr=%s:%u reason=\"%s\"", s->ep.host, s->ep.port, why);
-    if (s->state == LOADING && s->down_reason[0] != '\0')
-        went_down(s, s->down_reason);
-    else
-        went_down(s, was_up ? "store connection lost" : why);
+    went_down(s, loading || !was_up ? why : "store connection lost");
     fail_due(s);
 }
 
@@ -1038,7 +1041,7 @@ static void watchdog_fired(uv_timer_t *t)
 }
 
 rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
-                     const rl_endpoint *ep, const rl_script_set *scripts,
+                     rl_redis_tls *tls, const rl_endpoint *ep, const rl_script_set *scripts,
                      rl_node_batches *batches, const rl_logger *log)
 {
     rl_node *s = calloc(1, sizeof *s);
@@ -1046,6 +1049,7 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
         return NULL;
     s->loop = loop;
     s->cfg = cfg;
+    s->tls = tls;
     s->ep = *ep;
     s->batches = batches;
     s->slot = batches != NULL ? rl_node_batches_slot(batches, ep) : -1;
@@ -1061,8 +1065,8 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
     uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
                    WATCHDOG_EVERY_MS);
     if (cfg->sentinel.master != NULL
-        && (s->sentinel = rl_sentinel_new(loop, cfg, log, on_master_moved,
-                                          s)) == NULL) {
+        && (s->sentinel = rl_sentinel_new(loop, cfg, tls, log,
+                                          on_master_moved, s)) == NULL) {
         rl_node_close(s);
         return NULL;
     }

@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "redis_tls.h"
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -72,11 +73,12 @@ int rl_node_batches_slot(rl_node_batches *b, const rl_endpoint *ep);
 typedef struct rl_node rl_node;
 
 /* rl_node_new starts connecting to ep on loop, with cfg's credentials,
- * database and timeouts. scripts NULL: a node for plain commands only.
- * cfg, scripts, batches (may be NULL) and log must outlive the node. NULL
- * when out of memory. */
+ * database and timeouts, over TLS when tls is not NULL (made from
+ * cfg->tls). scripts NULL: a node for plain commands only. cfg, tls,
+ * scripts, batches (may be NULL) and log must outlive the node. NULL when
+ * out of memory. */
 rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
-                     const rl_endpoint *ep, const rl_script_set *scripts,
+                     rl_redis_tls *tls, const rl_endpoint *ep, const rl_script_set *scripts,
                      rl_node_batches *batches, const rl_logger *log);
 
 /* rl_node_run runs script (or, with RL_NODE_RAW, the command argv[0]) with

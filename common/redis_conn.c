@@ -15,12 +15,21 @@
  * commands gather in a second buffer, which goes when it completes.
  * Neither buffer shrinks: a connection's output reaches its working size
  * once and is then reused, so a command costs no allocation.
+ *
+ * Over TLS the session reads from and writes to memory BIOs (redis_tls.c):
+ * what the socket brings is written into the session, which gives the
+ * plaintext to the reader; a flush writes the turn's commands into the
+ * session and sends what it makes of them. The handshake runs first, and
+ * the owner hears `connected` only once it is done. A refusal the server
+ * sends after the handshake (TLS 1.3 reports a client certificate refused
+ * on the first read) is lost with the alert's reason.
  */
 #include "redis_conn.h"
 
 #include "resp.h"
 
 #include <hiredis/hiredis.h>
+#include <openssl/err.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,6 +59,9 @@ struct rl_redis_conn {
     uv_write_t write;
     struct addrinfo *addrs, *next_addr; /* a name's addresses, tried in turn */
     redisReader *reader;
+    rl_redis_tls *tls; /* NULL: plain TCP */
+    SSL *ssl;          /* this connection's session, once TCP is up */
+    bool handshaking;
     out_buf out;       /* commands not yet handed to uv_write */
     out_buf sending;   /* the write in flight */
     bool resolving;    /* a name on libuv's thread pool */
@@ -70,6 +82,7 @@ static void release(rl_redis_conn *c)
         uv_freeaddrinfo(c->addrs);
     if (c->reader != NULL)
         redisReaderFree(c->reader);
+    SSL_free(c->ssl);
     free(c->out.data);
     free(c->sending.data);
     free(c);
@@ -121,16 +134,55 @@ static int reserve(out_buf *b, size_t more)
 
 static void on_flush(uv_prepare_t *p);
 
+static void write_sending(rl_redis_conn *c);
+static void tls_send(rl_redis_conn *c);
+
 static void on_written(uv_write_t *w, int status)
 {
     rl_redis_conn *c = w->data;
     c->writing = false;
     c->sending.len = 0;
-    if (status < 0)
+    if (status < 0) {
         fail_uv(c, "writing to", status);
-    else if (c->out.len > 0 && !c->dead)
-        uv_prepare_start(&c->flush, on_flush);
+    } else if (!c->dead) {
+        if (c->ssl != NULL)
+            tls_send(c); /* what the session made meanwhile */
+        if (c->out.len > 0 && !c->writing)
+            uv_prepare_start(&c->flush, on_flush);
+    }
     release(c);
+}
+
+/* What the session has made (records, handshake messages) goes out, after
+ * the write in flight. */
+static void tls_send(rl_redis_conn *c)
+{
+    BIO *wire = SSL_get_wbio(c->ssl);
+    size_t pending = BIO_ctrl_pending(wire);
+    if (c->writing || c->dead || pending == 0)
+        return;
+    if (reserve(&c->sending, pending) != 0) {
+        fail(c, "out of memory writing TLS records");
+        return;
+    }
+    int n = BIO_read(wire, c->sending.data, (int)pending);
+    c->sending.len = n > 0 ? (size_t)n : 0;
+    write_sending(c);
+}
+
+/* The turn's commands into the session, and out as records. */
+static void tls_flush(rl_redis_conn *c)
+{
+    ERR_clear_error();
+    int n = SSL_write(c->ssl, c->out.data, (int)c->out.len);
+    if (n <= 0) {
+        char why[300];
+        rl_redis_tls_why(c->ssl, SSL_get_error(c->ssl, n), why, sizeof why);
+        fail(c, why);
+        return;
+    }
+    c->out.len = 0;
+    tls_send(c);
 }
 
 static void on_flush(uv_prepare_t *p)
@@ -139,9 +191,18 @@ static void on_flush(uv_prepare_t *p)
     uv_prepare_stop(p);
     if (c->writing || !c->up || c->out.len == 0)
         return;
+    if (c->ssl != NULL) {
+        tls_flush(c);
+        return;
+    }
     out_buf filled = c->out;
     c->out = c->sending;
     c->sending = filled;
+    write_sending(c);
+}
+
+static void write_sending(rl_redis_conn *c)
+{
     uv_buf_t buf = uv_buf_init(c->sending.data, (unsigned)c->sending.len);
     int rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1,
                       on_written);
@@ -221,15 +282,91 @@ static void deliver(rl_redis_conn *c, const char *bytes, size_t n)
         fail(c, "a reply larger than 64 MiB");
 }
 
+static void became_up(rl_redis_conn *c)
+{
+    c->up = true;
+    c->ev->connected(c->arg);
+    if (!c->dead && !c->closed && c->out.len > 0)
+        uv_prepare_start(&c->flush, on_flush);
+}
+
+static void tls_failed(rl_redis_conn *c, int rc)
+{
+    char why[300];
+    rl_redis_tls_why(c->ssl, SSL_get_error(c->ssl, rc), why, sizeof why);
+    fail(c, why);
+}
+
+/* Records read from the socket: the handshake's next step, then the
+ * plaintext, read out of the session a buffer at a time. */
+static void tls_received(rl_redis_conn *c, const char *bytes, size_t n)
+{
+    if (BIO_write(SSL_get_rbio(c->ssl), bytes, (int)n) != (int)n) {
+        fail(c, "out of memory reading TLS records");
+        return;
+    }
+    ERR_clear_error();
+    if (c->handshaking) {
+        int rc = SSL_do_handshake(c->ssl);
+        tls_send(c);
+        if (rc <= 0 && SSL_get_error(c->ssl, rc) != SSL_ERROR_WANT_READ) {
+            tls_failed(c, rc);
+            return;
+        }
+        if (rc <= 0)
+            return;
+        c->handshaking = false;
+        became_up(c);
+    }
+    char plain[16384];
+    while (!c->dead && !c->closed) {
+        ERR_clear_error();
+        int got = SSL_read(c->ssl, plain, sizeof plain);
+        if (got <= 0) {
+            if (SSL_get_error(c->ssl, got) != SSL_ERROR_WANT_READ)
+                tls_failed(c, got);
+            break;
+        }
+        deliver(c, plain, (size_t)got);
+    }
+    if (!c->dead)
+        tls_send(c); /* a key update, a ticket's acknowledgement */
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     rl_redis_conn *c = s->data;
     if (n == UV_EOF)
-        fail(c, "the server closed the connection");
+        fail(c, c->handshaking ? "the server closed the connection during "
+                                 "the TLS handshake (is its port TLS?)"
+                               : "the server closed the connection");
     else if (n < 0)
         fail_uv(c, "reading from", (int)n);
+    else if (n > 0 && c->ssl != NULL)
+        tls_received(c, buf->base, (size_t)n);
     else if (n > 0)
         deliver(c, buf->base, (size_t)n);
+}
+
+/* TCP is up: plain, the connection is; over TLS, the handshake starts. */
+static void tcp_up(rl_redis_conn *c)
+{
+    if (c->tls == NULL) {
+        became_up(c);
+        return;
+    }
+    c->ssl = rl_redis_tls_client(c->tls, &c->ep);
+    if (c->ssl == NULL) {
+        fail(c, "out of memory starting TLS");
+        return;
+    }
+    c->handshaking = true;
+    ERR_clear_error();
+    int rc = SSL_do_handshake(c->ssl); /* the ClientHello */
+    if (rc <= 0 && SSL_get_error(c->ssl, rc) != SSL_ERROR_WANT_READ)
+        tls_failed(c, rc);
+    else
+        tls_send(c);
 }
 
 /* --- Connecting -------------------------------------------------------- */
@@ -251,16 +388,12 @@ static void on_connected(uv_connect_t *req, int status)
 {
     rl_redis_conn *c = req->data;
     if (status == 0 && !c->dead && !c->closed) {
-        c->up = true;
         uv_tcp_nodelay(&c->tcp, 1);
         int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-        if (rc < 0) {
+        if (rc < 0)
             fail_uv(c, "reading from", rc);
-        } else {
-            c->ev->connected(c->arg);
-            if (!c->dead && !c->closed && c->out.len > 0)
-                uv_prepare_start(&c->flush, on_flush);
-        }
+        else
+            tcp_up(c);
     } else if (status != UV_ECANCELED && !c->dead && !c->closed) {
         /* A name's next address, on a fresh socket once this one is
          * closed. */
@@ -332,6 +465,7 @@ static void start(rl_redis_conn *c)
 }
 
 rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
+                                  rl_redis_tls *tls,
                                   const rl_redis_conn_events *ev, void *arg)
 {
     rl_redis_conn *c = calloc(1, sizeof *c);
@@ -343,6 +477,7 @@ rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
         return NULL;
     }
     c->loop = loop;
+    c->tls = tls;
     c->ev = ev;
     c->arg = arg;
     c->ep = *ep;
@@ -351,6 +486,13 @@ rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
     c->refs = 1; /* the prepare handle */
     start(c);
     return c;
+}
+
+const char *rl_redis_conn_tls(const rl_redis_conn *c)
+{
+    if (c->ssl == NULL)
+        return "none";
+    return rl_redis_tls_resumed(c->ssl) ? "resumed" : "full";
 }
 
 void rl_redis_conn_close(rl_redis_conn *c)

@@ -12,6 +12,7 @@
 #define RL_COMMON_REDIS_CONN_H
 
 #include "address.h"
+#include "redis_tls.h"
 
 #include <hiredis/hiredis.h>
 #include <stdbool.h>
@@ -33,9 +34,12 @@ typedef struct rl_redis_conn_events {
     void (*lost)(void *arg, const char *why);
 } rl_redis_conn_events;
 
-/* Starts connecting to ep. ev and arg must outlive the connection. NULL
- * when out of memory. */
+/* Starts connecting to ep, over TLS when tls is not NULL: the connection
+ * is up (connected) once the handshake is done, and a refusal is lost
+ * with its reason (redis_tls.h). tls, ev and arg must outlive the
+ * connection. NULL when out of memory. */
 rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
+                                  rl_redis_tls *tls,
                                   const rl_redis_conn_events *ev, void *arg);
 
 /* Queues a command of argc arguments (lens gives each one's length). A
@@ -46,6 +50,11 @@ int rl_redis_conn_command(rl_redis_conn *c, int argc,
 
 /* The same, with NUL-terminated arguments ending with NULL. */
 int rl_redis_conn_send(rl_redis_conn *c, const char *arg0, ...);
+
+/* How the connection's TLS session began: "resumed" (from the last
+ * connection's to the same server), "full" (a whole handshake), or "none"
+ * (plain TCP). */
+const char *rl_redis_conn_tls(const rl_redis_conn *c);
 
 /* Closes the connection: no callback is called after this, not even from
  * inside one that is running. The memory goes once libuv lets go of its

@@ -26,6 +26,7 @@
 struct rl_sentinel {
     uv_loop_t *loop;
     const rl_sentinel_config *cfg;
+    rl_redis_tls *tls;
     const rl_logger *log;
     rl_sentinel_moved_fn moved;
     void *moved_arg;
@@ -61,7 +62,7 @@ static const rl_endpoint *sentinel_at(const rl_sentinel *s, size_t i)
 static rl_redis_conn *dial(rl_sentinel *s, const rl_endpoint *ep,
                            const rl_redis_conn_events *ev, bool *auth)
 {
-    rl_redis_conn *c = rl_redis_conn_open(s->loop, ep, ev, s);
+    rl_redis_conn *c = rl_redis_conn_open(s->loop, ep, s->tls, ev, s);
     const rl_sentinel_config *cfg = s->cfg;
     *auth = cfg->password != NULL;
     int rc = c == NULL ? -1
@@ -270,13 +271,14 @@ static void watch_later(rl_sentinel *s)
 /* --- Life -------------------------------------------------------------- */
 
 rl_sentinel *rl_sentinel_new(uv_loop_t *loop, const rl_store_config *cfg,
-                             const rl_logger *log, rl_sentinel_moved_fn moved,
+                             rl_redis_tls *tls, const rl_logger *log, rl_sentinel_moved_fn moved,
                              void *arg)
 {
     rl_sentinel *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NULL;
-    *s = (rl_sentinel){.loop = loop, .cfg = &cfg->sentinel, .log = log,
+    *s = (rl_sentinel){.loop = loop, .cfg = &cfg->sentinel, .tls = tls,
+                       .log = log,
                        .moved = moved, .moved_arg = arg, .open_handles = 2};
     uv_timer_init(loop, &s->ask_timer);
     uv_timer_init(loop, &s->watch_timer);

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "redis_tls.h"
 
 #include <uv.h>
 
@@ -23,10 +24,11 @@ typedef void (*rl_sentinel_found_fn)(void *arg, const rl_endpoint *primary,
 typedef void (*rl_sentinel_moved_fn)(void *arg);
 
 /* rl_sentinel_new watches cfg->sentinel's master for moves (one
- * subscription, to one sentinel at a time) and calls moved on each.
- * cfg and log must outlive it. NULL when out of memory. */
+ * subscription, to one sentinel at a time) and calls moved on each. The
+ * sentinels are spoken to over TLS when tls is not NULL, as the store is.
+ * cfg, tls and log must outlive it. NULL when out of memory. */
 rl_sentinel *rl_sentinel_new(uv_loop_t *loop, const rl_store_config *cfg,
-                             const rl_logger *log, rl_sentinel_moved_fn moved,
+                             rl_redis_tls *tls, const rl_logger *log, rl_sentinel_moved_fn moved,
                              void *arg);
 
 /* Asks the sentinels, from the one that answered last, for the master's

@@ -55,6 +55,7 @@ typedef struct route {
 struct rl_store {
     uv_loop_t *loop;
     const rl_store_config *cfg;
+    rl_redis_tls *tls;
     const rl_script_set *scripts;
     const rl_logger *log;
     rl_store_counters *counters;
@@ -120,7 +121,7 @@ static rl_node *node_at(rl_store *s, const rl_endpoint *ep)
     }
     if (s->n_nodes == NODES_MAX)
         return NULL;
-    rl_node *n = rl_node_new(s->loop, s->cfg, ep, s->scripts,
+    rl_node *n = rl_node_new(s->loop, s->cfg, s->tls, ep, s->scripts,
                              &s->counters->batches, s->log);
     if (n != NULL)
         s->nodes[s->n_nodes++] = n;
@@ -276,7 +277,8 @@ static rl_node *map_source(rl_store *s)
     if (s->control == NULL) {
         const rl_endpoint *seed =
             &s->cfg->nodes[s->next_seed++ % s->cfg->n_nodes];
-        s->control = rl_node_new(s->loop, s->cfg, seed, NULL, NULL, s->log);
+        s->control = rl_node_new(s->loop, s->cfg, s->tls, seed, NULL, NULL,
+                                 s->log);
     }
     return s->control;
 }
@@ -520,13 +522,13 @@ static void next_turn(uv_prepare_t *p)
 }
 
 rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
-                       const rl_script_set *scripts,
+                       rl_redis_tls *tls, const rl_script_set *scripts,
                        rl_store_counters *counters, const rl_logger *log)
 {
     rl_store *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NULL;
-    *s = (rl_store){.loop = loop, .cfg = cfg, .scripts = scripts,
+    *s = (rl_store){.loop = loop, .cfg = cfg, .tls = tls, .scripts = scripts,
                     .log = log, .counters = counters};
     if (s->counters == NULL) {
         s->counters = &s->own_counters;
@@ -541,7 +543,7 @@ rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
     uv_prepare_start(&s->turn, next_turn);
     uv_unref((uv_handle_t *)&s->turn);
     if (!cfg->cluster) {
-        s->single = rl_node_new(loop, cfg, &cfg->nodes[0], scripts,
+        s->single = rl_node_new(loop, cfg, tls, &cfg->nodes[0], scripts,
                                 &s->counters->batches, log);
         if (s->single == NULL) {
             rl_store_close(s);

@@ -24,11 +24,13 @@ typedef struct rl_store_counters {
     atomic_uint_least64_t refreshes; /* slot maps read */
 } rl_store_counters;
 
-/* rl_store_new starts connecting to the store of cfg on loop. cfg, scripts,
- * counters (may be NULL) and log must outlive the store. NULL when out of
- * memory. */
+/* rl_store_new starts connecting to the store of cfg on loop, over TLS
+ * when tls is not NULL (rl_redis_tls_new of cfg->tls, which the caller
+ * makes where a refusal can still be returned, and owns). cfg, tls,
+ * scripts, counters (may be NULL) and log must outlive the store. NULL
+ * when out of memory. */
 rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
-                       const rl_script_set *scripts,
+                       rl_redis_tls *tls, const rl_script_set *scripts,
                        rl_store_counters *counters, const rl_logger *log);
 
 /* rl_store_run runs script with argv (numkeys, the keys, the arguments;

@@ -85,8 +85,8 @@ static bool has_reply(const rlctl_conn *c)
     return c->reply != NULL;
 }
 
-rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, unsigned timeout_ms,
-                            char *err, size_t errlen)
+rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, rl_redis_tls *tls,
+                            unsigned timeout_ms, char *err, size_t errlen)
 {
     rlctl_conn *c = calloc(1, sizeof *c);
     if (c == NULL || uv_loop_init(&c->loop) != 0) {
@@ -97,7 +97,7 @@ rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, unsigned timeout_ms,
     c->timeout_ms = timeout_ms;
     uv_timer_init(&c->loop, &c->deadline);
     c->deadline.data = c;
-    c->conn = rl_redis_conn_open(&c->loop, ep, &events, c);
+    c->conn = rl_redis_conn_open(&c->loop, ep, tls, &events, c);
     if (c->conn == NULL)
         snprintf(c->error, sizeof c->error, "out of memory");
     if (c->conn == NULL || !wait_for(c, is_connected)) {

@@ -8,15 +8,17 @@
 #define RL_RLCTL_CONN_H
 
 #include "address.h"
+#include "redis_tls.h"
 
 #include <hiredis/hiredis.h>
 
 typedef struct rlctl_conn rlctl_conn;
 
-/* Connects to ep, waiting up to timeout_ms. NULL on failure, with why in
- * err. */
-rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, unsigned timeout_ms,
-                            char *err, size_t errlen);
+/* Connects to ep (over TLS when tls is not NULL; it must outlive the
+ * connection), waiting up to timeout_ms. NULL on failure, with why (a
+ * certificate refused, say) in err. */
+rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, rl_redis_tls *tls,
+                            unsigned timeout_ms, char *err, size_t errlen);
 
 /* Sends a command of NUL-terminated arguments ending with NULL and waits
  * for its reply, which the caller frees with freeReplyObject. NULL when

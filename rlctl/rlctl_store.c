@@ -23,13 +23,14 @@ static redisReply *authenticate(rlctl_conn *c, const char *username,
                             : rlctl_command(c, "AUTH", password, NULL);
 }
 
-static rlctl_conn *connect_node(const rl_store_config *cfg,
+static rlctl_conn *connect_node(const rlctl_store *s,
                                 const rl_endpoint *ep, char *err,
                                 size_t errlen)
 {
+    const rl_store_config *cfg = s->cfg;
     unsigned timeout_ms = cfg->timeout_ms < 2000 ? 2000 : cfg->timeout_ms;
     char why[300];
-    rlctl_conn *c = rlctl_conn_open(ep, timeout_ms, why, sizeof why);
+    rlctl_conn *c = rlctl_conn_open(ep, s->tls, timeout_ms, why, sizeof why);
     if (c == NULL) {
         snprintf(err, errlen, "cannot reach Redis at %s:%u: %s (is it "
                  "running, and is store in the config right?)", ep->host,
@@ -68,7 +69,7 @@ static int add_primary(rlctl_store *s, const rl_endpoint *ep, char *err,
         snprintf(err, errlen, "more than %d primaries", RLCTL_PRIMARIES_MAX);
         return -1;
     }
-    rlctl_conn *c = connect_node(s->cfg, ep, err, errlen);
+    rlctl_conn *c = connect_node(s, ep, err, errlen);
     if (c == NULL)
         return -1;
     s->primaries[s->n] = c;
@@ -109,12 +110,13 @@ static int read_map(rlctl_store *s, rlctl_conn *seed,
 /* The master's address from one sentinel (SENTINEL
  * GET-MASTER-ADDR-BY-NAME, after AUTH if the sentinels have a password);
  * -1 with why in err. */
-static int ask_sentinel(const rl_store_config *cfg, const rl_endpoint *at,
+static int ask_sentinel(const rlctl_store *s, const rl_endpoint *at,
                         rl_endpoint *primary, char *err, size_t errlen)
 {
+    const rl_store_config *cfg = s->cfg;
     const rl_sentinel_config *sc = &cfg->sentinel;
     char why[300];
-    rlctl_conn *c = rlctl_conn_open(at, 1000, why, sizeof why);
+    rlctl_conn *c = rlctl_conn_open(at, s->tls, 1000, why, sizeof why);
     if (c == NULL) {
         snprintf(err, errlen, "sentinel %s:%u: %.200s", at->host, at->port,
                  why);
@@ -156,7 +158,7 @@ static int open_by_sentinel(rlctl_store *s, const rl_store_config *cfg,
     char why[512] = "";
     for (size_t i = 0; i < cfg->sentinel.n_addresses; i++) {
         rl_endpoint primary;
-        if (ask_sentinel(cfg, &cfg->sentinel.addresses[i], &primary, why,
+        if (ask_sentinel(s, &cfg->sentinel.addresses[i], &primary, why,
                          sizeof why) == 0)
             return add_primary(s, &primary, err, errlen) < 0 ? -1 : 0;
     }
@@ -165,34 +167,53 @@ static int open_by_sentinel(rlctl_store *s, const rl_store_config *cfg,
     return -1;
 }
 
-int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
-                     size_t errlen)
+static void drop_primaries(rlctl_store *s)
 {
-    memset(s, 0, sizeof *s);
-    s->cfg = cfg;
+    for (int i = 0; i < s->n; i++)
+        rlctl_conn_close(s->primaries[i]);
+    s->n = 0;
+}
+
+static int open_primaries(rlctl_store *s, const rl_store_config *cfg,
+                          char *err, size_t errlen)
+{
     if (cfg->sentinel.master != NULL)
         return open_by_sentinel(s, cfg, err, errlen);
     if (!cfg->cluster)
         return add_primary(s, &cfg->nodes[0], err, errlen) < 0 ? -1 : 0;
     for (size_t i = 0; i < cfg->n_nodes; i++) {
-        rlctl_conn *seed = connect_node(cfg, &cfg->nodes[i], err, errlen);
+        rlctl_conn *seed = connect_node(s, &cfg->nodes[i], err, errlen);
         if (seed == NULL)
             continue;
         int rc = read_map(s, seed, &cfg->nodes[i], err, errlen);
         rlctl_conn_close(seed);
         if (rc == 0)
             return 0;
-        rlctl_store_close(s);
-        s->cfg = cfg;
+        drop_primaries(s);
     }
     return -1;
 }
 
+int rlctl_store_open(rlctl_store *s, const rl_store_config *cfg, char *err,
+                     size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    if (cfg->tls.enabled
+        && (s->tls = rl_redis_tls_new(&cfg->tls, "store.tls", err, errlen))
+               == NULL)
+        return -1;
+    int rc = open_primaries(s, cfg, err, errlen);
+    if (rc != 0)
+        rlctl_store_close(s);
+    return rc;
+}
+
 void rlctl_store_close(rlctl_store *s)
 {
-    for (int i = 0; i < s->n; i++)
-        rlctl_conn_close(s->primaries[i]);
-    s->n = 0;
+    drop_primaries(s);
+    rl_redis_tls_free(s->tls);
+    s->tls = NULL;
 }
 
 rlctl_conn *rlctl_store_for_key(rlctl_store *s, const char *key,

@@ -13,6 +13,7 @@
 
 typedef struct rlctl_store {
     const rl_store_config *cfg;
+    rl_redis_tls *tls;                             /* store.tls, or NULL */
     rlctl_conn *primaries[RLCTL_PRIMARIES_MAX];   /* one server: [0] */
     rl_endpoint endpoints[RLCTL_PRIMARIES_MAX];
     int n;

@@ -11,7 +11,7 @@
 # gdb prints the stacks of a daemon that a test could not stop.
 set -eu
 
-packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev \
+packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev libssl-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
 nginx nginx-dev wrk prometheus gdb"

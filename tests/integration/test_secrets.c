@@ -6,10 +6,14 @@
  * output or errors, plain or --json. Each run is checked to have reached
  * AUTH, where a leak would happen: the right password ends in
  * store_ready, a wrong one in a logged store_handshake_failed (WRONGPASS).
+ * Over TLS (rediss:// with a client certificate) the same holds, for the
+ * password and for the client key's contents, and every program reaches
+ * Redis through TLS (the aggregator's own store included).
  */
 #include "redis_server.h"
 #include "rl.h"
 #include "test_agent.h"
+#include "test_certs.h"
 #include "test_env.h"
 #include "test_gateway.h"
 #include "test_process.h"
@@ -28,13 +32,20 @@
 
 typedef enum way { INLINE, FROM_FILE, FROM_ENV } way;
 
-/* Fails the test if text holds either password. */
+/* Over TLS: where the certificates are, and a line of the client key's
+ * body (never to be shown either); "" without TLS. */
+static char certs[600];
+static char key_line[80];
+
+/* Fails the test if text holds either password, or the key. */
 static void expect_no_secret(const char *text, const char *where)
 {
     cr_assert_null(strstr(text, SECRET), "%s shows the password:\n%s", where,
                    text);
     cr_assert_null(strstr(text, WRONG), "%s shows the wrong password:\n%s",
                    where, text);
+    cr_assert(key_line[0] == '\0' || strstr(text, key_line) == NULL,
+              "%s shows the client key:\n%s", where, text);
 }
 
 /* What a run must have logged: it got past AUTH, or AUTH was refused. */
@@ -92,8 +103,13 @@ static void store_section(char *out, size_t cap, uint16_t port, way w,
         snprintf(pw_line, sizeof pw_line, "  password_env: " PASSWORD_ENV
                  "\n");
     }
-    snprintf(out, cap, "store:\n  url: redis://127.0.0.1:%u\n"
-             "  timeout_ms: 500\n%s%s", port, user_line, pw_line);
+    char tls[2200] = "";
+    if (certs[0] != '\0')
+        snprintf(tls, sizeof tls, "  tls: {ca: %s/ca.pem, cert: %s/client.pem"
+                 ", key: %s/client.key}\n", certs, certs, certs);
+    snprintf(out, cap, "store:\n  url: %s://127.0.0.1:%u\n"
+             "  timeout_ms: 500\n%s%s%s", certs[0] != '\0' ? "rediss" : "redis",
+             port, user_line, pw_line, tls);
 }
 
 /* --- the agent, in this process, with every line it logs captured. ---- */
@@ -118,6 +134,8 @@ static void agent_run(const char *config, bool right)
     cr_assert(logged, "the agent did not log %s:\n%s", event, log.text);
     test_log_lacks(&log, SECRET, "the agent's log");
     test_log_lacks(&log, WRONG, "the agent's log");
+    if (key_line[0] != '\0')
+        test_log_lacks(&log, key_line, "the agent's log");
 }
 
 /* --- rl-gateway and rl-aggregator, their stderr in a log file. --------- */
@@ -191,20 +209,53 @@ static void rlctl_run(const char *config, bool right)
     }
 }
 
-/* Every program, with the right password and with a wrong one. */
-static void never_shown(way w, const char *user)
+/* A line from the middle of the client key's body. */
+static void read_key_line(void)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/client.key", certs);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    for (int i = 0; i < 3; i++)
+        cr_assert_not_null(fgets(key_line, sizeof key_line, f));
+    fclose(f);
+    key_line[strcspn(key_line, "\n")] = '\0';
+    cr_assert_gt(strlen(key_line), 40);
+}
+
+/* Every program, with the right password and with a wrong one; over TLS
+ * with a client certificate when tls. */
+static void never_shown(way w, const char *user, bool tls)
 {
     test_redis srv;
-    char err[512];
-    test_redis_options o = {.extra_conf = "requirepass " SECRET "\n"
-                            "user " ACL_USER " on >" SECRET " ~* +@all"};
+    char err[512], extra[4096];
+    uint16_t tls_port = 0;
+    certs[0] = key_line[0] = '\0';
+    extra[0] = '\0';
+    if (tls) {
+        test_certs_dir(certs, sizeof certs, "secrets");
+        test_certs_ca(certs, "ca");
+        test_certs_cert(certs, "ca", "server");
+        test_certs_cert(certs, "ca", "client");
+        read_key_line();
+        tls_port = test_free_port();
+        snprintf(extra, sizeof extra, "tls-port %u\ntls-cert-file "
+                 "%s/server.pem\ntls-key-file %s/server.key\n"
+                 "tls-ca-cert-file %s/ca.pem\ntls-auth-clients yes\n",
+                 tls_port, certs, certs, certs);
+    }
+    char conf[5000];
+    snprintf(conf, sizeof conf, "%srequirepass " SECRET "\n"
+             "user " ACL_USER " on >" SECRET " ~* +@all", extra);
+    test_redis_options o = {.extra_conf = conf};
     cr_assert_eq(test_redis_start(&srv, test_env("RL_TEST_TMPDIR"), &o, err,
                                   sizeof err), 0, "%s", err);
     const char *passwords[] = {SECRET, WRONG};
     for (int i = 0; i < 2; i++) {
         bool right = i == 0;
-        char store[1024];
-        store_section(store, sizeof store, srv.port, w, user, passwords[i]);
+        char store[4096];
+        store_section(store, sizeof store, tls ? tls_port : srv.port, w, user,
+                      passwords[i]);
         const char *config = write_config(store);
         agent_run(config, right);
         gateway_run(config, right);
@@ -216,20 +267,25 @@ static void never_shown(way w, const char *user)
 
 Test(secrets, a_password_in_the_config_is_never_shown)
 {
-    never_shown(INLINE, NULL);
+    never_shown(INLINE, NULL, false);
 }
 
 Test(secrets, a_password_file_is_never_shown)
 {
-    never_shown(FROM_FILE, NULL);
+    never_shown(FROM_FILE, NULL, false);
 }
 
 Test(secrets, a_password_from_the_environment_is_never_shown)
 {
-    never_shown(FROM_ENV, NULL);
+    never_shown(FROM_ENV, NULL, false);
 }
 
 Test(secrets, an_acl_users_password_is_never_shown)
 {
-    never_shown(INLINE, ACL_USER);
+    never_shown(INLINE, ACL_USER, false);
+}
+
+Test(secrets, a_password_and_a_client_key_over_tls_are_never_shown)
+{
+    never_shown(INLINE, ACL_USER, true);
 }

@@ -12,62 +12,31 @@
 #include "rl.h"
 #include "redis_server.h"
 #include "test_agent.h"
+#include "test_certs.h"
 #include "test_env.h"
 #include "test_process.h"
 
 #include <criterion/criterion.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define LIMIT 20
 
 static char dir[600];
 
-static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static void sh(const char *fmt, ...)
-{
-    char cmd[4096], out[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s\n%s", cmd, out);
-}
-
-/* A CA (name), and a certificate it signs for 127.0.0.1/localhost. */
-static void make_ca(const char *name)
-{
-    sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -days 2 "
-       "-subj /CN=%s -keyout %s.key -out %s.pem 2>&1", dir, name, name, name);
-}
-
-static void make_cert(const char *ca, const char *name)
-{
-    sh("cd %s && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' "
-       "> %s.ext && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost "
-       "-keyout %s.key -out %s.csr 2>&1 && openssl x509 -req -in %s.csr "
-       "-CA %s.pem -CAkey %s.key -CAcreateserial -days 2 -extfile %s.ext "
-       "-out %s.pem 2>&1", dir, name, name, name, name, ca, ca, name, name);
-}
-
 /* Two CAs: "ca" signs server and agent, "other" signs stranger (an agent)
  * and rogue (an aggregator's, for the same names as server). */
 static void make_certs(void)
 {
-    snprintf(dir, sizeof dir, "%s/tls-%d", test_env("RL_TEST_TMPDIR"),
-             (int)getpid());
-    cr_assert_eq(mkdir(dir, 0700), 0);
-    make_ca("ca");
-    make_ca("other");
-    make_cert("ca", "server");
-    make_cert("ca", "agent");
-    make_cert("other", "stranger");
-    make_cert("other", "rogue");
+    test_certs_dir(dir, sizeof dir, "tls");
+    test_certs_ca(dir, "ca");
+    test_certs_ca(dir, "other");
+    test_certs_cert(dir, "ca", "server");
+    test_certs_cert(dir, "ca", "agent");
+    test_certs_cert(dir, "other", "stranger");
+    test_certs_cert(dir, "other", "rogue");
 }
 
 typedef struct aggregator {

@@ -103,12 +103,22 @@ static bool cluster_ready(const test_cluster *cl)
     return true;
 }
 
-int test_cluster_start(test_cluster *cl, const char *root, char *err,
-                       size_t errlen)
+static int start_cluster(test_cluster *cl, const char *root,
+                         const char *certs_dir, char *err, size_t errlen)
 {
     memset(cl, 0, sizeof *cl);
     for (int i = 0; i < TEST_CLUSTER_NODES; i++) {
-        const test_redis_options node = {.cluster = true};
+        char tls[2048] = "";
+        if (certs_dir != NULL) {
+            cl->tls_ports[i] = test_free_port();
+            snprintf(tls, sizeof tls, "tls-port %u\ntls-cluster yes\n"
+                     "tls-replication yes\ntls-cert-file %s/server.pem\n"
+                     "tls-key-file %s/server.key\n"
+                     "tls-ca-cert-file %s/ca.pem\ntls-auth-clients no\n",
+                     cl->tls_ports[i], certs_dir, certs_dir, certs_dir);
+        }
+        const test_redis_options node = {.cluster = true,
+                                         .extra_conf = tls};
         if (test_redis_start(&cl->nodes[i], root, &node, err, errlen) != 0)
             goto fail;
     }
@@ -128,6 +138,18 @@ int test_cluster_start(test_cluster *cl, const char *root, char *err,
 fail:
     test_cluster_stop(cl);
     return -1;
+}
+
+int test_cluster_start(test_cluster *cl, const char *root, char *err,
+                       size_t errlen)
+{
+    return start_cluster(cl, root, NULL, err, errlen);
+}
+
+int test_cluster_start_tls(test_cluster *cl, const char *root,
+                           const char *certs_dir, char *err, size_t errlen)
+{
+    return start_cluster(cl, root, certs_dir, err, errlen);
 }
 
 void test_cluster_stop(test_cluster *cl)

@@ -46,8 +46,11 @@ static void spawn(test_aggregator *agg)
 static void write_store(FILE *f, const char *redis)
 {
     const char *store = redis != NULL ? redis : test_env("RL_TEST_REDIS");
-    /* A comma-separated list is a cluster's seeds. */
-    if (strchr(store, ',') != NULL) {
+    /* A YAML mapping is the store block itself; a comma-separated list is
+     * a cluster's seeds. */
+    if (store[0] == '{') {
+        fprintf(f, "store: %s\n", store);
+    } else if (strchr(store, ',') != NULL) {
         fprintf(f, "store: {cluster: [");
         for (const char *p = store; *p; p++)
             fputs(*p == ',' ? ", " : (char[]){*p, 0}, f);

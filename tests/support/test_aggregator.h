@@ -35,8 +35,9 @@ typedef struct test_aggregator {
 #define TEST_AGGREGATOR_WRAPPED(words) \
     ((test_aggregator){.pid = -1, .extra = "", .wrapper = (words)})
 
-/* test_aggregator_start writes a config (store: redis, host:port, or
- * RL_TEST_REDIS when NULL; the given rules; sync_interval_ms) and starts
+/* test_aggregator_start writes a config (store: redis, host:port, seeds
+ * joined by commas, a whole store mapping "{url: ...}", or RL_TEST_REDIS
+ * when NULL; the given rules; sync_interval_ms) and starts
  * rl-aggregator on it. With reuse_from, it listens on the same ports and
  * reads the same config as that one did (a restart), unless reuse_from is
  * a TEST_AGGREGATOR_EXTRA or TEST_AGGREGATOR_WRAPPED template. */

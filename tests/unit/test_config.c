@@ -239,6 +239,41 @@ Test(config, a_store_found_through_sentinels)
     rl_config_free(cfg);
 }
 
+/* rediss:// turns TLS on with the defaults (the system's trust store,
+ * verify: full); store.tls sets the rest, for every node of a cluster. */
+Test(config, a_store_over_tls)
+{
+    rl_config *cfg = load_ok(
+        "store:\n  url: rediss://cache.example.net:6380/2\n"
+        "rules:\n  - {name: per-key, match: api_key, limit: 10, "
+        "period: 1m}\n");
+    cr_assert(cfg->store.tls.enabled);
+    cr_assert_eq(cfg->store.tls.verify, RL_TLS_VERIFY_FULL);
+    cr_assert_str_eq(cfg->store.tls.ca, "");
+    cr_assert_str_eq(cfg->store.nodes[0].host, "cache.example.net");
+    cr_assert_eq(cfg->store.nodes[0].port, 6380);
+    cr_assert_eq(cfg->store.db, 2);
+    rl_config_free(cfg);
+    cfg = load_ok(
+        "store:\n  cluster: [\"10.0.0.1:6379\"]\n"
+        "  tls: {ca_dir: /etc/ssl/certs, cert: c.pem, key: c.key, "
+        "server_name: redis.example.net, verify: ca}\n"
+        "rules:\n  - {name: per-key, match: api_key, limit: 10, "
+        "period: 1m}\n");
+    const rl_store_tls_config *t = &cfg->store.tls;
+    cr_assert(t->enabled);
+    cr_assert_str_eq(t->ca_dir, "/etc/ssl/certs");
+    cr_assert_str_eq(t->cert, "c.pem");
+    cr_assert_str_eq(t->key, "c.key");
+    cr_assert_str_eq(t->server_name, "redis.example.net");
+    cr_assert_eq(t->verify, RL_TLS_VERIFY_CA);
+    rl_config_free(cfg);
+    cfg = load_ok("store:\n  url: redis://127.0.0.1:6379\nrules:\n  - "
+                  "{name: per-key, match: api_key, limit: 10, period: 1m}\n");
+    cr_assert(!cfg->store.tls.enabled);
+    rl_config_free(cfg);
+}
+
 Test(config, every_field_can_be_set)
 {
     rl_config *cfg = load_ok(
@@ -681,7 +716,11 @@ static const struct bad_file bad_files[] = {
     {"rules-not-a-list.yaml", ":2:8: rules: expected a list, got a plain value"},
     {"shared-key-prefix.yaml", ":7:5: rules[1] (rule \"per-ip-hour\"): key prefix 'rl:ip:' is also used by rule \"per-ip-minute\": the two would share buckets; give one of them its own key_prefix"},
     {"nested-key-prefix.yaml", ":8:5: rules[1] (rule \"per-key-v2\"): key prefix 'api:v2:' and rule \"per-key\"'s 'api:' nest: a value of the shorter one's rule can spell a key of the longer one's, sharing its bucket; give them prefixes where neither begins the other"},
-    {"store-url-scheme.yaml", ":3:8: store.url: 'http://127.0.0.1:6379' is not redis://host[:port][/db] (credentials go in store.username and store.password)"},
+    {"store-url-scheme.yaml", ":3:8: store.url: 'http://127.0.0.1:6379' is not redis://host[:port][/db] or rediss://... (credentials go in store.username and store.password)"},
+    {"store-tls-plain-url.yaml", ":5:5: store.tls: set, but store.url is redis://: write rediss:// for TLS"},
+    {"store-tls-ca-and-ca-dir.yaml", ":5:5: store.tls: give ca or ca_dir, not both"},
+    {"store-tls-cert-without-key.yaml", ":5:5: store.tls: cert and key go together: give both or neither"},
+    {"store-tls-unknown-verify.yaml", ":5:13: store.tls.verify: unknown value 'chain' (choose one of: full, ca, none)"},
     {"stale-after-below-interval.yaml", ":4:19: aggregator.stale_after_ms: 1500 is less than twice sync_interval_ms (2000): totals come once an interval, so keys would go degraded whenever one came late"},
     {"sync-interval-too-small.yaml", ":3:21: aggregator.sync_interval_ms: must be a whole number from 10 to 60000, got '5'"},
     {"timeout-zero.yaml", ":3:15: store.timeout_ms: must be a whole number from 1 to 60000, got '0'"},
