@@ -16,7 +16,9 @@
  * Then the bound: Redis's own capacity for rl's function on this machine
  * (bench_capacity.c), with rl_check_async's CPU on both sides beside it;
  * server time per call and bytes per key for each script, and the seed's
- * rejected alternatives (bench_alternatives.c).
+ * rejected alternatives (bench_alternatives.c). And the same checks over
+ * TLS (rediss://) to the same server, whose TLS port is turned on for it
+ * (CONFIG SET), against plain in the same runs.
  */
 #include "bench_agent.h"
 #include "bench_alternatives.h"
@@ -28,11 +30,14 @@
 #include "rl.h"
 #include "scripts.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,12 +69,12 @@ static long fill_keys = 100000;
 static const char *const attr_names[BENCH_RULES_MAX] = {"api_key", "ip",
                                                         "tenant"};
 
-static rl_agent *open_agent(const char *algorithm, rl_config **cfg)
+/* An agent with three rules on store (a YAML mapping). */
+static rl_agent *open_agent_on(const char *store, const char *algorithm,
+                               rl_config **cfg)
 {
-    char yaml[1024];
-    int n = snprintf(yaml, sizeof yaml,
-                     "store: {url: \"redis://%s\", timeout_ms: 2000}\n"
-                     "rules:\n", addr);
+    char yaml[2048];
+    int n = snprintf(yaml, sizeof yaml, "store: %s\nrules:\n", store);
     static const char *const prefixes[] = {"rl:key:", "rl:ip:", "rl:tenant:"};
     for (int i = 0; i < BENCH_RULES_MAX; i++)
         n += snprintf(yaml + n, sizeof yaml - (size_t)n,
@@ -77,6 +82,14 @@ static rl_agent *open_agent(const char *algorithm, rl_config **cfg)
                       "limit: 100, period: 1m, algorithm: %s}\n",
                       i, attr_names[i], prefixes[i], algorithm);
     return bench_open_agent(yaml, (size_t)n, cfg);
+}
+
+static rl_agent *open_agent(const char *algorithm, rl_config **cfg)
+{
+    char store[256];
+    snprintf(store, sizeof store, "{url: \"redis://%s\", timeout_ms: 2000}",
+             addr);
+    return open_agent_on(store, algorithm, cfg);
 }
 
 /* One request's attributes, random values, into the caller's storage. */
@@ -787,6 +800,99 @@ static void report_figures(void)
                  others);
 }
 
+/* --- TLS ---------------------------------------------------------------- */
+
+static double tls_rate[RUNS], plain_rate[RUNS];
+static bool tls_measured;
+
+/* A loopback port that was free a moment ago, or 0. */
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    unsigned port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0
+        && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Turns on the server's TLS port (Redis 7 takes tls-port live) with a CA
+ * and a certificate made by openssl in dir; returns the port, 0 when it
+ * could not. */
+static unsigned tls_port_on(const char *dir)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cd %s && (openssl req -x509 -newkey rsa:2048 "
+             "-nodes -days 1 -subj /CN=bench-ca -keyout ca.key -out ca.pem "
+             "&& printf 'subjectAltName=IP:127.0.0.1\\n' > ext && openssl "
+             "req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout s.key "
+             "-out s.csr && openssl x509 -req -in s.csr -CA ca.pem -CAkey "
+             "ca.key -CAcreateserial -days 1 -extfile ext -out s.pem) "
+             "> openssl.log 2>&1", dir);
+    unsigned port = free_port();
+    if (port == 0 || system(cmd) != 0)
+        return 0;
+    char set[1400];
+    snprintf(set, sizeof set, "CONFIG SET tls-cert-file %s/s.pem tls-key-file "
+             "%s/s.key tls-ca-cert-file %s/ca.pem tls-auth-clients no "
+             "tls-port %u", dir, dir, dir, port);
+    redisReply *r = redisCommand(ctl, set);
+    bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+    if (!ok)
+        fprintf(stderr, "bench: no TLS port: %s\n",
+                r != NULL && r->str != NULL ? r->str : "no answer");
+    freeReplyObject(r);
+    return ok ? port : 0;
+}
+
+/* rl_check_async, one rule, 64 in flight: plain and over TLS in turn. */
+static void measure_tls(rl_agent *plain)
+{
+    char dir[] = "/tmp/rl-bench-tls-XXXXXX";
+    unsigned port = mkdtemp(dir) != NULL ? tls_port_on(dir) : 0;
+    if (port == 0)
+        return;
+    char store[1024];
+    snprintf(store, sizeof store, "{url: \"rediss://127.0.0.1:%u\", "
+             "timeout_ms: 2000, tls: {ca: %s/ca.pem}}", port, dir);
+    rl_config *cfg;
+    rl_agent *tls = open_agent_on(store, "token_bucket", &cfg);
+    rl_async(tls, 16, 1, NULL); /* warm-up: the handshake, the library */
+    for (int run = 0; run < RUNS; run++) {
+        plain_rate[run] = rl_async(plain, 64, 1, NULL).rate;
+        tls_rate[run] = rl_async(tls, 64, 1, NULL).rate;
+    }
+    tls_measured = true;
+    rl_agent_close(tls);
+    rl_config_free(cfg);
+    freeReplyObject(redisCommand(ctl, "CONFIG SET tls-port 0"));
+}
+
+static void print_tls(void)
+{
+    if (!tls_measured)
+        return;
+    double ratios[RUNS];
+    for (int run = 0; run < RUNS; run++)
+        ratios[run] = tls_rate[run] / plain_rate[run];
+    bench_summary p = bench_summarize(plain_rate, RUNS),
+                  t = bench_summarize(tls_rate, RUNS),
+                  r = bench_summarize(ratios, RUNS);
+    printf("\n### Over TLS (rediss://), one rule, 64 in flight\n\n"
+           "| | min | median | max |\n|---|---|---|---|\n"
+           "| plain, requests/s | %.0f | %.0f | %.0f |\n"
+           "| TLS, requests/s | %.0f | %.0f | %.0f |\n"
+           "| TLS / plain | %.2f | %.2f | %.2f |\n", p.min, p.median, p.max,
+           t.min, t.median, t.max, r.min, r.median, r.max);
+    bench_target("`rl_check_async` over TLS / plain, requests/s, 64 in "
+                 "flight, 1 rule", r.median, ">=", 0.7, "x");
+}
+
 static void report_targets(void)
 {
     if (bench_peer_available()) {
@@ -838,12 +944,23 @@ int main(void)
         free(latency.us);
         return 0;
     }
+    /* RL_BENCH_ONLY=tls: the TLS table alone (its target). */
+    if (only != NULL && strcmp(only, "tls") == 0) {
+        measure_tls(agent);
+        print_tls();
+        rl_agent_close(agent);
+        rl_config_free(cfg);
+        redisFree(ctl);
+        free(latency.us);
+        return 0;
+    }
     bench_script fn = {.command = "FCALL"}, seed;
     snprintf(fn.name, sizeof fn.name, "%s", RL_FUNCTION_BUCKET);
     bench_seed_script(ctl, &seed);
     measure_matrix(agent, &fn, &seed);
     measure_one_call(agent);
     measure_capacity(agent, &fn);
+    measure_tls(agent);
     for (int run = 0; run < COST_RUNS; run++) {
         costs[0][run] = measure_cost(&fn, 86400000);
         costs[1][run] = measure_cost(&fn, 86400001);
@@ -859,6 +976,7 @@ int main(void)
     print_capacity();
     print_costs();
     print_one_call();
+    print_tls();
     report_figures();
     report_one_call();
     bench_alternatives(addr);
