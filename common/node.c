@@ -485,22 +485,23 @@ static const redisReply *hello_field(const redisReply *r, const char *field)
     return NULL;
 }
 
-static void select_db(rl_node *s)
+static int select_db(rl_node *s)
 {
     char db[16];
     snprintf(db, sizeof db, "%u", s->cfg->db);
-    ask(s, TO_SELECT, 0, NULL, (const char *[]){"SELECT", db, NULL});
+    return ask(s, TO_SELECT, 0, NULL, (const char *[]){"SELECT", db, NULL});
 }
 
 static void legacy_handshake(rl_node *s)
 {
     const rl_store_config *cfg = s->cfg;
-    if (cfg->password != NULL)
-        ask(s, TO_AUTH, 0, NULL,
-            (const char *[]){"AUTH", cfg->password, NULL});
-    if (cfg->db != 0)
-        select_db(s);
-    ask(s, TO_INFO, 0, NULL, (const char *[]){"INFO", "server", NULL});
+    if ((cfg->password != NULL
+         && ask(s, TO_AUTH, 0, NULL,
+                (const char *[]){"AUTH", cfg->password, NULL}) != 0)
+        || (cfg->db != 0 && select_db(s) != 0)
+        || ask(s, TO_INFO, 0, NULL, (const char *[]){"INFO", "server", NULL})
+               != 0)
+        drop_connection(s, "store_handshake_failed", "out of memory");
 }
 
 /* HELLO's answer: the version, and a role that must be master (a replica
@@ -534,8 +535,10 @@ static void on_hello_reply(rl_node *s, const redisReply *reply)
         drop_connection(s, "store_handshake_failed", why);
         return;
     }
-    if (s->cfg->db != 0)
-        select_db(s);
+    if (s->cfg->db != 0 && select_db(s) != 0) {
+        drop_connection(s, "store_handshake_failed", "out of memory");
+        return;
+    }
     handshake_done(s, atoi(version->str));
 }
 
@@ -893,8 +896,12 @@ static const char *queue_command(rl_node *s, call *c, int argc,
             return "out of memory";
         due_push(s, TO_NOTHING, 0, NULL);
     }
-    if (rl_redis_conn_command(s->conn, argc, argv, lens) != 0)
+    if (rl_redis_conn_command(s->conn, argc, argv, lens) != 0) {
+        /* An ASKING already queued would apply to the next command. */
+        if (c->asking)
+            drop_connection(s, "store_out_of_memory", "out of memory");
         return "out of memory";
+    }
     due_push(s, TO_CALL, 0, c);
     return NULL;
 }

@@ -69,6 +69,9 @@ struct rl_redis_conn {
     bool up;           /* connected: out may be written */
     bool writing;
     bool dead;         /* lost: nothing more is sent or delivered */
+    bool opening;      /* inside rl_redis_conn_open: lost waits a turn */
+    bool lost_due;     /* a loss in open, to be told from the loop */
+    char lost_why[RL_HOST_MAX + 200];
     bool closed;       /* the owner closed it: no callback any more */
     int refs;          /* handles and requests libuv still holds */
     char read_buf[READ_BYTES];
@@ -93,6 +96,8 @@ static void handle_closed(uv_handle_t *h)
     release(h->data);
 }
 
+static void on_flush(uv_prepare_t *p);
+
 /* The connection is gone: said once, and only to an owner still there. */
 static void fail(rl_redis_conn *c, const char *why)
 {
@@ -103,8 +108,15 @@ static void fail(rl_redis_conn *c, const char *why)
     uv_prepare_stop(&c->flush);
     if (c->tcp_open)
         uv_read_stop((uv_stream_t *)&c->tcp);
-    if (!c->closed)
+    if (c->opening) {
+        /* The owner does not hold the connection yet: it hears from the
+         * loop's next turn (on_flush). */
+        snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
+        c->lost_due = true;
+        uv_prepare_start(&c->flush, on_flush);
+    } else if (!c->closed) {
         c->ev->lost(c->arg, why);
+    }
 }
 
 static void fail_uv(rl_redis_conn *c, const char *what, int status)
@@ -132,7 +144,6 @@ static int reserve(out_buf *b, size_t more)
     return 0;
 }
 
-static void on_flush(uv_prepare_t *p);
 
 static void write_sending(rl_redis_conn *c);
 static void tls_send(rl_redis_conn *c);
@@ -147,7 +158,8 @@ static void on_written(uv_write_t *w, int status)
     } else if (!c->dead) {
         if (c->ssl != NULL)
             tls_send(c); /* what the session made meanwhile */
-        if (c->out.len > 0 && !c->writing)
+        /* tls_send may have lost the connection, and its owner closed it. */
+        if (c->out.len > 0 && !c->writing && !c->dead)
             uv_prepare_start(&c->flush, on_flush);
     }
     release(c);
@@ -189,6 +201,12 @@ static void on_flush(uv_prepare_t *p)
 {
     rl_redis_conn *c = p->data;
     uv_prepare_stop(p);
+    if (c->lost_due) {
+        c->lost_due = false;
+        if (!c->closed)
+            c->ev->lost(c->arg, c->lost_why);
+        return;
+    }
     if (c->writing || !c->up || c->out.len == 0)
         return;
     if (c->ssl != NULL) {
@@ -284,6 +302,8 @@ static void deliver(rl_redis_conn *c, const char *bytes, size_t n)
 
 static void became_up(rl_redis_conn *c)
 {
+    if (c->dead)
+        return;
     c->up = true;
     c->ev->connected(c->arg);
     if (!c->dead && !c->closed && c->out.len > 0)
@@ -309,6 +329,8 @@ static void tls_received(rl_redis_conn *c, const char *bytes, size_t n)
     if (c->handshaking) {
         int rc = SSL_do_handshake(c->ssl);
         tls_send(c);
+        if (c->dead)
+            return;
         if (rc <= 0 && SSL_get_error(c->ssl, rc) != SSL_ERROR_WANT_READ) {
             tls_failed(c, rc);
             return;
@@ -418,11 +440,16 @@ static void connect_to(rl_redis_conn *c, const struct sockaddr *addr)
     c->tcp_open = true;
     c->refs++;
     rc = uv_tcp_connect(&c->connect, &c->tcp, addr, on_connected);
-    if (rc < 0) {
+    if (rc < 0 && c->next_addr != NULL) {
+        /* This address cannot be dialled at all (no IPv6 here, say): the
+         * name's next one, on a fresh socket. */
+        c->tcp_open = false;
+        uv_close((uv_handle_t *)&c->tcp, try_next_address);
+    } else if (rc < 0) {
         fail_uv(c, "connecting to", rc);
-        return;
+    } else {
+        c->refs++;
     }
-    c->refs++;
 }
 
 static void on_resolved(uv_getaddrinfo_t *req, int status,
@@ -484,7 +511,9 @@ rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
     uv_prepare_init(loop, &c->flush);
     c->flush.data = c->resolve.data = c->connect.data = c->write.data = c;
     c->refs = 1; /* the prepare handle */
+    c->opening = true;
     start(c);
+    c->opening = false;
     return c;
 }
 

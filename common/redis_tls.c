@@ -207,11 +207,19 @@ SSL *rl_redis_tls_client(rl_redis_tls *t, const rl_endpoint *ep)
         SSL_free(ssl);
         return NULL;
     }
+    /* A copy again: a resumed TLS 1.2 session brings no new one, and the
+     * one offered is marked not resumable when this connection ends
+     * without a TLS close. */
     pthread_mutex_lock(&t->lock);
     for (size_t i = 0; i < t->n_sessions; i++) {
-        if (same_endpoint(&t->sessions[i].ep, ep)
-            && t->sessions[i].session != NULL)
-            SSL_set_session(ssl, t->sessions[i].session);
+        SSL_SESSION *copy = same_endpoint(&t->sessions[i].ep, ep)
+                                    && t->sessions[i].session != NULL
+                                ? SSL_SESSION_dup(t->sessions[i].session)
+                                : NULL;
+        if (copy != NULL) {
+            SSL_set_session(ssl, copy);
+            SSL_SESSION_free(copy);
+        }
     }
     pthread_mutex_unlock(&t->lock);
     return ssl;
@@ -219,7 +227,11 @@ SSL *rl_redis_tls_client(rl_redis_tls *t, const rl_endpoint *ep)
 
 void rl_redis_tls_why(const SSL *ssl, int err, char *out, size_t cap)
 {
-    long verified = SSL_get_verify_result(ssl);
+    const rl_redis_tls *t = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
+    /* Under verify: none OpenSSL still notes what it would have refused. */
+    long verified = t != NULL && t->verify == RL_TLS_VERIFY_NONE
+                        ? X509_V_OK
+                        : SSL_get_verify_result(ssl);
     if (verified != X509_V_OK) {
         snprintf(out, cap, "TLS: the server's certificate was refused: %s "
                  "(check store.tls: ca, server_name, verify)",
