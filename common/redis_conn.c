@@ -9,10 +9,15 @@
  * libuv's thread pool.
  *
  * Output is one buffer: commands are appended to it, and a prepare handle
- * (which runs once per turn of the loop, just before the loop polls) hands
- * it to uv_write, so that all the commands queued in one turn go out in
- * one write (automatic pipelining). While that write is in flight, new
- * commands gather in a second buffer, which goes when it completes.
+ * (which runs once per turn of the loop, just before the loop polls)
+ * writes it to the socket, so that all the commands queued in one turn go
+ * out in one write (automatic pipelining). The write is uv_try_write, at
+ * once, as hiredis's write() was; only what the socket does not take
+ * waits in a uv_write, and meanwhile new commands gather in a second
+ * buffer, which goes the moment that write completes. Waiting for a turn
+ * there, or for a completion every time, added a loop turn or two to
+ * every batch: under TSan, whose loop turns can take hundreds of ms, the
+ * aggregator's calls then waited past its stall limit.
  * Neither buffer shrinks: a connection's output reaches its working size
  * once and is then reused, so a command costs no allocation.
  *
@@ -28,6 +33,7 @@
 
 #include "resp.h"
 
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <openssl/err.h>
 #include <stdarg.h>
@@ -35,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 /* Replies are small (a bucket, a SCAN page); a server that sends more than
  * this unparsed is not one rl should keep reading from. */
@@ -68,6 +75,7 @@ struct rl_redis_conn {
     bool tcp_open;     /* tcp initialised (closed with the connection) */
     bool up;           /* connected: out may be written */
     bool writing;
+    bool write_broken; /* the peer reset: its reason comes by the read */
     bool dead;         /* lost: nothing more is sent or delivered */
     bool opening;      /* inside rl_redis_conn_open: lost waits a turn */
     bool lost_due;     /* a loss in open, to be told from the loop */
@@ -147,6 +155,19 @@ static int reserve(out_buf *b, size_t more)
 
 static void write_sending(rl_redis_conn *c);
 static void tls_send(rl_redis_conn *c);
+static void flush_now(rl_redis_conn *c);
+
+/* A peer that reset the connection has usually said why first (a TLS
+ * alert, a closing error line), and the read side reports it, or the reset
+ * itself: reported here, the reset would hide the reason, and a refusal
+ * said once per reason would be said at every reconnect. */
+static void write_failed(rl_redis_conn *c, int status)
+{
+    if (status == UV_ECONNRESET || status == UV_EPIPE)
+        c->write_broken = true;
+    else
+        fail_uv(c, "writing to", status);
+}
 
 static void on_written(uv_write_t *w, int status)
 {
@@ -154,13 +175,13 @@ static void on_written(uv_write_t *w, int status)
     c->writing = false;
     c->sending.len = 0;
     if (status < 0) {
-        fail_uv(c, "writing to", status);
+        write_failed(c, status);
     } else if (!c->dead) {
+        /* At once, not at the next turn: what gathered while the socket
+         * was full has waited long enough. */
         if (c->ssl != NULL)
             tls_send(c); /* what the session made meanwhile */
-        /* tls_send may have lost the connection, and its owner closed it. */
-        if (c->out.len > 0 && !c->writing && !c->dead)
-            uv_prepare_start(&c->flush, on_flush);
+        flush_now(c); /* stops at a connection tls_send lost */
     }
     release(c);
 }
@@ -171,7 +192,7 @@ static void tls_send(rl_redis_conn *c)
 {
     BIO *wire = SSL_get_wbio(c->ssl);
     size_t pending = BIO_ctrl_pending(wire);
-    if (c->writing || c->dead || pending == 0)
+    if (c->writing || c->dead || c->write_broken || pending == 0)
         return;
     if (reserve(&c->sending, pending) != 0) {
         fail(c, "out of memory writing TLS records");
@@ -197,17 +218,12 @@ static void tls_flush(rl_redis_conn *c)
     tls_send(c);
 }
 
-static void on_flush(uv_prepare_t *p)
+/* Everything queued goes out, unless a write still waits for the socket
+ * (its completion calls this again). */
+static void flush_now(rl_redis_conn *c)
 {
-    rl_redis_conn *c = p->data;
-    uv_prepare_stop(p);
-    if (c->lost_due) {
-        c->lost_due = false;
-        if (!c->closed)
-            c->ev->lost(c->arg, c->lost_why);
-        return;
-    }
-    if (c->writing || !c->up || c->out.len == 0)
+    if (c->writing || !c->up || c->dead || c->write_broken
+        || c->out.len == 0)
         return;
     if (c->ssl != NULL) {
         tls_flush(c);
@@ -219,14 +235,43 @@ static void on_flush(uv_prepare_t *p)
     write_sending(c);
 }
 
+static void on_flush(uv_prepare_t *p)
+{
+    rl_redis_conn *c = p->data;
+    uv_prepare_stop(p);
+    if (c->lost_due) {
+        c->lost_due = false;
+        if (!c->closed)
+            c->ev->lost(c->arg, c->lost_why);
+        return;
+    }
+    flush_now(c);
+}
+
+/* sending goes to the socket now, as much as it takes (uv_try_write, as
+ * hiredis's write() did); only a remainder waits for writability in a
+ * uv_write, whose completion sends what gathered meanwhile. */
 static void write_sending(rl_redis_conn *c)
 {
     uv_buf_t buf = uv_buf_init(c->sending.data, (unsigned)c->sending.len);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+    if (n == UV_EAGAIN)
+        n = 0;
+    if (n < 0) {
+        c->sending.len = 0;
+        write_failed(c, n);
+        return;
+    }
+    if ((size_t)n == c->sending.len) {
+        c->sending.len = 0;
+        return;
+    }
+    buf = uv_buf_init(c->sending.data + n, (unsigned)(c->sending.len - n));
     int rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1,
                       on_written);
     if (rc < 0) {
         c->sending.len = 0;
-        fail_uv(c, "writing to", rc);
+        write_failed(c, rc);
         return;
     }
     c->writing = true;
@@ -515,6 +560,17 @@ rl_redis_conn *rl_redis_conn_open(uv_loop_t *loop, const rl_endpoint *ep,
     start(c);
     c->opening = false;
     return c;
+}
+
+bool rl_redis_conn_input_waiting(const rl_redis_conn *c)
+{
+    uv_os_fd_t fd;
+    char byte;
+    if (c == NULL || !c->tcp_open
+        || uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return false;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 const char *rl_redis_conn_tls(const rl_redis_conn *c)

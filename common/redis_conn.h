@@ -56,6 +56,12 @@ int rl_redis_conn_send(rl_redis_conn *c, const char *arg0, ...);
  * (plain TCP). */
 const char *rl_redis_conn_tls(const rl_redis_conn *c);
 
+/* Whether the socket holds bytes (or an end, or an error) not yet read:
+ * the loop reads them in its next poll. A stall is judged only when it
+ * holds none: a loop held up (a host's long callback, a starved process)
+ * has replies waiting that its timers run before. */
+bool rl_redis_conn_input_waiting(const rl_redis_conn *c);
+
 /* Closes the connection: no callback is called after this, not even from
  * inside one that is running. The memory goes once libuv lets go of its
  * handles (the loop must keep running until then). NULL is a no-op. */
