@@ -11,8 +11,8 @@
  * Output is one buffer: commands are appended to it, and a prepare handle
  * (which runs once per turn of the loop, just before the loop polls)
  * writes it to the socket, so that all the commands queued in one turn go
- * out in one write (automatic pipelining). The write is uv_try_write, at
- * once, as hiredis's write() was; only what the socket does not take
+ * out in one write (automatic pipelining). The write is a send() at once,
+ * as hiredis's write() was; only what the socket does not take
  * waits in a uv_write, and meanwhile new commands gather in a second
  * buffer, which goes the moment that write completes. Waiting for a turn
  * there, or for a completion every time, added a loop turn or two to
@@ -248,15 +248,28 @@ static void on_flush(uv_prepare_t *p)
     flush_now(c);
 }
 
-/* sending goes to the socket now, as much as it takes (uv_try_write, as
+/* sending goes to the socket now, as much as it takes (send(), as
  * hiredis's write() did); only a remainder waits for writability in a
  * uv_write, whose completion sends what gathered meanwhile. */
+/* send() with MSG_NOSIGNAL: a peer gone must not raise SIGPIPE in a host
+ * that does not ignore it (uv_try_write's write() would). Called only
+ * when no uv_write is queued, so that the bytes keep their order. */
+static int try_send(rl_redis_conn *c, const char *data, size_t len)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return UV_EBADF;
+    ssize_t n = send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0)
+        return (int)n;
+    return errno == EAGAIN || errno == EWOULDBLOCK
+               ? 0
+               : uv_translate_sys_error(errno);
+}
+
 static void write_sending(rl_redis_conn *c)
 {
-    uv_buf_t buf = uv_buf_init(c->sending.data, (unsigned)c->sending.len);
-    int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
-    if (n == UV_EAGAIN)
-        n = 0;
+    int n = try_send(c, c->sending.data, c->sending.len);
     if (n < 0) {
         c->sending.len = 0;
         write_failed(c, n);
@@ -266,7 +279,8 @@ static void write_sending(rl_redis_conn *c)
         c->sending.len = 0;
         return;
     }
-    buf = uv_buf_init(c->sending.data + n, (unsigned)(c->sending.len - n));
+    uv_buf_t buf = uv_buf_init(c->sending.data + n,
+                               (unsigned)(c->sending.len - n));
     int rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1,
                       on_written);
     if (rc < 0) {
