@@ -1036,16 +1036,18 @@ static void watchdog_fired(uv_timer_t *t)
     if (s->state == READY && now_ms(s) - s->clock_read_at > CLOCK_EVERY_MS)
         read_clock(s);
     /* Timers run before the loop reads: after the loop was held up, the
-     * replies may be waiting in the socket, and are not a stall. */
-    bool unread = rl_redis_conn_input_waiting(s->conn);
-    if (s->state == READY && s->in_flight > 0 && !unread
-        && now_ms(s) - s->last_progress > stall_limit_ms(s))
+     * replies may be waiting in the socket, and are not a stall (asked
+     * only of a connection that looks stalled: it is a system call). */
+    if (s->state == READY && s->in_flight > 0
+        && now_ms(s) - s->last_progress > stall_limit_ms(s)
+        && !rl_redis_conn_input_waiting(s->conn))
         drop_connection(s, "store_stalled", "no reply within the stall "
                         "limit");
     /* A server that accepts the connection but does not answer (stopped,
      * swapping) must not hold the calls waiting for it forever. */
-    if (s->state == LOADING && !unread
-        && now_ms(s) - s->loading_since > stall_limit_ms(s))
+    if (s->state == LOADING
+        && now_ms(s) - s->loading_since > stall_limit_ms(s)
+        && !rl_redis_conn_input_waiting(s->conn))
         drop_connection(s, "store_stalled", "no answer to the handshake "
                         "within the stall limit");
 }
