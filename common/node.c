@@ -117,6 +117,7 @@ struct rl_node {
     size_t in_flight;        /* calls sent, not yet answered */
     uint64_t last_progress;  /* ms of the last reply, or of going busy */
     uint64_t loading_since;  /* ms the handshake or a reload began */
+    uint64_t watchdog_ran;   /* ms the watchdog last ran */
     uint32_t backoff_ms;
     uv_timer_t retry_timer;  /* reconnect after backoff; connect timeout */
     uv_timer_t watchdog;     /* a connection that stopped answering */
@@ -1030,14 +1031,33 @@ static uint64_t stall_limit_ms(const rl_node *s)
     return ten_deadlines > 1000 ? ten_deadlines : 1000;
 }
 
+static uint64_t skip(uint64_t since, uint64_t lost, uint64_t now)
+{
+    return since + lost < now ? since + lost : now;
+}
+
+/* A loop held up (a long callback elsewhere, the process not scheduled)
+ * ran neither the writes nor the reads: the time it lost is not the
+ * server's silence, and the stall clocks skip it. */
+static void skip_time_held_up(rl_node *s)
+{
+    uint64_t now = now_ms(s), due = s->watchdog_ran + WATCHDOG_EVERY_MS;
+    s->watchdog_ran = now;
+    if (now <= due)
+        return;
+    s->last_progress = skip(s->last_progress, now - due, now);
+    s->loading_since = skip(s->loading_since, now - due, now);
+}
+
 static void watchdog_fired(uv_timer_t *t)
 {
     rl_node *s = t->data;
+    skip_time_held_up(s);
     if (s->state == READY && now_ms(s) - s->clock_read_at > CLOCK_EVERY_MS)
         read_clock(s);
-    /* Timers run before the loop reads: after the loop was held up, the
-     * replies may be waiting in the socket, and are not a stall (asked
-     * only of a connection that looks stalled: it is a system call). */
+    /* Timers run before the loop reads: replies may be waiting in the
+     * socket, and are not a stall (asked only of a connection that looks
+     * stalled: it is a system call). */
     if (s->state == READY && s->in_flight > 0
         && now_ms(s) - s->last_progress > stall_limit_ms(s)
         && !rl_redis_conn_input_waiting(s->conn))
@@ -1074,6 +1094,7 @@ rl_node *rl_node_new(uv_loop_t *loop, const rl_store_config *cfg,
     uv_timer_init(loop, &s->watchdog);
     s->retry_timer.data = s->watchdog.data = s;
     s->open_handles = 2;
+    s->watchdog_ran = now_ms(s);
     uv_timer_start(&s->watchdog, watchdog_fired, WATCHDOG_EVERY_MS,
                    WATCHDOG_EVERY_MS);
     if (cfg->sentinel.master != NULL

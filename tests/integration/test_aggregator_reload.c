@@ -208,6 +208,7 @@ static rl_decision check(rl_agent *agent, const char *attr,
 typedef struct offered {
     long checks, admitted[N_AGENTS], admitted_sum;
     long shadow_rejected;  /* decisions naming a shadow rejection */
+    long degraded;         /* decisions on_error made */
 } offered;
 
 /* One check per agent every ms for ms milliseconds. */
@@ -223,6 +224,7 @@ static offered offer(fleet *f, const char *attr, const char *value,
             o.admitted[i] += d.allowed;
             o.admitted_sum += d.allowed;
             o.shadow_rejected += d.shadow_rejected > 0;
+            o.degraded += d.degraded;
         }
         uint64_t due = start + round, now = test_now_ms();
         if (due > now)
@@ -440,7 +442,9 @@ Test(aggregator_reload, a_removed_synced_rule_stops_and_no_other_count_is_lost)
  * 1,000 at first; a few requests; then 50. Offered 10 x the new limit per
  * agent for two seconds, the two agents admit in the window (the
  * requests before the reload included) at most 2 x (50 + 2) = 104: under
- * the old limit they would have admitted over 1,000. */
+ * the old limit they would have admitted over 1,000. They admit at least
+ * the limit, or, where a stall on a busy machine made a key degraded, the
+ * 0.8 of it that on_error: local promises then. */
 
 Test(aggregator_reload, a_changed_limit_applies_within_the_synced_bound)
 {
@@ -468,9 +472,11 @@ Test(aggregator_reload, a_changed_limit_applies_within_the_synced_bound)
     offered o = offer(&f, "team", team, 2000);
     admitted += o.admitted_sum;
     fprintf(stderr, "aggregator reload: limit %d -> %d, offered %ld after: "
-            "admitted %ld in the window (%ld, %ld after)\n", OLD, NEW,
-            o.checks, admitted, o.admitted[0], o.admitted[1]);
-    cr_expect_geq(admitted, NEW);
+            "admitted %ld in the window (%ld, %ld after), %ld degraded\n",
+            OLD, NEW, o.checks, admitted, o.admitted[0], o.admitted[1],
+            o.degraded);
+    cr_expect_geq(admitted, o.degraded > 0 ? NEW * 8 / 10 : NEW,
+                  "see %s", f.agg.log);
     cr_expect_leq(admitted, 2 * (NEW + N_AGENTS),
                   "over the synced bound 2 x (limit + agents)");
     expect_redis_total_stays(key, admitted);
