@@ -104,10 +104,17 @@ static void on_own_wakeup(uv_idle_t *handle)
     serve(handle->data);
 }
 
-static void io_thread(void *arg)
+/* On the thread that runs the agent's loop: its I/O thread, or the host's
+ * that drives it. */
+bool rl_agent_on_loop_thread(const rl_agent *a)
 {
-    rl_agent *a = arg;
-    io_thread_of = a;
+    return io_thread_of == a
+           || (a->host_loop && pthread_equal(pthread_self(), a->host_thread));
+}
+
+/* What the I/O thread starts with, before it runs the loop. */
+static void io_setup(rl_agent *a)
+{
     /* Its own generation's modes: a reload may be adding others (the
      * I/O thread makes those when it takes the generation up). */
     if (a->io_gen->has_exact || a->io_gen->has_leased) {
@@ -124,6 +131,13 @@ static void io_thread(void *arg)
     if (a->io_gen->needs_sync)
         rl_sync_start(a->sync, &a->loop);
     rl_agent_warn_fleet_unknown(a, a->io_gen);
+}
+
+static void io_thread(void *arg)
+{
+    rl_agent *a = arg;
+    io_thread_of = a;
+    io_setup(a);
     uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 
@@ -160,7 +174,7 @@ int rl_agent_submit(rl_agent *a, rl_request *req)
      * (many requests, one wakeup) but still costs the I/O thread two
      * system calls per turn (a write and a read of its eventfd) when it
      * submits from its own callbacks, as an event-loop gateway does. */
-    if (io_thread_of == a)
+    if (rl_agent_on_loop_thread(a))
         uv_idle_start(&a->own_wakeup, on_own_wakeup);
     else
         uv_async_send(&a->wakeup);
@@ -250,6 +264,11 @@ static int start_io(rl_agent *a, rl_error *err)
     uv_idle_init(&a->loop, &a->own_wakeup);
     uv_timer_init(&a->loop, &a->deadline_timer);
     a->wakeup.data = a->own_wakeup.data = a->deadline_timer.data = a;
+    if (a->host_loop) {
+        a->host_thread = pthread_self();
+        io_setup(a);
+        return RL_OK;
+    }
     if (uv_thread_create(&a->thread, io_thread, a) != 0) {
         uv_close((uv_handle_t *)&a->wakeup, NULL);
         uv_close((uv_handle_t *)&a->own_wakeup, NULL);
@@ -271,6 +290,9 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
                             "must not be NULL");
     }
     *out = NULL;
+    if (o->host_loop != 0 && o->host_loop != 1)
+        return rl_error_set(err, RL_EINVAL, "rl_agent_open: host_loop is 0 "
+                            "or 1, not %d", o->host_loop);
     /* Aligned: its per-thread counters each keep a cache line. */
     rl_agent *a = aligned_alloc(RL_CACHE_LINE, (sizeof *a + RL_CACHE_LINE - 1)
                                                    / RL_CACHE_LINE
@@ -278,6 +300,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
     if (a == NULL)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     memset(a, 0, sizeof *a);
+    a->host_loop = o->host_loop;
     a->log = (rl_logger){.fn = o->log, .arg = o->log_arg,
                          .level = o->log_level};
     pthread_once(&forks_once, watch_forks);
@@ -338,10 +361,49 @@ void rl_agent_close(rl_agent *a)
     pthread_mutex_unlock(&a->reload_lock);
     /* Callers still inside rl_check* return promptly once shut down. */
     rl_calls_wait_idle(&a->calls);
-    uv_thread_join(&a->thread);
+    if (a->host_loop)
+        uv_run(&a->loop, UV_RUN_DEFAULT); /* the close, to its end */
+    else
+        uv_thread_join(&a->thread);
     uv_loop_close(&a->loop);
     pthread_mutex_destroy(&a->queue_lock);
     free_agent(a);
+}
+
+/* The host-loop calls refuse another thread: the loop is not
+ * thread-safe. */
+static int host_loop_caller(const rl_agent *a)
+{
+    if (a == NULL || !a->host_loop)
+        return RL_EINVAL;
+    if (a->forks != rl_forks())
+        return RL_EFORKED;
+    return pthread_equal(pthread_self(), a->host_thread) ? RL_OK : RL_EINVAL;
+}
+
+int rl_agent_loop_fd(rl_agent *a)
+{
+    int rc = host_loop_caller(a);
+    return rc == RL_OK ? uv_backend_fd(&a->loop) : rc;
+}
+
+int rl_agent_loop_timeout(rl_agent *a)
+{
+    if (host_loop_caller(a) != RL_OK)
+        return -1;
+    return uv_backend_timeout(&a->loop);
+}
+
+int rl_agent_run(rl_agent *a)
+{
+    int rc = host_loop_caller(a);
+    /* From a callback of its own: the loop is running already. */
+    if (rc != RL_OK || a->host_running)
+        return rc;
+    a->host_running = true;
+    uv_run(&a->loop, UV_RUN_NOWAIT);
+    a->host_running = false;
+    return RL_OK;
 }
 
 int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,

@@ -134,8 +134,13 @@ struct rl_agent {
     pthread_cond_t io_applied_cond;
     rl_gen *io_gen;               /* I/O thread only */
 
-    /* I/O thread. */
+    /* I/O thread: the agent's own, or, with rl_options.host_loop, the
+     * host's thread that opened the agent (host_thread), which runs the
+     * loop in rl_agent_run. */
     uv_thread_t thread;
+    bool host_loop;
+    pthread_t host_thread;
+    bool host_running;            /* inside rl_agent_run */
     uv_loop_t loop;
     uv_async_t wakeup;
     /* Requests the I/O thread submits itself (a callback checking again):
@@ -193,6 +198,9 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err);
 /* reload.c, the I/O thread (or open, before it runs: started false): serve
  * generation g from now on; drops the reference to the one before. */
 void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool started);
+
+/* Whether the caller is the thread that runs the agent's loop. */
+bool rl_agent_on_loop_thread(const rl_agent *a);
 
 /* reload.c, the I/O thread: logs fallback_fleet_unknown, once per rule
  * identity, for g's on_error: local rules without fleet_size. */

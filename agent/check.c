@@ -718,6 +718,11 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
         leave(a);
         return rc;
     }
+    /* What it would wait for runs on this very thread. */
+    if (a->host_loop && rl_agent_on_loop_thread(a)) {
+        leave(a);
+        return RL_EAGAIN;
+    }
     rl_request *req;
     rc = build(a, g, attrs, n, cost, &req);
     if (rc != RL_OK) {

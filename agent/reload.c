@@ -190,7 +190,8 @@ static void reclaim(rl_agent *a)
 }
 
 /* Hands g to the I/O thread and waits until it serves it (or closes, or a
- * second passes: then its requests still find it first, on_wakeup). */
+ * second passes, or the loop is a host's: then its requests still find it
+ * first, on_wakeup). */
 static int hand_to_io(rl_agent *a, rl_gen *g)
 {
     struct timespec until;
@@ -208,7 +209,9 @@ static int hand_to_io(rl_agent *a, rl_gen *g)
     uv_async_send(&a->wakeup);
     if (skipped != NULL)
         rl_gen_unref(skipped);
-    while (a->io_applied < seq && !a->queue_closed
+    /* A host's loop takes it up when the host runs it next: the host may
+     * be this very thread. */
+    while (!a->host_loop && a->io_applied < seq && !a->queue_closed
            && pthread_cond_timedwait(&a->io_applied_cond, &a->queue_lock,
                                      &until) != ETIMEDOUT)
         ;

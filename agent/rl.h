@@ -131,6 +131,10 @@ typedef struct rl_options {
     rl_log_fn log;         /* NULL: the agent logs nothing */
     void *log_arg;
     rl_log_level log_level; /* lines below this level are not produced */
+    /* 1: the agent starts no I/O thread; the thread that opens it drives
+     * its event loop from the host's own (see rl_agent_run). 0: its own
+     * thread does. */
+    int host_loop;
 } rl_options;
 
 /* rl_agent_open loads the rules, starts the agent's I/O thread and begins
@@ -172,6 +176,37 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * closing a connection a message is arriving on.
  * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
+
+/* Host-loop mode (rl_options.host_loop = 1), for a host with an event loop
+ * of its own (an nginx worker): the agent's loop runs inside the host's, on
+ * the thread that opened the agent (the loop thread), with no thread
+ * between a check and its store call. The host watches rl_agent_loop_fd
+ * for reading (level-triggered) and calls rl_agent_run when it is
+ * readable, when rl_agent_loop_timeout ms have passed since it last ran
+ * (0: run again at once; -1: nothing is due), and in the same turn of its
+ * own loop after it called rl_check_async, so that the turn's checks go
+ * out to the store together. rl_agent_run runs what is due and returns
+ * without waiting; rl_check_async's callbacks and the log callback run
+ * inside it, on the loop thread, and may call rl_check_async again (the
+ * new check waits for the next run, which such a callback makes due at
+ * once).
+ *
+ * On the loop thread, rl_check returns RL_EAGAIN instead of waiting (the
+ * store call it would wait for runs on that thread): use rl_check_async.
+ * Other threads may check as usual (their checks wait for the host's next
+ * run). rl_agent_reload does not wait for the loop to take the rules up:
+ * checks started after it returns see them. rl_agent_close must be called
+ * on the loop thread, outside rl_agent_run: it runs the loop itself until
+ * the close is over (the synced counts' last reports, as above).
+ *
+ * rl_agent_loop_fd returns the descriptor (owned by the agent: never
+ * close it), RL_EINVAL for an agent not in host-loop mode or a caller that
+ * is not its loop thread, RL_EFORKED in a forked child. rl_agent_run
+ * returns RL_OK (nothing at all from inside one of its own callbacks) or
+ * those errors; rl_agent_loop_timeout returns -1 on them. */
+RL_API int rl_agent_loop_fd(rl_agent *agent);
+RL_API int rl_agent_loop_timeout(rl_agent *agent);
+RL_API int rl_agent_run(rl_agent *agent);
 
 /* rl_agent_reload swaps the agent's rules for those of the YAML config at
  * config_path; rl_agent_reload_config for a config already loaded, which

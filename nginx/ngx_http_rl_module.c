@@ -16,13 +16,16 @@
  * A worker never waits for the store. A request is first offered to
  * rl_check_nowait, which decides it at once when no rule that applies
  * needs a round trip (synced and local rules): no thread hop, no wake-up.
- * Only what it refuses (an exact rule applies) goes through rl_check_async:
- * its decision comes back on the agent's I/O thread, which queues it and
- * wakes the worker through an eventfd registered as an nginx read event;
- * the worker then resumes the request in the phase where it stopped (one
- * eventfd wake-up per batch of decisions). Sending every request that
- * way cost a synced rule a third of nginx's requests per second on two
- * cores (docs/performance.md).
+ * Only what it refuses (an exact rule applies) goes through rl_check_async.
+ * The agent runs in the worker's own event loop (rl_options.host_loop):
+ * its descriptor is an nginx read event, its next timeout an nginx timer,
+ * and a check posts an event that runs the agent once the turn's events
+ * are handled, so the turn's checks leave for Redis in one write. Their
+ * decisions come back on the worker's thread, inside rl_agent_run, and the
+ * worker resumes each request in the phase where it stopped. No thread
+ * stands between a request and its store call: through the agent's own
+ * I/O thread, an exact rule served 0.55 of nginx alone's requests per
+ * second on two cores (docs/performance.md).
  *
  * The check runs in the preaccess phase (where limit_req runs), once per
  * client request: subrequests are not checked, and a request that nginx
@@ -36,8 +39,6 @@
 #include <ngx_http.h>
 
 #include <grp.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
 
 #include <rl.h>
 
@@ -84,10 +85,10 @@ typedef struct {
 typedef struct ngx_http_rl_pending_s  ngx_http_rl_pending_t;
 
 /*
- * A check in flight, on the heap: the agent's I/O thread writes its
- * decision and queues it, whatever became of the request meanwhile. The
- * worker clears request when the request goes away, and frees the whole
- * when it takes the decision off the queue.
+ * A check in flight, on the heap: the agent writes its decision and
+ * queues it, whatever became of the request meanwhile. The worker clears
+ * request when the request goes away, and frees the whole when it takes
+ * the decision off the queue.
  */
 struct ngx_http_rl_pending_s {
     ngx_http_request_t        *request;
@@ -124,7 +125,10 @@ static ngx_int_t ngx_http_rl_reject(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
 static void ngx_http_rl_wait_handler(ngx_http_request_t *r);
 static void ngx_http_rl_decided(const rl_decision *decision, void *arg);
-static void ngx_http_rl_notify_handler(ngx_event_t *ev);
+static void ngx_http_rl_loop_handler(ngx_event_t *ev);
+static void ngx_http_rl_run_soon(void);
+static ngx_int_t ngx_http_rl_watch_loop(ngx_cycle_t *cycle);
+static void ngx_http_rl_unwatch_loop(void);
 static void ngx_http_rl_resume(ngx_http_rl_pending_t *p);
 static ngx_http_rl_ctx_t *ngx_http_rl_get_ctx(ngx_http_request_t *r);
 static void ngx_http_rl_cleanup(void *data);
@@ -300,17 +304,19 @@ static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 
 
 /*
- * This worker's agent and the way its decisions come back. A worker is one
- * process with one event loop thread, so these are per process; the master
- * never sets them. Without an agent (it did not open), the retry timer is
- * set.
+ * This worker's agent and its loop inside nginx's: the agent's descriptor
+ * (a read event), its next timeout (a timer) and a posted event that runs
+ * it after the turn's checks. A worker is one process with one event loop
+ * thread, so these are per process; the master never sets them. Without
+ * an agent (it did not open), the retry timer is set.
  */
 static rl_agent               *ngx_http_rl_agent;
 static ngx_event_t             ngx_http_rl_retry;
 static ngx_msec_t              ngx_http_rl_retry_ms;
 static ngx_uint_t              ngx_http_rl_tries;
-static ngx_connection_t       *ngx_http_rl_notify_conn;
-static pthread_mutex_t         ngx_http_rl_done_lock = PTHREAD_MUTEX_INITIALIZER;
+static ngx_connection_t       *ngx_http_rl_loop_conn;
+static ngx_event_t             ngx_http_rl_loop_timer;
+static ngx_event_t             ngx_http_rl_loop_now;
 static ngx_http_rl_pending_t  *ngx_http_rl_done;      /* newest first */
 
 
@@ -439,6 +445,10 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
 
         rc = rl_check_async(ngx_http_rl_agent, attrs, n, cost,
                             ngx_http_rl_decided, p);
+
+        if (rc == RL_OK) {
+            ngx_http_rl_run_soon();
+        }
     }
 
     if (rc != RL_OK) {
@@ -613,34 +623,19 @@ ngx_http_rl_wait_handler(ngx_http_request_t *r)
 
 
 /*
- * On the agent's I/O thread: queue the decision and wake the worker. Only
- * the first decision into an empty queue writes to the eventfd: the worker
- * takes the whole queue when it wakes, so the others ride along.
+ * Inside rl_agent_run, on the worker's thread: the request is resumed once
+ * the agent's loop has returned (ngx_http_rl_loop_handler), not from
+ * inside it.
  */
 static void
 ngx_http_rl_decided(const rl_decision *decision, void *arg)
 {
-    ssize_t                 n;
-    uint64_t                one;
-    ngx_uint_t              wake;
     ngx_http_rl_pending_t  *p;
 
     p = arg;
     p->decision = *decision;
-
-    pthread_mutex_lock(&ngx_http_rl_done_lock);
     p->next = ngx_http_rl_done;
     ngx_http_rl_done = p;
-    wake = (p->next == NULL);
-    pthread_mutex_unlock(&ngx_http_rl_done_lock);
-
-    if (wake && ngx_http_rl_notify_conn != NULL) {
-        one = 1;
-        /* an eventfd counter only refuses to grow when it is about to
-         * overflow, and then a wake-up is pending anyway */
-        n = write(ngx_http_rl_notify_conn->fd, &one, sizeof(one));
-        (void) n;
-    }
 }
 
 
@@ -650,11 +645,8 @@ ngx_http_rl_take_done(void)
 {
     ngx_http_rl_pending_t  *p, *next, *oldest;
 
-    pthread_mutex_lock(&ngx_http_rl_done_lock);
     p = ngx_http_rl_done;
     ngx_http_rl_done = NULL;
-    pthread_mutex_unlock(&ngx_http_rl_done_lock);
-
     oldest = NULL;
 
     while (p != NULL) {
@@ -668,25 +660,51 @@ ngx_http_rl_take_done(void)
 }
 
 
+/*
+ * The agent's descriptor is readable, its timeout has passed, or checks
+ * were made this turn: run what is due, resume the requests decided, and
+ * wait for the agent's next timeout.
+ */
 static void
-ngx_http_rl_notify_handler(ngx_event_t *ev)
+ngx_http_rl_loop_handler(ngx_event_t *ev)
 {
-    uint64_t                count;
-    ngx_connection_t       *c;
+    int                     timeout;
     ngx_http_rl_pending_t  *p, *next;
 
-    c = ev->data;
-
-    /* reset the counter first: a decision queued after this read wakes
-     * the worker again, one queued before is in the list taken below */
-    if (read(c->fd, &count, sizeof(count)) == -1 && ngx_errno != NGX_EAGAIN) {
-        ngx_log_error(NGX_LOG_ALERT, ev->log, ngx_errno,
-                      "rl: read() of the eventfd failed");
+    if (ngx_http_rl_agent == NULL) {
+        return;
     }
+
+    (void) rl_agent_run(ngx_http_rl_agent);
 
     for (p = ngx_http_rl_take_done(); p != NULL; p = next) {
         next = p->next;
         ngx_http_rl_resume(p);
+    }
+
+    /* a resumed request may have checked again, and posted a run */
+    timeout = rl_agent_loop_timeout(ngx_http_rl_agent);
+
+    if (ngx_http_rl_loop_timer.timer_set) {
+        /* nginx keeps a timer within 300 ms of the new one: too late */
+        ngx_del_timer(&ngx_http_rl_loop_timer);
+    }
+
+    if (timeout == 0) {
+        ngx_http_rl_run_soon();
+
+    } else if (timeout > 0) {
+        ngx_add_timer(&ngx_http_rl_loop_timer, (ngx_msec_t) timeout);
+    }
+}
+
+
+/* Once this turn's events are handled: its checks go out together. */
+static void
+ngx_http_rl_run_soon(void)
+{
+    if (!ngx_http_rl_loop_now.posted) {
+        ngx_post_event(&ngx_http_rl_loop_now, &ngx_posted_events);
     }
 }
 
@@ -1332,8 +1350,6 @@ ngx_http_rl_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_rl_init_process(ngx_cycle_t *cycle)
 {
-    int                       fd;
-    ngx_connection_t         *c;
     ngx_http_rl_main_conf_t  *rmcf;
 
     rmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_rl_module);
@@ -1342,30 +1358,13 @@ ngx_http_rl_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
-    fd = eventfd(0, EFD_NONBLOCK|EFD_CLOEXEC);
-    if (fd == -1) {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
-                      "rl: eventfd() failed");
-        return NGX_ERROR;
-    }
-
-    c = ngx_get_connection(fd, cycle->log);
-    if (c == NULL) {
-        close(fd);
-        return NGX_ERROR;
-    }
-
-    c->read->handler = ngx_http_rl_notify_handler;
-    c->read->log = cycle->log;
-    c->write->log = cycle->log;
-    c->data = NULL;
-
-    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
-        ngx_close_connection(c);
-        return NGX_ERROR;
-    }
-
-    ngx_http_rl_notify_conn = c;
+    /* Cancelable: the agent's timers do not keep a worker that shuts down
+     * alive (a request waiting for a decision has its own timer). */
+    ngx_http_rl_loop_timer.handler = ngx_http_rl_loop_handler;
+    ngx_http_rl_loop_timer.log = cycle->log;
+    ngx_http_rl_loop_timer.cancelable = 1;
+    ngx_http_rl_loop_now.handler = ngx_http_rl_loop_handler;
+    ngx_http_rl_loop_now.log = cycle->log;
 
     /* Cancelable: a worker that shuts down does not wait for it. */
     ngx_http_rl_retry.handler = ngx_http_rl_retry_handler;
@@ -1399,10 +1398,20 @@ ngx_http_rl_open_agent(ngx_cycle_t *cycle)
     options.log = ngx_http_rl_log;
     options.log_arg = cycle->log;
     options.log_level = RL_LOG_INFO;
+    options.host_loop = 1;
 
     ngx_http_rl_tries++;
 
     rc = rl_agent_open(&ngx_http_rl_agent, &options, &err);
+
+    if (rc == RL_OK && ngx_http_rl_watch_loop(cycle) != NGX_OK) {
+        rl_agent_close(ngx_http_rl_agent);
+        ngx_http_rl_agent = NULL;
+        rc = RL_ESYS;
+        ngx_cpystrn((u_char *) err.message,
+                    (u_char *) "its descriptor could not be added to the "
+                    "worker's events", sizeof(err.message));
+    }
 
     if (rc != RL_OK) {
         ngx_log_error(NGX_LOG_ERR, cycle->log, 0,
@@ -1419,6 +1428,72 @@ ngx_http_rl_open_agent(ngx_cycle_t *cycle)
     }
 
     return NGX_OK;
+}
+
+
+/* The agent's descriptor as an nginx read event, level-triggered: what
+ * one run leaves ready is run on the next turn. Then a first run, which
+ * starts connecting and sets the timer. */
+static ngx_int_t
+ngx_http_rl_watch_loop(ngx_cycle_t *cycle)
+{
+    int                fd;
+    ngx_connection_t  *c;
+
+    fd = rl_agent_loop_fd(ngx_http_rl_agent);
+    if (fd < 0) {
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, cycle->log);
+    if (c == NULL) {
+        return NGX_ERROR;
+    }
+
+    c->read->handler = ngx_http_rl_loop_handler;
+    c->read->log = cycle->log;
+    c->write->log = cycle->log;
+    c->data = NULL;
+
+    if (ngx_add_event(c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
+        ngx_free_connection(c);
+        return NGX_ERROR;
+    }
+
+    ngx_http_rl_loop_conn = c;
+
+    /* not posted: an idle worker may wait in epoll for a long time */
+    ngx_http_rl_loop_handler(c->read);
+
+    return NGX_OK;
+}
+
+
+/* The descriptor is the agent's to close: nginx only stops watching it. */
+static void
+ngx_http_rl_unwatch_loop(void)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_http_rl_loop_conn;
+
+    if (c != NULL) {
+        if (c->read->active) {
+            (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
+        }
+
+        c->fd = (ngx_socket_t) -1;
+        ngx_free_connection(c);
+        ngx_http_rl_loop_conn = NULL;
+    }
+
+    if (ngx_http_rl_loop_timer.timer_set) {
+        ngx_del_timer(&ngx_http_rl_loop_timer);
+    }
+
+    if (ngx_http_rl_loop_now.posted) {
+        ngx_delete_posted_event(&ngx_http_rl_loop_now);
+    }
 }
 
 
@@ -1443,9 +1518,11 @@ ngx_http_rl_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_rl_pending_t  *p, *next;
 
-    /* rl_agent_close decides what still waits (on_error) and sends the
-     * synced counts not yet reported: the decisions land in the queue,
-     * and with the process going, no request is resumed */
+    /* rl_agent_close runs the agent's loop itself to the end: it decides
+     * what still waits (on_error) and sends the synced counts not yet
+     * reported. The decisions land in the queue, and with the process
+     * going, no request is resumed. */
+    ngx_http_rl_unwatch_loop();
     rl_agent_close(ngx_http_rl_agent);
     ngx_http_rl_agent = NULL;
 
@@ -1453,16 +1530,11 @@ ngx_http_rl_exit_process(ngx_cycle_t *cycle)
         next = p->next;
         ngx_free(p);
     }
-
-    if (ngx_http_rl_notify_conn != NULL) {
-        ngx_close_connection(ngx_http_rl_notify_conn);
-        ngx_http_rl_notify_conn = NULL;
-    }
 }
 
 
-/* librl's lines, from its I/O thread: nginx's own thread pools log from
- * their threads the same way. */
+/* librl's lines, from the worker's thread (inside rl_agent_run, or in
+ * rl_agent_open and rl_agent_close). */
 static void
 ngx_http_rl_log(rl_log_level level, const char *line, void *arg)
 {
