@@ -9,6 +9,10 @@
  *   - Where a user needs detail (a bad config line, say), the function takes
  *     an rl_error and fills in its message; an rl_error pointer may be NULL.
  *   - The library never aborts, exits or prints in its host process.
+ *   - Its sockets are written through libuv, which leaves SIGPIPE to the
+ *     program: a host should ignore it, as network servers do (nginx
+ *     does, and so do rl-gateway, rl-aggregator and rlctl); otherwise a
+ *     peer that goes away mid-write can end the process.
  */
 #ifndef RL_H
 #define RL_H

@@ -26,6 +26,7 @@
 
 #include <nng/protocol/pubsub0/pub.h>
 #include <stdatomic.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,6 +429,9 @@ static int choose_endpoint(rl_aggregator *agg, const char *path,
 
 int main(int argc, char **argv)
 {
+    /* A peer gone while libuv writes to it is an error to handle (EPIPE),
+     * not a reason to die: libuv leaves SIGPIPE to the program. */
+    signal(SIGPIPE, SIG_IGN);
     const char *path = "/etc/rl/rl.yaml";
     bool check_only = false;
     rl_log_level level = RL_LOG_INFO;

@@ -14,6 +14,7 @@
 #include "address.h"
 
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,6 +323,9 @@ static int run(gw_server *srv, const args *a)
 
 int main(int argc, char **argv)
 {
+    /* A peer gone while libuv writes to it is an error to handle (EPIPE),
+     * not a reason to die: libuv leaves SIGPIPE to the program. */
+    signal(SIGPIPE, SIG_IGN);
     args a;
     bool done = false;
     int rc = parse_args(argc, argv, &a, &done);

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -858,6 +859,9 @@ static void command_help(const char *command)
 
 int main(int argc, char **argv)
 {
+    /* A peer gone while libuv writes to it is an error to handle (EPIPE),
+     * not a reason to die: libuv leaves SIGPIPE to the program. */
+    signal(SIGPIPE, SIG_IGN);
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
         printf("rlctl %s\n", rl_version());
         return EXIT_OK;

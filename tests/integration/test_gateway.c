@@ -6,6 +6,7 @@
  */
 #include "redis_server.h"
 #include "test_agent.h"
+#include "test_aggregator.h"
 #include "test_env.h"
 #include "test_gateway.h"
 
@@ -484,4 +485,38 @@ Test(gateway, metrics_are_served_on_their_own_socket)
     test_http_get(port, "/metrics", "", &r);
     cr_assert_eq(r.status, 200);
     test_gateway_stop(&gw);
+}
+
+/* Whether the process ignores SIGPIPE (/proc's SigIgn mask). */
+static bool ignores_sigpipe(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    unsigned long long mask = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "SigIgn: %llx", &mask) == 1)
+            break;
+    fclose(f);
+    return (mask >> (SIGPIPE - 1)) & 1;
+}
+
+/* libuv writes with write(2): a client gone while its answer is written
+ * raises SIGPIPE, which would end the gateway (and the aggregator, whose
+ * peers are agents and Redis) with every client on it. */
+Test(gateway, the_gateway_and_the_aggregator_ignore_sigpipe)
+{
+    const char *cfg = test_write_config("sigpipe", per_ip_local);
+    test_gateway gw;
+    test_gateway_start(&gw, cfg, NULL);
+    cr_expect(ignores_sigpipe(gw.pid), "rl-gateway dies of SIGPIPE");
+    test_gateway_stop(&gw);
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL,
+                          "  - {name: sigpipe, match: tenant, limit: 10, "
+                          "period: 1h, mode: synced}\n", 200, NULL);
+    test_aggregator_wait_ready(&agg);
+    cr_expect(ignores_sigpipe(agg.pid), "rl-aggregator dies of SIGPIPE");
+    test_aggregator_stop(&agg);
 }
