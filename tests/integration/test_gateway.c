@@ -374,25 +374,10 @@ Test(gateway, sigterm_answers_the_requests_in_flight_then_exits)
     upstream_stop(&up);
 }
 
-/* A "Redis" that accepts connections and never answers: checks against it
- * wait until their deadline. */
-static int silent_store(uint16_t *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(listen(fd, 16), 0);
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    *port = ntohs(sa.sin_port);
-    return fd;
-}
-
 Test(gateway, a_slow_check_does_not_hold_up_other_connections)
 {
     uint16_t port;
-    int store = silent_store(&port);
+    int store = test_silent_store(&port);
     char yaml[512];
     /* A 2 s deadline: the other request is answered long before it. */
     snprintf(yaml, sizeof yaml,

@@ -14,11 +14,9 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 /* Threads of this process. */
@@ -125,20 +123,14 @@ Test(host_loop, exact_checks_run_on_the_host_thread_in_one_write)
 
 Test(host_loop, a_silent_store_is_decided_at_the_deadline_by_the_host_timer)
 {
-    /* A socket that accepts (the kernel's backlog) and never answers. */
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(listen(l, 16), 0);
-    cr_assert_eq(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    uint16_t port;
+    int silent = test_silent_store(&port);
     char yaml[400];
     snprintf(yaml, sizeof yaml,
              "store: {url: \"redis://127.0.0.1:%u\", timeout_ms: 200}\n"
              "rules:\n"
              "  - {name: per-key, match: api_key, limit: 10, period: 1h}\n",
-             ntohs(sa.sin_port));
+             port);
     rl_agent *a = open_host_agent(test_write_config("host-silent", yaml));
     rl_attr attr = {"api_key", "k", 1};
     answers w = {.host = pthread_self()};
@@ -158,7 +150,7 @@ Test(host_loop, a_silent_store_is_decided_at_the_deadline_by_the_host_timer)
     cr_expect_geq(took, 195000);
     cr_expect_leq(took, latest);
     rl_agent_close(a);
-    close(l);
+    close(silent);
 }
 
 /* --- rl_check: refused on the loop thread, served on others. ----------- */

@@ -4,12 +4,15 @@
  */
 #include "test_env.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,4 +180,17 @@ const char *test_store_config(const char *name, const char *rules)
              "store: {url: \"redis://%s\", timeout_ms: 1000}\nrules:\n%s",
              test_env("RL_TEST_REDIS"), rules);
     return test_write_config(name, yaml);
+}
+
+int test_silent_store(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(fd, 16), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    *port = ntohs(sa.sin_port);
+    return fd;
 }

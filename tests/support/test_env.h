@@ -59,6 +59,12 @@ const char *test_write_config(const char *name, const char *yaml);
  * a second, as test_write_config does, and returns its path. */
 const char *test_store_config(const char *name, const char *rules);
 
+/* test_silent_store listens on a free loopback port (written to port) and
+ * never accepts: connections succeed (the kernel's backlog) and nothing is
+ * ever answered, a "Redis" checks wait on until their deadline. The caller
+ * closes the descriptor it returns. */
+int test_silent_store(uint16_t *port);
+
 /* test_path joins a directory from the environment and a file name. */
 const char *test_path(char *buf, size_t cap, const char *env_dir,
                       const char *file);
