@@ -17,7 +17,8 @@
  *
  * Checks never wait for a reload: they take no lock it holds. A reload
  * waits for the I/O thread (at most RELOAD_IO_WAIT_MS) and, when more than
- * RETIRED_MAX generations are still held, for the oldest to be let go.
+ * RETIRED_MAX generations are still held, for the oldest to be let go;
+ * with a host's loop (rl_options.host_loop) it waits for neither.
  */
 #include "agent_impl.h"
 
@@ -246,9 +247,13 @@ static int reload_locked(rl_agent *a, rl_config *cfg, rl_error *err)
     a->n_retired++;
     a->reloads++;
     reclaim(a);
+    /* A host's loop lets the old rules go only when the host runs it, and
+     * the host may be this very thread: no wait (they go at a later
+     * reload's reclaim). */
     for (unsigned waited = 0;
-         a->n_retired > RETIRED_MAX
-         || (a->retired == old && waited < RETIRE_WAIT_US);
+         !a->host_loop
+         && (a->n_retired > RETIRED_MAX
+             || (a->retired == old && waited < RETIRE_WAIT_US));
          waited += 200) {
         usleep(200);
         reclaim(a);

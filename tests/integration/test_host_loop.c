@@ -57,6 +57,7 @@ static void host_turn(rl_agent *a, uint64_t deadline)
 
 typedef struct answers {
     int n, allowed, degraded, off_thread;
+    uint64_t limit; /* the last decision's */
     pthread_t host;
 } answers;
 
@@ -67,6 +68,7 @@ static void answered(const rl_decision *d, void *arg)
     w->allowed += d->allowed;
     w->degraded += d->degraded;
     w->off_thread += !pthread_equal(pthread_self(), w->host);
+    w->limit = d->limit;
 }
 
 static void fresh(char *buf, size_t cap, const char *what)
@@ -227,6 +229,50 @@ Test(host_loop, the_loop_is_refused_to_other_threads_and_to_thread_agents)
     o.host_loop = 2;
     cr_expect_eq(rl_agent_open(&a, &o, &err), RL_EINVAL);
     cr_expect(strstr(err.message, "host_loop") != NULL, "%s", err.message);
+}
+
+/* --- Reloads on the loop thread. -------------------------------------- */
+
+/* A reload waits for no loop the caller itself must run (the old rules go
+ * when the loop runs). A host that reloads between turns of its loop:
+ * each turn takes the new rules up and holds them, and a reload that
+ * waited for the loop to let them go would stall the loop thread 20 ms
+ * every time (2 s for a hundred); they take a few ms each. The next check
+ * sees the last rules. */
+Test(host_loop, reloads_on_the_loop_thread_never_wait_on_it)
+{
+    enum { RELOADS = 100 };
+    char rules[160];
+    const char *cfg = test_store_config("host-reload",
+        "  - {name: per-key, match: api_key, limit: 10, period: 1h}\n");
+    rl_agent *a = open_host_agent(cfg);
+    uint64_t start = test_now_ms();
+    /* A reload that waits on the loop never returns: SIGALRM ends it. */
+    alarm(30);
+    for (int i = 1; i <= RELOADS; i++) {
+        snprintf(rules, sizeof rules, "  - {name: per-key, match: api_key, "
+                 "limit: %d, period: 1h}\n", 10 + i);
+        rl_error err;
+        cr_assert_eq(rl_agent_reload(a, test_store_config("host-reload",
+                                                          rules), &err),
+                     RL_OK, "%s", err.message);
+        cr_assert_eq(rl_agent_run(a), RL_OK);
+    }
+    alarm(0);
+    uint64_t took = test_now_ms() - start;
+    char key[96];
+    fresh(key, sizeof key, "ak_reload");
+    rl_attr attr = {"api_key", key, strlen(key)};
+    answers w = {.host = pthread_self()};
+    cr_assert_eq(rl_check_async(a, &attr, 1, 1, answered, &w), RL_OK);
+    run_until(a, &w, 1, 5000);
+    fprintf(stderr, "host loop: %d reloads on the loop thread in %llu ms\n",
+            RELOADS, (unsigned long long)took);
+    cr_expect_lt(took, RELOADS * 20, "the reloads waited on the loop");
+    cr_expect_eq(w.allowed, 1);
+    cr_expect_eq(w.limit, 10 + RELOADS, "the check ran under limit %llu",
+                 (unsigned long long)w.limit);
+    rl_agent_close(a);
 }
 
 /* --- The close runs the loop to its end. ------------------------------- */
