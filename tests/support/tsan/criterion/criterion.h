@@ -76,6 +76,8 @@ void tsan_suite_register(const char *suite, struct tsan_suite_options o);
     TSAN_CHECK(false, (a) <= (b), #a " <= " #b, __VA_ARGS__)
 #define cr_assert_lt(a, b, ...) \
     TSAN_CHECK(true, (a) < (b), #a " < " #b, __VA_ARGS__)
+#define cr_expect_lt(a, b, ...) \
+    TSAN_CHECK(false, (a) < (b), #a " < " #b, __VA_ARGS__)
 #define cr_assert_null(p, ...) \
     TSAN_CHECK(true, (p) == NULL, #p " == NULL", __VA_ARGS__)
 #define cr_expect_null(p, ...) \
