@@ -248,9 +248,6 @@ static void on_flush(uv_prepare_t *p)
     flush_now(c);
 }
 
-/* sending goes to the socket now, as much as it takes (send(), as
- * hiredis's write() did); only a remainder waits for writability in a
- * uv_write, whose completion sends what gathered meanwhile. */
 /* send() with MSG_NOSIGNAL: a peer gone must not raise SIGPIPE in a host
  * that does not ignore it (uv_try_write's write() would). Called only
  * when no uv_write is queued, so that the bytes keep their order. */
@@ -267,6 +264,9 @@ static int try_send(rl_redis_conn *c, const char *data, size_t len)
                : uv_translate_sys_error(errno);
 }
 
+/* sending goes to the socket now, as much as it takes (send(), as
+ * hiredis's write() did); only a remainder waits for writability in a
+ * uv_write, whose completion sends what gathered meanwhile. */
 static void write_sending(rl_redis_conn *c)
 {
     int n = try_send(c, c->sending.data, c->sending.len);
