@@ -21,7 +21,8 @@ ABI = 1
 CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
              $(OPT) -g -fPIC -fvisibility=hidden -MMD -MP \
-             -Iagent -Icommon -Itests/support -Itests/bench $(SAN) $(CFLAGS)
+             -Iagent -Icommon -Irls -Itests/support -Itests/bench $(SAN) \
+             $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
 # Link-time optimization with GCC, outside the sanitizer builds: a synced
@@ -64,6 +65,8 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_fleet.c tests/support/test_certs.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
+# rl-rls's parts that the unit tests link (rls/, issue 30).
+RLS_SRC    = rls/rls_config.c
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
@@ -175,7 +178,7 @@ $(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
 	    modules
 	cp $(BUILD)/nginx/objs/ngx_http_rl_module.so $@
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(LIB_A)
+$(TESTS): $(call obj,$(TEST_SRC) $(RLS_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS)
 
