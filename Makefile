@@ -66,7 +66,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 # rl-rls's parts that the unit tests link (rls/, issue 30).
-RLS_SRC    = rls/rls_config.c rls/rls_settings.c
+RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
