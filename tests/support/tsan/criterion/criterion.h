@@ -62,6 +62,8 @@ void tsan_suite_register(const char *suite, struct tsan_suite_options o);
     TSAN_CHECK(false, (a) == (b), #a " == " #b, __VA_ARGS__)
 #define cr_assert_neq(a, b, ...) \
     TSAN_CHECK(true, (a) != (b), #a " != " #b, __VA_ARGS__)
+#define cr_expect_neq(a, b, ...) \
+    TSAN_CHECK(false, (a) != (b), #a " != " #b, __VA_ARGS__)
 #define cr_assert_geq(a, b, ...) \
     TSAN_CHECK(true, (a) >= (b), #a " >= " #b, __VA_ARGS__)
 #define cr_assert_gt(a, b, ...) \
