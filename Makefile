@@ -21,7 +21,8 @@ ABI = 1
 CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
              $(OPT) -g -fPIC -fvisibility=hidden -MMD -MP \
-             -Iagent -Icommon -Irls -Itests/support -Itests/bench $(SAN) \
+             -Iagent -Icommon -Irls -I$(BUILD)/gen -Itests/support \
+             -Itests/bench $(SAN) \
              $(CFLAGS)
 LDFLAGS_ALL = $(SAN) $(LDFLAGS)
 
@@ -65,8 +66,15 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_fleet.c tests/support/test_certs.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
-# rl-rls's parts that the unit tests link (rls/, issue 30).
-RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c
+# rl-rls's parts that the unit tests link (rls/, issue 30), and its wire
+# types: protoc-c makes C of rls/proto's files under $(BUILD)/gen.
+RLS_PROTO  = envoy/service/ratelimit/v3/rls.proto \
+             envoy/extensions/common/ratelimit/v3/ratelimit.proto \
+             envoy/type/v3/ratelimit_unit.proto \
+             envoy/config/core/v3/base.proto google/protobuf/duration.proto \
+             google/protobuf/wrappers.proto grpc/health/v1/health.proto
+RLS_GEN    = $(patsubst %.proto,$(BUILD)/gen/%.pb-c.c,$(RLS_PROTO))
+RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c $(RLS_GEN)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
@@ -104,6 +112,13 @@ deps:
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# Every generated header is there before any file that includes one.
+$(BUILD)/gen/%.pb-c.c: rls/proto/%.proto | deps
+	@mkdir -p $(BUILD)/gen
+	cd rls/proto && protoc-c --c_out=$(abspath $(BUILD)/gen) $(RLS_PROTO)
+
+$(call obj,$(RLS_SRC) $(wildcard tests/unit/test_rls_*.c)): | $(RLS_GEN)
 
 $(LIB_A): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
@@ -180,7 +195,7 @@ $(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
 
 $(TESTS): $(call obj,$(TEST_SRC) $(RLS_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS) -lprotobuf-c
 
 $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)

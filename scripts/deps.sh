@@ -14,7 +14,8 @@ set -eu
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev libssl-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
-nginx nginx-dev wrk prometheus gdb"
+nginx nginx-dev wrk prometheus gdb \
+libprotobuf-c-dev protobuf-c-compiler libnghttp2-dev"
 [ $# -gt 0 ] && packages="$*"
 
 # One dpkg-query for all: every make runs this (make mutants, twice a
