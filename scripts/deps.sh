@@ -9,13 +9,17 @@
 # prometheus brings promtool, which the metrics tests run on every metrics
 # page (`promtool check metrics`); the Prometheus server is not used.
 # gdb prints the stacks of a daemon that a test could not stop.
+# rl-rls (rls/) speaks gRPC over HTTP/2 with nghttp2 and protobuf-c; its
+# tests call it with a real gRPC client (grpcio, in the system Python) and
+# its benchmark drives it with h2load (nghttp2-client).
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev libssl-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
 nginx nginx-dev wrk prometheus gdb \
-libprotobuf-c-dev protobuf-c-compiler libnghttp2-dev"
+libprotobuf-c-dev protobuf-c-compiler libnghttp2-dev \
+nghttp2-client python3-grpcio python3-protobuf protobuf-compiler"
 [ $# -gt 0 ] && packages="$*"
 
 # One dpkg-query for all: every make runs this (make mutants, twice a
