@@ -20,7 +20,10 @@ void rls_grpc_reader_free(rls_grpc_reader *r)
     r->body = NULL;
 }
 
-/* The prefix is complete: its flag and length, and room for the body. */
+/* A body's first buffer: what a small message needs, at most this. */
+#define RLS_GRPC_FIRST_BUFFER 16384
+
+/* The prefix is complete: its flag and length, and a first buffer. */
 static rls_grpc_read begin_body(rls_grpc_reader *r)
 {
     if (r->prefix[0] != 0)
@@ -30,8 +33,28 @@ static rls_grpc_read begin_body(rls_grpc_reader *r)
     if (r->length > r->max)
         return RLS_GRPC_TOO_LARGE;
     /* One byte more: an empty message still has a buffer. */
-    r->body = malloc((size_t)r->length + 1);
+    r->cap = (r->length < RLS_GRPC_FIRST_BUFFER ? r->length
+                                                 : RLS_GRPC_FIRST_BUFFER) + 1;
+    r->body = malloc(r->cap);
     return r->body != NULL ? RLS_GRPC_MORE : RLS_GRPC_NO_MEMORY;
+}
+
+/* Room for need more bytes of the body: doubled, up to its length. */
+static bool make_room(rls_grpc_reader *r, size_t need)
+{
+    if (r->cap - r->have_body >= need)
+        return true;
+    size_t cap = r->cap;
+    while (cap - r->have_body < need)
+        cap *= 2;
+    if (cap > (size_t)r->length + 1)
+        cap = (size_t)r->length + 1;
+    uint8_t *body = realloc(r->body, cap);
+    if (body == NULL)
+        return false;
+    r->body = body;
+    r->cap = cap;
+    return true;
 }
 
 rls_grpc_read rls_grpc_reader_feed(rls_grpc_reader *r, const uint8_t *data,
@@ -55,6 +78,8 @@ rls_grpc_read rls_grpc_reader_feed(rls_grpc_reader *r, const uint8_t *data,
     size_t take = len - at;
     if (take > r->length - r->have_body)
         take = r->length - r->have_body;
+    if (!make_room(r, take))
+        return RLS_GRPC_NO_MEMORY;
     memcpy(r->body + r->have_body, data + at, take);
     r->have_body += take;
     at += take;

@@ -25,13 +25,16 @@ typedef enum rls_grpc_status {
 } rls_grpc_status;
 
 /* The message of one unary call, gathered from DATA frames: prefix, then
- * body. The body is refused over max bytes before any of it is kept. */
+ * body. The body is refused over max bytes before any of it is kept, and
+ * its buffer grows with the bytes that come, not with the length the
+ * prefix claims: five bytes from a peer never make megabytes of memory. */
 typedef struct rls_grpc_reader {
     uint8_t prefix[5];
     size_t have_prefix;     /* bytes of the prefix seen */
     uint32_t length;        /* the body's, from the prefix */
     uint8_t *body;
     size_t have_body;
+    size_t cap;             /* body's size */
     size_t max;             /* the cap on a message */
     int messages;           /* complete ones seen */
 } rls_grpc_reader;

@@ -7,6 +7,7 @@
 #include "rls_grpc.h"
 
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 static size_t frame(uint8_t *out, const char *body, size_t len)
@@ -108,4 +109,35 @@ Test(rls_grpc, grpc_message_is_percent_encoded)
     char small[5];
     cr_expect_eq(rls_grpc_percent_encode("ab\ncd", small, sizeof small), 2);
     cr_expect_str_eq(small, "ab");
+}
+
+Test(rls_grpc, a_claimed_length_is_not_allocated_before_its_bytes_come)
+{
+    enum { LEN = 3 << 20 };
+    uint8_t *wire = malloc(LEN + 5);
+    cr_assert_not_null(wire);
+    rls_grpc_prefix(wire, LEN);
+    for (size_t i = 0; i < LEN; i++)
+        wire[5 + i] = (uint8_t)(i % 251);
+    rls_grpc_reader r;
+    rls_grpc_reader_init(&r, 4 << 20);
+    size_t used;
+    /* The prefix alone: a buffer for a small message, not for 3 MiB. */
+    cr_assert_eq(rls_grpc_reader_feed(&r, wire, 5, &used), RLS_GRPC_MORE);
+    cr_expect_leq(r.cap, 16385);
+    /* Then the body in DATA-sized pieces, the buffer growing with it. */
+    size_t at = 5;
+    rls_grpc_read rc = RLS_GRPC_MORE;
+    while (at < LEN + 5) {
+        size_t n = LEN + 5 - at < 16384 ? LEN + 5 - at : 16384;
+        rc = rls_grpc_reader_feed(&r, wire + at, n, &used);
+        cr_assert_eq(used, n);
+        cr_expect_leq(r.cap, 2 * (at + n) + 1);
+        at += n;
+    }
+    cr_assert_eq(rc, RLS_GRPC_MESSAGE);
+    cr_expect_eq(r.length, LEN);
+    cr_expect_eq(memcmp(r.body, wire + 5, LEN), 0);
+    rls_grpc_reader_free(&r);
+    free(wire);
 }
