@@ -740,3 +740,47 @@ Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
     cr_assert_eq(allowed, 10);
     cr_assert_eq(waited, 15, "WAIT ran %lld times for 15 writes", waited);
 }
+
+/* A fixed window's INCRBY goes to the primary that serves its window key
+ * (a plain command, routed by its key), is exact there, and waits for a
+ * replica as a script's write does. */
+Test(cluster, a_fixed_window_counts_on_its_keys_primary_and_waits)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    char first[64];
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent_with(seeds, ", wait_replicas: 1",
+                                     "  - {name: w, match: api_key, "
+                                     "limit: 100, period: 1h, "
+                                     "algorithm: fixed_window}\n",
+                                     1000, &cfg);
+    for (int v = 0; v < 3; v++) {
+        char value[32], key[64];
+        snprintf(value, sizeof value, "window-%d", v);
+        struct contender c = {.agent = a, .value = value};
+        uint64_t window = (uint64_t)time(NULL) / 3600;
+        snprintf(key, sizeof key, "rl:key:%s:%llu", value,
+                 (unsigned long long)window);
+        const char *primary =
+            l.shards[shard_of(&l, rl_key_slot(key, strlen(key)))].addr;
+        long long waits = wait_calls(primary);
+        pthread_t threads[50];
+        for (int i = 0; i < 50; i++)
+            pthread_create(&threads[i], NULL, contend, &c);
+        for (int i = 0; i < 50; i++)
+            pthread_join(threads[i], NULL);
+        cr_assert_eq(atomic_load(&c.errors), 0, "%d checks failed",
+                     atomic_load(&c.errors));
+        cr_assert_eq(atomic_load(&c.allowed), 100, "%s admitted %d", value,
+                     atomic_load(&c.allowed));
+        redisReply *r = on_node(primary, "GET %s", key);
+        cr_assert(r->type == REDIS_REPLY_STRING && atoll(r->str) == 1000,
+                  "%s on %s holds %s", key, primary,
+                  r->type == REDIS_REPLY_STRING ? r->str : "nothing");
+        freeReplyObject(r);
+        cr_assert_gt(wait_calls(primary), waits, "no WAIT on %s", primary);
+    }
+    close_agent(a, cfg);
+}
