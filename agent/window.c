@@ -91,7 +91,9 @@ void rl_window_call_in(rl_store *store, rl_bucket_pending *p,
     rl_store_run(store, RL_NODE_RAW_WRITE, 3,
                  (const char *[]){"INCRBY", k, cost_text},
                  (size_t[]){6, len, cost_len}, on_count, p);
-    rl_store_run(store, RL_NODE_RAW_WRITE, 3,
+    /* The count is what must reach the replicas before the answer (WAIT):
+     * the expiry only tidies up. */
+    rl_store_run(store, RL_NODE_RAW, 3,
                  (const char *[]){"PEXPIRE", k, period},
                  (size_t[]){7, len, period_len}, on_expire, NULL);
 }

@@ -756,16 +756,23 @@ Test(cluster, a_fixed_window_counts_on_its_keys_primary_and_waits)
                                      "limit: 100, period: 1h, "
                                      "algorithm: fixed_window}\n",
                                      1000, &cfg);
-    for (int v = 0; v < 3; v++) {
+    const char *prim[16];
+    cr_assert_eq(primaries(&l, prim), 3);
+    uint64_t window = (uint64_t)time(NULL) / 3600;
+    for (int p = 0, v = 0; p < 3; p++) {
+        /* A value whose window key lands on this primary. */
         char value[32], key[64];
-        snprintf(value, sizeof value, "window-%d", v);
+        const char *primary;
+        do {
+            snprintf(value, sizeof value, "window-%d", v++);
+            snprintf(key, sizeof key, "rl:key:%s:%llu", value,
+                     (unsigned long long)window);
+            primary =
+                l.shards[shard_of(&l, rl_key_slot(key, strlen(key)))].addr;
+        } while (strcmp(primary, prim[p]) != 0);
         struct contender c = {.agent = a, .value = value};
-        uint64_t window = (uint64_t)time(NULL) / 3600;
-        snprintf(key, sizeof key, "rl:key:%s:%llu", value,
-                 (unsigned long long)window);
-        const char *primary =
-            l.shards[shard_of(&l, rl_key_slot(key, strlen(key)))].addr;
         long long waits = wait_calls(primary);
+        uint64_t moved = load(&a->store_counters.moved);
         pthread_t threads[50];
         for (int i = 0; i < 50; i++)
             pthread_create(&threads[i], NULL, contend, &c);
@@ -781,6 +788,8 @@ Test(cluster, a_fixed_window_counts_on_its_keys_primary_and_waits)
                   r->type == REDIS_REPLY_STRING ? r->str : "nothing");
         freeReplyObject(r);
         cr_assert_gt(wait_calls(primary), waits, "no WAIT on %s", primary);
+        cr_assert_eq(load(&a->store_counters.moved), moved,
+                     "a window's command went to another primary first");
     }
     close_agent(a, cfg);
 }

@@ -52,6 +52,23 @@ static void expect_count(const char *addr, const char *key, long long want)
     cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
 }
 
+/* A check made between t0 and t1 (wall clock) said its window ends
+ * reset_ms later: that end must be the first multiple of the period after
+ * t0 (give or take the clocks' 20 ms), wherever in the window it came. */
+static void expect_end_on_boundary(uint64_t t0, uint64_t t1, uint64_t reset,
+                                   uint64_t period_ms)
+{
+    uint64_t lo = t0 + reset - 20, hi = t1 + reset + 20;
+    uint64_t boundary = (hi / period_ms) * period_ms;
+    cr_assert(boundary >= lo, "a check between %llu and %llu ends its "
+              "window %llu ms later: no multiple of %llu ms there",
+              (unsigned long long)t0, (unsigned long long)t1,
+              (unsigned long long)reset, (unsigned long long)period_ms);
+    cr_assert(boundary <= t0 + period_ms + 20, "the window ends at %llu, "
+              "past the one that holds %llu", (unsigned long long)boundary,
+              (unsigned long long)t0);
+}
+
 /* Sleeps until ms into the next window of period_ms (by the wall clock),
  * unless the current one has at least need ms left. */
 static void room_in_window(uint64_t period_ms, uint64_t need)
@@ -69,15 +86,12 @@ Test(fixed_window, twenty_count_down_then_refuse_until_the_window_ends)
                     "algorithm: fixed_window}\n");
     room_in_window(60000, 5000);
     for (int i = 0; i < 20; i++) {
+        uint64_t t0 = wall_ms();
         rl_decision d = test_check(&t, "api_key=twenty", NULL);
         cr_assert(d.allowed, "check %d refused", i + 1);
         cr_assert_eq(d.remaining, (uint64_t)(19 - i));
         cr_assert_eq(d.limit, 20);
-        /* The window's end, by Redis's clock (this host's). */
-        uint64_t reset = 60000 - wall_ms() % 60000;
-        cr_assert(d.reset_ms + 100 >= reset && d.reset_ms <= reset + 100,
-                  "reset %llu ms, the window ends in %llu",
-                  (unsigned long long)d.reset_ms, (unsigned long long)reset);
+        expect_end_on_boundary(t0, wall_ms(), d.reset_ms, 60000);
     }
     rl_decision d = test_check(&t, "api_key=twenty", NULL);
     cr_assert(!d.allowed);
@@ -142,6 +156,15 @@ Test(fixed_window, the_next_window_starts_at_the_periods_boundary)
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: w, match: api_key, limit: 5, period: 1s, "
                     "algorithm: fixed_window}\n");
+    /* Anywhere in a window, it ends on the next second. */
+    for (int i = 0; i < 12; i++) {
+        char attr[32];
+        snprintf(attr, sizeof attr, "api_key=tick-%d", i);
+        uint64_t t0 = wall_ms();
+        rl_decision d = test_check(&t, attr, NULL);
+        expect_end_on_boundary(t0, wall_ms(), d.reset_ms, 1000);
+        test_sleep_ms(90);
+    }
     room_in_window(1000, 400);
     int allowed = 0;
     for (int i = 0; i < 8; i++)
@@ -213,14 +236,18 @@ Test(fixed_window, a_refused_window_gives_its_own_hit_back_under_refund)
     test_agent_close(&t);
 }
 
-/* mode: local keeps the same windows in the agent: no key in Redis. */
+/* mode: local keeps the same windows in the agent: no key in Redis, and
+ * the next window starts from nothing. */
 Test(fixed_window, mode_local_counts_windows_in_the_agent)
 {
     test_agent t;
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: w, match: api_key, limit: 5, period: 1h, "
                     "algorithm: fixed_window, mode: local, "
-                    "key_prefix: 'rl:fwl:'}\n");
+                    "key_prefix: 'rl:fwl:'}\n"
+                    "  - {name: s, match: user, limit: 2, period: 1s, "
+                    "algorithm: fixed_window, mode: local, "
+                    "key_prefix: 'rl:fws:'}\n");
     room_in_window(3600000, 30000);
     for (int i = 0; i < 5; i++) {
         rl_decision d = test_check(&t, "api_key=here", NULL);
@@ -235,5 +262,17 @@ Test(fixed_window, mode_local_counts_windows_in_the_agent)
               "retry %lld ms, the window ends in %llu",
               (long long)d.retry_after_ms, (unsigned long long)reset);
     cr_assert_eq(window_count(t.addr, "rl:fwl:here"), 0);
+
+    room_in_window(1000, 300);
+    int allowed = 0;
+    for (int i = 0; i < 4; i++)
+        allowed += test_check(&t, "user=u", NULL).allowed;
+    cr_assert_eq(allowed, 2);
+    room_in_window(1000, 1000);
+    allowed = 0;
+    for (int i = 0; i < 4; i++)
+        allowed += test_check(&t, "user=u", NULL).allowed;
+    cr_assert_eq(allowed, 2, "the next second's window admitted %d",
+                 allowed);
     test_agent_close(&t);
 }
