@@ -143,8 +143,7 @@ static multi_pending *new_multi(rl_multi_mode mode,
     m->out = (rl_bucket_reply *)(m->items + n);
     m->enforced = (bool *)(m->out + n);
     for (int i = 0; i < n; i++) {
-        m->items[i] = (pending){NULL, NULL, items[i].args->rate, cost,
-                                false};
+        m->items[i] = (pending){.rate = items[i].args->rate, .cost = cost};
         m->enforced[i] = items[i].enforced;
     }
     return m;
@@ -239,7 +238,7 @@ void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
                        size_t key_len, int64_t cost, rl_bucket_fn fn,
                        void *arg)
 {
-    *p = (pending){fn, arg, args->rate, cost, false};
+    *p = (pending){.fn = fn, .arg = arg, .rate = args->rate, .cost = cost};
     call_in(store, p, args, key, key_len);
 }
 
@@ -252,6 +251,7 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
         fn(arg, NULL, "out of memory");
         return;
     }
-    *p = (pending){fn, arg, args->rate, cost, true};
+    *p = (pending){.fn = fn, .arg = arg, .rate = args->rate, .cost = cost,
+                   .owned = true};
     call_in(store, p, args, key, key_len);
 }

@@ -64,6 +64,10 @@ typedef struct rl_bucket_pending {
     rl_limit rate;
     int64_t cost;
     bool owned; /* rl_bucket_call's own block, freed once answered */
+    /* A fixed window's call (window.h): the window charged, and when by
+     * the store's clock. */
+    uint64_t window;
+    uint64_t at_ms;
 } rl_bucket_pending;
 
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE /* sem_clockwait: a deadline on the monotonic clock */
 #include "agent_impl.h"
 
+#include "config_loader.h"
 #include "error.h"
 #include "keys.h"
 #include "rules.h"
@@ -771,15 +772,12 @@ int rl_check_nowait(rl_agent *a, const rl_attr *attrs, size_t n,
     return rc;
 }
 
-int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
-                   uint32_t cost, rl_check_fn callback, void *arg)
+/* Hands req (NULL: no rule applies) to the I/O thread, which calls
+ * callback with its decision; the caller is active (begin) and leaves. */
+static int submit_async(rl_agent *a, rl_gen *g, rl_request *req,
+                        rl_check_fn callback, void *arg)
 {
-    rl_request *req;
-    rl_gen *g;
-    int rc = callback != NULL ? begin(a, attrs, n, cost, &req, &g)
-                              : RL_EINVAL;
-    if (rc != RL_OK)
-        return rc;
+    int rc = RL_OK;
     if (req == NULL) {
         /* No rule applies: still answered from the I/O thread, as the
          * contract says, through an empty request. */
@@ -804,4 +802,110 @@ int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
     }
     leave(a);
     return rc;
+}
+
+int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
+                   uint32_t cost, rl_check_fn callback, void *arg)
+{
+    rl_request *req;
+    rl_gen *g;
+    int rc = callback != NULL ? begin(a, attrs, n, cost, &req, &g)
+                              : RL_EINVAL;
+    if (rc != RL_OK)
+        return rc;
+    return submit_async(a, g, req, callback, arg);
+}
+
+/* --- One rule, named by the caller ------------------------------------ */
+
+static int rule_index(const rl_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        if (strcmp(cfg->rules[i].name, name) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+/* The caller's rate as the rule's kind of rate: exact and local rules
+ * only (a synced rule's aggregator and a leased rule's hands count at the
+ * rule's own), and countable as a config's. */
+static int caller_rate(const rl_rule *r, const rl_rate *in, rl_limit *out)
+{
+    char why[256];
+    *out = (rl_limit){.limit = in->limit, .period_ms = in->period_ms,
+                      .burst = in->burst != 0 ? in->burst : in->limit};
+    if (r->mode == RL_MODE_SYNCED || r->mode == RL_MODE_LEASED
+        || out->limit == 0 || out->period_ms == 0
+        || !rl_config_rate_countable(out, why, sizeof why))
+        return RL_EINVAL;
+    return RL_OK;
+}
+
+/* The request of one rule for value: its state, its rate (the caller's, or
+ * the rule's own when rate is NULL), the bucket arguments of that rate for
+ * an exact rule, and the key, in one allocation. */
+static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
+                      size_t len, const rl_rate *rate, uint32_t cost,
+                      rl_request **out)
+{
+    const rl_rule *r = &g->config->rules[index];
+    rl_limit limit;
+    int rc = rate != NULL ? caller_rate(r, rate, &limit) : RL_OK;
+    if (rc != RL_OK)
+        return rc;
+    size_t key_bytes = strlen(r->key_prefix) + len + 1;
+    rl_request *req = calloc(1, sizeof *req + sizeof req->rules[0]
+                                    + sizeof *req->calls + sizeof limit
+                                    + sizeof(rl_bucket_args) + key_bytes);
+    if (req == NULL)
+        return RL_ENOMEM;
+    *req = (rl_request){.agent = a, .gen = g, .cost = cost, .n_rules = 1};
+    req->calls = (rl_bucket_pending *)&req->rules[1];
+    rl_limit *own = (rl_limit *)&req->calls[1];
+    rl_bucket_args *args = (rl_bucket_args *)&own[1];
+    req->keys = (char *)&args[1];
+    *own = rate != NULL ? limit : r->own;
+    if (rate != NULL)
+        rl_bucket_args_rate(args, r, own);
+    size_t key_len;
+    rl_key_build_tagged(r->key_prefix, NULL, 0, value, len, req->keys,
+                        key_bytes, &key_len);
+    req->rules[0] = (rl_rule_state){
+        .req = req, .rule = r,
+        .args = rate != NULL ? args : &g->args[index],
+        .rate = own, .shadow = r->shadow,
+        .key_len = (uint32_t)key_len};
+    if ((rc = decide_synced(a, g, req)) != RL_OK) {
+        free(req);
+        return rc;
+    }
+    req->deadline_ns = uv_hrtime()
+                       + (uint64_t)a->store_config.timeout_ms * 1000000ULL;
+    *out = req;
+    return RL_OK;
+}
+
+int rl_check_rule_async(rl_agent *a, const char *rule, const char *value,
+                        size_t len, const rl_rate *rate, uint32_t cost,
+                        rl_check_fn callback, void *arg)
+{
+    if (a == NULL || rule == NULL || value == NULL || callback == NULL)
+        return RL_EINVAL;
+    if (a->forks != rl_forks())
+        return RL_EFORKED;
+    if (!rl_calls_enter(&a->calls, &a->closing))
+        return RL_ECLOSED;
+    rl_gen *g = rl_agent_rules(a);
+    int index = rule_index(g->config, rule);
+    rl_attr attr = {rule, value, len};
+    int rc = index < 0 ? RL_EINVAL : check_value(g, &attr);
+    rl_request *req = NULL;
+    if (rc == RL_OK)
+        rc = build_rule(a, g, index, value, len, rate, cost, &req);
+    if (rc != RL_OK) {
+        leave(a);
+        return rc;
+    }
+    return submit_async(a, g, req, callback, arg);
 }

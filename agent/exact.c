@@ -18,6 +18,10 @@
  * refund is a second call the caller does not wait for, on the same
  * connection, so any later call of this agent sees it.
  *
+ * A fixed window (window.h) is a call of its own, never in a multi call:
+ * a refund gives its hit back whether it allowed or not, since its count
+ * took the hit either way.
+ *
  * A request is served under the rules it was built with (req->gen): its
  * charge, its rules' bucket arguments and counters.
  *
@@ -27,6 +31,7 @@
 #include "agent_impl.h"
 
 #include "keys.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -77,10 +82,22 @@ static void on_refund_reply(void *arg, const rl_bucket_reply *reply,
         rl_log(&a->log, RL_LOG_WARN, "refund_failed", "reason=\"%s\"", error);
 }
 
+static bool is_window(const rl_rule *r)
+{
+    return r->algorithm == RL_ALGO_FIXED_WINDOW;
+}
+
 static void refund(rl_agent *a, rl_request *req)
 {
     for (int i = 0; i < req->n_rules; i++) {
         const rl_rule_state *rs = &req->rules[i];
+        if (rs->outcome == RL_OUTCOME_ANSWERED && is_window(rs->rule)
+            && rs->rule->mode == RL_MODE_EXACT) {
+            rl_window_give_back(a->store, req->keys + rs->key_offset,
+                                rs->key_len, req->calls[i].window,
+                                (int64_t)req->cost, &a->log);
+            continue;
+        }
         if (rs->outcome == RL_OUTCOME_ANSWERED && rs->reply.allowed
             && !rs->uncharged && rs->rule->mode == RL_MODE_EXACT)
             rl_bucket_call(a->store, rs->args, req->keys + rs->key_offset,
@@ -190,6 +207,13 @@ static void send_rule(rl_agent *a, rl_rule_state *rs)
                        rs->rate != NULL ? rs->rate : &r->own,
                        req->keys + rs->key_offset, rs->key_len,
                        rs->key_len - prefix, req->cost, on_rule_reply, rs);
+        return;
+    }
+    if (is_window(rs->rule)) {
+        rl_window_call_in(a->store, &req->calls[rs - req->rules],
+                          rs->rate != NULL ? rs->rate : &rs->rule->own,
+                          req->keys + rs->key_offset, rs->key_len, req->cost,
+                          on_rule_reply, rs);
         return;
     }
     rl_bucket_call_in(a->store, &req->calls[rs - req->rules], rs->args,
@@ -380,10 +404,11 @@ static void send_group(rl_agent *a, rl_request *req, rl_multi_mode mode,
         free(items);
 }
 
+/* A pending rule that a multi call can take: an exact bucket. */
 static bool pending_exact(const rl_rule_state *rs)
 {
     return rs->outcome == RL_OUTCOME_PENDING
-           && rs->rule->mode == RL_MODE_EXACT;
+           && rs->rule->mode == RL_MODE_EXACT && !is_window(rs->rule);
 }
 
 /* The cluster slot of a rule's key; 0 for every key of one server, where
@@ -411,9 +436,9 @@ static int gather(const rl_agent *a, rl_request *req, int first, group *g)
     return g->n;
 }
 
-/* Sends every pending rule: exact ones in one call per slot (a plain
- * bucket call for a rule alone in its slot), leased ones to their
- * leases. */
+/* Sends every pending rule: exact buckets in one call per slot (a plain
+ * bucket call for a rule alone in its slot), fixed windows in calls of
+ * their own, leased ones to their leases. */
 static void send_grouped(rl_agent *a, rl_request *req, rl_multi_mode mode)
 {
     for (int i = 0; i < req->n_rules; i++) {
@@ -437,7 +462,7 @@ static void send_grouped(rl_agent *a, rl_request *req, rl_multi_mode mode)
 }
 
 /* Whether one call can serve charge: first_reject: every rule left is
- * exact, and in one slot. */
+ * an exact bucket, and in one slot. */
 static bool one_call(const rl_agent *a, const rl_request *req, int first)
 {
     if (a->store == NULL)
@@ -447,7 +472,7 @@ static bool one_call(const rl_agent *a, const rl_request *req, int first)
         const rl_rule_state *rs = &req->rules[i];
         if (rs->outcome != RL_OUTCOME_PENDING)
             continue;
-        if (rs->rule->mode != RL_MODE_EXACT || slot_of(a, rs) != slot)
+        if (!pending_exact(rs) || slot_of(a, rs) != slot)
             return false;
     }
     return true;

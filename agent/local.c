@@ -12,13 +12,19 @@
  * the limit) moves it to the new rate at once, keeping its time to full;
  * a full bucket is one full at its own rate.
  *
+ * A fixed window (algorithm: fixed_window) is an entry that counts hits in
+ * its window of the wall clock, as the store's does (window.h), and starts
+ * again at the next; it is spent once its window has ended.
+ *
  * Memory: a bucket that has refilled to full says nothing a new one would
- * not; such buckets are dropped when their shard grows, and when the key
- * cap is reached, before a new key is refused.
+ * not, nor does a window that has ended; such entries are dropped when
+ * their shard grows, and when the key cap is reached, before a new key is
+ * refused.
  */
 #include "local.h"
 
 #include "keys.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +36,9 @@ struct rl_local_entry {
     rl_ident *ident;
     rl_limit rate;    /* the rate it was last spent at */
     uint64_t hash;
-    uint64_t level;   /* tokens x rate.period_ms */
-    uint64_t at_ms;   /* when level was right */
+    uint64_t level;   /* tokens x rate.period_ms; a window: its count */
+    uint64_t at_ms;   /* when level was right; a window: its number */
+    bool window;
     uint16_t value_len;
     char value[];
 };
@@ -88,6 +95,9 @@ static uint64_t refilled(const rl_local_entry *e, uint64_t now_ms)
 
 static bool is_full(const rl_local_entry *e, uint64_t now_ms)
 {
+    if (e->window)
+        return e->at_ms
+               < rl_window_of(rl_window_wall_ms(), e->rate.period_ms);
     return refilled(e, now_ms) == capacity(&e->rate);
 }
 
@@ -181,6 +191,11 @@ static rl_local_entry *insert(rl_local *l, rl_local_shard *sh,
                           .at_ms = now_ms,
                           .value_len = (uint16_t)len};
     e->level = capacity(&e->rate);
+    e->window = rule->algorithm == RL_ALGO_FIXED_WINDOW;
+    if (e->window) {
+        e->level = 0;
+        e->at_ms = rl_window_of(rl_window_wall_ms(), rate->period_ms);
+    }
     if (id != NULL)
         rl_ident_ref(id);
     memcpy(e->value, value, len);
@@ -223,6 +238,21 @@ static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
     rl_bucket_answer(r, capacity(&e->rate) - e->level, allowed, cost, out);
 }
 
+/* Counts cost hits in the window, as the store's does: a refused one
+ * too. A new period starts a new window; a new limit keeps the count. */
+static void count_hit(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
+                      rl_bucket_reply *out)
+{
+    uint64_t now = rl_window_wall_ms();
+    uint64_t window = rl_window_of(now, rate->period_ms);
+    if (e->at_ms != window || e->rate.period_ms != rate->period_ms)
+        e->level = 0;
+    e->at_ms = window;
+    e->rate = *rate;
+    e->level += cost;
+    rl_window_answer(rate, e->level, cost, window, now, out);
+}
+
 /* rl_local_check_at for a value whose rl_key_hash_value is value_hash. */
 static void check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                      const rl_limit *rate, const char *value,
@@ -238,7 +268,9 @@ static void check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
     if (e == NULL)
         e = insert(l, sh, rule, id, rate, hash, value, value_len, now_ms);
     *degraded = e == NULL;
-    if (e != NULL)
+    if (e != NULL && e->window)
+        count_hit(e, rate, cost, out);
+    else if (e != NULL)
         spend(e, rate, cost, now_ms, out);
     pthread_mutex_unlock(&sh->lock);
     if (e == NULL) {

@@ -43,7 +43,9 @@ void rl_local_fini(rl_local *l);
 /* rl_local_check spends cost tokens from the bucket of (id, value) at
  * rate (the rule's own, or an override's: a bucket last spent at another
  * rate moves to this one with its tokens), if it holds them, on the
- * monotonic clock. id is the rule's identity, which outlives reloads
+ * monotonic clock; a fixed_window rule's key counts cost hits in its
+ * window of the wall clock instead (a refused one too, as in the store).
+ * id is the rule's identity, which outlives reloads
  * (NULL: the rule itself keys the bucket). A key first seen when max_keys
  * full buckets are already tracked, or when memory runs out, is not
  * counted: *degraded is set and the rule's on_error decides. */
@@ -60,7 +62,8 @@ void rl_local_check_hashed(rl_local *l, const rl_rule *rule, rl_ident *id,
                            uint32_t cost, rl_bucket_reply *out,
                            bool *degraded);
 
-/* The same at a given time, in ms on any clock that does not go back. */
+/* The same at a given time, in ms on any clock that does not go back (a
+ * fixed window keeps to the wall clock). */
 void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                        const rl_limit *rate, const char *value,
                        size_t value_len, uint32_t cost, uint64_t now_ms,

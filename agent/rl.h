@@ -349,6 +349,33 @@ typedef void (*rl_check_fn)(const rl_decision *decision, void *arg);
 RL_API int rl_check_async(rl_agent *agent, const rl_attr *attrs, size_t n,
                           uint32_t cost, rl_check_fn callback, void *arg);
 
+/* A rate a caller gives one check (rl_check_rule_async): limit tokens per
+ * period_ms, a bucket of burst (0: limit). */
+typedef struct rl_rate {
+    uint64_t limit;
+    uint64_t period_ms;
+    uint64_t burst;
+} rl_rate;
+
+/* rl_check_rule_async checks one rule, the one named rule, for the key
+ * value (len bytes: the key is the rule's key_prefix and value, as if its
+ * match attribute held value; no `when` and no override is looked at), at
+ * rate when it is not NULL (else the rule's own), spending cost, which
+ * may be 0 here: the rule's state is read and nothing spent (a fixed
+ * window counts 0 hits). For a host that picks the rule and the rate per
+ * request itself (rl-rls: a descriptor's limit): one rule looked up by
+ * name, not every rule against attributes. A caller's rate is for exact
+ * and local rules; a synced or leased rule takes its own (rate NULL).
+ * The decision comes as rl_check_async's. Returns RL_EINVAL for a NULL
+ * argument, a rule not in the agent's rules, an empty value or one
+ * holding a NUL, a rate of 0 or whose burst x period_ms reaches 2^53, or
+ * a rate for a synced or leased rule; RL_ETOOLONG for a value over
+ * max_value_bytes; otherwise rl_check_async's errors. Thread-safe. */
+RL_API int rl_check_rule_async(rl_agent *agent, const char *rule,
+                               const char *value, size_t len,
+                               const rl_rate *rate, uint32_t cost,
+                               rl_check_fn callback, void *arg);
+
 /* rl_config_decide_on_error decides a request from config alone, as a
  * check decides it when neither the store nor an aggregator answers: each
  * rule that applies is decided by its on_error (allow lets it through,

@@ -39,7 +39,8 @@ static const char *const log_level_names[] = {"debug", "info", "warn",
                                               "error", NULL};
 static const char *const mode_names[] = {"exact", "synced", "local",
                                          "leased", NULL};
-static const char *const algorithm_names[] = {"token_bucket", "gcra", NULL};
+static const char *const algorithm_names[] = {"token_bucket", "gcra",
+                                              "fixed_window", NULL};
 static const char *const on_error_names[] = {"allow", "deny", "local",
                                              NULL};
 static const char *const charge_names[] = {"all", "first_reject", "refund",
@@ -275,6 +276,18 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                      &choice)))
         return rc;
     rule->algorithm = (rl_algorithm)choice;
+    /* A window is counted by the store (exact) or in the agent (local):
+     * synced and leased rules keep their buckets' arithmetic. */
+    if (rule->algorithm == RL_ALGO_FIXED_WINDOW
+        && (rule->mode == RL_MODE_SYNCED || rule->mode == RL_MODE_LEASED))
+        return bad(ld, FIELD("algorithm"), "fixed_window is for mode: exact "
+                   "or local; a %s rule counts with a token bucket (leave "
+                   "algorithm out)", rl_mode_name(rule->mode));
+    if (rule->algorithm == RL_ALGO_FIXED_WINDOW && raw->burst != NULL
+        && rule->burst != rule->limit)
+        return bad(ld, FIELD("burst"), "a fixed window admits limit per "
+                   "period and has no burst (a token bucket's): leave burst "
+                   "out");
     /* A synced rule whose aggregator is away keeps this agent's share of
      * its limit: neither everything nor nothing. */
     choice = rule->mode == RL_MODE_SYNCED ? RL_ON_ERROR_LOCAL

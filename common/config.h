@@ -29,7 +29,11 @@ typedef enum rl_mode {
     RL_MODE_LOCAL,  /* an in-process bucket per agent, nothing shared */
     RL_MODE_LEASED, /* the exact bucket, spent locally from leases of tokens */
 } rl_mode;
-typedef enum rl_algorithm { RL_ALGO_TOKEN_BUCKET, RL_ALGO_GCRA } rl_algorithm;
+typedef enum rl_algorithm {
+    RL_ALGO_TOKEN_BUCKET,
+    RL_ALGO_GCRA,         /* the same bucket */
+    RL_ALGO_FIXED_WINDOW, /* a count per key and epoch-aligned period */
+} rl_algorithm;
 typedef enum rl_on_error {
     RL_ON_ERROR_ALLOW,
     RL_ON_ERROR_DENY,

@@ -347,6 +347,12 @@ static bool override_rate(const rl_rule *rule, const char *limit,
         if (!rl_config_parse_u64(burst, 1, RL_LIMIT_MAX, &out->burst, why,
                                  cap))
             return false;
+        if (rule->algorithm == RL_ALGO_FIXED_WINDOW
+            && out->burst != out->limit) {
+            snprintf(why, cap, "a fixed window admits limit per period and "
+                     "has no burst (a token bucket's): leave burst out");
+            return false;
+        }
     }
     *field = burst != NULL ? "burst" : "limit";
     return rl_config_rate_countable(out, why, cap);

@@ -79,7 +79,7 @@ typedef struct call {
     redisReply *stash;  /* the script's answer, held until WAIT answers */
     rl_node *store;
     bool recycled;      /* a CALL_BYTES block, kept for reuse once done */
-    int script;         /* or RL_NODE_RAW */
+    int script;         /* or RL_NODE_RAW, RL_NODE_RAW_WRITE */
     bool asking;        /* ASKING first (a cluster ASK redirection) */
     bool by_function;   /* last sent as FCALL (else EVALSHA or raw) */
     int argc;
@@ -756,7 +756,7 @@ static bool held_for_wait(rl_node *s, call *c, redisReply *reply)
 /* The command a call was sent as, for a refusal's log line. */
 static const char *command_of(const call *c)
 {
-    if (c->script != RL_NODE_RAW)
+    if (c->script >= 0)
         return c->by_function ? "FCALL" : "EVALSHA";
     return c->argv[2];
 }
@@ -776,7 +776,7 @@ static bool on_call_reply(rl_node *s, call *c, redisReply *reply)
         wait_for_ready(s, c);
         if (s->state == READY)
             drop_connection(s, "store_readonly", reply->str);
-    } else if (reply->type == REDIS_REPLY_ERROR && c->script != RL_NODE_RAW
+    } else if (reply->type == REDIS_REPLY_ERROR && c->script >= 0
         && c->attempts < MAX_ATTEMPTS && s->state != CLOSED
         && (scripts_missing(reply)
             || (refused && c->by_function
@@ -914,7 +914,7 @@ static void send_call(rl_node *s, call *c)
         return;
     }
     int first = 0, argc = c->argc;
-    if (c->script == RL_NODE_RAW) {
+    if (c->script < 0) {
         first = 2; /* the command is the caller's first argument */
     } else {
         /* Slots 0 and 1 were left free for the command and the script. */

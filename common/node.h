@@ -22,6 +22,9 @@
 #define RL_STORE_SCRIPTS_MAX 8
 /* rl_node_run's script for a plain command: argv[0] is the command. */
 #define RL_NODE_RAW (-1)
+/* The same for a command that writes a count (a fixed window's INCRBY):
+ * with store.wait_replicas its answer waits for WAIT, as a script's. */
+#define RL_NODE_RAW_WRITE (-2)
 
 /* The scripts a node loads on every connection. functions[i] is the name
  * under which library registers script i; sources[i] is the same script

@@ -485,8 +485,9 @@ void rl_store_run(rl_store *s, int script, int argc, const char *const *argv,
     *r = (route){.store = s, .script = script, .argc = argc, .fn = fn,
                  .arg = arg, .started_ms = now_ms(s), .argv = r->argv,
                  .lens = r->lens};
-    /* argv[0] is numkeys; the first key decides the slot. */
-    if (argc > 1 && strtol(argv[0], NULL, 10) > 0)
+    /* A script's argv[0] is numkeys, a command's the command; the first
+     * key decides the slot. */
+    if (argc > 1 && (script < 0 || strtol(argv[0], NULL, 10) > 0))
         r->slot = rl_key_slot(argv[1], lens[1]);
     dispatch(r);
 }

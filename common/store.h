@@ -34,7 +34,8 @@ rl_store *rl_store_new(uv_loop_t *loop, const rl_store_config *cfg,
                        rl_store_counters *counters, const rl_logger *log);
 
 /* rl_store_run runs script with argv (numkeys, the keys, the arguments;
- * lens gives each one's length) on the node that serves the first key, and
+ * lens gives each one's length), or with RL_NODE_RAW(_WRITE) the command
+ * argv[0] whose key is argv[1], on the node that serves the first key, and
  * calls fn exactly once with the answer. On a cluster every key of one call
  * must hash to the same slot (Redis refuses the call otherwise). MOVED and
  * ASK are followed, TRYAGAIN and CLUSTERDOWN retried for up to the store's

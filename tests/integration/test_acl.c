@@ -25,7 +25,9 @@
 static const char rules[] =
     "  - {name: per-key, match: key, limit: 5, period: 1h}\n"
     "  - {name: per-lease, match: lkey, limit: 5, period: 1h, "
-    "mode: leased}\n";
+    "mode: leased}\n"
+    "  - {name: per-window, match: wkey, limit: 5, period: 1h, "
+    "algorithm: fixed_window}\n";
 static const char synced_rule[] =
     "  - {name: per-tenant, match: tenant, limit: 5, period: 1m, "
     "mode: synced}\n";
@@ -145,6 +147,7 @@ static void minimal_users(const char *scripts)
                                              &agg, true), &cfg, &log);
     cr_assert_eq(offer(a, "key", "acl-exact", 9), 5);
     cr_assert_eq(offer(a, "lkey", "acl-leased", 9), 5);
+    cr_assert_eq(offer(a, "wkey", "acl-window", 9), 5);
     cr_assert_eq(offer(a, "tenant", "acl-synced", 3), 3);
     long long got = 0;
     for (int waited = 0; waited < 10000 && got != 3; waited += 50) {

@@ -740,3 +740,56 @@ Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
     cr_assert_eq(allowed, 10);
     cr_assert_eq(waited, 15, "WAIT ran %lld times for 15 writes", waited);
 }
+
+/* A fixed window's INCRBY goes to the primary that serves its window key
+ * (a plain command, routed by its key), is exact there, and waits for a
+ * replica as a script's write does. */
+Test(cluster, a_fixed_window_counts_on_its_keys_primary_and_waits)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    char first[64];
+    first_node(seeds, first, sizeof first);
+    layout l = read_layout(first);
+    rl_config *cfg;
+    rl_agent *a = cluster_agent_with(seeds, ", wait_replicas: 1",
+                                     "  - {name: w, match: api_key, "
+                                     "limit: 100, period: 1h, "
+                                     "algorithm: fixed_window}\n",
+                                     1000, &cfg);
+    const char *prim[16];
+    cr_assert_eq(primaries(&l, prim), 3);
+    uint64_t window = (uint64_t)time(NULL) / 3600;
+    for (int p = 0, v = 0; p < 3; p++) {
+        /* A value whose window key lands on this primary. */
+        char value[32], key[64];
+        const char *primary;
+        do {
+            snprintf(value, sizeof value, "window-%d", v++);
+            snprintf(key, sizeof key, "rl:key:%s:%llu", value,
+                     (unsigned long long)window);
+            primary =
+                l.shards[shard_of(&l, rl_key_slot(key, strlen(key)))].addr;
+        } while (strcmp(primary, prim[p]) != 0);
+        struct contender c = {.agent = a, .value = value};
+        long long waits = wait_calls(primary);
+        uint64_t moved = load(&a->store_counters.moved);
+        pthread_t threads[50];
+        for (int i = 0; i < 50; i++)
+            pthread_create(&threads[i], NULL, contend, &c);
+        for (int i = 0; i < 50; i++)
+            pthread_join(threads[i], NULL);
+        cr_assert_eq(atomic_load(&c.errors), 0, "%d checks failed",
+                     atomic_load(&c.errors));
+        cr_assert_eq(atomic_load(&c.allowed), 100, "%s admitted %d", value,
+                     atomic_load(&c.allowed));
+        redisReply *r = on_node(primary, "GET %s", key);
+        cr_assert(r->type == REDIS_REPLY_STRING && atoll(r->str) == 1000,
+                  "%s on %s holds %s", key, primary,
+                  r->type == REDIS_REPLY_STRING ? r->str : "nothing");
+        freeReplyObject(r);
+        cr_assert_gt(wait_calls(primary), waits, "no WAIT on %s", primary);
+        cr_assert_eq(load(&a->store_counters.moved), moved,
+                     "a window's command went to another primary first");
+    }
+    close_agent(a, cfg);
+}

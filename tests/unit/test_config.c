@@ -729,7 +729,7 @@ static const struct bad_file bad_files[] = {
     {"sentinel-without-master.yaml", ":4:5: store.sentinel: give master: the master's name as the sentinels know it"},
     {"sentinel-address-not-host-port.yaml", ":5:36: store.sentinel.addresses[1]: 'sentinel-b' is not host:port (IPv6 as [addr]:port)"},
     {"top-level-list.yaml", ": top level: expected a mapping (key: value lines), got a list"},
-    {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra)"},
+    {"unknown-algorithm.yaml", ":7:16: rules[0].algorithm (rule \"per-key\"): unknown value 'leaky_bucket' (choose one of: token_bucket, gcra, fixed_window)"},
     {"unknown-charge.yaml", ":2:9: charge: unknown value 'some' (choose one of: all, first_reject, refund, atomic)"},
     {"unknown-field.yaml", ":7:5: rules[0].limt: unknown field 'limt'"},
     {"unknown-mode.yaml", ":7:11: rules[0].mode (rule \"per-key\"): unknown value 'fast' (choose one of: exact, synced, local, leased)"},
@@ -948,4 +948,29 @@ Test(config, a_password_comes_from_a_file_or_the_environment)
     snprintf(message, sizeof message, "<test>:1:24: store.password_file: "
              "cannot read '%s': No such file or directory", path);
     expect_refused(yaml, message);
+}
+
+Test(config, fixed_window_is_for_exact_and_local_rules_without_burst)
+{
+    rl_config *cfg = load_ok("rules:\n"
+                             "  - {name: a, match: k, limit: 5, period: 1m, "
+                             "algorithm: fixed_window}\n"
+                             "  - {name: b, match: k, limit: 5, period: 1m, "
+                             "algorithm: fixed_window, mode: local, key_prefix: x}\n");
+    cr_assert_eq(cfg->rules[0].algorithm, RL_ALGO_FIXED_WINDOW);
+    rl_config_free(cfg);
+    expect_refused("rules:\n"
+                   "  - {name: a, match: k, limit: 5, period: 1m, "
+                   "algorithm: fixed_window, mode: synced}\n",
+                   "<test>:2:58: rules[0].algorithm (rule \"a\"): fixed_window is "
+                   "for mode: "
+                   "exact or local; a synced rule counts with a token bucket "
+                   "(leave algorithm out)");
+    expect_refused("rules:\n"
+                   "  - {name: a, match: k, limit: 5, period: 1m, burst: 9, "
+                   "algorithm: fixed_window}\n",
+                   "<test>:2:54: rules[0].burst (rule \"a\"): a fixed window "
+                   "admits limit "
+                   "per period and has no burst (a token bucket's): leave "
+                   "burst out");
 }
