@@ -14,7 +14,6 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -39,20 +38,6 @@ static rl_agent *open_host_agent(const char *config_path)
     rl_error err;
     cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
     return a;
-}
-
-/* One turn of a host's loop: wait for the agent's descriptor at most its
- * own timeout (or what is left of the test's deadline), then run it. */
-static void host_turn(rl_agent *a, uint64_t deadline)
-{
-    uint64_t now = test_now_ms();
-    cr_assert_lt(now, deadline, "the host loop ran past its deadline");
-    int timeout = rl_agent_loop_timeout(a);
-    int left = (int)(deadline - now);
-    struct pollfd p = {.fd = rl_agent_loop_fd(a), .events = POLLIN};
-    cr_assert_geq(p.fd, 0);
-    poll(&p, 1, timeout < 0 || timeout > left ? left : timeout);
-    cr_assert_eq(rl_agent_run(a), RL_OK);
 }
 
 typedef struct answers {
@@ -83,7 +68,7 @@ static void run_until(rl_agent *a, const answers *w, int want, unsigned ms)
 {
     uint64_t deadline = test_now_ms() + ms;
     while (w->n < want)
-        host_turn(a, deadline);
+        test_host_turn(a, deadline);
 }
 
 /* --- The exact path, on the host's thread, exact. ---------------------- */
@@ -191,7 +176,7 @@ Test(host_loop, rl_check_is_eagain_on_the_loop_thread_and_served_elsewhere)
     pthread_create(&th, NULL, check_blocking, &b);
     uint64_t deadline = test_now_ms() + 5000;
     while (!atomic_load(&b.done))
-        host_turn(a, deadline);
+        test_host_turn(a, deadline);
     pthread_join(th, NULL);
     cr_expect_eq(b.rc, RL_OK);
     cr_expect(b.d.allowed && !b.d.degraded);

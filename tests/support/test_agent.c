@@ -8,6 +8,7 @@
 #include "test_env.h"
 
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,4 +293,16 @@ void test_expect_window_total(const char *prefix_value, long long want,
                      prefix_value, want);
         test_sleep_ms(50);
     }
+}
+
+void test_host_turn(rl_agent *a, uint64_t deadline)
+{
+    uint64_t now = test_now_ms();
+    cr_assert_lt(now, deadline, "the host loop ran past its deadline");
+    int timeout = rl_agent_loop_timeout(a);
+    int left = (int)(deadline - now);
+    struct pollfd p = {.fd = rl_agent_loop_fd(a), .events = POLLIN};
+    cr_assert_geq(p.fd, 0);
+    poll(&p, 1, timeout < 0 || timeout > left ? left : timeout);
+    cr_assert_eq(rl_agent_run(a), RL_OK);
 }

@@ -114,6 +114,10 @@ long long test_window_total(const char *addr, const char *prefix_value);
 void test_expect_window_total(const char *prefix_value, long long want,
                               unsigned timeout_ms);
 uint64_t test_now_us(void);
+/* One turn of a host's loop (rl_options.host_loop): waits for the agent's
+ * descriptor at most its own timeout (or what is left until deadline, in
+ * test_now_ms's ms; past it the test fails), then runs it. */
+void test_host_turn(rl_agent *a, uint64_t deadline);
 void test_sleep_ms(unsigned ms);
 
 #endif

@@ -1,0 +1,485 @@
+/*
+ * rls_service.c: one ShouldRateLimit call (rls_service.h). The request is
+ * decoded and each descriptor's limit found first, so that `replaces` can
+ * drop the limits another one replaces; then each limited descriptor is
+ * one rl check, all out at once, and the response is built when the last
+ * has answered. What the response needs of a limit (its name, rate, unit)
+ * is copied into the call: a reload may free the config meanwhile.
+ */
+#include "rls_service.h"
+
+#include "envoy/service/ratelimit/v3/rls.pb-c.h"
+#include "keys.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef Envoy__Service__Ratelimit__V3__RateLimitRequest request;
+typedef Envoy__Extensions__Common__Ratelimit__V3__RateLimitDescriptor
+    descriptor;
+typedef Envoy__Service__Ratelimit__V3__RateLimitResponse response;
+typedef Envoy__Service__Ratelimit__V3__RateLimitResponse__DescriptorStatus
+    status;
+typedef Envoy__Service__Ratelimit__V3__RateLimitResponse__RateLimit
+    rate_limit;
+typedef Envoy__Config__Core__V3__HeaderValue header;
+
+#define UINT32_ALL 4294967295u
+
+/* One descriptor's part of the call. */
+typedef struct slot {
+    rls_call *call;
+    bool limited;       /* a limit applies: a current_limit to answer */
+    bool unlimited;
+    bool shadow;
+    bool quota;
+    bool over;
+    uint32_t rpu;
+    rls_unit unit;
+    char *name;         /* the limit's, copied; NULL for none */
+    uint32_t remaining;
+    int64_t reset_s;
+} slot;
+
+struct rls_call {
+    rls_reply_fn fn;
+    void *arg;
+    const rls_options *o;
+    bool cancelled;
+    int pending;        /* checks out, plus one while starting */
+    size_t n;
+    slot slots[];
+};
+
+/* --- The value a descriptor counts under ------------------------------- */
+
+static size_t put_part(char *out, size_t at, const char *bytes, size_t len)
+{
+    char head[24];
+    int h = snprintf(head, sizeof head, "%s%zu:", at > 0 ? ":" : "", len);
+    size_t room = 4 * RLS_VALUE_MAX;
+    if (at < room)
+        memcpy(out + at, head, (size_t)h < room - at ? (size_t)h : room - at);
+    at += (size_t)h;
+    if (at < room)
+        memcpy(out + at, bytes, len < room - at ? len : room - at);
+    return at + len;
+}
+
+size_t rls_descriptor_value(const char *domain, const rls_entry *entries,
+                            size_t n, const char *const *shared, char *out)
+{
+    /* Written whole into a scratch of four times the cap, hashed when
+     * longer: the hash is of every byte, the scratch only what fits. */
+    char scratch[4 * RLS_VALUE_MAX];
+    size_t at = put_part(scratch, 0, domain, strlen(domain));
+    uint64_t h = rl_key_hash_value(domain, strlen(domain));
+    for (size_t i = 0; i < n; i++) {
+        const char *v = shared != NULL && shared[i] != NULL ? shared[i]
+                                                            : entries[i].value;
+        size_t vlen = v == entries[i].value ? entries[i].value_len
+                                            : strlen(v);
+        at = put_part(scratch, at, entries[i].key, entries[i].key_len);
+        at = put_part(scratch, at, v, vlen);
+        h = h * 31 + rl_key_hash_value(entries[i].key, entries[i].key_len);
+        h = h * 31 + rl_key_hash_value(v, vlen);
+    }
+    if (at <= RLS_VALUE_MAX) {
+        memcpy(out, scratch, at);
+        return at;
+    }
+    /* The first bytes say what it is; the hash, of the whole, which. */
+    size_t keep = RLS_VALUE_MAX - 18;
+    memcpy(out, scratch, keep);
+    return keep + (size_t)snprintf(out + keep, 19, ":#%016llx",
+                                   (unsigned long long)h);
+}
+
+/* --- Finding the limits ------------------------------------------------ */
+
+/* The hits a descriptor counts: its own hits_addend (0 included), else
+ * the request's, at least 1 (upstream's GetHitsAddends). */
+static uint64_t hits_of(const request *r, const descriptor *d)
+{
+    if (d->hits_addend != NULL)
+        return d->hits_addend->value;
+    return r->hits_addend > 0 ? r->hits_addend : 1;
+}
+
+static void take_limit(slot *s, const rls_limit *l)
+{
+    s->limited = !l->unlimited;
+    s->unlimited = l->unlimited;
+    s->shadow = l->shadow_mode;
+    s->quota = l->quota_mode;
+    s->rpu = l->requests_per_unit;
+    s->unit = l->unit;
+    s->name = l->name;  /* the config's, until copied */
+}
+
+/* A descriptor's entries as lookups take them; false for more than a
+ * lookup walks (no limit then, as upstream finds none that deep). */
+static bool entries_of(const descriptor *d, rls_entry *out)
+{
+    if (d->n_entries > RLS_ENTRIES_MAX)
+        return false;
+    for (size_t i = 0; i < d->n_entries; i++)
+        out[i] = (rls_entry){d->entries[i]->key, strlen(d->entries[i]->key),
+                             d->entries[i]->value,
+                             strlen(d->entries[i]->value)};
+    return true;
+}
+
+/* Finds descriptor i's limit (*found: the config's, NULL for none or the
+ * descriptor's own) and, for a limited one, its value. */
+static void find_limit(const rls_config *cfg, const request *r, size_t i,
+                       slot *s, const rls_limit **found, char *value,
+                       size_t *value_len)
+{
+    const descriptor *d = r->descriptors[i];
+    const rls_domain *dom = rls_config_domain(cfg, r->domain,
+                                              strlen(r->domain));
+    rls_entry entries[RLS_ENTRIES_MAX];
+    *found = NULL;
+    if (dom == NULL || !entries_of(d, entries))
+        return;
+    rls_match m = {0};
+    if (d->limit != NULL) {
+        /* The descriptor's own limit: used as it is, never in shadow. */
+        int unit = (int)d->limit->unit;
+        if (unit <= 0 || unit > (int)RLS_UNIT_WEEK)
+            return;
+        s->limited = true;
+        s->rpu = d->limit->requests_per_unit;
+        s->unit = (rls_unit)unit;
+        s->name = "";
+    } else {
+        rls_config_lookup(dom, entries, d->n_entries, &m);
+        if (m.limit == NULL)
+            return;
+        take_limit(s, m.limit);
+        *found = m.limit;
+    }
+    *value_len = rls_descriptor_value(r->domain, entries, d->n_entries,
+                                      m.shared, value);
+}
+
+/* Whether a found limit (unlimited ones too) replaces the named one. */
+static bool replaced(const rls_limit *const *found, size_t n,
+                     const char *name)
+{
+    if (name == NULL || name[0] == '\0')
+        return false;
+    for (size_t j = 0; j < n; j++) {
+        for (size_t k = 0; found[j] != NULL && k < found[j]->n_replaces;
+             k++) {
+            if (strcmp(found[j]->replaces[k], name) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* --- The response ------------------------------------------------------ */
+
+static int64_t seconds_to_reset(rls_unit unit)
+{
+    int64_t sec = (int64_t)rls_unit_seconds(unit);
+    return sec - (int64_t)time(NULL) % sec;
+}
+
+/* The status whose numbers the RateLimit headers carry: the last over
+ * the limit, else the one with the least remaining (upstream's). */
+static const slot *headed_by(const rls_call *c)
+{
+    const slot *min = NULL;
+    for (size_t i = 0; i < c->n; i++) {
+        const slot *s = &c->slots[i];
+        if (!s->limited)
+            continue;
+        if (s->over && !s->shadow && !s->quota && !c->o->quota_mode)
+            min = s;
+        else if (min == NULL || (!(min->over && !min->shadow)
+                                 && s->remaining < min->remaining))
+            min = s;
+    }
+    return min;
+}
+
+static void header_value(header *h, const char *key, char *buf, size_t cap,
+                         unsigned long long v)
+{
+    snprintf(buf, cap, "%llu", v);
+    *h = (header)ENVOY__CONFIG__CORE__V3__HEADER_VALUE__INIT;
+    h->key = (char *)key;
+    h->value = buf;
+}
+
+/* upstream's overall code: OVER_LIMIT when a descriptor is over that is
+ * no quota, or when every quota descriptor is; OK under SHADOW_MODE. */
+static bool overall_over(const rls_call *c)
+{
+    int quotas = 0, quotas_over = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const slot *s = &c->slots[i];
+        bool over = s->limited && s->over && !s->shadow;
+        if (s->limited && (s->quota || c->o->quota_mode)) {
+            quotas++;
+            quotas_over += over;
+        } else if (over) {
+            return !c->o->shadow_mode;
+        }
+    }
+    return quotas > 0 && quotas == quotas_over && !c->o->shadow_mode;
+}
+
+static void fill_status(const slot *s, status *st, rate_limit *rl,
+                        Google__Protobuf__Duration *reset)
+{
+    *st = (status)
+        ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__DESCRIPTOR_STATUS__INIT;
+    st->code = ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OK;
+    if (s->unlimited)
+        st->limit_remaining = UINT32_ALL;
+    if (!s->limited)
+        return;
+    if (s->over && !s->shadow)
+        st->code =
+            ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OVER_LIMIT;
+    *rl = (rate_limit)
+        ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__RATE_LIMIT__INIT;
+    rl->name = s->name != NULL ? s->name : "";
+    rl->requests_per_unit = s->rpu;
+    rl->unit = (Envoy__Service__Ratelimit__V3__RateLimitResponse__RateLimit__Unit)
+                   s->unit;
+    *reset = (Google__Protobuf__Duration)GOOGLE__PROTOBUF__DURATION__INIT;
+    reset->seconds = s->reset_s;
+    st->current_limit = rl;
+    st->limit_remaining = s->over ? 0 : s->remaining;
+    st->duration_until_reset = reset;
+}
+
+static void answer(rls_call *c)
+{
+    size_t n = c->n;
+    status *st = calloc(n, sizeof *st);
+    status **sp = calloc(n, sizeof *sp);
+    rate_limit *rl = calloc(n, sizeof *rl);
+    Google__Protobuf__Duration *reset = calloc(n, sizeof *reset);
+    if (st == NULL || sp == NULL || rl == NULL || reset == NULL) {
+        c->fn(c->arg, RLS_GRPC_INTERNAL, NULL, 0, "out of memory");
+    } else {
+        response r = ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__INIT;
+        for (size_t i = 0; i < n; i++) {
+            fill_status(&c->slots[i], &st[i], &rl[i], &reset[i]);
+            sp[i] = &st[i];
+        }
+        r.overall_code =
+            overall_over(c)
+                ? ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OVER_LIMIT
+                : ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OK;
+        r.n_statuses = n;
+        r.statuses = sp;
+        header h[3], *hp[3] = {&h[0], &h[1], &h[2]};
+        char values[3][24];
+        const slot *head = c->o->headers ? headed_by(c) : NULL;
+        if (head != NULL) {
+            header_value(&h[0], c->o->limit_header, values[0], 24, head->rpu);
+            header_value(&h[1], c->o->remaining_header, values[1], 24,
+                         head->over ? 0 : head->remaining);
+            header_value(&h[2], c->o->reset_header, values[2], 24,
+                         (unsigned long long)seconds_to_reset(head->unit));
+            r.n_response_headers_to_add = 3;
+            r.response_headers_to_add = hp;
+        }
+        size_t len = envoy__service__ratelimit__v3__rate_limit_response__get_packed_size(&r);
+        uint8_t *buf = malloc(len > 0 ? len : 1);
+        if (buf == NULL) {
+            c->fn(c->arg, RLS_GRPC_INTERNAL, NULL, 0, "out of memory");
+        } else {
+            envoy__service__ratelimit__v3__rate_limit_response__pack(&r, buf);
+            c->fn(c->arg, RLS_GRPC_OK, buf, len, NULL);
+        }
+        free(buf);
+    }
+    free(st);
+    free(sp);
+    free(rl);
+    free(reset);
+}
+
+static void free_call(rls_call *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        free(c->slots[i].name);
+    free(c);
+}
+
+static void one_less(rls_call *c)
+{
+    if (--c->pending > 0)
+        return;
+    if (!c->cancelled)
+        answer(c);
+    free_call(c);
+}
+
+static void on_checked(const rl_decision *d, void *arg)
+{
+    slot *s = arg;
+    s->over = !d->allowed;
+    s->remaining = d->remaining < UINT32_ALL ? (uint32_t)d->remaining
+                                             : UINT32_ALL;
+    uint64_t ms = d->allowed || d->retry_after_ms <= 0
+                      ? d->reset_ms
+                      : (uint64_t)d->retry_after_ms;
+    s->reset_s = (int64_t)((ms + 999) / 1000);
+    if (s->reset_s == 0)
+        s->reset_s = seconds_to_reset(s->unit);
+    one_less(s->call);
+}
+
+/* --- The call ---------------------------------------------------------- */
+
+static rls_call *fail(rls_reply_fn fn, void *arg, request *r,
+                      rls_grpc_status st, const char *message)
+{
+    if (r != NULL)
+        envoy__service__ratelimit__v3__rate_limit_request__free_unpacked(r,
+                                                                        NULL);
+    fn(arg, st, NULL, 0, message);
+    return NULL;
+}
+
+/* Why a request cannot be served at all, in upstream's words; NULL if it
+ * can. */
+static const char *refusal(const request *r, const rls_config *cfg,
+                           char *buf, size_t cap)
+{
+    if (r->domain[0] == '\0')
+        return "rate limit domain must not be empty";
+    if (r->n_descriptors == 0)
+        return "rate limit descriptor list must not be empty";
+    if (cfg == NULL)
+        return "no rate limit configuration loaded";
+    if (r->n_descriptors > RLS_DESCRIPTORS_MAX) {
+        snprintf(buf, cap, "%zu descriptors, more than %d in one request",
+                 r->n_descriptors, RLS_DESCRIPTORS_MAX);
+        return buf;
+    }
+    for (size_t i = 0; i < r->n_descriptors; i++) {
+        uint64_t hits = hits_of(r, r->descriptors[i]);
+        if (hits > UINT32_ALL) {
+            snprintf(buf, cap, "descriptor %zu: hits_addend %llu is more "
+                     "than %u", i, (unsigned long long)hits, UINT32_ALL);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* Sends descriptor i's check; false when it could not go (the reason in
+ * *rc). A limit of 0 is over for any hit, with no check. */
+static bool send_check(rl_agent *agent, rls_call *c, const request *r,
+                       size_t i, const char *value, size_t len, int *rc)
+{
+    slot *s = &c->slots[i];
+    uint64_t hits = hits_of(r, r->descriptors[i]);
+    if (s->rpu == 0) {
+        s->over = hits > 0;
+        s->reset_s = seconds_to_reset(s->unit);
+        return true;
+    }
+    rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, 0};
+    c->pending++;
+    *rc = rl_check_rule_async(agent, c->o->rule, value, len, &rate,
+                              (uint32_t)hits, on_checked, s);
+    if (*rc == RL_OK)
+        return true;
+    c->pending--;
+    return false;
+}
+
+/* Copies the names the response needs out of the config. */
+static bool keep_names(rls_call *c)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        const char *name = c->slots[i].name;
+        c->slots[i].name = NULL;
+        if (name != NULL && (c->slots[i].name = strdup(name)) == NULL)
+            return false;
+    }
+    return true;
+}
+
+rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
+                                const rls_options *o, const uint8_t *msg,
+                                size_t len, rls_reply_fn fn, void *arg)
+{
+    request *r = envoy__service__ratelimit__v3__rate_limit_request__unpack(
+        NULL, len, msg);
+    if (r == NULL)
+        return fail(fn, arg, NULL, RLS_GRPC_INTERNAL,
+                    "grpc: error unmarshalling request");
+    char why[160];
+    const char *refused = refusal(r, cfg, why, sizeof why);
+    if (refused != NULL)
+        return fail(fn, arg, r, RLS_GRPC_UNKNOWN, refused);
+    size_t n = r->n_descriptors;
+    rls_call *c = calloc(1, sizeof *c + n * sizeof(slot));
+    char (*values)[RLS_VALUE_MAX + 1] = malloc(n * sizeof *values);
+    size_t *lens = calloc(n, sizeof *lens);
+    const rls_limit **found = calloc(n, sizeof *found);
+    bool *drop = calloc(n, sizeof *drop);
+    if (c == NULL || values == NULL || lens == NULL || found == NULL
+        || drop == NULL) {
+        free(c);
+        free(values);
+        free(lens);
+        free(found);
+        free(drop);
+        return fail(fn, arg, r, RLS_GRPC_INTERNAL, "out of memory");
+    }
+    *c = (rls_call){fn, arg, o, false, 1, n};
+    for (size_t i = 0; i < n; i++) {
+        c->slots[i].call = c;
+        find_limit(cfg, r, i, &c->slots[i], &found[i], values[i], &lens[i]);
+    }
+    /* Every replacing limit is known before any is dropped. */
+    for (size_t i = 0; i < n; i++)
+        drop[i] = found[i] != NULL && replaced(found, n, found[i]->name);
+    for (size_t i = 0; i < n; i++) {
+        if (drop[i])
+            c->slots[i] = (slot){.call = c};
+    }
+    free(found);
+    free(drop);
+    int rc = RL_OK;
+    bool names = keep_names(c);
+    for (size_t i = 0; names && i < n && rc == RL_OK; i++) {
+        if (c->slots[i].limited)
+            send_check(agent, c, r, i, values[i], lens[i], &rc);
+    }
+    free(values);
+    free(lens);
+    envoy__service__ratelimit__v3__rate_limit_request__free_unpacked(r, NULL);
+    if (!names || rc != RL_OK) {
+        /* Checks already out answer into a cancelled call. */
+        c->cancelled = true;
+        fn(arg, rc == RL_ECLOSED ? RLS_GRPC_UNAVAILABLE : RLS_GRPC_INTERNAL,
+           NULL, 0, !names ? "out of memory" : rl_strerror(rc));
+    }
+    if (c->pending == 1) {
+        one_less(c);
+        return NULL;
+    }
+    c->pending--;
+    return c;
+}
+
+void rls_call_cancel(rls_call *c)
+{
+    c->cancelled = true;
+}
