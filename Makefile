@@ -74,7 +74,8 @@ RLS_PROTO  = envoy/service/ratelimit/v3/rls.proto \
              envoy/config/core/v3/base.proto google/protobuf/duration.proto \
              google/protobuf/wrappers.proto grpc/health/v1/health.proto
 RLS_GEN    = $(patsubst %.proto,$(BUILD)/gen/%.pb-c.c,$(RLS_PROTO))
-RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c $(RLS_GEN)
+RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c rls/rls_h2.c \
+             $(RLS_GEN)
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
@@ -195,7 +196,8 @@ $(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
 
 $(TESTS): $(call obj,$(TEST_SRC) $(RLS_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS) -lprotobuf-c
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS) -lprotobuf-c \
+	    -lnghttp2
 
 $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)
