@@ -74,8 +74,9 @@ RLS_PROTO  = envoy/service/ratelimit/v3/rls.proto \
              envoy/config/core/v3/base.proto google/protobuf/duration.proto \
              google/protobuf/wrappers.proto grpc/health/v1/health.proto
 RLS_GEN    = $(patsubst %.proto,$(BUILD)/gen/%.pb-c.c,$(RLS_PROTO))
-RLS_SRC    = rls/rls_config.c rls/rls_settings.c rls/rls_grpc.c \
-             rls/rls_service.c $(RLS_GEN)
+# rl-rls (rls/): every part but main.c is linked into the tests too.
+RLS_SRC    = $(filter-out rls/main.c,$(wildcard rls/*.c)) $(RLS_GEN)
+RLS_DEPS   = -lprotobuf-c -lnghttp2
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 
@@ -88,6 +89,7 @@ HEADER  = $(BUILD)/include/rl.h
 RLCTL   = $(BUILD)/bin/rlctl
 AGG     = $(BUILD)/bin/rl-aggregator
 GATEWAY = $(BUILD)/bin/rl-gateway
+RLS     = $(BUILD)/bin/rl-rls
 EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
@@ -105,7 +107,8 @@ NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
         install install-built clean nginx
 .DEFAULT_GOAL := all
 
-all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(EXAMPLE) | deps
+all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(RLS) \
+     $(EXAMPLE) | deps
 
 deps:
 	@sh scripts/deps.sh
@@ -119,7 +122,7 @@ $(BUILD)/gen/%.pb-c.c: rls/proto/%.proto | deps
 	@mkdir -p $(BUILD)/gen
 	cd rls/proto && protoc-c --c_out=$(abspath $(BUILD)/gen) $(RLS_PROTO)
 
-$(call obj,$(RLS_SRC) $(wildcard tests/unit/test_rls_*.c)): | $(RLS_GEN)
+$(call obj,rls/main.c $(RLS_SRC) $(wildcard tests/*/test_rls_*.c)): | $(RLS_GEN)
 
 $(LIB_A): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
@@ -149,6 +152,10 @@ $(AGG): $(call obj,$(AGG_SRC)) $(LIB_A)
 $(GATEWAY): $(call obj,$(GW_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) -lhttp_parser
+
+$(RLS): $(call obj,rls/main.c $(RLS_SRC)) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(RLS_DEPS)
 
 # The example is built against the installed header and the shared
 # library, as a gateway would be.
@@ -196,7 +203,7 @@ $(NGINX_MOD): $(BUILD)/nginx/objs/Makefile $(wildcard nginx/*.c) $(LIB_A)
 
 $(TESTS): $(call obj,$(TEST_SRC) $(RLS_SRC)) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS) -lprotobuf-c
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS) $(TEST_DEPS) $(RLS_DEPS)
 
 $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)
@@ -281,7 +288,7 @@ install-built:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(UNITDIR) \
 	    $(DESTDIR)$(SYSCONFDIR)/rl
-	install -m 755 $(RLCTL) $(AGG) $(GATEWAY) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(RLCTL) $(AGG) $(GATEWAY) $(RLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	# Plain object code only: the build's LTO bytecode is for this GCC
 	# alone, and a gateway built with -flto by another would fail to link.
@@ -327,7 +334,7 @@ NGINX_PRELOAD = $(if $(findstring address,$(SAN)),$(shell $(CC) \
     $(CC) -print-file-name=libtsan.so)))
 TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_NGINX_PRELOAD=$(NGINX_PRELOAD) \
-           RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) \
+           RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) RL_TEST_RLS=$(RLS) \
            RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs \
            RL_TEST_ALONE=tests/run-alone.txt

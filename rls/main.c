@@ -1,0 +1,360 @@
+/*
+ * main.c: rl-rls, a rate limit service for Envoy: envoyproxy/ratelimit's
+ * gRPC API, config files and environment variables, with rl's checks
+ * behind them. One event loop per core serves gRPC (rls_worker.c), each
+ * with its own agent; the main thread watches the config, takes signals
+ * and serves the HTTP endpoints' state.
+ *
+ * Signals: SIGHUP reloads the descriptors' config now (it is also
+ * reloaded within a second of a file changing); a bad config is logged
+ * and the old one kept. SIGTERM/SIGINT fail /healthcheck and gRPC health,
+ * send GOAWAY, let the calls in flight be answered (10 s at most), close
+ * the agents and exit 0.
+ */
+#include "rl.h"
+#include "rls_http.h"
+#include "rls_runtime.h"
+#include "rls_service.h"
+#include "rls_settings.h"
+#include "rls_store.h"
+#include "rls_worker.h"
+
+#include "log.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define EXIT_USAGE 1
+#define EXIT_CONFIG 3
+#define EXIT_RUNTIME 4
+#define WORKERS_MAX 256
+#define DRAIN_MS 10000
+#define WATCH_MS 1000
+#define RL_YAML_MAX (4u << 20)
+
+static const char usage[] =
+    "usage: rl-rls [--config FILE] [--workers N]\n"
+    "       rl-rls --version | --help\n"
+    "\n"
+    "A rate limit service for Envoy (envoy.service.ratelimit.v3), a drop-in\n"
+    "for envoyproxy/ratelimit: the same gRPC API, config files and\n"
+    "environment variables (RUNTIME_ROOT, REDIS_URL, GRPC_PORT, ...; see\n"
+    "docs/envoy.md), rl's checks behind them.\n"
+    "\n"
+    "  --config FILE  rl's own settings (store, aggregators, deadlines) in\n"
+    "                 rl's YAML, instead of the REDIS_* variables; no rules\n"
+    "  --workers N    event loops (default: one per core)\n"
+    "\n"
+    "SIGHUP reloads the descriptors' config (a file's change does too);\n"
+    "SIGTERM drains and exits.\n"
+    "\n"
+    "exit codes: 0 ok, 1 usage, 3 invalid config or variable, 4 cannot run\n";
+
+typedef struct app {
+    rls_settings settings;
+    rl_logger log;
+    rl_config *rl;
+    rls_runtime runtime;
+    rls_options options;
+    rls_worker_config wc;
+    rls_worker *workers[WORKERS_MAX];
+    int n_workers;
+    rls_http_config hc;
+    rls_http *http;
+    atomic_bool draining;
+    uv_loop_t *loop;
+    uv_signal_t sigterm, sigint, sighup;
+    uv_timer_t watch, drain;
+    uint64_t drain_started;
+} app;
+
+static const char *env(const char *name, void *arg)
+{
+    (void)arg;
+    return getenv(name);
+}
+
+static int parse_args(int argc, char **argv, const char **config,
+                      int *workers, bool *done)
+{
+    for (int i = 1; i < argc; i++) {
+        bool has_value = i + 1 < argc;
+        char *end;
+        if (strcmp(argv[i], "--help") == 0) {
+            fputs(usage, stdout);
+            *done = true;
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("rl-rls %s\n", rl_version());
+            *done = true;
+            return 0;
+        } else if (strcmp(argv[i], "--config") == 0 && has_value) {
+            *config = argv[++i];
+        } else if (strcmp(argv[i], "--workers") == 0 && has_value
+                   && (*workers = (int)strtol(argv[i + 1], &end, 10)) >= 1
+                   && *workers <= WORKERS_MAX && *end == '\0') {
+            i++;
+        } else {
+            fprintf(stderr, "rl-rls: unexpected argument '%s'\n\n%s",
+                    argv[i], usage);
+            return EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* The --config file's text, or NULL with *rc set. */
+static char *read_file(const char *path, int *rc)
+{
+    FILE *f = fopen(path, "r");
+    char *text = f != NULL ? malloc(RL_YAML_MAX + 1) : NULL;
+    size_t n = text != NULL ? fread(text, 1, RL_YAML_MAX + 1, f) : 0;
+    if (f != NULL)
+        fclose(f);
+    if (text == NULL || n > RL_YAML_MAX) {
+        fprintf(stderr, "rl-rls: cannot read --config %s%s\n", path,
+                n > RL_YAML_MAX ? ": over 4 MiB" : "");
+        free(text);
+        *rc = EXIT_CONFIG;
+        return NULL;
+    }
+    text[n] = '\0';
+    return text;
+}
+
+static int load_rl_config(app *a, const char *path)
+{
+    int rc = 0;
+    char *file = path != NULL ? read_file(path, &rc) : NULL;
+    if (rc != 0)
+        return rc;
+    char err[512];
+    char *yaml = rls_store_yaml(&a->settings, file, err, sizeof err);
+    free(file);
+    if (yaml == NULL) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    rl_error e;
+    rc = rl_config_parse(yaml, strlen(yaml),
+                         path != NULL ? path : "<REDIS_* variables>", &a->rl,
+                         &e);
+    free(yaml);
+    if (rc != RL_OK) {
+        fprintf(stderr, "rl-rls: %s\n", e.message);
+        return EXIT_CONFIG;
+    }
+    return 0;
+}
+
+static int read_settings(app *a)
+{
+    char err[512], notes[4096];
+    if (rls_settings_read(&a->settings, env, NULL, err, sizeof err, notes,
+                          sizeof notes) != 0) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    a->log = (rl_logger){rl_log_to_stderr, NULL, RL_LOG_WARN};
+    if (rl_log_level_parse(a->settings.log_level, &a->log.level) != 0) {
+        fprintf(stderr, "rl-rls: LOG_LEVEL '%s': use debug, info, warn or "
+                "error\n", a->settings.log_level);
+        return EXIT_CONFIG;
+    }
+    for (char *line = notes; *line != '\0';) {
+        size_t n = strcspn(line, "\n");
+        rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%.*s",
+               (int)n, line);
+        line += n + (line[n] == '\n');
+    }
+    return 0;
+}
+
+static void load_runtime(app *a, const char *why)
+{
+    char err[1024];
+    if (rls_runtime_load(&a->runtime, err, sizeof err) != 0) {
+        rl_log(&a->log, RL_LOG_ERROR, "config_refused",
+               "why=%s reason=\"%s\" kept=%s", why, err,
+               a->runtime.current != NULL ? "previous" : "none");
+        return;
+    }
+    rl_log(&a->log, RL_LOG_INFO, "config_loaded", "why=%s domains=%zu "
+           "files=%zu", why, a->runtime.current->cfg->n_domains,
+           a->runtime.current->cfg->n_files);
+}
+
+/* --- Signals, the watch and the drain ---------------------------------- */
+
+static void stop_workers(app *a)
+{
+    for (int i = 0; i < a->n_workers; i++)
+        rls_worker_stop(a->workers[i]);
+    a->n_workers = 0;
+    uv_close((uv_handle_t *)&a->watch, NULL);
+    uv_close((uv_handle_t *)&a->drain, NULL);
+    uv_unref((uv_handle_t *)&a->sigterm);
+    uv_unref((uv_handle_t *)&a->sigint);
+    uv_unref((uv_handle_t *)&a->sighup);
+}
+
+/* Every 20 ms of a drain: stops once no worker has a connection left,
+ * or DRAIN_MS after the signal. */
+static void on_drain_timer(uv_timer_t *t)
+{
+    app *a = t->data;
+    bool drained = true;
+    for (int i = 0; i < a->n_workers && drained; i++)
+        drained = rls_worker_drained(a->workers[i]);
+    if (drained || uv_now(a->loop) - a->drain_started >= DRAIN_MS)
+        stop_workers(a);
+}
+
+static void on_stop(uv_signal_t *s, int signum)
+{
+    app *a = s->data;
+    if (atomic_exchange(&a->draining, true))
+        return;
+    rl_log(&a->log, RL_LOG_INFO, "stopping", "signal=%d", signum);
+    for (int i = 0; i < a->n_workers; i++)
+        rls_worker_drain(a->workers[i]);
+    a->drain_started = uv_now(a->loop);
+    uv_timer_start(&a->drain, on_drain_timer, 20, 20);
+}
+
+static void on_reload(uv_signal_t *s, int signum)
+{
+    (void)signum;
+    load_runtime(s->data, "sighup");
+}
+
+static void on_watch(uv_timer_t *t)
+{
+    app *a = t->data;
+    if (rls_runtime_changed(&a->runtime))
+        load_runtime(a, "change");
+}
+
+static void start_handles(app *a)
+{
+    a->loop = uv_default_loop();
+    uv_signal_init(a->loop, &a->sigterm);
+    uv_signal_init(a->loop, &a->sigint);
+    uv_signal_init(a->loop, &a->sighup);
+    uv_timer_init(a->loop, &a->watch);
+    uv_timer_init(a->loop, &a->drain);
+    a->sigterm.data = a->sigint.data = a->sighup.data = a;
+    a->watch.data = a->drain.data = a;
+    uv_signal_start(&a->sigterm, on_stop, SIGTERM);
+    uv_signal_start(&a->sigint, on_stop, SIGINT);
+    uv_signal_start(&a->sighup, on_reload, SIGHUP);
+    uv_timer_start(&a->watch, on_watch, WATCH_MS, WATCH_MS);
+}
+
+/* --- Start ------------------------------------------------------------- */
+
+static int start_workers(app *a, int n)
+{
+    char err[512];
+    const rls_settings *s = &a->settings;
+    a->options = (rls_options){.rule = RLS_RULE,
+                               .shadow_mode = s->shadow_mode,
+                               .quota_mode = s->quota_mode,
+                               .headers = s->limit_response_headers_enabled,
+                               .limit_header = s->limit_limit_header,
+                               .remaining_header = s->limit_remaining_header,
+                               .reset_header = s->limit_reset_header};
+    a->wc = (rls_worker_config){.rl = a->rl, .runtime = &a->runtime,
+                                .options = &a->options,
+                                .host = s->grpc_host,
+                                .port = (uint16_t)s->grpc_port,
+                                .log = rl_log_to_stderr,
+                                .log_level = a->log.level,
+                                .draining = &a->draining};
+    for (int i = 0; i < n; i++) {
+        if (rls_worker_start(&a->workers[i], &a->wc, err, sizeof err) != 0) {
+            fprintf(stderr, "rl-rls: %s\n", err);
+            return EXIT_RUNTIME;
+        }
+        a->n_workers++;
+        /* The first worker's port (GRPC_PORT=0: any) is every other's. */
+        a->wc.port = rls_worker_port(a->workers[0]);
+    }
+    return 0;
+}
+
+static int start_http(app *a)
+{
+    const rls_settings *s = &a->settings;
+    a->hc = (rls_http_config){
+        .host = s->host, .port = (uint16_t)s->port,
+        .debug_host = s->debug_host, .debug_port = (uint16_t)s->debug_port,
+        .runtime = &a->runtime, .draining = &a->draining,
+        .need_config = s->healthy_with_at_least_one_config_loaded};
+    char err[512];
+    if (rls_http_start(&a->http, &a->hc, err, sizeof err) != 0) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+static int start(app *a, int workers)
+{
+    char err[1024];
+    if (rls_runtime_init(&a->runtime, &a->settings, err, sizeof err) != 0) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    if (rls_runtime_load(&a->runtime, err, sizeof err) != 0) {
+        if (!a->settings.force_start_without_initial_config) {
+            fprintf(stderr, "rl-rls: %s\n", err);
+            return EXIT_CONFIG;
+        }
+        rl_log(&a->log, RL_LOG_WARN, "config_refused", "why=start "
+               "reason=\"%s\" kept=none", err);
+    }
+    int rc = start_workers(a, workers);
+    if (rc == 0)
+        rc = start_http(a);
+    if (rc == 0)
+        rl_log(&a->log, RL_LOG_INFO, "listening", "grpc=%s:%u http=%s:%lld "
+               "debug=%s:%lld workers=%d", a->settings.grpc_host,
+               a->wc.port, a->settings.host, (long long)a->settings.port,
+               a->settings.debug_host, (long long)a->settings.debug_port,
+               a->n_workers);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const char *config = NULL;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = cores > 0 && cores <= WORKERS_MAX ? (int)cores : 1;
+    bool done = false;
+    int rc = parse_args(argc, argv, &config, &workers, &done);
+    if (rc != 0 || done)
+        return rc;
+    /* Static: its signal handles stay registered until exit (see
+     * rl-gateway's main). */
+    static app a;
+    if ((rc = read_settings(&a)) == 0 && (rc = load_rl_config(&a, config))
+        == 0) {
+        start_handles(&a);
+        rc = start(&a, workers);
+        if (rc != 0)
+            stop_workers(&a);
+        uv_run(a.loop, UV_RUN_DEFAULT);
+        rls_http_stop(a.http);
+        rls_runtime_fini(&a.runtime);
+        rl_log(&a.log, RL_LOG_INFO, "stopped", "%s", "");
+    }
+    rl_config_free(a.rl);
+    rls_settings_free(&a.settings);
+    return rc;
+}

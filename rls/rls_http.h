@@ -1,0 +1,37 @@
+/*
+ * rls_http.h: rl-rls's HTTP endpoints, as upstream serves them: on
+ * HOST:PORT, GET /healthcheck (200 "OK" while serving; 500 from SIGTERM
+ * on, so that a load balancer drains the instance, and before a config
+ * has loaded when HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED is set); on
+ * DEBUG_HOST:DEBUG_PORT, GET /rlconfig (the loaded config, one line per
+ * limit). Served by nng's HTTP server on its own threads.
+ */
+#ifndef RL_RLS_HTTP_H
+#define RL_RLS_HTTP_H
+
+#include "rls_runtime.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rls_http rls_http;
+
+typedef struct rls_http_config {
+    const char *host;
+    uint16_t port;
+    const char *debug_host;
+    uint16_t debug_port;
+    rls_runtime *runtime;
+    atomic_bool *draining;
+    bool need_config;      /* HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED */
+} rls_http_config;
+
+/* rls_http_start serves both (c outlives the server): 0, or -1 with the
+ * reason in err. */
+int rls_http_start(rls_http **out, const rls_http_config *c, char *err,
+                   size_t cap);
+void rls_http_stop(rls_http *h);
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * rls_store.h: the rl config rl-rls runs its agents on. Its store comes
+ * from upstream's REDIS_* variables (REDIS_TYPE single, cluster or
+ * sentinel, REDIS_URL, REDIS_AUTH, REDIS_TLS*), or from rl's own YAML
+ * given with --config (store, aggregators, deadlines: everything but
+ * rules); its rules are rl-rls's own: RLS_RULE, through which every
+ * descriptor is checked at its limit's rate (rl_check_rule_async), a fixed
+ * window keyed under CACHE_KEY_PREFIX.
+ */
+#ifndef RL_RLS_STORE_H
+#define RL_RLS_STORE_H
+
+#include "rls_settings.h"
+
+#include <stddef.h>
+
+#define RLS_RULE "rls"
+
+/* The environment variable rl-rls hands REDIS_AUTH's password through, so
+ * that no YAML text holds it. */
+#define RLS_PASSWORD_ENV "RL_RLS_REDIS_PASSWORD"
+
+/* rls_store_yaml writes the config's YAML: rl_yaml's text (the --config
+ * file's, NULL without one) or a store from the settings, then the rules.
+ * A string to free, or NULL with the reason in err. Sets RLS_PASSWORD_ENV
+ * when REDIS_AUTH holds a password. */
+char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, char *err,
+                     size_t cap);
+
+#endif

@@ -1,0 +1,340 @@
+/*
+ * rls_worker.c: one loop of rl-rls (rls_worker.h). The agent is in
+ * host-loop mode: its descriptor is watched here (uv_poll), its timeout is
+ * a uv_timer, and a check phase runs it after any turn in which calls
+ * started checks, so that one turn's checks leave in one write.
+ */
+#include "rls_worker.h"
+
+#include "grpc/health/v1/health.pb-c.h"
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHOULD_RATE_LIMIT \
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+#define HEALTH_CHECK "/grpc.health.v1.Health/Check"
+
+enum { CMD_NONE, CMD_DRAIN, CMD_STOP };
+
+struct rls_worker {
+    const rls_worker_config *wc;
+    pthread_t thread;
+    sem_t started;
+    int start_rc;
+    char *start_err;
+    size_t start_cap;
+    uv_loop_t loop;
+    uv_async_t wake;
+    atomic_int command;
+    uv_poll_t agent_poll;
+    uv_timer_t agent_timer;
+    uv_check_t agent_check;
+    uv_timer_t drain_timer;
+    atomic_bool drained;   /* draining, and no connection left */
+    bool checks_started;   /* this turn: run the agent in the check phase */
+    rl_agent *agent;
+    rls_h2_server *server;
+    uint16_t port;
+};
+
+/* --- The agent, driven by this loop ------------------------------------ */
+
+static void on_agent_timer(uv_timer_t *t);
+
+static void run_agent(rls_worker *w)
+{
+    w->checks_started = false;
+    rl_agent_run(w->agent);
+    int timeout = rl_agent_loop_timeout(w->agent);
+    if (timeout < 0)
+        uv_timer_stop(&w->agent_timer);
+    else
+        uv_timer_start(&w->agent_timer, on_agent_timer, (uint64_t)timeout,
+                       0);
+}
+
+static void on_agent_timer(uv_timer_t *t)
+{
+    run_agent(t->data);
+}
+
+static void on_agent_readable(uv_poll_t *p, int status, int events)
+{
+    (void)status, (void)events;
+    run_agent(p->data);
+}
+
+static void on_turn_end(uv_check_t *c)
+{
+    rls_worker *w = c->data;
+    if (w->checks_started)
+        run_agent(w);
+}
+
+/* --- Calls ------------------------------------------------------------- */
+
+/* What a ShouldRateLimit call keeps between the transport and the
+ * service: each side may end first. */
+typedef struct call {
+    rls_worker *w;
+    rls_h2_call *h2;     /* NULL once answered */
+    rls_call *svc;       /* NULL until started, and once answered */
+    bool starting;
+    bool orphan;         /* answered into a closing connection: wait for
+                          * its on_cancel */
+} call;
+
+static void on_answer(void *arg, rls_grpc_status status, const uint8_t *msg,
+                      size_t len, const char *message)
+{
+    call *c = arg;
+    int rc = rls_h2_reply(c->h2, status, msg, len, message);
+    c->svc = NULL;
+    if (rc == RLS_H2_ECANCELLED) {
+        c->orphan = true;
+        return;
+    }
+    c->h2 = NULL;
+    if (!c->starting)
+        free(c);
+}
+
+static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
+                              const uint8_t *msg, size_t len)
+{
+    call *c = malloc(sizeof *c);
+    if (c == NULL) {
+        rls_h2_reply(h2, RLS_GRPC_RESOURCE_EXHAUSTED, NULL, 0,
+                     "out of memory");
+        return;
+    }
+    *c = (call){.w = w, .h2 = h2, .starting = true};
+    rls_h2_call_set_data(h2, c);
+    rls_snapshot *snap = rls_runtime_get(w->wc->runtime);
+    rls_call *svc = rls_should_rate_limit(w->agent,
+                                          snap != NULL ? snap->cfg : NULL,
+                                          w->wc->options, msg, len,
+                                          on_answer, c);
+    rls_snapshot_put(snap);
+    c->starting = false;
+    w->checks_started = true;
+    if (svc != NULL)
+        c->svc = svc;
+    else if (c->h2 == NULL)
+        free(c);
+}
+
+static void health_check(rls_worker *w, rls_h2_call *h2, const uint8_t *msg,
+                         size_t len)
+{
+    Grpc__Health__V1__HealthCheckRequest *req =
+        grpc__health__v1__health_check_request__unpack(NULL, len, msg);
+    if (req == NULL) {
+        rls_h2_reply(h2, RLS_GRPC_INTERNAL, NULL, 0,
+                     "grpc: error unmarshalling request");
+        return;
+    }
+    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+    Grpc__Health__V1__HealthCheckResponse r =
+        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = atomic_load(w->wc->draining)
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    uint8_t buf[16];
+    size_t n = grpc__health__v1__health_check_response__pack(&r, buf);
+    rls_h2_reply(h2, RLS_GRPC_OK, buf, n, NULL);
+}
+
+static bool is_path(const char *path, size_t len, const char *want)
+{
+    return len == strlen(want) && memcmp(path, want, len) == 0;
+}
+
+static void on_call(void *arg, rls_h2_call *h2, const char *path,
+                    size_t path_len, const uint8_t *msg, size_t len,
+                    uint64_t timeout_ms)
+{
+    rls_worker *w = arg;
+    (void)timeout_ms;
+    if (is_path(path, path_len, SHOULD_RATE_LIMIT))
+        should_rate_limit(w, h2, msg, len);
+    else if (is_path(path, path_len, HEALTH_CHECK))
+        health_check(w, h2, msg, len);
+    else
+        rls_h2_reply(h2, RLS_GRPC_UNIMPLEMENTED, NULL, 0, "unknown method");
+}
+
+static void on_cancel(void *arg, rls_h2_call *h2)
+{
+    (void)arg;
+    call *c = rls_h2_call_data(h2);
+    if (c == NULL)
+        return;
+    if (c->svc != NULL)
+        rls_call_cancel(c->svc);
+    free(c);
+}
+
+/* --- The loop ---------------------------------------------------------- */
+
+static void close_handle(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void on_server_closed(void *arg)
+{
+    rls_worker *w = arg;
+    w->server = NULL;
+    uv_timer_stop(&w->drain_timer);
+    uv_poll_stop(&w->agent_poll);
+    uv_timer_stop(&w->agent_timer);
+    /* Runs the agent's own loop to its end: what waits is decided. */
+    rl_agent_close(w->agent);
+    w->agent = NULL;
+    uv_walk(&w->loop, close_handle, NULL);
+}
+
+/* Looks every 20 ms whether the drain is over: no connection open. */
+static void on_drain_timer(uv_timer_t *t)
+{
+    rls_worker *w = t->data;
+    rls_h2_stats st;
+    rls_h2_server_stats(w->server, &st);
+    if (st.connections == 0) {
+        atomic_store(&w->drained, true);
+        uv_timer_stop(t);
+    }
+}
+
+static void on_wake(uv_async_t *a)
+{
+    rls_worker *w = a->data;
+    int cmd = atomic_exchange(&w->command, CMD_NONE);
+    if (cmd == CMD_DRAIN && w->server != NULL) {
+        rls_h2_server_drain(w->server);
+        uv_timer_start(&w->drain_timer, on_drain_timer, 0, 20);
+    } else if (cmd == CMD_STOP && w->server != NULL)
+        rls_h2_server_close(w->server, on_server_closed, w);
+}
+
+static int open_agent(rls_worker *w, char *err, size_t cap)
+{
+    rl_options o = {.config = w->wc->rl, .host_loop = 1, .log = w->wc->log,
+                    .log_level = w->wc->log_level};
+    rl_error e;
+    int rc = rl_agent_open(&w->agent, &o, &e);
+    if (rc != RL_OK) {
+        snprintf(err, cap, "%s", e.message);
+        return -1;
+    }
+    uv_poll_init(&w->loop, &w->agent_poll, rl_agent_loop_fd(w->agent));
+    uv_timer_init(&w->loop, &w->agent_timer);
+    uv_check_init(&w->loop, &w->agent_check);
+    w->agent_poll.data = w->agent_timer.data = w->agent_check.data = w;
+    uv_poll_start(&w->agent_poll, UV_READABLE, on_agent_readable);
+    uv_check_start(&w->agent_check, on_turn_end);
+    run_agent(w);
+    return 0;
+}
+
+static int start_loop(rls_worker *w, char *err, size_t cap)
+{
+    uv_loop_init(&w->loop);
+    uv_async_init(&w->loop, &w->wake, on_wake);
+    uv_timer_init(&w->loop, &w->drain_timer);
+    w->wake.data = w->drain_timer.data = w;
+    if (open_agent(w, err, cap) != 0)
+        return -1;
+    rls_h2_handler h = {on_call, on_cancel, w};
+    w->server = rls_h2_listen(&w->loop, w->wc->host, w->wc->port, true,
+                              &w->wc->limits, &h, err, cap);
+    if (w->server == NULL)
+        return -1;
+    w->port = rls_h2_server_port(w->server);
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    rls_worker *w = arg;
+    w->start_rc = start_loop(w, w->start_err, w->start_cap);
+    bool ok = w->start_rc == 0;
+    if (!ok) {
+        if (w->agent != NULL) {
+            uv_poll_stop(&w->agent_poll);
+            rl_agent_close(w->agent);
+        }
+        uv_walk(&w->loop, close_handle, NULL);
+    }
+    sem_post(&w->started);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+    return NULL;
+}
+
+int rls_worker_start(rls_worker **out, const rls_worker_config *wc,
+                     char *err, size_t cap)
+{
+    rls_worker *w = calloc(1, sizeof *w);
+    *out = NULL;
+    if (w == NULL) {
+        snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    w->wc = wc;
+    w->start_err = err;
+    w->start_cap = cap;
+    sem_init(&w->started, 0, 0);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        snprintf(err, cap, "cannot start a thread");
+        sem_destroy(&w->started);
+        free(w);
+        return -1;
+    }
+    while (sem_wait(&w->started) != 0)
+        ;
+    if (w->start_rc != 0) {
+        pthread_join(w->thread, NULL);
+        sem_destroy(&w->started);
+        free(w);
+        return -1;
+    }
+    *out = w;
+    return 0;
+}
+
+uint16_t rls_worker_port(const rls_worker *w)
+{
+    return w->port;
+}
+
+static void send_command(rls_worker *w, int cmd)
+{
+    atomic_store(&w->command, cmd);
+    uv_async_send(&w->wake);
+}
+
+void rls_worker_drain(rls_worker *w)
+{
+    send_command(w, CMD_DRAIN);
+}
+
+bool rls_worker_drained(const rls_worker *w)
+{
+    return atomic_load(&w->drained);
+}
+
+void rls_worker_stop(rls_worker *w)
+{
+    send_command(w, CMD_STOP);
+    pthread_join(w->thread, NULL);
+    sem_destroy(&w->started);
+    free(w);
+}
