@@ -596,6 +596,8 @@ static int sort_level(rls_level *lv)
     lv->sorted = malloc((lv->n + 1) * sizeof *lv->sorted);
     if (lv->sorted == NULL)
         return -1;
+    if (lv->n == 0)
+        return 0;
     memcpy(lv->sorted, lv->in_order, lv->n * sizeof *lv->sorted);
     qsort(lv->sorted, lv->n, sizeof *lv->sorted, by_key_value);
     for (size_t i = 0; i < lv->n; i++) {

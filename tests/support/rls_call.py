@@ -7,9 +7,11 @@ python3-protobuf are installed there.
   rls_call.py TARGET CALL [CALL ...]
 
 Each CALL is JSON: {"domain": "d", "hits_addend": 0, "timeout": 2,
-"repeat": 1, "descriptors": [{"entries": [["key", "value"], ...],
-"hits_addend": 0, "limit": [3, "HOUR"]}]}, or {"health": true}. The calls
-go one after the other on one channel. One line per call (repeat makes
+"repeat": 1, "clients": 1, "descriptors": [{"entries": [["key", "value"],
+...], "hits_addend": 0, "limit": [3, "HOUR"]}]}, or {"health": true}. The
+calls go one after the other on one channel; with "clients": N, N threads
+make them at once, each on a channel (a connection) of its own, and their
+lines come in no particular order. One line per call (repeat makes
 more): "OK <overall> <status>;<status>... [| <header>=<value>,...]" with
 each status as code:remaining:rpu/unit:name:reset ("-" for no current
 limit), "HEALTH <status>", or "ERROR <code> <details>".
@@ -20,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 import grpc
 
@@ -76,9 +79,10 @@ def status_text(rls_pb2, s):
                                   s.duration_until_reset.seconds)
 
 
-def main():
-    rls_pb2, health_pb2 = compiled()
-    channel = grpc.insecure_channel(sys.argv[1])
+def stubs(target, rls_pb2, health_pb2, own):
+    # grpcio shares connections between channels unless told not to.
+    options = [("grpc.use_local_subchannel_pool", 1)] if own else []
+    channel = grpc.insecure_channel(target, options=options)
     should = channel.unary_unary(
         "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
         request_serializer=rls_pb2.RateLimitRequest.SerializeToString,
@@ -87,27 +91,55 @@ def main():
         "/grpc.health.v1.Health/Check",
         request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
         response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    return should, health
+
+
+def one(rls_pb2, health_pb2, should, health, spec):
+    try:
+        if spec.get("health"):
+            r = health(health_pb2.HealthCheckRequest(),
+                       timeout=spec.get("timeout", 5))
+            return "HEALTH %s" % health_pb2.HealthCheckResponse.\
+                ServingStatus.Name(r.status)
+        r = should(request(rls_pb2, spec), timeout=spec.get("timeout", 5))
+    except grpc.RpcError as e:
+        return "ERROR %d %s" % (e.code().value[0], e.details())
+    line = "OK %s %s" % (
+        rls_pb2.RateLimitResponse.Code.Name(r.overall_code),
+        ";".join(status_text(rls_pb2, s) for s in r.statuses))
+    if r.response_headers_to_add:
+        line += " | " + ",".join("%s=%s" % (h.key, h.value)
+                                  for h in r.response_headers_to_add)
+    return line
+
+
+def client(target, rls_pb2, health_pb2, spec, lines, own):
+    should, health = stubs(target, rls_pb2, health_pb2, own)
+    for _ in range(spec.get("repeat", 1)):
+        lines.append(one(rls_pb2, health_pb2, should, health, spec))
+
+
+def main():
+    rls_pb2, health_pb2 = compiled()
+    target = sys.argv[1]
+    should, health = stubs(target, rls_pb2, health_pb2, False)
     for arg in sys.argv[2:]:
         spec = json.loads(arg)
-        for _ in range(spec.get("repeat", 1)):
-            try:
-                if spec.get("health"):
-                    r = health(health_pb2.HealthCheckRequest(),
-                               timeout=spec.get("timeout", 5))
-                    print("HEALTH %s" % health_pb2.HealthCheckResponse.
-                          ServingStatus.Name(r.status))
-                    continue
-                r = should(request(rls_pb2, spec),
-                           timeout=spec.get("timeout", 5))
-            except grpc.RpcError as e:
-                print("ERROR %d %s" % (e.code().value[0], e.details()))
-                continue
-            line = "OK %s %s" % (
-                rls_pb2.RateLimitResponse.Code.Name(r.overall_code),
-                ";".join(status_text(rls_pb2, s) for s in r.statuses))
-            if r.response_headers_to_add:
-                line += " | " + ",".join("%s=%s" % (h.key, h.value)
-                                          for h in r.response_headers_to_add)
+        lines = []
+        n = spec.get("clients", 1)
+        if n == 1:
+            for _ in range(spec.get("repeat", 1)):
+                lines.append(one(rls_pb2, health_pb2, should, health, spec))
+        else:
+            threads = [threading.Thread(target=client,
+                                        args=(target, rls_pb2, health_pb2,
+                                              spec, lines, True))
+                       for _ in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        for line in lines:
             print(line)
         sys.stdout.flush()
 

@@ -1,0 +1,203 @@
+/*
+ * rl-rls as Envoy's rate limit service, black box: its own process,
+ * configured as envoyproxy/ratelimit is (the runtime layout, upstream's
+ * variables), called with grpcio. Counting, statuses and errors over gRPC,
+ * the store from REDIS_URL alone, reloads (a file's change, SIGHUP, a bad
+ * file refused with upstream's words and the old config kept), ten
+ * clients on their own connections held to the limit, health, and bytes
+ * that are not HTTP/2 on the port.
+ */
+#include "test_agent.h"
+#include "test_env.h"
+#include "test_process.h"
+#include "test_rls.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const char limits[] =
+    "domain: edge\n"
+    "descriptors:\n"
+    "  - key: client\n"
+    "    rate_limit: {unit: minute, requests_per_unit: 20}\n"
+    "  - key: tenant\n"
+    "    rate_limit: {unit: hour, requests_per_unit: 100}\n"
+    "  - key: user\n"
+    "    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+/* rl's own settings: the test Redis, with a deadline a loaded machine
+ * keeps. */
+static const char *rl_yaml(void)
+{
+    static char yaml[256];
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 2000}\n", test_env("RL_TEST_REDIS"));
+    return yaml;
+}
+
+/* The n-th line of out (from 0), into line. */
+static void nth_line(const char *out, int n, char *line, size_t cap)
+{
+    const char *p = out;
+    for (int i = 0; i < n && p != NULL; i++) {
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    cr_assert(p != NULL && *p != '\0', "no line %d in:\n%s", n, out);
+    size_t len = strcspn(p, "\n");
+    snprintf(line, cap, "%.*s", (int)len, p);
+}
+
+static int count_lines_with(const char *out, const char *what)
+{
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, what)) != NULL; p++)
+        n++;
+    return n;
+}
+
+Test(rls, twenty_a_minute_count_down_then_over_the_limit)
+{
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), NULL);
+    static char out[16384];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 21, \"descriptors\": "
+                  "[{\"entries\": [[\"client\", \"c1\"]]}]}",
+                  "{\"domain\": \"elsewhere\", \"descriptors\": "
+                  "[{\"entries\": [[\"client\", \"c1\"]]}]}",
+                  "{\"domain\": \"\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"c1\"]]}]}",
+                  "{\"domain\": \"edge\"}", "{\"health\": true}", NULL);
+    char line[256], want[128];
+    for (int i = 0; i < 21; i++) {
+        nth_line(out, i, line, sizeof line);
+        snprintf(want, sizeof want, i < 20 ? "OK OK OK:%d:20/MINUTE::"
+                                           : "OK OVER_LIMIT OVER_LIMIT:0:"
+                                             "20/MINUTE::", 19 - i);
+        cr_assert(strncmp(line, want, strlen(want)) == 0,
+                  "call %d: %s, not %s...", i + 1, line, want);
+        int reset = atoi(strrchr(line, ':') + 1);
+        cr_assert(reset >= 1 && reset <= 60, "reset in %d s", reset);
+    }
+    nth_line(out, 21, line, sizeof line);
+    cr_assert_str_eq(line, "OK OK OK:0:-", "an unknown domain: %s", line);
+    nth_line(out, 22, line, sizeof line);
+    cr_assert_str_eq(line, "ERROR 2 rate limit domain must not be empty");
+    nth_line(out, 23, line, sizeof line);
+    cr_assert_str_eq(line,
+                     "ERROR 2 rate limit descriptor list must not be empty");
+    nth_line(out, 24, line, sizeof line);
+    cr_assert_str_eq(line, "HEALTH SERVING");
+    test_rls_stop(&r);
+}
+
+/* No --config: the store is upstream's REDIS_URL, alone. */
+Test(rls, the_store_from_upstreams_variables)
+{
+    test_rls r;
+    test_rls_start(&r, limits, NULL, NULL);
+    static char out[4096];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 3, \"descriptors\": "
+                  "[{\"entries\": [[\"user\", \"u1\"]]}]}", NULL);
+    cr_assert_eq(count_lines_with(out, "OK OK OK:"), 2, "%s", out);
+    cr_assert_eq(count_lines_with(out, "OVER_LIMIT OVER_LIMIT:0:2/HOUR"), 1,
+                 "%s", out);
+    test_rls_stop(&r);
+}
+
+/* Calls until a line holds want, 5 s at most. */
+static void call_until(test_rls *r, const char *call, const char *want)
+{
+    static char out[4096];
+    for (int i = 0; i < 50; i++) {
+        test_rls_call(r, out, sizeof out, call, NULL);
+        if (strstr(out, want) != NULL)
+            return;
+        test_sleep_ms(100);
+    }
+    cr_assert_fail("never answered %s: %s", want, out);
+}
+
+Test(rls, reloads_on_a_change_and_sighup_keeping_the_old_when_bad)
+{
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), NULL);
+    const char *call = "{\"domain\": \"new\", \"descriptors\": "
+                       "[{\"entries\": [[\"k\", \"v\"]]}]}";
+    call_until(&r, call, "OK OK OK:0:-");
+    test_rls_write(&r, "new.yaml", "domain: new\ndescriptors:\n  - key: k\n"
+                   "    rate_limit: {unit: hour, requests_per_unit: 7}\n");
+    call_until(&r, call, "7/HOUR");
+    /* A bad file: refused in upstream's words, the config before kept. */
+    long from = test_log_size(r.log);
+    test_rls_write(&r, "bad.yaml", "domain: other\nratelimit: 1\n");
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "config_refused why=change reason=\"config.bad."
+                           "yaml: config error, unknown key .ratelimit.\" "
+                           "kept=previous", 5000);
+    call_until(&r, call, "7/HOUR");
+    /* Both gone, and a SIGHUP at once: no limit for new. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/rt/config/bad.yaml", r.root);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/rt/config/new.yaml", r.root);
+    unlink(path);
+    from = test_log_size(r.log);
+    kill(r.pid, SIGHUP);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=config_loaded why=sighup", 5000);
+    call_until(&r, call, "OK OK OK:0:-");
+    test_rls_stop(&r);
+}
+
+/* The seed's scenario through rl-rls: ten clients, each on a connection
+ * of its own, 20 calls each on one tenant of 100 an hour. */
+Test(rls, ten_clients_on_their_own_connections_get_exactly_the_limit)
+{
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), NULL);
+    static char out[65536];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 20, \"clients\": 10, "
+                  "\"descriptors\": [{\"entries\": [[\"tenant\", "
+                  "\"t1\"]]}]}", NULL);
+    int ok = count_lines_with(out, "OK OK OK:");
+    int over = count_lines_with(out, "OK OVER_LIMIT");
+    cr_assert_eq(ok + over, 200, "%d answered:\n%s", ok + over, out);
+    cr_assert_eq(ok, 100, "%d of 200 admitted", ok);
+    test_rls_stop(&r);
+}
+
+Test(rls, bytes_that_are_not_http2_never_stop_the_service)
+{
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), NULL);
+    for (int i = 0; i < 3; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons(r.grpc_port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x13";
+        cr_assert_gt(write(fd, junk, sizeof junk), 0);
+        char buf[256];
+        /* The connection ends (a GOAWAY, then EOF), whatever it read. */
+        while (read(fd, buf, sizeof buf) > 0)
+            ;
+        close(fd);
+    }
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"junk\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
+    test_rls_stop(&r);
+}
