@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -151,6 +152,47 @@ static int load_rl_config(app *a, const char *path)
     return 0;
 }
 
+/* What upstream's variables ask that this rl-rls does not do yet
+ * (docs/envoy.md): refused when set away from upstream's default, never
+ * silently ignored. */
+static const char *not_built(const rls_settings *s)
+{
+    if (s->grpc_server_use_tls)
+        return "GRPC_SERVER_USE_TLS=true: rl-rls serves gRPC in cleartext "
+               "(h2c) only for now; terminate TLS in front of it";
+    if (s->use_prometheus)
+        return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
+    if (s->stop_cache_key_increment_when_overlimit)
+        return "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not "
+               "supported yet: every hit is counted, as by default";
+    if (strcasecmp(s->log_format, "text") != 0)
+        return "LOG_FORMAT=json is not supported yet: rl-rls logs "
+               "key=value lines";
+    if (s->grpc_max_connection_age_ms != 24LL * 3600 * 1000
+        || s->grpc_max_connection_age_grace_ms != 3600LL * 1000)
+        return "GRPC_MAX_CONNECTION_AGE(_GRACE): rl-rls does not age "
+               "connections out yet; leave them unset";
+    return NULL;
+}
+
+/* LOG_LEVEL's names (logrus's, checked by the settings) as rl's levels:
+ * trace is debug, warning warn, fatal and panic error. */
+static rl_log_level log_level(const rls_settings *s)
+{
+    static const struct {
+        const char *name;
+        rl_log_level level;
+    } levels[] = {{"trace", RL_LOG_DEBUG}, {"debug", RL_LOG_DEBUG},
+                  {"info", RL_LOG_INFO}, {"warn", RL_LOG_WARN},
+                  {"warning", RL_LOG_WARN}, {"error", RL_LOG_ERROR},
+                  {"fatal", RL_LOG_ERROR}, {"panic", RL_LOG_ERROR}};
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
+        if (strcasecmp(s->log_level, levels[i].name) == 0)
+            return levels[i].level;
+    }
+    return RL_LOG_WARN;
+}
+
 static int read_settings(app *a)
 {
     char err[512], notes[4096];
@@ -159,12 +201,12 @@ static int read_settings(app *a)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_CONFIG;
     }
-    a->log = (rl_logger){rl_log_to_stderr, NULL, RL_LOG_WARN};
-    if (rl_log_level_parse(a->settings.log_level, &a->log.level) != 0) {
-        fprintf(stderr, "rl-rls: LOG_LEVEL '%s': use debug, info, warn or "
-                "error\n", a->settings.log_level);
+    const char *unbuilt = not_built(&a->settings);
+    if (unbuilt != NULL) {
+        fprintf(stderr, "rl-rls: %s\n", unbuilt);
         return EXIT_CONFIG;
     }
+    a->log = (rl_logger){rl_log_to_stderr, NULL, log_level(&a->settings)};
     for (char *line = notes; *line != '\0';) {
         size_t n = strcspn(line, "\n");
         rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%.*s",

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char limits[] =
@@ -200,4 +201,40 @@ Test(rls, bytes_that_are_not_http2_never_stop_the_service)
                   "[[\"client\", \"junk\"]]}]}", NULL);
     cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
     test_rls_stop(&r);
+}
+
+/* What upstream's variables ask and rl-rls does not do is refused at
+ * start, never ignored: exit 3, naming the variable. */
+Test(rls, a_variable_it_cannot_honour_stops_the_start)
+{
+    const char *cases[][2] = {
+        {"USE_PROMETHEUS=true", "USE_PROMETHEUS=true: rl-rls has no"},
+        {"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS=true: rl-rls"},
+        {"BACKEND_TYPE=memcache", "BACKEND_TYPE"},
+        {"LOG_LEVEL=loud", "LOG_LEVEL"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char log[600];
+        test_log_path(log, sizeof log, "rls-refused");
+        setenv("RUNTIME_ROOT", "/nonexistent", 1);
+        putenv((char *)cases[i][0]);
+        char *argv[] = {(char *)test_env("RL_TEST_RLS"), NULL};
+        pid_t pid = test_spawn(argv, log);
+        int status;
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 3,
+                  "%s: status %d", cases[i][0], status);
+        FILE *f = fopen(log, "r");
+        char text[1024] = "";
+        size_t n = f != NULL ? fread(text, 1, sizeof text - 1, f) : 0;
+        text[n] = '\0';
+        if (f != NULL)
+            fclose(f);
+        cr_assert(strstr(text, cases[i][1]) != NULL, "%s: %s", cases[i][0],
+                  text);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(cases[i][0], "="),
+                 cases[i][0]);
+        unsetenv(name);
+    }
 }
