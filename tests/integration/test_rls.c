@@ -8,7 +8,9 @@
  * that are not HTTP/2 on the port.
  */
 #include "test_agent.h"
+#include "redis_server.h"
 #include "test_env.h"
+#include "test_gateway.h"
 #include "test_process.h"
 #include "test_rls.h"
 
@@ -237,4 +239,47 @@ Test(rls, a_variable_it_cannot_honour_stops_the_start)
                  cases[i][0]);
         unsetenv(name);
     }
+}
+
+/* SIGTERM while a call waits for Redis: /healthcheck answers 500 at once
+ * (a load balancer takes the instance out), the call is still answered
+ * (by its deadline: Redis is stopped), and the process exits 0. */
+Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
+{
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1500}\n", addr);
+    test_rls r;
+    test_rls_start(&r, limits, yaml, NULL);
+    test_http_response resp;
+    test_http_get(r.http_port, "/healthcheck", "", &resp);
+    cr_assert_eq(resp.status, 200);
+    static char out[1024];
+    /* One call first: the agent's connection is up. */
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"held\"]]}]}", NULL);
+    test_redis_pause(&srv);
+    pid_t caller = fork();
+    cr_assert_geq(caller, 0);
+    if (caller == 0) {
+        test_rls_call(&r, out, sizeof out,
+                      "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                      "[[\"client\", \"held\"]]}]}", NULL);
+        _exit(strncmp(out, "OK OK", 5) == 0 ? 0 : 1);
+    }
+    test_sleep_ms(500);
+    kill(r.pid, SIGTERM);
+    test_sleep_ms(100);
+    test_http_get(r.http_port, "/healthcheck", "", &resp);
+    cr_assert_eq(resp.status, 500, "healthcheck %d after SIGTERM",
+                 resp.status);
+    int status;
+    cr_assert_eq(waitpid(caller, &status, 0), caller);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the call in flight was not answered OK");
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
 }
