@@ -476,7 +476,8 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
         return NULL;
     }
     c->pending--;
-    return c;
+    /* A call that already answered frees itself when its checks are in. */
+    return c->cancelled ? NULL : c;
 }
 
 void rls_call_cancel(rls_call *c)

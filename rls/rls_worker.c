@@ -122,10 +122,10 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
     rls_snapshot_put(snap);
     c->starting = false;
     w->checks_started = true;
-    if (svc != NULL)
+    if (c->h2 == NULL)
+        free(c); /* answered already */
+    else if (!c->orphan)
         c->svc = svc;
-    else if (c->h2 == NULL)
-        free(c);
 }
 
 static void health_check(rls_worker *w, rls_h2_call *h2, const uint8_t *msg,
