@@ -36,6 +36,7 @@ typedef struct slot {
     bool shadow;
     bool quota;
     bool over;
+    bool waiting;       /* its check is out */
     uint32_t rpu;
     rls_unit unit;
     char *name;         /* the limit's, copied; NULL for none */
@@ -47,7 +48,8 @@ struct rls_call {
     rls_reply_fn fn;
     void *arg;
     const rls_options *o;
-    bool cancelled;
+    bool cancelled;     /* answered already (or its client is gone) */
+    bool degraded;      /* a check or the call's deadline: on_error */
     int pending;        /* checks out, plus one while starting */
     size_t n;
     slot slots[];
@@ -294,6 +296,16 @@ static void answer(rls_call *c)
             r.n_response_headers_to_add = 3;
             r.response_headers_to_add = hp;
         }
+        header degraded = ENVOY__CONFIG__CORE__V3__HEADER_VALUE__INIT,
+               *dp = &degraded;
+        if (c->degraded) {
+            /* To the upstream request, not the client's response: the
+             * service, not the client, needs to know. */
+            degraded.key = RLS_DEGRADED_HEADER;
+            degraded.value = "true";
+            r.n_request_headers_to_add = 1;
+            r.request_headers_to_add = &dp;
+        }
         size_t len = envoy__service__ratelimit__v3__rate_limit_response__get_packed_size(&r);
         uint8_t *buf = malloc(len > 0 ? len : 1);
         if (buf == NULL) {
@@ -329,6 +341,8 @@ static void one_less(rls_call *c)
 static void on_checked(const rl_decision *d, void *arg)
 {
     slot *s = arg;
+    s->waiting = false;
+    s->call->degraded |= d->degraded;
     s->over = !d->allowed;
     s->remaining = d->remaining < UINT32_ALL ? (uint32_t)d->remaining
                                              : UINT32_ALL;
@@ -394,10 +408,12 @@ static bool send_check(rl_agent *agent, rls_call *c, const request *r,
     }
     rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, 0};
     c->pending++;
+    s->waiting = true;
     *rc = rl_check_rule_async(agent, c->o->rule, value, len, &rate,
                               (uint32_t)hits, on_checked, s);
     if (*rc == RL_OK)
         return true;
+    s->waiting = false;
     c->pending--;
     return false;
 }
@@ -442,7 +458,7 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
         free(drop);
         return fail(fn, arg, r, RLS_GRPC_INTERNAL, "out of memory");
     }
-    *c = (rls_call){fn, arg, o, false, 1, n};
+    *c = (rls_call){.fn = fn, .arg = arg, .o = o, .pending = 1, .n = n};
     for (size_t i = 0; i < n; i++) {
         c->slots[i].call = c;
         find_limit(cfg, r, i, &c->slots[i], &found[i], values[i], &lens[i]);
@@ -482,5 +498,23 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
 
 void rls_call_cancel(rls_call *c)
 {
+    c->cancelled = true;
+}
+
+void rls_call_expire(rls_call *c)
+{
+    if (c->cancelled)
+        return;
+    for (size_t i = 0; i < c->n; i++) {
+        slot *s = &c->slots[i];
+        if (!s->waiting)
+            continue;
+        /* on_error: allow, with nothing known of the count. */
+        s->over = false;
+        s->remaining = s->rpu;
+        s->reset_s = seconds_to_reset(s->unit);
+        c->degraded = true;
+    }
+    answer(c);
     c->cancelled = true;
 }

@@ -58,6 +58,18 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
  * freed once its checks have answered. */
 void rls_call_cancel(rls_call *c);
 
+/* rls_call_expire answers the call now: its deadline (the client's
+ * grpc-timeout) is near. Descriptors whose checks have not answered are
+ * let through (on_error: allow, as Envoy fails open: OK, their limit
+ * named, remaining its whole rate), and the answer asks Envoy to add
+ * RLS_DEGRADED_HEADER to the upstream request. The checks that answer
+ * later are dropped; the call frees itself then. */
+void rls_call_expire(rls_call *c);
+
+/* The header a degraded answer adds to the upstream request: a check
+ * whose store did not answer in time, or a call past its deadline. */
+#define RLS_DEGRADED_HEADER "x-rl-degraded"
+
 /* The rl value a descriptor is counted under: the domain and each entry's
  * key and value (a share_threshold pattern's in place of the value where
  * shared[i] is set), each as <length>:<bytes>, joined by ':'. Longer than

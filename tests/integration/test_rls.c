@@ -283,3 +283,33 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
     test_rls_stop(&r);
     test_redis_stop(&srv);
 }
+
+/* A call's grpc-timeout is its deadline: with Redis paused and rl's own
+ * deadline at 3 s, a call of 500 ms is answered before its client gives
+ * up (not DEADLINE_EXCEEDED), let through and marked degraded for the
+ * upstream request. */
+Test(rls, a_calls_grpc_timeout_is_its_deadline)
+{
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 3000}\n", addr);
+    test_rls r;
+    test_rls_start(&r, limits, yaml, NULL);
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"late\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
+    test_redis_pause(&srv);
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"timeout\": 0.5, \"descriptors\": "
+                  "[{\"entries\": [[\"client\", \"late\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:20:20/MINUTE::", 23) == 0,
+              "a call past its deadline: %s", out);
+    cr_assert(strstr(out, "|| x-rl-degraded=true") != NULL, "%s", out);
+    test_redis_resume(&srv);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}
