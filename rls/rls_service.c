@@ -37,6 +37,9 @@ typedef struct slot {
     bool quota;
     bool over;
     bool waiting;       /* its check is out */
+    const char *rule;   /* the rl rule it is checked by */
+    bool deny;          /* its on_error: deny */
+    uint32_t burst;     /* a token bucket's, 0: rpu */
     uint32_t rpu;
     rls_unit unit;
     char *name;         /* the limit's, copied; NULL for none */
@@ -110,8 +113,13 @@ static uint64_t hits_of(const request *r, const descriptor *d)
     return r->hits_addend > 0 ? r->hits_addend : 1;
 }
 
-static void take_limit(slot *s, const rls_limit *l)
+static void take_limit(slot *s, const rls_limit *l, const rls_options *o)
 {
+    s->rule = o->rule_of != NULL ? o->rule_of(l->token_bucket,
+                                              l->deny_on_error)
+                                 : o->rule;
+    s->burst = l->burst;
+    s->deny = l->deny_on_error;
     s->limited = !l->unlimited;
     s->unlimited = l->unlimited;
     s->shadow = l->shadow_mode;
@@ -136,8 +144,9 @@ static bool entries_of(const descriptor *d, rls_entry *out)
 
 /* Finds descriptor i's limit (*found: the config's, NULL for none or the
  * descriptor's own) and, for a limited one, its value. */
-static void find_limit(const rls_config *cfg, const request *r, size_t i,
-                       slot *s, const rls_limit **found, char *value,
+static void find_limit(const rls_config *cfg, const rls_options *o,
+                       const request *r, size_t i, slot *s,
+                       const rls_limit **found, char *value,
                        size_t *value_len)
 {
     const descriptor *d = r->descriptors[i];
@@ -154,6 +163,7 @@ static void find_limit(const rls_config *cfg, const request *r, size_t i,
         if (unit <= 0 || unit > (int)RLS_UNIT_WEEK)
             return;
         s->limited = true;
+        s->rule = o->rule;
         s->rpu = d->limit->requests_per_unit;
         s->unit = (rls_unit)unit;
         s->name = "";
@@ -161,7 +171,7 @@ static void find_limit(const rls_config *cfg, const request *r, size_t i,
         rls_config_lookup(dom, entries, d->n_entries, &m);
         if (m.limit == NULL)
             return;
-        take_limit(s, m.limit);
+        take_limit(s, m.limit, o);
         *found = m.limit;
     }
     *value_len = rls_descriptor_value(r->domain, entries, d->n_entries,
@@ -406,10 +416,10 @@ static bool send_check(rl_agent *agent, rls_call *c, const request *r,
         s->reset_s = seconds_to_reset(s->unit);
         return true;
     }
-    rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, 0};
+    rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, s->burst};
     c->pending++;
     s->waiting = true;
-    *rc = rl_check_rule_async(agent, c->o->rule, value, len, &rate,
+    *rc = rl_check_rule_async(agent, s->rule, value, len, &rate,
                               (uint32_t)hits, on_checked, s);
     if (*rc == RL_OK)
         return true;
@@ -461,7 +471,8 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
     *c = (rls_call){.fn = fn, .arg = arg, .o = o, .pending = 1, .n = n};
     for (size_t i = 0; i < n; i++) {
         c->slots[i].call = c;
-        find_limit(cfg, r, i, &c->slots[i], &found[i], values[i], &lens[i]);
+        find_limit(cfg, o, r, i, &c->slots[i], &found[i], values[i],
+                   &lens[i]);
     }
     /* Every replacing limit is known before any is dropped. */
     for (size_t i = 0; i < n; i++)
@@ -509,8 +520,8 @@ void rls_call_expire(rls_call *c)
         slot *s = &c->slots[i];
         if (!s->waiting)
             continue;
-        /* on_error: allow, with nothing known of the count. */
-        s->over = false;
+        /* Its on_error decides, with nothing known of the count. */
+        s->over = s->deny;
         s->remaining = s->rpu;
         s->reset_s = seconds_to_reset(s->unit);
         c->degraded = true;

@@ -25,6 +25,9 @@
 /* A call's settings; they (and their strings) outlive the calls. */
 typedef struct rls_options {
     const char *rule;             /* the rl rule descriptors are checked by */
+    /* The rule for a limit whose rl extension asks for a token bucket or
+     * on_error: deny (NULL: rule for every limit). */
+    const char *(*rule_of)(bool token_bucket, bool deny_on_error);
     bool shadow_mode;             /* SHADOW_MODE: the overall code is OK */
     bool quota_mode;              /* QUOTA_MODE: every limit a quota */
     bool headers;                 /* LIMIT_RESPONSE_HEADERS_ENABLED */
@@ -60,8 +63,9 @@ void rls_call_cancel(rls_call *c);
 
 /* rls_call_expire answers the call now: its deadline (the client's
  * grpc-timeout) is near. Descriptors whose checks have not answered are
- * let through (on_error: allow, as Envoy fails open: OK, their limit
- * named, remaining its whole rate), and the answer asks Envoy to add
+ * decided by their on_error (allow by default, as Envoy fails open: OK,
+ * their limit named, remaining its whole rate), and the answer asks
+ * Envoy to add
  * RLS_DEGRADED_HEADER to the upstream request. The checks that answer
  * later are dropped; the call frees itself then. */
 void rls_call_expire(rls_call *c);

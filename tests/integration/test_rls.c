@@ -313,3 +313,51 @@ Test(rls, a_calls_grpc_timeout_is_its_deadline)
     test_rls_stop(&r);
     test_redis_stop(&srv);
 }
+
+/* rl's extension: a descriptor counted by a token bucket (its burst at
+ * once, where a fixed window of the same rate admits 2), and on_error:
+ * deny deciding when the store does not answer, by rl's deadline (1 s)
+ * and by the call's own (400 ms). */
+Test(rls, rls_extension_token_bucket_and_on_error_deny)
+{
+    static const char ext[] =
+        "domain: edge\n"
+        "descriptors:\n"
+        "  - key: tb\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 2}\n"
+        "    rl: {algorithm: token_bucket, burst: 5}\n"
+        "  - key: strict\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 100}\n"
+        "    rl: {on_error: deny}\n"
+        "  - key: lax\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\n", addr);
+    test_rls r;
+    test_rls_start(&r, ext, yaml, NULL);
+    static char out[4096];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 7, \"descriptors\": "
+                  "[{\"entries\": [[\"tb\", \"a\"]]}]}", NULL);
+    cr_assert_eq(count_lines_with(out, "OK OK OK:"), 5, "%s", out);
+    test_redis_pause(&srv);
+    const char *calls[] = {
+        "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+        "[[\"strict\", \"a\"]]}, {\"entries\": [[\"lax\", \"a\"]]}]}",
+        "{\"domain\": \"edge\", \"timeout\": 0.4, \"descriptors\": "
+        "[{\"entries\": [[\"strict\", \"a\"]]}, {\"entries\": "
+        "[[\"lax\", \"a\"]]}]}"};
+    for (int i = 0; i < 2; i++) {
+        test_rls_call(&r, out, sizeof out, calls[i], NULL);
+        cr_assert(strncmp(out, "OK OVER_LIMIT OVER_LIMIT:", 25) == 0,
+                  "deny and allow while Redis is silent: %s", out);
+        cr_assert(strstr(out, ";OK:") != NULL, "%s", out);
+        cr_assert(strstr(out, "|| x-rl-degraded=true") != NULL, "%s", out);
+    }
+    test_redis_resume(&srv);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}
