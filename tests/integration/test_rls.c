@@ -285,8 +285,8 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
 }
 
 /* A call's grpc-timeout is its deadline: with Redis paused and rl's own
- * deadline at 3 s, a call of 500 ms is answered before its client gives
- * up (not DEADLINE_EXCEEDED), let through and marked degraded for the
+ * deadline at 5 s, a call of 1 s is answered before its client gives up
+ * (not DEADLINE_EXCEEDED), let through and marked degraded for the
  * upstream request. */
 Test(rls, a_calls_grpc_timeout_is_its_deadline)
 {
@@ -294,7 +294,7 @@ Test(rls, a_calls_grpc_timeout_is_its_deadline)
     char addr[64], yaml[256];
     test_agent_private_redis(&srv, addr, sizeof addr);
     snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
-             "timeout_ms: 3000}\n", addr);
+             "timeout_ms: 5000}\n", addr);
     test_rls r;
     test_rls_start(&r, limits, yaml, NULL);
     static char out[1024];
@@ -304,7 +304,7 @@ Test(rls, a_calls_grpc_timeout_is_its_deadline)
     cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
     test_redis_pause(&srv);
     test_rls_call(&r, out, sizeof out,
-                  "{\"domain\": \"edge\", \"timeout\": 0.5, \"descriptors\": "
+                  "{\"domain\": \"edge\", \"timeout\": 1, \"descriptors\": "
                   "[{\"entries\": [[\"client\", \"late\"]]}]}", NULL);
     cr_assert(strncmp(out, "OK OK OK:20:20/MINUTE::", 23) == 0,
               "a call past its deadline: %s", out);
@@ -316,8 +316,8 @@ Test(rls, a_calls_grpc_timeout_is_its_deadline)
 
 /* rl's extension: a descriptor counted by a token bucket (its burst at
  * once, where a fixed window of the same rate admits 2), and on_error:
- * deny deciding when the store does not answer, by rl's deadline (1 s)
- * and by the call's own (400 ms). */
+ * deny deciding when the store does not answer, by rl's deadline (2 s)
+ * and by the call's own (1 s). */
 Test(rls, rls_extension_token_bucket_and_on_error_deny)
 {
     static const char ext[] =
@@ -335,7 +335,7 @@ Test(rls, rls_extension_token_bucket_and_on_error_deny)
     char addr[64], yaml[256];
     test_agent_private_redis(&srv, addr, sizeof addr);
     snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
-             "timeout_ms: 1000}\n", addr);
+             "timeout_ms: 2000}\n", addr);
     test_rls r;
     test_rls_start(&r, ext, yaml, NULL);
     static char out[4096];
@@ -347,7 +347,7 @@ Test(rls, rls_extension_token_bucket_and_on_error_deny)
     const char *calls[] = {
         "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
         "[[\"strict\", \"a\"]]}, {\"entries\": [[\"lax\", \"a\"]]}]}",
-        "{\"domain\": \"edge\", \"timeout\": 0.4, \"descriptors\": "
+        "{\"domain\": \"edge\", \"timeout\": 1, \"descriptors\": "
         "[{\"entries\": [[\"strict\", \"a\"]]}, {\"entries\": "
         "[[\"lax\", \"a\"]]}]}"};
     for (int i = 0; i < 2; i++) {
