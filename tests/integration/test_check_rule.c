@@ -111,7 +111,7 @@ Test(check_rule, what_cannot_be_checked_is_refused)
         {"nope", "v", 1, NULL, RL_EINVAL},   /* no such rule */
         {"s", "v", 1, &ok, RL_EINVAL},       /* a synced rule's own rate */
         {"w", "v", 1, &zero, RL_EINVAL},
-        {"w", "v", 1, &huge, RL_EINVAL},     /* burst x period past 2^53 */
+        {"b", "v", 1, &huge, RL_EINVAL},     /* burst x period past 2^53 */
         {"w", "", 0, NULL, RL_EINVAL},
         {"w", "a\0b", 3, NULL, RL_EINVAL},
     };
@@ -127,6 +127,15 @@ Test(check_rule, what_cannot_be_checked_is_refused)
                                      on_decision, &an), RL_ETOOLONG);
     cr_assert_eq(rl_check_rule_async(t.agent, "w", "v", 1, NULL, 1, NULL,
                                      NULL), RL_EINVAL);
+    /* A fixed window counts hits: any limit over any period, as Envoy's
+     * descriptors give them (4,294,967,295 a year). */
+    rl_rate year = {4294967295u, 365ULL * 24 * 3600 * 1000, 0};
+    rl_decision d = check_rule(&t, "w", "a-year", &year, 1);
+    cr_assert(d.allowed);
+    cr_assert_eq(d.remaining, 4294967294u);
+    cr_assert_eq(rl_check_rule_async(t.agent, "b", "a-year", 6, &year, 1,
+                                     on_decision, &an), RL_EINVAL,
+                 "a bucket of that size is past 2^53");
     /* A synced rule at its own rate is checked as any check would. */
     cr_assert(check_rule(&t, "s", "own", NULL, 1).allowed);
     test_agent_close(&t);
