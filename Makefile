@@ -263,7 +263,7 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
        $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
-       $(NGINX_MOD)
+       $(NGINX_MOD) $(RLS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target

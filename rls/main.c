@@ -303,7 +303,7 @@ static int start_workers(app *a, int n)
 {
     char err[512];
     const rls_settings *s = &a->settings;
-    a->options = (rls_options){.rule = RLS_RULE,
+    a->options = (rls_options){.rule = RLS_RULE, .rule_of = rls_rule_of,
                                .shadow_mode = s->shadow_mode,
                                .quota_mode = s->quota_mode,
                                .headers = s->limit_response_headers_enabled,

@@ -206,7 +206,9 @@ static const char *const known_keys[] = {
     "domain", "key", "value", "descriptors", "rate_limit", "unit",
     "requests_per_unit", "unlimited", "shadow_mode", "quota_mode", "name",
     "replaces", "detailed_metric", "value_to_metric", "share_threshold",
-    "metadata", NULL,
+    "metadata",
+    /* rl's extension (docs/envoy.md): a file with it is rl-rls's own. */
+    "rl", "algorithm", "burst", "mode", "on_error", NULL,
 };
 
 static void check_keys(loading *ld, yaml_node_t *map);
@@ -336,6 +338,15 @@ static void type_descriptor(loading *ld, yaml_node_t *d)
     yaml_node_t *rl = field(ld, d, "rate_limit");
     if (rl != NULL)
         type_rate_limit(ld, rl);
+    yaml_node_t *ext = field(ld, d, "rl");
+    if (ext != NULL && ext->type != YAML_MAPPING_NODE && !is_null(ext))
+        type_fault(ld, ext, "rl's descriptor extension (a map)");
+    if (ext != NULL && ext->type == YAML_MAPPING_NODE) {
+        want_string(ld, field(ld, ext, "algorithm"));
+        want_string(ld, field(ld, ext, "mode"));
+        want_string(ld, field(ld, ext, "on_error"));
+        want_uint32(ld, field(ld, ext, "burst"));
+    }
     type_descriptors(ld, field(ld, d, "descriptors"));
 }
 
@@ -457,6 +468,40 @@ static bool push(rls_descriptor ***list, size_t n, rls_descriptor *d)
     return true;
 }
 
+/* rl's extension of a descriptor: how its limit is counted. Only what
+ * rl-rls does is accepted; every refusal says what would be. */
+static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
+{
+    if (ext == NULL || ext->type != YAML_MAPPING_NODE)
+        return;
+    const char *algorithm = string_of(field(ld, ext, "algorithm"));
+    const char *mode = string_of(field(ld, ext, "mode"));
+    const char *on_error = string_of(field(ld, ext, "on_error"));
+    yaml_node_t *burst = field(ld, ext, "burst");
+    l->token_bucket = strcmp(algorithm, "token_bucket") == 0;
+    l->deny_on_error = strcmp(on_error, "deny") == 0;
+    if (burst != NULL && !is_null(burst))
+        uint32_of(burst, &l->burst);
+    if (algorithm[0] != '\0' && !l->token_bucket
+        && strcmp(algorithm, "fixed_window") != 0)
+        fail(ld, "rl: unknown algorithm '%s' (fixed_window or "
+             "token_bucket)", algorithm);
+    else if (mode[0] != '\0' && strcmp(mode, "exact") != 0)
+        fail(ld, "rl: mode '%s' is not supported by rl-rls yet (exact)",
+             mode);
+    else if (on_error[0] != '\0' && !l->deny_on_error
+             && strcmp(on_error, "allow") != 0)
+        fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
+    else if (l->burst != 0 && !l->token_bucket)
+        fail(ld, "rl: burst is a token bucket's: give algorithm: "
+             "token_bucket, or leave burst out");
+    else if (l->burst != 0 && l->burst < l->requests_per_unit)
+        fail(ld, "rl: burst %u is below requests_per_unit %u", l->burst,
+             l->requests_per_unit);
+    else if (l->unlimited)
+        fail(ld, "rl: an unlimited limit counts nothing: leave rl out");
+}
+
 /* The limit of a descriptor's rate_limit, with upstream's checks. */
 static rls_limit *limit_of(loading *ld, yaml_node_t *d, yaml_node_t *rl,
                            const char *full_key)
@@ -480,6 +525,7 @@ static rls_limit *limit_of(loading *ld, yaml_node_t *d, yaml_node_t *rl,
     l->shadow_mode = flag(ld, d, "shadow_mode");
     l->quota_mode = flag(ld, d, "quota_mode");
     l->detailed_metric = flag(ld, d, "detailed_metric");
+    rl_extension(ld, field(ld, d, "rl"), l);
     l->name = strdup(string_of(field(ld, rl, "name")));
     l->full_key = strdup(full_key);
     if (l->name == NULL || l->full_key == NULL)

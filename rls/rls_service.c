@@ -36,6 +36,10 @@ typedef struct slot {
     bool shadow;
     bool quota;
     bool over;
+    bool waiting;       /* its check is out */
+    const char *rule;   /* the rl rule it is checked by */
+    bool deny;          /* its on_error: deny */
+    uint32_t burst;     /* a token bucket's, 0: rpu */
     uint32_t rpu;
     rls_unit unit;
     char *name;         /* the limit's, copied; NULL for none */
@@ -47,7 +51,8 @@ struct rls_call {
     rls_reply_fn fn;
     void *arg;
     const rls_options *o;
-    bool cancelled;
+    bool cancelled;     /* answered already (or its client is gone) */
+    bool degraded;      /* a check or the call's deadline: on_error */
     int pending;        /* checks out, plus one while starting */
     size_t n;
     slot slots[];
@@ -108,8 +113,13 @@ static uint64_t hits_of(const request *r, const descriptor *d)
     return r->hits_addend > 0 ? r->hits_addend : 1;
 }
 
-static void take_limit(slot *s, const rls_limit *l)
+static void take_limit(slot *s, const rls_limit *l, const rls_options *o)
 {
+    s->rule = o->rule_of != NULL ? o->rule_of(l->token_bucket,
+                                              l->deny_on_error)
+                                 : o->rule;
+    s->burst = l->burst;
+    s->deny = l->deny_on_error;
     s->limited = !l->unlimited;
     s->unlimited = l->unlimited;
     s->shadow = l->shadow_mode;
@@ -134,8 +144,9 @@ static bool entries_of(const descriptor *d, rls_entry *out)
 
 /* Finds descriptor i's limit (*found: the config's, NULL for none or the
  * descriptor's own) and, for a limited one, its value. */
-static void find_limit(const rls_config *cfg, const request *r, size_t i,
-                       slot *s, const rls_limit **found, char *value,
+static void find_limit(const rls_config *cfg, const rls_options *o,
+                       const request *r, size_t i, slot *s,
+                       const rls_limit **found, char *value,
                        size_t *value_len)
 {
     const descriptor *d = r->descriptors[i];
@@ -152,6 +163,7 @@ static void find_limit(const rls_config *cfg, const request *r, size_t i,
         if (unit <= 0 || unit > (int)RLS_UNIT_WEEK)
             return;
         s->limited = true;
+        s->rule = o->rule;
         s->rpu = d->limit->requests_per_unit;
         s->unit = (rls_unit)unit;
         s->name = "";
@@ -159,7 +171,7 @@ static void find_limit(const rls_config *cfg, const request *r, size_t i,
         rls_config_lookup(dom, entries, d->n_entries, &m);
         if (m.limit == NULL)
             return;
-        take_limit(s, m.limit);
+        take_limit(s, m.limit, o);
         *found = m.limit;
     }
     *value_len = rls_descriptor_value(r->domain, entries, d->n_entries,
@@ -294,6 +306,16 @@ static void answer(rls_call *c)
             r.n_response_headers_to_add = 3;
             r.response_headers_to_add = hp;
         }
+        header degraded = ENVOY__CONFIG__CORE__V3__HEADER_VALUE__INIT,
+               *dp = &degraded;
+        if (c->degraded) {
+            /* To the upstream request, not the client's response: the
+             * service, not the client, needs to know. */
+            degraded.key = RLS_DEGRADED_HEADER;
+            degraded.value = "true";
+            r.n_request_headers_to_add = 1;
+            r.request_headers_to_add = &dp;
+        }
         size_t len = envoy__service__ratelimit__v3__rate_limit_response__get_packed_size(&r);
         uint8_t *buf = malloc(len > 0 ? len : 1);
         if (buf == NULL) {
@@ -329,6 +351,8 @@ static void one_less(rls_call *c)
 static void on_checked(const rl_decision *d, void *arg)
 {
     slot *s = arg;
+    s->waiting = false;
+    s->call->degraded |= d->degraded;
     s->over = !d->allowed;
     s->remaining = d->remaining < UINT32_ALL ? (uint32_t)d->remaining
                                              : UINT32_ALL;
@@ -392,12 +416,14 @@ static bool send_check(rl_agent *agent, rls_call *c, const request *r,
         s->reset_s = seconds_to_reset(s->unit);
         return true;
     }
-    rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, 0};
+    rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, s->burst};
     c->pending++;
-    *rc = rl_check_rule_async(agent, c->o->rule, value, len, &rate,
+    s->waiting = true;
+    *rc = rl_check_rule_async(agent, s->rule, value, len, &rate,
                               (uint32_t)hits, on_checked, s);
     if (*rc == RL_OK)
         return true;
+    s->waiting = false;
     c->pending--;
     return false;
 }
@@ -442,10 +468,11 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
         free(drop);
         return fail(fn, arg, r, RLS_GRPC_INTERNAL, "out of memory");
     }
-    *c = (rls_call){fn, arg, o, false, 1, n};
+    *c = (rls_call){.fn = fn, .arg = arg, .o = o, .pending = 1, .n = n};
     for (size_t i = 0; i < n; i++) {
         c->slots[i].call = c;
-        find_limit(cfg, r, i, &c->slots[i], &found[i], values[i], &lens[i]);
+        find_limit(cfg, o, r, i, &c->slots[i], &found[i], values[i],
+                   &lens[i]);
     }
     /* Every replacing limit is known before any is dropped. */
     for (size_t i = 0; i < n; i++)
@@ -482,5 +509,23 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
 
 void rls_call_cancel(rls_call *c)
 {
+    c->cancelled = true;
+}
+
+void rls_call_expire(rls_call *c)
+{
+    if (c->cancelled)
+        return;
+    for (size_t i = 0; i < c->n; i++) {
+        slot *s = &c->slots[i];
+        if (!s->waiting)
+            continue;
+        /* Its on_error decides, with nothing known of the count. */
+        s->over = s->deny;
+        s->remaining = s->rpu;
+        s->reset_s = seconds_to_reset(s->unit);
+        c->degraded = true;
+    }
+    answer(c);
     c->cancelled = true;
 }

@@ -25,6 +25,9 @@
 /* A call's settings; they (and their strings) outlive the calls. */
 typedef struct rls_options {
     const char *rule;             /* the rl rule descriptors are checked by */
+    /* The rule for a limit whose rl extension asks for a token bucket or
+     * on_error: deny (NULL: rule for every limit). */
+    const char *(*rule_of)(bool token_bucket, bool deny_on_error);
     bool shadow_mode;             /* SHADOW_MODE: the overall code is OK */
     bool quota_mode;              /* QUOTA_MODE: every limit a quota */
     bool headers;                 /* LIMIT_RESPONSE_HEADERS_ENABLED */
@@ -57,6 +60,19 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
 /* rls_call_cancel: fn will not run (the client went away); the call is
  * freed once its checks have answered. */
 void rls_call_cancel(rls_call *c);
+
+/* rls_call_expire answers the call now: its deadline (the client's
+ * grpc-timeout) is near. Descriptors whose checks have not answered are
+ * decided by their on_error (allow by default, as Envoy fails open: OK,
+ * their limit named, remaining its whole rate), and the answer asks
+ * Envoy to add
+ * RLS_DEGRADED_HEADER to the upstream request. The checks that answer
+ * later are dropped; the call frees itself then. */
+void rls_call_expire(rls_call *c);
+
+/* The header a degraded answer adds to the upstream request: a check
+ * whose store did not answer in time, or a call past its deadline. */
+#define RLS_DEGRADED_HEADER "x-rl-degraded"
 
 /* The rl value a descriptor is counted under: the domain and each entry's
  * key and value (a share_threshold pattern's in place of the value where

@@ -174,6 +174,42 @@ static int add_store(text *t, const rls_settings *s, char *err, size_t cap)
     return 0;
 }
 
+static const struct {
+    const char *name, *algorithm, *on_error;
+} rules[2][2] = {
+    {{RLS_RULE, "fixed_window", "allow"}, {"rls-deny", "fixed_window", "deny"}},
+    {{"rls-tb", "token_bucket", "allow"}, {"rls-tb-deny", "token_bucket",
+                                           "deny"}},
+};
+
+const char *rls_rule_of(bool token_bucket, bool deny_on_error)
+{
+    return rules[token_bucket][deny_on_error].name;
+}
+
+/* The rules, each under its own key prefix (no two nest). */
+static void add_rules(text *t, const char *key_prefix)
+{
+    add_str(t, "rules:\n");
+    for (int tb = 0; tb < 2; tb++) {
+        for (int deny = 0; deny < 2; deny++) {
+            char prefix[300];
+            snprintf(prefix, sizeof prefix, "%s%s:", key_prefix,
+                     rules[tb][deny].name);
+            add_str(t, "  - name: ");
+            add_str(t, rules[tb][deny].name);
+            add_str(t, "\n    match: descriptor\n    limit: 1\n"
+                       "    period: 1s\n    algorithm: ");
+            add_str(t, rules[tb][deny].algorithm);
+            add_str(t, "\n    on_error: ");
+            add_str(t, rules[tb][deny].on_error);
+            add_str(t, "\n    key_prefix: ");
+            add_quoted(t, prefix, strlen(prefix));
+            add_str(t, "\n");
+        }
+    }
+}
+
 char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, char *err,
                      size_t cap)
 {
@@ -185,13 +221,7 @@ char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, char *err,
         free(t.s);
         return NULL;
     }
-    add_str(&t, "rules:\n  - name: " RLS_RULE "\n    match: descriptor\n"
-                "    limit: 1\n    period: 1s\n"
-                "    algorithm: fixed_window\n    key_prefix: ");
-    char prefix[300];
-    snprintf(prefix, sizeof prefix, "%srls:", s->cache_key_prefix);
-    add_quoted(&t, prefix, strlen(prefix));
-    add_str(&t, "\n");
+    add_rules(&t, s->cache_key_prefix);
     if (t.failed) {
         free(t.s);
         snprintf(err, cap, "out of memory");

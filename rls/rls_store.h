@@ -3,18 +3,25 @@
  * from upstream's REDIS_* variables (REDIS_TYPE single, cluster or
  * sentinel, REDIS_URL, REDIS_AUTH, REDIS_TLS*), or from rl's own YAML
  * given with --config (store, aggregators, deadlines: everything but
- * rules); its rules are rl-rls's own: RLS_RULE, through which every
- * descriptor is checked at its limit's rate (rl_check_rule_async), a fixed
- * window keyed under CACHE_KEY_PREFIX.
+ * rules); its rules are rl-rls's own, one per way of counting a
+ * descriptor's limit can ask for (rls_rule_of): a fixed window or a token
+ * bucket, on_error allow or deny. Every descriptor is checked through one
+ * of them at its limit's rate (rl_check_rule_async), keyed under
+ * CACHE_KEY_PREFIX and the rule's name.
  */
 #ifndef RL_RLS_STORE_H
 #define RL_RLS_STORE_H
 
 #include "rls_settings.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define RLS_RULE "rls"
+
+/* The rule a limit is counted by: RLS_RULE (upstream's fixed window,
+ * on_error: allow) unless rl's extension asks otherwise. */
+const char *rls_rule_of(bool token_bucket, bool deny_on_error);
 
 /* The environment variable rl-rls hands REDIS_AUTH's password through, so
  * that no YAML text holds it. */

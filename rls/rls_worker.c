@@ -83,10 +83,47 @@ typedef struct call {
     rls_worker *w;
     rls_h2_call *h2;     /* NULL once answered */
     rls_call *svc;       /* NULL until started, and once answered */
+    uv_timer_t deadline; /* the client's grpc-timeout, if it gave one */
+    bool timed;          /* deadline is a handle to close */
     bool starting;
     bool orphan;         /* answered into a closing connection: wait for
                           * its on_cancel */
 } call;
+
+static void on_deadline_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void release(call *c)
+{
+    if (!c->timed) {
+        free(c);
+        return;
+    }
+    uv_timer_stop(&c->deadline);
+    uv_close((uv_handle_t *)&c->deadline, on_deadline_closed);
+}
+
+/* Near the client's deadline: answered now, what waits let through. */
+static void on_deadline(uv_timer_t *t)
+{
+    call *c = t->data;
+    if (c->svc != NULL)
+        rls_call_expire(c->svc);
+}
+
+/* The answer goes a tenth of the client's timeout (1 ms at least) before
+ * the client gives up, so that it is read, not dropped. */
+static void arm_deadline(rls_worker *w, call *c, uint64_t timeout_ms)
+{
+    uint64_t lead = timeout_ms / 10 > 0 ? timeout_ms / 10 : 1;
+    uv_timer_init(&w->loop, &c->deadline);
+    c->deadline.data = c;
+    c->timed = true;
+    uv_timer_start(&c->deadline, on_deadline,
+                   timeout_ms > lead ? timeout_ms - lead : 0, 0);
+}
 
 static void on_answer(void *arg, rls_grpc_status status, const uint8_t *msg,
                       size_t len, const char *message)
@@ -100,11 +137,12 @@ static void on_answer(void *arg, rls_grpc_status status, const uint8_t *msg,
     }
     c->h2 = NULL;
     if (!c->starting)
-        free(c);
+        release(c);
 }
 
 static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
-                              const uint8_t *msg, size_t len)
+                              const uint8_t *msg, size_t len,
+                              uint64_t timeout_ms)
 {
     call *c = malloc(sizeof *c);
     if (c == NULL) {
@@ -122,10 +160,13 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
     rls_snapshot_put(snap);
     c->starting = false;
     w->checks_started = true;
-    if (c->h2 == NULL)
+    if (c->h2 == NULL) {
         free(c); /* answered already */
-    else if (!c->orphan)
+    } else if (!c->orphan) {
         c->svc = svc;
+        if (timeout_ms > 0)
+            arm_deadline(w, c, timeout_ms);
+    }
 }
 
 static void health_check(rls_worker *w, rls_h2_call *h2, const uint8_t *msg,
@@ -159,9 +200,8 @@ static void on_call(void *arg, rls_h2_call *h2, const char *path,
                     uint64_t timeout_ms)
 {
     rls_worker *w = arg;
-    (void)timeout_ms;
     if (is_path(path, path_len, SHOULD_RATE_LIMIT))
-        should_rate_limit(w, h2, msg, len);
+        should_rate_limit(w, h2, msg, len, timeout_ms);
     else if (is_path(path, path_len, HEALTH_CHECK))
         health_check(w, h2, msg, len);
     else
@@ -176,7 +216,7 @@ static void on_cancel(void *arg, rls_h2_call *h2)
         return;
     if (c->svc != NULL)
         rls_call_cancel(c->svc);
-    free(c);
+    release(c);
 }
 
 /* --- The loop ---------------------------------------------------------- */

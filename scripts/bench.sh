@@ -70,6 +70,9 @@ echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
 echo "bench: nginx with rl against nginx alone and limit_req, wrk (about 100 s)"
 section nginx "$runner" -- bash tests/bench/bench_nginx.sh "$build"
+echo "bench: rl-rls against Redis for the same commands, h2load (about 50 s)"
+sh scripts/deps.sh nghttp2-client
+section rls "$runner" -- bash tests/bench/bench_rls.sh "$build"
 
 # The ten-agent test, as `make test` runs it, and beside it the same load on
 # ten agents that each count alone (bench-alone: a local rule, no Redis).
@@ -170,7 +173,7 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced accuracy leased overrides nginx fleet cluster; do
+    for name in exact synced accuracy leased overrides nginx rls fleet cluster; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo

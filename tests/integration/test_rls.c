@@ -283,3 +283,81 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
     test_rls_stop(&r);
     test_redis_stop(&srv);
 }
+
+/* A call's grpc-timeout is its deadline: with Redis paused and rl's own
+ * deadline at 5 s, a call of 1 s is answered before its client gives up
+ * (not DEADLINE_EXCEEDED), let through and marked degraded for the
+ * upstream request. */
+Test(rls, a_calls_grpc_timeout_is_its_deadline)
+{
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 5000}\n", addr);
+    test_rls r;
+    test_rls_start(&r, limits, yaml, NULL);
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"late\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
+    test_redis_pause(&srv);
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"timeout\": 1, \"descriptors\": "
+                  "[{\"entries\": [[\"client\", \"late\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:20:20/MINUTE::", 23) == 0,
+              "a call past its deadline: %s", out);
+    cr_assert(strstr(out, "|| x-rl-degraded=true") != NULL, "%s", out);
+    test_redis_resume(&srv);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}
+
+/* rl's extension: a descriptor counted by a token bucket (its burst at
+ * once, where a fixed window of the same rate admits 2), and on_error:
+ * deny deciding when the store does not answer, by rl's deadline (2 s)
+ * and by the call's own (1 s). */
+Test(rls, rls_extension_token_bucket_and_on_error_deny)
+{
+    static const char ext[] =
+        "domain: edge\n"
+        "descriptors:\n"
+        "  - key: tb\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 2}\n"
+        "    rl: {algorithm: token_bucket, burst: 5}\n"
+        "  - key: strict\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 100}\n"
+        "    rl: {on_error: deny}\n"
+        "  - key: lax\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 2000}\n", addr);
+    test_rls r;
+    test_rls_start(&r, ext, yaml, NULL);
+    static char out[4096];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 7, \"descriptors\": "
+                  "[{\"entries\": [[\"tb\", \"a\"]]}]}", NULL);
+    cr_assert_eq(count_lines_with(out, "OK OK OK:"), 5, "%s", out);
+    test_redis_pause(&srv);
+    const char *calls[] = {
+        "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+        "[[\"strict\", \"a\"]]}, {\"entries\": [[\"lax\", \"a\"]]}]}",
+        "{\"domain\": \"edge\", \"timeout\": 1, \"descriptors\": "
+        "[{\"entries\": [[\"strict\", \"a\"]]}, {\"entries\": "
+        "[[\"lax\", \"a\"]]}]}"};
+    for (int i = 0; i < 2; i++) {
+        test_rls_call(&r, out, sizeof out, calls[i], NULL);
+        cr_assert(strncmp(out, "OK OVER_LIMIT OVER_LIMIT:", 25) == 0,
+                  "deny and allow while Redis is silent: %s", out);
+        cr_assert(strstr(out, ";OK:") != NULL, "%s", out);
+        cr_assert(strstr(out, "|| x-rl-degraded=true") != NULL, "%s", out);
+    }
+    test_redis_resume(&srv);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}

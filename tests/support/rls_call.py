@@ -12,7 +12,8 @@ Each CALL is JSON: {"domain": "d", "hits_addend": 0, "timeout": 2,
 calls go one after the other on one channel; with "clients": N, N threads
 make them at once, each on a channel (a connection) of its own, and their
 lines come in no particular order. One line per call (repeat makes
-more): "OK <overall> <status>;<status>... [| <header>=<value>,...]" with
+more): "OK <overall> <status>;<status>... [| <header>=<value>,...]
+[|| <request header>=<value>,...]" with
 each status as code:remaining:rpu/unit:name:reset ("-" for no current
 limit), "HEALTH <status>", or "ERROR <code> <details>".
 """
@@ -110,6 +111,9 @@ def one(rls_pb2, health_pb2, should, health, spec):
     if r.response_headers_to_add:
         line += " | " + ",".join("%s=%s" % (h.key, h.value)
                                   for h in r.response_headers_to_add)
+    if r.request_headers_to_add:
+        line += " || " + ",".join("%s=%s" % (h.key, h.value)
+                                   for h in r.request_headers_to_add)
     return line
 
 

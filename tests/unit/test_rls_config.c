@@ -409,3 +409,44 @@ Test(rls_config, a_level_of_many_values_loads_and_finds_each)
     rls_config_free(c);
     free(yaml);
 }
+
+/* rl's extension of a descriptor: how its limit is counted. */
+Test(rls_config, rls_extension_counts_a_limit_rls_way)
+{
+    rls_config *c = load("domain: d\ndescriptors:\n  - key: k\n"
+                         "    rate_limit: {unit: hour, requests_per_unit: 2}\n"
+                         "    rl: {algorithm: token_bucket, burst: 4, "
+                         "on_error: deny}\n  - key: j\n"
+                         "    rate_limit: {unit: hour, requests_per_unit: 2}\n");
+    rls_entry k = {"k", 1, "v", 1}, j = {"j", 1, "v", 1};
+    rls_match m = {0};
+    const rls_domain *d = rls_config_domain(c, "d", 1);
+    rls_config_lookup(d, &k, 1, &m);
+    cr_assert(m.limit->token_bucket);
+    cr_assert_eq(m.limit->burst, 4);
+    cr_assert(m.limit->deny_on_error);
+    rls_config_lookup(d, &j, 1, &m);
+    cr_assert(!m.limit->token_bucket && !m.limit->deny_on_error);
+    rls_config_free(c);
+    static const struct {
+        const char *ext, *message;
+    } faults[] = {
+        {"{algorithm: leaky}", "config.test.yaml: rl: unknown algorithm "
+                               "'leaky' (fixed_window or token_bucket)"},
+        {"{mode: synced}", "config.test.yaml: rl: mode 'synced' is not "
+                           "supported by rl-rls yet (exact)"},
+        {"{on_error: local}", "config.test.yaml: rl: unknown on_error "
+                              "'local' (allow or deny)"},
+        {"{burst: 9}", "config.test.yaml: rl: burst is a token bucket's: "
+                       "give algorithm: token_bucket, or leave burst out"},
+        {"{algorithm: token_bucket, burst: 1}",
+         "config.test.yaml: rl: burst 1 is below requests_per_unit 2"},
+    };
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
+        char yaml[256];
+        snprintf(yaml, sizeof yaml, "domain: d\ndescriptors:\n  - key: k\n"
+                 "    rate_limit: {unit: hour, requests_per_unit: 2}\n"
+                 "    rl: %s\n", faults[i].ext);
+        cr_assert_str_eq(refused(yaml, false, NULL), faults[i].message);
+    }
+}
