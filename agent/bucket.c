@@ -21,12 +21,11 @@ void rl_bucket_args_rate(rl_bucket_args *args, const rl_rule *rule,
     args->rate = *rate;
     args->plain = false;
     args->by_value = false;
-    snprintf(args->burst, sizeof args->burst, "%llu",
-             (unsigned long long)rate->burst);
-    snprintf(args->limit, sizeof args->limit, "%llu",
-             (unsigned long long)rate->limit);
-    snprintf(args->period, sizeof args->period, "%llu",
-             (unsigned long long)rate->period_ms);
+    /* On every check with a caller's rate: snprintf was 6 % of rl-rls's
+     * instructions. */
+    rl_resp_unsigned(args->burst, rate->burst);
+    rl_resp_unsigned(args->limit, rate->limit);
+    rl_resp_unsigned(args->period, rate->period_ms);
 }
 
 void rl_bucket_args_init(rl_bucket_args *args, const rl_rule *rule)

@@ -55,18 +55,22 @@ size_t rl_resp_format(char *out, int argc, const char *const *argv,
     return (size_t)(p - out);
 }
 
+size_t rl_resp_unsigned(char *out, unsigned long long v)
+{
+    size_t d = digits(v);
+    for (size_t i = d; i > 0; i--) {
+        out[i - 1] = (char)('0' + v % 10);
+        v /= 10;
+    }
+    out[d] = '\0';
+    return d;
+}
+
 size_t rl_resp_decimal(char *out, long long v)
 {
-    size_t sign = v < 0;
+    if (v >= 0)
+        return rl_resp_unsigned(out, (unsigned long long)v);
     /* The magnitude as unsigned: -LLONG_MIN does not fit a long long. */
-    unsigned long long n = sign ? 0ULL - (unsigned long long)v
-                                : (unsigned long long)v;
-    size_t d = digits(n);
     out[0] = '-';
-    for (size_t i = sign + d; i > sign; i--) {
-        out[i - 1] = (char)('0' + n % 10);
-        n /= 10;
-    }
-    out[sign + d] = '\0';
-    return sign + d;
+    return 1 + rl_resp_unsigned(out + 1, 0ULL - (unsigned long long)v);
 }

@@ -20,4 +20,7 @@ size_t rl_resp_format(char *out, int argc, const char *const *argv,
  * every call, where snprintf was 2 % of the agent's time. */
 size_t rl_resp_decimal(char *out, long long v);
 
+/* rl_resp_unsigned: the same for an unsigned v (room for 21 bytes). */
+size_t rl_resp_unsigned(char *out, unsigned long long v);
+
 #endif

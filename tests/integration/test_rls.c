@@ -242,6 +242,32 @@ Test(rls, a_variable_it_cannot_honour_stops_the_start)
     }
 }
 
+/* Waits until a client has a connection to port (on its server's side,
+ * established in /proc/net/tcp): a call's client starts slowly under
+ * load, and a SIGTERM before its call would find nothing in flight. */
+static void wait_client(uint16_t port)
+{
+    char want[16], line[512];
+    snprintf(want, sizeof want, ":%04X", port);
+    for (int tries = 0; tries < 1000; tries++) {
+        FILE *f = fopen("/proc/net/tcp", "r");
+        cr_assert_not_null(f);
+        bool found = false;
+        while (!found && fgets(line, sizeof line, f) != NULL) {
+            char local[64], st[8];
+            found = sscanf(line, " %*s %63s %*s %7s", local, st) == 2
+                    && strlen(local) > strlen(want)
+                    && strcmp(local + strlen(local) - strlen(want), want) == 0
+                    && strcmp(st, "01") == 0;
+        }
+        fclose(f);
+        if (found)
+            return;
+        test_sleep_ms(10);
+    }
+    cr_assert_fail("no client connected to port %u", port);
+}
+
 /* SIGTERM while a call waits for Redis: /healthcheck answers 500 at once
  * (a load balancer takes the instance out), the call is still answered
  * (by its deadline: Redis is stopped), and the process exits 0. */
@@ -271,7 +297,8 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
                       "[[\"client\", \"held\"]]}]}", NULL);
         _exit(strncmp(out, "OK OK", 5) == 0 ? 0 : 1);
     }
-    test_sleep_ms(500);
+    wait_client(r.grpc_port);
+    test_sleep_ms(300);
     kill(r.pid, SIGTERM);
     test_sleep_ms(100);
     test_http_get(r.http_port, "/healthcheck", "", &resp);

@@ -71,3 +71,19 @@ Test(resp, decimal_is_what_snprintf_writes)
         cr_assert_str_eq(got, want);
     }
 }
+
+/* Rates and lengths, as snprintf("%llu") writes them, at the edges. */
+Test(resp, unsigned_is_what_snprintf_writes)
+{
+    const unsigned long long values[] = {0, 1, 9, 10, 99, 100, 12345,
+                                         9007199254740992ULL, LLONG_MAX,
+                                         (unsigned long long)LLONG_MAX + 1,
+                                         ULLONG_MAX - 1, ULLONG_MAX};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        char want[32], got[32];
+        int n = snprintf(want, sizeof want, "%llu", values[i]);
+        memset(got, 'x', sizeof got);
+        cr_assert_eq(rl_resp_unsigned(got, values[i]), (size_t)n);
+        cr_assert_str_eq(got, want);
+    }
+}
