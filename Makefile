@@ -101,6 +101,7 @@ BENCH_CLUSTER = $(BUILD)/bench/bench-cluster
 BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
 BENCH_LEASED = $(BUILD)/bench/bench-leased
+BENCH_RULE_ASYNC = $(BUILD)/bench/bench-rule-async
 PROFILE = $(BUILD)/bench/profile
 NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
@@ -251,6 +252,10 @@ $(BENCH_LEASED): $(call obj,tests/bench/bench_leased.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_RULE_ASYNC): $(call obj,tests/bench/bench_rule_async.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
             $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -263,7 +268,7 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
        $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
-       $(NGINX_MOD) $(RLS)
+       $(NGINX_MOD) $(RLS) $(BENCH_RULE_ASYNC)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target
