@@ -480,15 +480,19 @@ static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
     yaml_node_t *burst = field(ld, ext, "burst");
     l->token_bucket = strcmp(algorithm, "token_bucket") == 0;
     l->deny_on_error = strcmp(on_error, "deny") == 0;
+    l->local = strcmp(mode, "local") == 0;
     if (burst != NULL && !is_null(burst))
         uint32_of(burst, &l->burst);
     if (algorithm[0] != '\0' && !l->token_bucket
         && strcmp(algorithm, "fixed_window") != 0)
         fail(ld, "rl: unknown algorithm '%s' (fixed_window or "
              "token_bucket)", algorithm);
-    else if (mode[0] != '\0' && strcmp(mode, "exact") != 0)
-        fail(ld, "rl: mode '%s' is not supported by rl-rls yet (exact)",
-             mode);
+    else if (mode[0] != '\0' && !l->local && strcmp(mode, "exact") != 0)
+        fail(ld, "rl: mode '%s' is not supported by rl-rls yet (exact or "
+             "local)", mode);
+    else if (l->local && on_error[0] != '\0')
+        fail(ld, "rl: on_error has no effect with mode: local (each "
+             "instance counts alone, with no store to wait for)");
     else if (on_error[0] != '\0' && !l->deny_on_error
              && strcmp(on_error, "allow") != 0)
         fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);

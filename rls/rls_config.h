@@ -46,11 +46,13 @@ typedef struct rls_limit {
     char **replaces;            /* names of limits this one replaces */
     size_t n_replaces;
     char *full_key;             /* "domain.key_value.key": its stats key */
-    /* rl's extension of a descriptor (rl: {algorithm, burst, on_error}):
+    /* rl's extension of a descriptor (rl: {algorithm, burst, mode,
+     * on_error}):
      * how its limit is counted. Upstream's arithmetic by default. */
     bool token_bucket;          /* algorithm: token_bucket */
     uint32_t burst;             /* its bucket; 0: requests_per_unit */
     bool deny_on_error;         /* on_error: deny (default: allow) */
+    bool local;                 /* mode: local (each instance alone) */
 } rls_limit;
 
 typedef struct rls_descriptor rls_descriptor;

@@ -122,9 +122,7 @@ static uint64_t hits_of(const request *r, const descriptor *d)
 
 static void take_limit(slot *s, const rls_limit *l, const rls_options *o)
 {
-    s->rule = o->rule_of != NULL ? o->rule_of(l->token_bucket,
-                                              l->deny_on_error)
-                                 : o->rule;
+    s->rule = o->rule_of != NULL ? o->rule_of(l) : o->rule;
     s->burst = l->burst;
     s->deny = l->deny_on_error;
     s->limited = !l->unlimited;

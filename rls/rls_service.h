@@ -25,9 +25,9 @@
 /* A call's settings; they (and their strings) outlive the calls. */
 typedef struct rls_options {
     const char *rule;             /* the rl rule descriptors are checked by */
-    /* The rule for a limit whose rl extension asks for a token bucket or
-     * on_error: deny (NULL: rule for every limit). */
-    const char *(*rule_of)(bool token_bucket, bool deny_on_error);
+    /* The rule for a limit whose rl extension asks for a token bucket,
+     * on_error: deny or mode: local (NULL: rule for every limit). */
+    const char *(*rule_of)(const rls_limit *limit);
     bool shadow_mode;             /* SHADOW_MODE: the overall code is OK */
     bool quota_mode;              /* QUOTA_MODE: every limit a quota */
     bool headers;                 /* LIMIT_RESPONSE_HEADERS_ENABLED */

@@ -174,39 +174,45 @@ static int add_store(text *t, const rls_settings *s, char *err, size_t cap)
     return 0;
 }
 
+/* Every way a descriptor can be counted: exact (in Redis) with either
+ * algorithm and on_error, or by each instance alone. */
 static const struct {
-    const char *name, *algorithm, *on_error;
-} rules[2][2] = {
-    {{RLS_RULE, "fixed_window", "allow"}, {"rls-deny", "fixed_window", "deny"}},
-    {{"rls-tb", "token_bucket", "allow"}, {"rls-tb-deny", "token_bucket",
-                                           "deny"}},
+    const char *name, *algorithm, *on_error, *mode;
+} rules[] = {
+    {RLS_RULE, "fixed_window", "allow", "exact"},
+    {"rls-deny", "fixed_window", "deny", "exact"},
+    {"rls-tb", "token_bucket", "allow", "exact"},
+    {"rls-tb-deny", "token_bucket", "deny", "exact"},
+    {"rls-local", "fixed_window", "allow", "local"},
+    {"rls-local-tb", "token_bucket", "allow", "local"},
 };
 
-const char *rls_rule_of(bool token_bucket, bool deny_on_error)
+const char *rls_rule_of(const rls_limit *l)
 {
-    return rules[token_bucket][deny_on_error].name;
+    if (l->local)
+        return rules[4 + l->token_bucket].name;
+    return rules[2 * l->token_bucket + l->deny_on_error].name;
 }
 
 /* The rules, each under its own key prefix (no two nest). */
 static void add_rules(text *t, const char *key_prefix)
 {
     add_str(t, "rules:\n");
-    for (int tb = 0; tb < 2; tb++) {
-        for (int deny = 0; deny < 2; deny++) {
-            char prefix[300];
-            snprintf(prefix, sizeof prefix, "%s%s:", key_prefix,
-                     rules[tb][deny].name);
-            add_str(t, "  - name: ");
-            add_str(t, rules[tb][deny].name);
-            add_str(t, "\n    match: descriptor\n    limit: 1\n"
-                       "    period: 1s\n    algorithm: ");
-            add_str(t, rules[tb][deny].algorithm);
-            add_str(t, "\n    on_error: ");
-            add_str(t, rules[tb][deny].on_error);
-            add_str(t, "\n    key_prefix: ");
-            add_quoted(t, prefix, strlen(prefix));
-            add_str(t, "\n");
-        }
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        char prefix[300];
+        snprintf(prefix, sizeof prefix, "%s%s:", key_prefix, rules[i].name);
+        add_str(t, "  - name: ");
+        add_str(t, rules[i].name);
+        add_str(t, "\n    match: descriptor\n    limit: 1\n"
+                   "    period: 1s\n    algorithm: ");
+        add_str(t, rules[i].algorithm);
+        add_str(t, "\n    on_error: ");
+        add_str(t, rules[i].on_error);
+        add_str(t, "\n    mode: ");
+        add_str(t, rules[i].mode);
+        add_str(t, "\n    key_prefix: ");
+        add_quoted(t, prefix, strlen(prefix));
+        add_str(t, "\n");
     }
 }
 

@@ -5,13 +5,15 @@
  * given with --config (store, aggregators, deadlines: everything but
  * rules); its rules are rl-rls's own, one per way of counting a
  * descriptor's limit can ask for (rls_rule_of): a fixed window or a token
- * bucket, on_error allow or deny. Every descriptor is checked through one
+ * bucket, on_error allow or deny, or counted by each instance alone
+ * (mode: local). Every descriptor is checked through one
  * of them at its limit's rate (rl_check_rule_async), keyed under
  * CACHE_KEY_PREFIX and the rule's name.
  */
 #ifndef RL_RLS_STORE_H
 #define RL_RLS_STORE_H
 
+#include "rls_config.h"
 #include "rls_settings.h"
 
 #include <stdbool.h>
@@ -21,7 +23,7 @@
 
 /* The rule a limit is counted by: RLS_RULE (upstream's fixed window,
  * on_error: allow) unless rl's extension asks otherwise. */
-const char *rls_rule_of(bool token_bucket, bool deny_on_error);
+const char *rls_rule_of(const rls_limit *limit);
 
 /* The environment variable rl-rls hands REDIS_AUTH's password through, so
  * that no YAML text holds it. */

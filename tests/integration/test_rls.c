@@ -390,6 +390,45 @@ Test(rls, rls_extension_token_bucket_and_on_error_deny)
     test_redis_stop(&srv);
 }
 
+/* rl's extension with mode: local: counted in the loop that serves the
+ * connection, with no call to Redis, so that a stopped Redis changes
+ * nothing for it (both algorithms; a mode ignored would be decided by
+ * on_error, degraded). */
+Test(rls, rls_extension_mode_local_counts_in_the_instance)
+{
+    static const char ext[] =
+        "domain: edge\n"
+        "descriptors:\n"
+        "  - key: here\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+        "    rl: {mode: local}\n"
+        "  - key: here_tb\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 2}\n"
+        "    rl: {mode: local, algorithm: token_bucket, burst: 4}\n";
+    test_redis srv;
+    char addr[64], yaml[256];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 2000}\n", addr);
+    test_rls r;
+    test_rls_start(&r, ext, yaml, NULL);
+    test_redis_pause(&srv);
+    static char out[4096];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 6, \"timeout\": 1, "
+                  "\"descriptors\": [{\"entries\": [[\"here\", \"a\"]]}]}",
+                  "{\"domain\": \"edge\", \"repeat\": 6, \"timeout\": 1, "
+                  "\"descriptors\": [{\"entries\": [[\"here_tb\", \"a\"]]}]}",
+                  NULL);
+    cr_assert_eq(count_lines_with(out, "OK OK OK:"), 3 + 4, "%s", out);
+    cr_assert_eq(count_lines_with(out, "OVER_LIMIT OVER_LIMIT:"), 3 + 2,
+                 "%s", out);
+    cr_assert(strstr(out, "x-rl-degraded") == NULL, "%s", out);
+    test_redis_resume(&srv);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}
+
 /* The resident memory of pid, in KiB (VmRSS). */
 static long rss_kib(pid_t pid)
 {

@@ -427,6 +427,7 @@ Test(rls_config, rls_extension_counts_a_limit_rls_way)
     cr_assert(m.limit->deny_on_error);
     rls_config_lookup(d, &j, 1, &m);
     cr_assert(!m.limit->token_bucket && !m.limit->deny_on_error);
+    cr_assert(!m.limit->local);
     rls_config_free(c);
     static const struct {
         const char *ext, *message;
@@ -434,7 +435,10 @@ Test(rls_config, rls_extension_counts_a_limit_rls_way)
         {"{algorithm: leaky}", "config.test.yaml: rl: unknown algorithm "
                                "'leaky' (fixed_window or token_bucket)"},
         {"{mode: synced}", "config.test.yaml: rl: mode 'synced' is not "
-                           "supported by rl-rls yet (exact)"},
+                           "supported by rl-rls yet (exact or local)"},
+        {"{mode: local, on_error: deny}",
+         "config.test.yaml: rl: on_error has no effect with mode: local "
+         "(each instance counts alone, with no store to wait for)"},
         {"{on_error: local}", "config.test.yaml: rl: unknown on_error "
                               "'local' (allow or deny)"},
         {"{burst: 9}", "config.test.yaml: rl: burst is a token bucket's: "
