@@ -265,7 +265,14 @@ static void print_view_json(const rlctl_view *v)
     printf(",\"exists\":%s,\"ttl_ms\":%lld,\"limit\":%llu,\"period_ms\":%llu",
            v->exists ? "true" : "false", v->ttl_ms,
            (unsigned long long)r->limit, (unsigned long long)r->period_ms);
-    if (r->mode == RL_MODE_SYNCED)
+    if (r->algorithm == RL_ALGO_FIXED_WINDOW)
+        printf(",\"algorithm\":\"fixed_window\",\"window\":%llu,"
+               "\"count\":%llu,\"remaining\":%llu,\"window_ends_in_ms\":%llu}",
+               (unsigned long long)v->window,
+               (unsigned long long)v->current,
+               (unsigned long long)v->tokens,
+               (unsigned long long)v->full_in_ms);
+    else if (r->mode == RL_MODE_SYNCED)
         printf(",\"window\":%llu,\"current\":%llu,\"previous\":%llu,"
                "\"estimate\":%llu,\"window_ends_in_ms\":%llu}",
                (unsigned long long)v->window,
@@ -279,7 +286,7 @@ static void print_view_json(const rlctl_view *v)
                rl_algorithm_name(r->algorithm),
                (unsigned long long)r->burst, (unsigned long long)v->tokens,
                (unsigned long long)v->full_in_ms);
-    if (r->mode != RL_MODE_SYNCED) {
+    if (r->mode != RL_MODE_SYNCED && r->algorithm != RL_ALGO_FIXED_WINDOW) {
         rlctl_json_string(v->state);
         /* The store cannot tell leased tokens apart from spent ones. */
         if (r->mode == RL_MODE_LEASED)
@@ -295,7 +302,14 @@ static void print_view(const rlctl_view *v)
            rl_mode_name(r->mode), (unsigned long long)r->limit,
            (unsigned long long)r->period_ms);
     printf("key:         %s%s\n", v->key, v->exists ? "" : " (none)");
-    if (r->mode == RL_MODE_SYNCED) {
+    if (r->algorithm == RL_ALGO_FIXED_WINDOW) {
+        printf("window:      %llu, ends in %llu ms\n",
+               (unsigned long long)v->window,
+               (unsigned long long)v->full_in_ms);
+        printf("count:       %llu of %llu (fixed_window), %llu left\n",
+               (unsigned long long)v->current, (unsigned long long)r->limit,
+               (unsigned long long)v->tokens);
+    } else if (r->mode == RL_MODE_SYNCED) {
         printf("sub-window:  %llu, ends in %llu ms\n",
                (unsigned long long)v->window,
                (unsigned long long)v->full_in_ms);

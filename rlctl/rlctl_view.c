@@ -3,7 +3,8 @@
  * (see agent/scripts.c): a bucket holds level / period_ms tokens and its
  * key's expiry is the time until it is full again; a missing key is a full
  * bucket. A synced rule's estimate is the agent's (wire.h): the counts of
- * the sub-windows of the trailing period, the oldest counted whole.
+ * the sub-windows of the trailing period, the oldest counted whole. A
+ * fixed window's is the count of the window that holds now.
  */
 #include "rlctl_view.h"
 
@@ -116,6 +117,25 @@ static int read_synced(rlctl_store *s, const char *value,
     return 0;
 }
 
+/* A fixed window's count: the key of the window that holds now (the
+ * agents' key and ':' and its number, window.h), the limit less it left. */
+static int read_window(rlctl_store *s, unsigned long long now,
+                       rlctl_view *v, char *err, size_t errlen)
+{
+    const rl_rule *r = v->rule;
+    v->window = now / r->period_ms;
+    size_t len = strlen(v->key);
+    snprintf(v->key + len, sizeof v->key - len, ":%llu",
+             (unsigned long long)v->window);
+    if (read_key(s, v->key, v->state, sizeof v->state, &v->ttl_ms,
+                 &v->exists, err, errlen) != 0)
+        return -1;
+    v->current = strtoull(v->state, NULL, 10);
+    v->tokens = r->limit > v->current ? r->limit - v->current : 0;
+    v->full_in_ms = r->period_ms - now % r->period_ms;
+    return 0;
+}
+
 int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *tag,
                     const char *value, unsigned long long now_ms,
                     rlctl_view *out, char *err, size_t errlen)
@@ -139,6 +159,8 @@ int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *tag,
                  RL_VALUE_MAX);
         return -1;
     }
+    if (rule->algorithm == RL_ALGO_FIXED_WINDOW)
+        return read_window(s, now_ms, out, err, errlen);
     if (read_key(s, out->key, out->state, sizeof out->state, &out->ttl_ms,
                  &out->exists, err, errlen) != 0)
         return -1;
@@ -157,6 +179,13 @@ bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
         if (v->estimate + cost <= r->limit)
             return true;
         /* Room comes back as the window slides on. */
+        *retry = cost > r->limit ? -1 : (long long)v->full_in_ms;
+        return false;
+    }
+    if (r->algorithm == RL_ALGO_FIXED_WINDOW) {
+        if (v->current + cost <= r->limit)
+            return true;
+        /* Room comes back when the window ends. */
         *retry = cost > r->limit ? -1 : (long long)v->full_in_ms;
         return false;
     }

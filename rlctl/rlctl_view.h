@@ -1,7 +1,8 @@
 /*
  * rlctl_view.h: what a rule holds for one value, read from the store
  * without changing it: an exact rule's bucket (tokens now, time to full,
- * TTL), a synced rule's window counts. Private to rlctl.
+ * TTL) or fixed window (its count, time to its end), a synced rule's
+ * window counts. Private to rlctl.
  */
 #ifndef RL_RLCTL_VIEW_H
 #define RL_RLCTL_VIEW_H
@@ -22,10 +23,12 @@ typedef struct rlctl_view {
     long long ttl_ms;            /* -2: no key, -1: no expiry */
     /* exact */
     uint64_t level;              /* tokens x period_ms, now */
-    uint64_t tokens;             /* whole tokens now */
-    uint64_t full_in_ms;         /* synced: until the sub-window ends */
+    uint64_t tokens;             /* whole tokens now (a fixed window: the
+                                  * limit less its count) */
+    uint64_t full_in_ms;         /* synced: until the sub-window ends; a
+                                  * fixed window: until it ends */
     /* synced (wire.h): the sub-window, recent (w-N+1..w), oldest (w-N),
-     * their sum */
+     * their sum; a fixed window: its number, its count in current */
     uint64_t window, current, previous, estimate;
 } rlctl_view;
 

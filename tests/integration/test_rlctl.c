@@ -23,7 +23,9 @@ static const char rules[] =
     "  - {name: tight, match: user, limit: 2, period: 1h}\n"
     "  - {name: per-tenant, match: tenant, limit: 1000, period: 1h, "
     "mode: synced}\n"
-    "  - {name: per-ip, match: ip, limit: 5, period: 1s, mode: local}\n";
+    "  - {name: per-ip, match: ip, limit: 5, period: 1s, mode: local}\n"
+    "  - {name: windowed, match: win, limit: 5, period: 1h, "
+    "algorithm: fixed_window}\n";
 
 /* A config whose store line is given; returns its path (static). */
 static const char *config(const char *store)
@@ -83,6 +85,36 @@ Test(rlctl, check_spends_bucket_reads_and_reset_forgets)
     cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket per-key %s", key), 0);
     cr_assert(strstr(out, "tokens:      100 of 100") != NULL, "%s", out);
     cr_assert(strstr(out, "(none)") != NULL, "%s", out);
+}
+
+/* A fixed window's count is read from the window that holds now, and
+ * reset deletes it. */
+Test(rlctl, bucket_reads_a_fixed_windows_count_and_reset_forgets_it)
+{
+    const char *cfg = redis_config();
+    char key[64], out[8192];
+    unique(key, sizeof key, "w");
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr win=%s",
+                                key), 0, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket windowed %s", key),
+                 0, "%s", out);
+    cr_assert(strstr(out, "count:       3 of 5 (fixed_window), 2 left")
+              != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "--json bucket windowed %s",
+                            key), 0);
+    cr_assert(strstr(out, "\"count\":3,\"remaining\":2,") != NULL, "%s", out);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --attr win=%s",
+                                key), 0, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "check --dry-run --attr "
+                            "win=%s", key), 4, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "reset windowed %s --yes",
+                            key), 0, "%s", out);
+    cr_assert(strstr(out, "deleted 1 key") != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, cfg, "bucket windowed %s", key),
+                 0);
+    cr_assert(strstr(out, "count:       0 of 5") != NULL, "%s", out);
 }
 
 Test(rlctl, a_dry_run_spends_nothing_and_exit_4_means_rejected)
