@@ -162,9 +162,6 @@ static const char *not_built(const rls_settings *s)
                "(h2c) only for now; terminate TLS in front of it";
     if (s->use_prometheus)
         return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
-    if (s->stop_cache_key_increment_when_overlimit)
-        return "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not "
-               "supported yet: every hit is counted, as by default";
     if (strcasecmp(s->log_format, "text") != 0)
         return "LOG_FORMAT=json is not supported yet: rl-rls logs "
                "key=value lines";
@@ -306,6 +303,8 @@ static int start_workers(app *a, int n)
     a->options = (rls_options){.rule = RLS_RULE, .rule_of = rls_rule_of,
                                .shadow_mode = s->shadow_mode,
                                .quota_mode = s->quota_mode,
+                               .stop_increment_when_over =
+                                   s->stop_cache_key_increment_when_overlimit,
                                .headers = s->limit_response_headers_enabled,
                                .limit_header = s->limit_limit_header,
                                .remaining_header = s->limit_remaining_header,
