@@ -13,6 +13,7 @@
  */
 #include "rl.h"
 #include "rls_http.h"
+#include "rls_log.h"
 #include "rls_runtime.h"
 #include "rls_service.h"
 #include "rls_settings.h"
@@ -162,9 +163,6 @@ static const char *not_built(const rls_settings *s)
                "(h2c) only for now; terminate TLS in front of it";
     if (s->use_prometheus)
         return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
-    if (strcasecmp(s->log_format, "text") != 0)
-        return "LOG_FORMAT=json is not supported yet: rl-rls logs "
-               "key=value lines";
     if (s->grpc_max_connection_age_ms != 24LL * 3600 * 1000
         || s->grpc_max_connection_age_grace_ms != 3600LL * 1000)
         return "GRPC_MAX_CONNECTION_AGE(_GRACE): rl-rls does not age "
@@ -203,7 +201,11 @@ static int read_settings(app *a)
         fprintf(stderr, "rl-rls: %s\n", unbuilt);
         return EXIT_CONFIG;
     }
-    a->log = (rl_logger){rl_log_to_stderr, NULL, log_level(&a->settings)};
+    /* LOG_FORMAT is text or json (the settings checked it). */
+    a->log = (rl_logger){strcasecmp(a->settings.log_format, "json") == 0
+                             ? rls_log_json
+                             : rl_log_to_stderr,
+                         NULL, log_level(&a->settings)};
     for (char *line = notes; *line != '\0';) {
         size_t n = strcspn(line, "\n");
         rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%.*s",
@@ -313,7 +315,7 @@ static int start_workers(app *a, int n)
                                 .options = &a->options,
                                 .host = s->grpc_host,
                                 .port = (uint16_t)s->grpc_port,
-                                .log = rl_log_to_stderr,
+                                .log = a->log.fn,
                                 .log_level = a->log.level,
                                 .draining = &a->draining};
     for (int i = 0; i < n; i++) {

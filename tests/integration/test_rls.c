@@ -250,7 +250,7 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
     char addr[64], yaml[256];
     test_agent_private_redis(&srv, addr, sizeof addr);
     snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
-             "timeout_ms: 1500}\n", addr);
+             "timeout_ms: 5000}\n", addr);
     test_rls r;
     test_rls_start(&r, limits, yaml, NULL);
     test_http_response resp;
@@ -270,7 +270,10 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
                       "[[\"client\", \"held\"]]}]}", NULL);
         _exit(strncmp(out, "OK OK", 5) == 0 ? 0 : 1);
     }
-    test_sleep_ms(500);
+    /* The caller's Python takes most of a second to start on a loaded
+     * machine: SIGTERM once its call waits (rl's deadline, 5 s, and its
+     * own, 4.5 s, are far). */
+    test_sleep_ms(1500);
     kill(r.pid, SIGTERM);
     test_sleep_ms(100);
     test_http_get(r.http_port, "/healthcheck", "", &resp);
@@ -360,4 +363,37 @@ Test(rls, rls_extension_token_bucket_and_on_error_deny)
     test_redis_resume(&srv);
     test_rls_stop(&r);
     test_redis_stop(&srv);
+}
+
+/* LOG_FORMAT=json, LOG_LEVEL=debug: every line of rl-rls's log, from
+ * start to stop, is one JSON object with logrus's fields, the start
+ * among them. */
+Test(rls, log_format_json_every_line_an_object)
+{
+    const char *env[] = {"LOG_FORMAT=json", NULL};
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), env);
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"json \\\"log\\\"\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:19:", 12) == 0, "%s", out);
+    test_rls_stop(&r);
+    unsetenv("LOG_FORMAT");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c 'import json, sys\n"
+             "lines = open(sys.argv[1], encoding=\"utf-8\").read()"
+             ".splitlines()\n"
+             "objs = [json.loads(l) for l in lines]\n"
+             "assert all(set(o) >= {\"level\", \"msg\", \"time\"} "
+             "for o in objs)\n"
+             "start = [o for o in objs if o[\"msg\"] == \"listening\"]\n"
+             "assert start and start[0][\"level\"] == \"info\", objs\n"
+             "assert start[0][\"workers\"] == \"2\"\n"
+             "assert objs[-1][\"msg\"] == \"stopped\", objs[-1]\n"
+             "' %s", r.log);
+    int status = system(cmd);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "a line of %s is not the JSON expected", r.log);
 }
