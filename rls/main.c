@@ -163,10 +163,6 @@ static const char *not_built(const rls_settings *s)
                "(h2c) only for now; terminate TLS in front of it";
     if (s->use_prometheus)
         return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
-    if (s->grpc_max_connection_age_ms != 24LL * 3600 * 1000
-        || s->grpc_max_connection_age_grace_ms != 3600LL * 1000)
-        return "GRPC_MAX_CONNECTION_AGE(_GRACE): rl-rls does not age "
-               "connections out yet; leave them unset";
     return NULL;
 }
 
@@ -298,6 +294,12 @@ static void start_handles(app *a)
 
 /* --- Start ------------------------------------------------------------- */
 
+/* A Go duration of 0 is grpc-go's "never". */
+static uint64_t age_ms(int64_t ms)
+{
+    return ms > 0 ? (uint64_t)ms : UINT64_MAX;
+}
+
 static int start_workers(app *a, int n)
 {
     char err[512];
@@ -315,6 +317,11 @@ static int start_workers(app *a, int n)
                                 .options = &a->options,
                                 .host = s->grpc_host,
                                 .port = (uint16_t)s->grpc_port,
+                                .limits = {
+                                    .max_connection_age_ms = age_ms(
+                                        s->grpc_max_connection_age_ms),
+                                    .max_connection_age_grace_ms = age_ms(
+                                        s->grpc_max_connection_age_grace_ms)},
                                 .log = a->log.fn,
                                 .log_level = a->log.level,
                                 .draining = &a->draining};

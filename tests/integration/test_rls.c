@@ -17,6 +17,8 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,4 +398,43 @@ Test(rls, log_format_json_every_line_an_object)
     int status = system(cmd);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "a line of %s is not the JSON expected", r.log);
+}
+
+/* GRPC_MAX_CONNECTION_AGE=1s reaches the gRPC listeners: an idle HTTP/2
+ * connection is sent its GOAWAY and closed after about a second. */
+Test(rls, grpc_max_connection_age_closes_an_idle_connection)
+{
+    const char *env[] = {"GRPC_MAX_CONNECTION_AGE=1s",
+                         "GRPC_MAX_CONNECTION_AGE_GRACE=1s", NULL};
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), env);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(r.grpc_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    long t0 = (long)test_now_ms();
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    static const char hello[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                "\0\0\0\4\0\0\0\0\0";
+    cr_assert_eq(write(fd, hello, sizeof hello - 1),
+                 (ssize_t)(sizeof hello - 1));
+    static uint8_t in[65536];
+    size_t got = 0;
+    for (ssize_t n; got < sizeof in
+                    && (n = read(fd, in + got, sizeof in - got)) > 0;)
+        got += (size_t)n;
+    long closed = (long)test_now_ms() - t0;
+    /* The frames it sent, by their 9-byte headers: a GOAWAY (type 7). */
+    bool goaway = false;
+    for (size_t at = 0; at + 9 <= got;
+         at += 9 + ((size_t)in[at] << 16 | (size_t)in[at + 1] << 8
+                    | in[at + 2]))
+        goaway |= in[at + 3] == 7;
+    close(fd);
+    unsetenv("GRPC_MAX_CONNECTION_AGE");
+    unsetenv("GRPC_MAX_CONNECTION_AGE_GRACE");
+    cr_expect(goaway, "no GOAWAY before the close");
+    cr_assert(closed >= 850 && closed <= 4000, "closed after %ld ms",
+              closed);
+    test_rls_stop(&r);
 }
