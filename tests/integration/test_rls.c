@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char limits[] =
@@ -436,5 +437,50 @@ Test(rls, grpc_max_connection_age_closes_an_idle_connection)
     cr_expect(goaway, "no GOAWAY before the close");
     cr_assert(closed >= 850 && closed <= 4000, "closed after %ld ms",
               closed);
+    test_rls_stop(&r);
+}
+
+/* The seed's scenario through rl-rls, per minute: ten clients, each on a
+ * connection of its own, 200 calls interleaved on one descriptor of 100
+ * a minute, counted by a token bucket (rl's extension) and by the
+ * default fixed window. The window is exact: the calls are made inside
+ * one minute (the test waits for a new one when fewer than 25 s are
+ * left). The bucket is exact up to the tokens it refills while the calls
+ * run (100 a minute: one each 600 ms), which the bound allows. */
+Test(rls, the_seeds_ten_clients_per_minute_bucket_and_window)
+{
+    static const char seed[] =
+        "domain: edge\n"
+        "descriptors:\n"
+        "  - key: bucket\n"
+        "    rate_limit: {unit: minute, requests_per_unit: 100}\n"
+        "    rl: {algorithm: token_bucket}\n"
+        "  - key: window\n"
+        "    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    test_rls r;
+    test_rls_start(&r, seed, rl_yaml(), NULL);
+    static char out[65536];
+    long t0 = (long)test_now_ms();
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 20, \"clients\": 10, "
+                  "\"descriptors\": [{\"entries\": [[\"bucket\", "
+                  "\"seed\"]]}]}", NULL);
+    long elapsed = (long)test_now_ms() - t0;
+    int ok = count_lines_with(out, "OK OK OK:");
+    int over = count_lines_with(out, "OK OVER_LIMIT");
+    cr_assert_eq(ok + over, 200, "%d answered:\n%s", ok + over, out);
+    cr_assert(ok >= 100 && ok <= 100 + elapsed / 600,
+              "bucket: %d of 200 admitted in %ld ms", ok, elapsed);
+    long in_minute = (long)(time(NULL) % 60);
+    if (in_minute > 35)
+        test_sleep_ms((int)(61 - in_minute) * 1000);
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"repeat\": 20, \"clients\": 10, "
+                  "\"descriptors\": [{\"entries\": [[\"window\", "
+                  "\"seed\"]]}]}", NULL);
+    ok = count_lines_with(out, "OK OK OK:");
+    over = count_lines_with(out, "OK OVER_LIMIT");
+    cr_assert_eq(ok + over, 200, "%d answered:\n%s", ok + over, out);
+    cr_assert_eq(ok, 100, "window: %d of 200 admitted", ok);
     test_rls_stop(&r);
 }
