@@ -440,6 +440,53 @@ Test(rls, grpc_max_connection_age_closes_an_idle_connection)
     test_rls_stop(&r);
 }
 
+/* examples/kubernetes/rl-rls.yaml holds what docs/envoy.md says of it
+ * (tests/support/check_k8s_example.py), and rl-rls starts on its
+ * variables (but the test's Redis and runtime folder) and its ConfigMap's
+ * file, and serves it. */
+Test(rls, the_kubernetes_example_starts_and_serves)
+{
+    char dir[] = "/tmp/rl-k8s-XXXXXX", cmd[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 "
+             "tests/support/check_k8s_example.py %s", dir);
+    FILE *p = popen(cmd, "r");
+    static char vars[2048];
+    size_t n = p != NULL ? fread(vars, 1, sizeof vars - 1, p) : 0;
+    vars[n] = '\0';
+    cr_assert(p != NULL && pclose(p) == 0, "the example: %s", vars);
+    static char *env[32];
+    int k = 0;
+    for (char *v = strtok(vars, " \n"); v != NULL && k < 31;
+         v = strtok(NULL, " \n")) {
+        if (strncmp(v, "REDIS_URL=", 10) != 0
+            && strncmp(v, "RUNTIME_ROOT=", 13) != 0
+            && strncmp(v, "RUNTIME_SUBDIRECTORY=", 21) != 0)
+            env[k++] = v;
+    }
+    env[k] = NULL;
+    char path[300], limits_text[4096];
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    limits_text[fread(limits_text, 1, sizeof limits_text - 1, f)] = '\0';
+    fclose(f);
+    test_rls r;
+    test_rls_start(&r, limits_text, NULL, (const char *const *)env);
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out,
+                  "{\"domain\": \"edge\", \"descriptors\": [{\"entries\": "
+                  "[[\"client\", \"k8s\"]]}]}", NULL);
+    cr_assert(strncmp(out, "OK OK OK:99:100/MINUTE:", 23) == 0, "%s", out);
+    test_rls_stop(&r);
+    for (int i = 0; i < k; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(env[i], "="),
+                 env[i]);
+        unsetenv(name);
+    }
+}
+
 /* The seed's scenario through rl-rls, per minute: ten clients, each on a
  * connection of its own, 200 calls interleaved on one descriptor of 100
  * a minute, counted by a token bucket (rl's extension) and by the
