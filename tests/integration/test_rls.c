@@ -244,6 +244,32 @@ Test(rls, a_variable_it_cannot_honour_stops_the_start)
     }
 }
 
+/* Whether a TCP connection to 127.0.0.1:port is established (the
+ * server's side of it, in /proc/net/tcp), waiting up to ms for one. */
+static bool connected_to(uint16_t port, int ms)
+{
+    char want[16];
+    snprintf(want, sizeof want, ":%04X", port);
+    for (int waited = 0; waited < ms; waited += 50) {
+        FILE *f = fopen("/proc/net/tcp", "r");
+        char line[256];
+        bool found = false;
+        while (f != NULL && !found && fgets(line, sizeof line, f) != NULL) {
+            char local[64], remote[64], state[8];
+            found = sscanf(line, "%*s %63s %63s %7s", local, remote, state)
+                        == 3
+                    && strlen(local) == 13 && strcmp(local + 8, want) == 0
+                    && strcmp(state, "01") == 0;
+        }
+        if (f != NULL)
+            fclose(f);
+        if (found)
+            return true;
+        test_sleep_ms(50);
+    }
+    return false;
+}
+
 /* SIGTERM while a call waits for Redis: /healthcheck answers 500 at once
  * (a load balancer takes the instance out), the call is still answered
  * (by its deadline: Redis is stopped), and the process exits 0. */
@@ -273,13 +299,19 @@ Test(rls, sigterm_fails_the_healthcheck_and_answers_the_call_in_flight)
                       "[[\"client\", \"held\"]]}]}", NULL);
         _exit(strncmp(out, "OK OK", 5) == 0 ? 0 : 1);
     }
-    /* The caller's Python takes most of a second to start on a loaded
-     * machine: SIGTERM once its call waits (rl's deadline, 5 s, and its
-     * own, 4.5 s, are far). */
-    test_sleep_ms(1500);
+    /* The caller's Python takes a second or more to start on a loaded
+     * machine: SIGTERM once it is connected and its call sent (rl's
+     * deadline, 5 s, and its own, 4.5 s, are far). */
+    cr_assert(connected_to(r.grpc_port, 10000), "the caller never came");
+    test_sleep_ms(300);
     kill(r.pid, SIGTERM);
-    test_sleep_ms(100);
-    test_http_get(r.http_port, "/healthcheck", "", &resp);
+    /* 100 ms, or a second for a sanitized build on a loaded machine. */
+    for (int waited = 0; waited < 1000; waited += 100) {
+        test_sleep_ms(100);
+        test_http_get(r.http_port, "/healthcheck", "", &resp);
+        if (resp.status == 500)
+            break;
+    }
     cr_assert_eq(resp.status, 500, "healthcheck %d after SIGTERM",
                  resp.status);
     int status;
