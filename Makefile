@@ -310,6 +310,9 @@ install-built:
 	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|' \
 	    -e 's|/etc/rl/|$(SYSCONFDIR)/rl/|' configs/rl-aggregator.service \
 	    > $(DESTDIR)$(UNITDIR)/rl-aggregator.service
+	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|' \
+	    -e 's|/etc/rl/|$(SYSCONFDIR)/rl/|' configs/rl-rls.service \
+	    > $(DESTDIR)$(UNITDIR)/rl-rls.service
 	[ -e $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml ] || install -m 640 \
 	    configs/rules.example.yaml $(DESTDIR)$(SYSCONFDIR)/rl/rl.yaml
 	install -d $(DESTDIR)$(NGINX_MODULES_DIR) $(DESTDIR)$(NGINX_AVAILABLE_DIR)

@@ -13,6 +13,7 @@
  */
 #include "rl.h"
 #include "rls_http.h"
+#include "rls_log.h"
 #include "rls_runtime.h"
 #include "rls_service.h"
 #include "rls_settings.h"
@@ -162,16 +163,6 @@ static const char *not_built(const rls_settings *s)
                "(h2c) only for now; terminate TLS in front of it";
     if (s->use_prometheus)
         return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
-    if (s->stop_cache_key_increment_when_overlimit)
-        return "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not "
-               "supported yet: every hit is counted, as by default";
-    if (strcasecmp(s->log_format, "text") != 0)
-        return "LOG_FORMAT=json is not supported yet: rl-rls logs "
-               "key=value lines";
-    if (s->grpc_max_connection_age_ms != 24LL * 3600 * 1000
-        || s->grpc_max_connection_age_grace_ms != 3600LL * 1000)
-        return "GRPC_MAX_CONNECTION_AGE(_GRACE): rl-rls does not age "
-               "connections out yet; leave them unset";
     return NULL;
 }
 
@@ -206,7 +197,11 @@ static int read_settings(app *a)
         fprintf(stderr, "rl-rls: %s\n", unbuilt);
         return EXIT_CONFIG;
     }
-    a->log = (rl_logger){rl_log_to_stderr, NULL, log_level(&a->settings)};
+    /* LOG_FORMAT is text or json (the settings checked it). */
+    a->log = (rl_logger){strcasecmp(a->settings.log_format, "json") == 0
+                             ? rls_log_json
+                             : rl_log_to_stderr,
+                         NULL, log_level(&a->settings)};
     for (char *line = notes; *line != '\0';) {
         size_t n = strcspn(line, "\n");
         rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%.*s",
@@ -299,6 +294,12 @@ static void start_handles(app *a)
 
 /* --- Start ------------------------------------------------------------- */
 
+/* A Go duration of 0 is grpc-go's "never". */
+static uint64_t age_ms(int64_t ms)
+{
+    return ms > 0 ? (uint64_t)ms : UINT64_MAX;
+}
+
 static int start_workers(app *a, int n)
 {
     char err[512];
@@ -306,6 +307,8 @@ static int start_workers(app *a, int n)
     a->options = (rls_options){.rule = RLS_RULE, .rule_of = rls_rule_of,
                                .shadow_mode = s->shadow_mode,
                                .quota_mode = s->quota_mode,
+                               .stop_increment_when_over =
+                                   s->stop_cache_key_increment_when_overlimit,
                                .headers = s->limit_response_headers_enabled,
                                .limit_header = s->limit_limit_header,
                                .remaining_header = s->limit_remaining_header,
@@ -314,7 +317,12 @@ static int start_workers(app *a, int n)
                                 .options = &a->options,
                                 .host = s->grpc_host,
                                 .port = (uint16_t)s->grpc_port,
-                                .log = rl_log_to_stderr,
+                                .limits = {
+                                    .max_connection_age_ms = age_ms(
+                                        s->grpc_max_connection_age_ms),
+                                    .max_connection_age_grace_ms = age_ms(
+                                        s->grpc_max_connection_age_grace_ms)},
+                                .log = a->log.fn,
                                 .log_level = a->log.level,
                                 .draining = &a->draining};
     for (int i = 0; i < n; i++) {

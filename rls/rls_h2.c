@@ -70,6 +70,10 @@ struct h2_conn {
     uint8_t *pending;                 /* what a uv_write still sends */
     uv_write_t write_req;
     uint64_t write_since;             /* uv_now when it began */
+    uint64_t born;                    /* uv_now at the accept */
+    uint64_t max_age;                 /* its age, jittered */
+    uint64_t aged_at;                 /* uv_now at its age's GOAWAY; 0:
+                                       * none yet */
     int in_session;                   /* inside nghttp2 (its callbacks) */
     bool dirty, reading, writing, done_reading, closing, reset;
 };
@@ -80,6 +84,8 @@ struct rls_h2_server {
     uv_prepare_t flusher;
     uv_timer_t stall;
     uv_timer_t retry;                 /* an accept that found no memory */
+    uv_timer_t age;                   /* looks for connections grown old */
+    uint64_t jitter;                  /* xorshift state for the ages */
     rls_h2_limits limits;
     rls_h2_handler h;
     nghttp2_session_callbacks *callbacks;
@@ -922,6 +928,63 @@ static void on_stall_check(uv_timer_t *t)
         uv_timer_stop(t);
 }
 
+/* GOAWAY naming the last stream taken (NO_ERROR): its calls are answered,
+ * no new one is taken, and the connection closes when the session is
+ * done (flush). One that has not spoken HTTP/2 yet is closed now. */
+static void goaway(h2_conn *c)
+{
+    if (c->session == NULL) {
+        conn_close(c, false);
+        return;
+    }
+    nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(c->session),
+                          NGHTTP2_NO_ERROR, NULL, 0);
+    mark_dirty(c);
+}
+
+/* max_connection_age_ms, give or take 10% (grpc-go's jitter). */
+static uint64_t jittered_age(rls_h2_server *s)
+{
+    uint64_t age = s->limits.max_connection_age_ms;
+    if (age == UINT64_MAX)
+        return age;
+    s->jitter ^= s->jitter << 13;
+    s->jitter ^= s->jitter >> 7;
+    s->jitter ^= s->jitter << 17;
+    return age - age / 10 + s->jitter % (age / 5 + 1);
+}
+
+/* How often the ages are looked at: a tenth of the shorter of age and
+ * grace, between 10 ms and a second. */
+static uint64_t age_every(const rls_h2_limits *l)
+{
+    uint64_t shorter = l->max_connection_age_ms
+                               < l->max_connection_age_grace_ms
+                           ? l->max_connection_age_ms
+                           : l->max_connection_age_grace_ms;
+    uint64_t every = shorter / 10;
+    return every < 10 ? 10 : every > 1000 ? 1000 : every;
+}
+
+static void on_age_check(uv_timer_t *t)
+{
+    rls_h2_server *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    for (h2_conn *c = s->conns; c != NULL; c = c->next) {
+        if (c->closing)
+            continue;
+        if (c->aged_at == 0 && now - c->born >= c->max_age) {
+            c->aged_at = now > 0 ? now : 1;
+            goaway(c);
+        } else if (c->aged_at != 0
+                   && now - c->aged_at
+                          >= s->limits.max_connection_age_grace_ms) {
+            conn_close(c, false);
+        }
+    }
+}
+
 static void on_connection(uv_stream_t *listener, int status);
 
 static void on_accept_retry(uv_timer_t *t)
@@ -945,6 +1008,8 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     c->srv = s;
+    c->born = uv_now(s->loop);
+    c->max_age = jittered_age(s);
     uv_tcp_init(s->loop, &c->tcp);
     c->tcp.data = c;
     c->next = s->conns;
@@ -1066,6 +1131,10 @@ static void set_limits(rls_h2_limits *l, const rls_h2_limits *given)
         l->max_connections = RLS_H2_DEFAULT_MAX_CONNECTIONS;
     if (l->write_timeout_ms == 0)
         l->write_timeout_ms = RLS_H2_DEFAULT_WRITE_TIMEOUT_MS;
+    if (l->max_connection_age_ms == 0)
+        l->max_connection_age_ms = RLS_H2_DEFAULT_MAX_AGE_MS;
+    if (l->max_connection_age_grace_ms == 0)
+        l->max_connection_age_grace_ms = RLS_H2_DEFAULT_MAX_AGE_GRACE_MS;
 }
 
 rls_h2_server *rls_h2_listen(uv_loop_t *loop, const char *host,
@@ -1114,8 +1183,12 @@ rls_h2_server *rls_h2_listen(uv_loop_t *loop, const char *host,
     uv_prepare_init(loop, &s->flusher);
     uv_timer_init(loop, &s->stall);
     uv_timer_init(loop, &s->retry);
-    s->flusher.data = s->stall.data = s->retry.data = s;
-    s->open_handles = 4;
+    uv_timer_init(loop, &s->age);
+    s->flusher.data = s->stall.data = s->retry.data = s->age.data = s;
+    s->open_handles = 5;
+    s->jitter = uv_hrtime() | 1;
+    uint64_t every = age_every(&s->limits);
+    uv_timer_start(&s->age, on_age_check, every, every);
     return s;
 fail:
     server_free(s);
@@ -1149,15 +1222,7 @@ void rls_h2_server_drain(rls_h2_server *s)
     for (h2_conn *c = s->conns; c != NULL; c = c->next) {
         if (c->closing)
             continue;
-        if (c->session == NULL) {
-            conn_close(c, false);
-            continue;
-        }
-        nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE,
-                              nghttp2_session_get_last_proc_stream_id(
-                                  c->session),
-                              NGHTTP2_NO_ERROR, NULL, 0);
-        mark_dirty(c);
+        goaway(c);
     }
 }
 
@@ -1173,6 +1238,7 @@ void rls_h2_server_close(rls_h2_server *s, void (*done)(void *arg),
     uv_close((uv_handle_t *)&s->flusher, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->stall, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->retry, on_server_handle_closed);
+    uv_close((uv_handle_t *)&s->age, on_server_handle_closed);
     /* Connections leave the list in their close callbacks, later. */
     for (h2_conn *c = s->conns; c != NULL; c = c->next)
         conn_close(c, false);

@@ -37,12 +37,22 @@ typedef struct rls_h2_limits {
     uint32_t write_timeout_ms;       /* a peer that takes none of a pending
                                       * write for this long is cut off:
                                       * 10000 */
+    /* gRPC's MaxConnectionAge: a connection this old (give or take 10%,
+     * as grpc-go spreads them) gets a GOAWAY naming the last call it took:
+     * those are answered, new calls go to a new connection, and one with
+     * no call left is closed. UINT64_MAX: never. 24 h. */
+    uint64_t max_connection_age_ms;
+    /* MaxConnectionAgeGrace: this long after that GOAWAY, the connection
+     * is closed, its calls left cancelled. UINT64_MAX: never. 1 h. */
+    uint64_t max_connection_age_grace_ms;
 } rls_h2_limits;
 
 #define RLS_H2_DEFAULT_MAX_MESSAGE (4u << 20)
 #define RLS_H2_DEFAULT_MAX_STREAMS 1024u
 #define RLS_H2_DEFAULT_MAX_CONNECTIONS 16384u
 #define RLS_H2_DEFAULT_WRITE_TIMEOUT_MS 10000u
+#define RLS_H2_DEFAULT_MAX_AGE_MS (24ull * 3600 * 1000)
+#define RLS_H2_DEFAULT_MAX_AGE_GRACE_MS (3600ull * 1000)
 
 typedef struct rls_h2_handler {
     /* on_call: a whole unary call (a POST of content-type

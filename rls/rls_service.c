@@ -5,6 +5,11 @@
  * one rl check, all out at once, and the response is built when the last
  * has answered. What the response needs of a limit (its name, rate, unit)
  * is copied into the call: a reload may free the config meanwhile.
+ *
+ * With STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, upstream's two steps: each
+ * limit is read first (a check of cost 0), then counted by what the read
+ * found: every descriptor its hits when none would go over, else only the
+ * ones that would (the others are read again, at cost 0).
  */
 #include "rls_service.h"
 #include "rls_arena.h"
@@ -39,6 +44,7 @@ typedef struct slot {
     bool quota;
     bool over;
     bool waiting;       /* its check is out */
+    uint32_t hits;      /* what the request counts against it */
     const char *rule;   /* the rl rule it is checked by */
     bool deny;          /* its on_error: deny */
     uint32_t burst;     /* a token bucket's, 0: rpu */
@@ -53,9 +59,13 @@ struct rls_call {
     rls_reply_fn fn;
     void *arg;
     const rls_options *o;
+    rl_agent *agent;
     bool cancelled;     /* answered already (or its client is gone) */
+    bool reading;       /* the first of the two steps' checks are out */
     bool degraded;      /* a check or the call's deadline: on_error */
     int pending;        /* checks out, plus one while starting */
+    char (*values)[RLS_VALUE_MAX + 1];  /* each descriptor's rl value */
+    size_t *lens;
     size_t n;
     slot slots[];
 };
@@ -343,10 +353,18 @@ static void free_call(rls_call *c)
     free(c);
 }
 
+static bool count_after_read(rls_call *c);
+
 static void one_less(rls_call *c)
 {
     if (--c->pending > 0)
         return;
+    if (c->reading && !c->cancelled) {
+        c->reading = false;
+        c->pending = 1;
+        if (count_after_read(c))
+            return;
+    }
     if (!c->cancelled)
         answer(c);
     free_call(c);
@@ -406,28 +424,60 @@ static const char *refusal(const request *r, const rls_config *cfg,
     return NULL;
 }
 
-/* Sends descriptor i's check; false when it could not go (the reason in
- * *rc). A limit of 0 is over for any hit, with no check. */
-static bool send_check(rl_agent *agent, rls_call *c, const request *r,
-                       size_t i, const char *value, size_t len, int *rc)
+/* Sends descriptor i's check of cost hits; false when it could not go
+ * (the reason in *rc). A limit of 0 is over for any hit, with no check. */
+static bool send_check(rls_call *c, size_t i, uint32_t cost, int *rc)
 {
     slot *s = &c->slots[i];
-    uint64_t hits = hits_of(r, r->descriptors[i]);
     if (s->rpu == 0) {
-        s->over = hits > 0;
+        s->over = s->hits > 0;
         s->reset_s = seconds_to_reset(s->unit);
         return true;
     }
     rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, s->burst};
     c->pending++;
     s->waiting = true;
-    *rc = rl_check_rule_async(agent, s->rule, value, len, &rate,
-                              (uint32_t)hits, on_checked, s);
+    *rc = rl_check_rule_async(c->agent, s->rule, c->values[i], c->lens[i],
+                              &rate, cost, on_checked, s);
     if (*rc == RL_OK)
         return true;
     s->waiting = false;
     c->pending--;
     return false;
+}
+
+/* What the read found: the request's hits would take the limit over
+ * (upstream: count + hits > requests_per_unit). A limit of 0 was not
+ * read: over for any hit. */
+static bool would_go_over(const slot *s)
+{
+    return s->limited && (s->over || s->remaining < s->hits);
+}
+
+/* The second of the two steps (one_less, once the reads are in): each
+ * limit counted by upstream's rule (its getHitsAddend). False when
+ * nothing was sent: the call is to be answered (an error, if a check
+ * could not go) and freed. */
+static bool count_after_read(rls_call *c)
+{
+    bool any_over = false;
+    for (size_t i = 0; i < c->n; i++)
+        any_over |= would_go_over(&c->slots[i]);
+    int rc = RL_OK;
+    for (size_t i = 0; i < c->n && rc == RL_OK; i++) {
+        slot *s = &c->slots[i];
+        if (!s->limited || s->rpu == 0)
+            continue;
+        uint32_t cost = !any_over || would_go_over(s) ? s->hits : 0;
+        send_check(c, i, cost, &rc);
+    }
+    if (rc != RL_OK) {
+        c->cancelled = true;
+        c->fn(c->arg, rc == RL_ECLOSED ? RLS_GRPC_UNAVAILABLE
+                                       : RLS_GRPC_INTERNAL,
+              NULL, 0, rl_strerror(rc));
+    }
+    return --c->pending > 0;
 }
 
 /* Copies the names the response needs out of the config. */
@@ -458,35 +508,40 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
     if (refused != NULL)
         return fail(fn, arg, &arena, RLS_GRPC_UNKNOWN, refused);
     size_t n = r->n_descriptors;
-    char (*values)[RLS_VALUE_MAX + 1] = rls_arena_alloc(&arena,
-                                                        n * sizeof *values);
-    size_t *lens = rls_arena_alloc(&arena, n * sizeof *lens);
     const rls_limit **found = rls_arena_alloc(&arena, n * sizeof *found);
     bool *drop = rls_arena_alloc(&arena, n * sizeof *drop);
-    rls_call *c = calloc(1, sizeof *c + n * sizeof(slot));
-    if (c == NULL || values == NULL || lens == NULL || found == NULL
-        || drop == NULL) {
+    /* The values outlive this function (a second step may check them
+     * again): one block with the call and its slots, lens first for their
+     * alignment (n is at most RLS_DESCRIPTORS_MAX). */
+    rls_call *c = calloc(1, sizeof *c + n * sizeof(slot)
+                                + n * (sizeof(size_t) + RLS_VALUE_MAX + 1));
+    if (c == NULL || found == NULL || drop == NULL) {
         free(c);
         return fail(fn, arg, &arena, RLS_GRPC_INTERNAL, "out of memory");
     }
-    *c = (rls_call){.fn = fn, .arg = arg, .o = o, .pending = 1, .n = n};
+    size_t *lens = (size_t *)(void *)&c->slots[n];
+    char (*values)[RLS_VALUE_MAX + 1] = (void *)&lens[n];
+    *c = (rls_call){.fn = fn, .arg = arg, .o = o, .agent = agent,
+                    .reading = o->stop_increment_when_over, .pending = 1,
+                    .values = values, .lens = lens, .n = n};
     for (size_t i = 0; i < n; i++) {
         c->slots[i].call = c;
         find_limit(cfg, o, r, i, &c->slots[i], &found[i], values[i],
                    &lens[i]);
+        c->slots[i].hits = (uint32_t)hits_of(r, r->descriptors[i]);
     }
     /* Every replacing limit is known before any is dropped. */
     for (size_t i = 0; i < n; i++)
         drop[i] = found[i] != NULL && replaced(found, n, found[i]->name);
     for (size_t i = 0; i < n; i++) {
         if (drop[i])
-            c->slots[i] = (slot){.call = c};
+            c->slots[i] = (slot){.call = c, .hits = c->slots[i].hits};
     }
     int rc = RL_OK;
     bool names = keep_names(c);
     for (size_t i = 0; names && i < n && rc == RL_OK; i++) {
         if (c->slots[i].limited)
-            send_check(agent, c, r, i, values[i], lens[i], &rc);
+            send_check(c, i, c->reading ? 0 : c->slots[i].hits, &rc);
     }
     rls_arena_free(&arena);
     if (!names || rc != RL_OK) {

@@ -30,6 +30,10 @@ typedef struct rls_options {
     const char *(*rule_of)(const rls_limit *limit);
     bool shadow_mode;             /* SHADOW_MODE: the overall code is OK */
     bool quota_mode;              /* QUOTA_MODE: every limit a quota */
+    /* STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each limit is read, then
+     * counted only if none of the request's would go over, or if it would
+     * itself (upstream's two steps; docs/envoy.md). */
+    bool stop_increment_when_over;
     bool headers;                 /* LIMIT_RESPONSE_HEADERS_ENABLED */
     const char *limit_header;     /* their names */
     const char *remaining_header;

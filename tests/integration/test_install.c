@@ -42,7 +42,9 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
         "/usr/lib/librl.a", "/usr/lib/librl.so", "/usr/lib/librl.so.1",
         "/usr/lib/librl.so.1.0.0", "/usr/include/rl.h",
         "/usr/lib/pkgconfig/rl.pc",
-        "/usr/lib/systemd/system/rl-aggregator.service", "/etc/rl/rl.yaml",
+        "/usr/lib/systemd/system/rl-aggregator.service",
+        "/usr/lib/systemd/system/rl-rls.service", "/usr/bin/rl-rls",
+        "/etc/rl/rl.yaml",
         "/usr/lib/nginx/modules/ngx_http_rl_module.so",
         "/usr/share/nginx/modules-available/mod-http-rl.conf",
         "/etc/rl/nginx-rl.conf"};
@@ -52,6 +54,10 @@ Test(install, puts_everything_under_destdir_and_pkg_config_finds_it)
              "--config /etc/rl/rl.yaml$' %s/usr/lib/systemd/system/"
              "rl-aggregator.service", dest);
     cr_assert_eq(test_run(cmd, out, sizeof out), 0, "ExecStart: %s", out);
+    snprintf(cmd, sizeof cmd, "grep -c '^ExecStart=/usr/bin/rl-rls$' "
+             "%s/usr/lib/systemd/system/rl-rls.service", dest);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "rl-rls's ExecStart: %s",
+                 out);
     snprintf(cmd, sizeof cmd, "readelf -d %s/usr/lib/librl.so.1.0.0 | grep "
              "SONAME", dest);
     test_run(cmd, out, sizeof out);

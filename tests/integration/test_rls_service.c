@@ -57,7 +57,8 @@ typedef struct world {
     char id[32];       /* this run's, in every value */
 } world;
 
-static void open_world(world *w, bool shadow, bool headers)
+static void open_world_stopping(world *w, bool shadow, bool headers,
+                                bool stop)
 {
     const char *path = test_store_config("rls-service",
         "  - {name: rls, match: d, limit: 1, period: 1s, "
@@ -73,11 +74,17 @@ static void open_world(world *w, bool shadow, bool headers)
                  why);
     w->o = (rls_options){.rule = "rls", .shadow_mode = shadow,
                          .headers = headers,
+                         .stop_increment_when_over = stop,
                          .limit_header = "RateLimit-Limit",
                          .remaining_header = "RateLimit-Remaining",
                          .reset_header = "RateLimit-Reset"};
     snprintf(w->id, sizeof w->id, "%d-%llu", (int)getpid(),
              (unsigned long long)test_now_us());
+}
+
+static void open_world(world *w, bool shadow, bool headers)
+{
+    open_world_stopping(w, shadow, headers, false);
 }
 
 static void close_world(world *w)
@@ -370,6 +377,79 @@ Test(rls_service, global_shadow_mode_and_the_ratelimit_headers)
     r = ok(&rp);
     cr_assert_eq(r->statuses[0]->code, OVER, "the status keeps its code");
     cr_assert_eq(r->overall_code, OK, "SHADOW_MODE answers OK");
+    free_reply(&rp);
+    close_world(&w);
+}
+
+/* STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, upstream's integration test's
+ * case: two limits in one request, 20 a minute (client) and 2 an hour
+ * (/small, shared by every run: its count is read first). Once /small
+ * would go over, client's count stops: its remaining stays where it was,
+ * and it answers OK; /small is counted (over) as upstream counts it. */
+Test(rls_service, stop_increment_when_overlimit_counts_nothing_else)
+{
+    world w;
+    open_world_stopping(&w, false, false, true);
+    one pair[] = {D("client=s"), D("path=/small")};
+    one small = D("path=/small");
+    reply rp = call(&w, "edge", 0, &small, 1);
+    uint32_t small_left = ok(&rp)->statuses[0]->limit_remaining;
+    free_reply(&rp);
+    for (uint32_t i = 0; i < small_left; i++) {
+        rp = call(&w, "edge", 0, pair, 2);
+        cr_assert_eq(ok(&rp)->overall_code, OK);
+        cr_assert_eq(rp.r->statuses[0]->limit_remaining, 19 - i);
+        free_reply(&rp);
+    }
+    uint32_t client_left = 20 - small_left;
+    for (int i = 0; i < 3; i++) {
+        rp = call(&w, "edge", 0, pair, 2);
+        response *r = ok(&rp);
+        cr_assert_eq(r->overall_code, OVER, "call %d", i);
+        cr_assert_eq(r->statuses[0]->code, OK);
+        cr_assert_eq(r->statuses[0]->limit_remaining, client_left,
+                     "client counted while /small was over (call %d)", i);
+        cr_assert_eq(r->statuses[1]->code, OVER);
+        cr_assert_eq(r->statuses[1]->limit_remaining, 0);
+        free_reply(&rp);
+    }
+    /* Alone, client counts again from where it stopped. */
+    one client = D("client=s");
+    rp = call(&w, "edge", 0, &client, 1);
+    cr_assert_eq(ok(&rp)->statuses[0]->limit_remaining, client_left - 1);
+    free_reply(&rp);
+    close_world(&w);
+}
+
+/* A request whose hits would take a limit over counts that limit (a
+ * refused hit is counted in a fixed window, as upstream's INCRBY counts
+ * it) and not the others; hits that fit are counted whole. */
+Test(rls_service, stop_increment_when_overlimit_reads_before_counting)
+{
+    world w;
+    open_world_stopping(&w, false, false, true);
+    one a = {{"client=r", NULL}, 15, 0};
+    reply rp = call(&w, "edge", 0, &a, 1);
+    cr_assert_eq(ok(&rp)->statuses[0]->limit_remaining, 5);
+    free_reply(&rp);
+    /* 6 would go over 20: counted (21), over. */
+    one pair[] = {{{"client=q", NULL}, 1, 0}, {{"client=r", NULL}, 6, 0}};
+    rp = call(&w, "edge", 0, pair, 2);
+    response *r = ok(&rp);
+    cr_assert_eq(r->overall_code, OVER);
+    cr_assert_eq(r->statuses[0]->code, OK);
+    cr_assert_eq(r->statuses[0]->limit_remaining, 20);
+    cr_assert_eq(r->statuses[1]->code, OVER);
+    free_reply(&rp);
+    /* client=r holds 21 now: 1 more is over, though 5 were left before. */
+    one one_more = D("client=r");
+    rp = call(&w, "edge", 0, &one_more, 1);
+    cr_assert_eq(ok(&rp)->statuses[0]->code, OVER);
+    free_reply(&rp);
+    /* client=q was never counted: 20 left, 19 after this. */
+    one q = D("client=q");
+    rp = call(&w, "edge", 0, &q, 1);
+    cr_assert_eq(ok(&rp)->statuses[0]->limit_remaining, 19);
     free_reply(&rp);
     close_world(&w);
 }

@@ -43,6 +43,30 @@ Test(service, unit_file_passes_systemd_analyze_verify)
     cr_assert_str_empty(out, "systemd-analyze verify warned: %s", out);
 }
 
+/* rl-rls's unit (configs/rl-rls.service) verifies too, its ExecStart
+ * pointed at the built binary. */
+Test(service, rls_unit_file_passes_systemd_analyze_verify)
+{
+    char out[4096];
+    cr_assert_eq(test_run("command -v systemd-analyze", out, sizeof out), 0,
+                 "systemd-analyze is missing: install Debian's systemd "
+                 "package (sh scripts/deps.sh systemd)");
+    char bin[PATH_MAX], unit[600], cmd[PATH_MAX + 2048];
+    cr_assert_not_null(realpath(test_env("RL_TEST_RLS"), bin));
+    snprintf(unit, sizeof unit, "%s/rl-rls.service",
+             test_env("RL_TEST_TMPDIR"));
+    snprintf(cmd, sizeof cmd, "sed 's|^ExecStart=/usr/local/bin/"
+             "rl-rls$|ExecStart=%s|' %s/rl-rls.service > %s", bin,
+             test_env("RL_TEST_EXAMPLES"), unit);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "grep -c '^ExecStart=%s$' %s", bin, unit);
+    cr_assert_eq(test_run(cmd, out, sizeof out), 0, "ExecStart not set");
+    snprintf(cmd, sizeof cmd, "systemd-analyze verify %s", unit);
+    int rc = test_run(cmd, out, sizeof out);
+    cr_assert_eq(rc, 0, "systemd-analyze verify: %s", out);
+    cr_assert_str_empty(out, "systemd-analyze verify warned: %s", out);
+}
+
 /* Reads datagrams until one holds want, for up to timeout_ms. */
 static bool heard(int fd, const char *want, int timeout_ms)
 {

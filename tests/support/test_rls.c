@@ -81,7 +81,12 @@ void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
     }
     test_log_path(r->log, sizeof r->log, "rls");
     r->pid = test_spawn(argv, r->log);
-    test_wait_for_log(&r->pid, r->log, "event=listening", 30000);
+    const char *format = getenv("LOG_FORMAT");
+    test_wait_for_log(&r->pid, r->log,
+                      format != NULL && strcmp(format, "json") == 0
+                          ? "\"event\":\"listening\""
+                          : "event=listening",
+                      30000);
 }
 
 void test_rls_call(test_rls *r, char *out, size_t cap, ...)

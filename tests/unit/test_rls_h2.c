@@ -1286,3 +1286,68 @@ Test(rls_h2, closing_the_server_cancels_held_calls)
     raw_close(&r);
     free(fx);
 }
+
+/* ---- 4. connection age (GRPC_MAX_CONNECTION_AGE, _GRACE) ---- */
+
+/* After its age (1 s, give or take 10%), a connection gets a GOAWAY
+ * naming its last call: an idle one is closed, one holding a call has it
+ * answered, then is closed; new connections are served. */
+Test(rls_h2, an_old_connection_gets_goaway_its_calls_answered)
+{
+    rls_h2_limits limits = test_limits;
+    limits.max_connection_age_ms = 1000;
+    limits.max_connection_age_grace_ms = 5000;
+    fixture *fx = fx_start(&limits);
+    long t0 = now_ms();
+    raw r, idle;
+    raw_open(&r, fx, true);
+    raw_open(&idle, fx, true);
+    expect_settings(&idle);
+    raw_call(&r, 1, "/t.T/Hold", "held");
+    wait_for(&fx->n_held, 1, "held");
+    expect_goaway_and_close(&idle, NGHTTP2_NO_ERROR, 0);
+    long aged = now_ms() - t0;
+    cr_expect(aged >= 880 && aged <= 2500, "idle closed after %ld ms", aged);
+    expect_served(fx);
+    /* Every connection of t0 is past its age (1.1 s at most, looked at
+     * every 100 ms) before the held call is answered. */
+    long past = t0 + 1300 - now_ms();
+    if (past > 0)
+        ms_sleep((int)past);
+    on_loop(fx, release_all, NULL);
+    int32_t id = 1;
+    result res;
+    conn_seen seen = {0};
+    cr_assert(raw_read_streams(&r, &id, &res, 1, &seen));
+    cr_expect(seen.goaway, "no GOAWAY on the old connection");
+    cr_expect_eq(seen.goaway_last, 1);
+    expect_echo(&res, "held");
+    cr_assert(raw_until_closed(&r, &seen), "the old connection stayed open");
+    raw_close(&r);
+    cr_expect_eq(atomic_load(&fx->cancels), 0);
+    fx_stop(fx);
+}
+
+/* The grace over, an old connection is closed with its call unanswered
+ * (cancelled): at about age + grace, not before. */
+Test(rls_h2, an_old_connection_is_closed_after_the_grace)
+{
+    rls_h2_limits limits = test_limits;
+    limits.max_connection_age_ms = 500;
+    limits.max_connection_age_grace_ms = 1000;
+    fixture *fx = fx_start(&limits);
+    long t0 = now_ms();
+    raw r;
+    raw_open(&r, fx, true);
+    raw_call(&r, 1, "/t.T/Hold", "never");
+    wait_for(&fx->n_held, 1, "held");
+    conn_seen seen = {0};
+    cr_assert(raw_until_closed(&r, &seen), "still open after the grace");
+    long closed = now_ms() - t0;
+    raw_close(&r);
+    cr_expect(seen.goaway);
+    cr_expect(closed >= 1400 && closed <= 3500, "closed after %ld ms",
+              closed);
+    wait_for(&fx->cancels, 1, "the held call cancelled");
+    fx_stop(fx);
+}
