@@ -348,13 +348,10 @@ static int start_http(app *a)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_RUNTIME;
     }
-    int rc = a->metrics != NULL
-                 ? rls_metrics_serve(a->metrics, s->prometheus_addr,
-                                     s->prometheus_path, err, sizeof err)
-                 : 0;
-    if (rc != 0) {
+    if (a->metrics != NULL
+        && rls_metrics_serve(a->metrics, err, sizeof err) != 0) {
         fprintf(stderr, "rl-rls: %s\n", err);
-        return rc == RLS_METRICS_EADDR ? EXIT_CONFIG : EXIT_RUNTIME;
+        return EXIT_RUNTIME;
     }
     return 0;
 }
@@ -367,9 +364,11 @@ static int start(app *a, int workers)
         return EXIT_CONFIG;
     }
     if (a->settings.use_prometheus
-        && (a->metrics = rls_metrics_new(&a->log)) == NULL) {
-        fprintf(stderr, "rl-rls: out of memory\n");
-        return EXIT_RUNTIME;
+        && (a->metrics = rls_metrics_new(&a->log, a->settings.prometheus_addr,
+                                         a->settings.prometheus_path, err,
+                                         sizeof err)) == NULL) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
     }
     int loaded = rls_runtime_load(&a->runtime, err, sizeof err);
     rls_metrics_event(a->metrics, loaded == 0 ? RLS_EV_CONFIG_LOAD_SUCCESS

@@ -26,6 +26,11 @@ enum { HITS, OVER, NEAR, WITHIN, SHADOW, COUNTERS };
 static const char *const counter_names[COUNTERS] = {
     "total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"};
 
+static const char *const counter_help[COUNTERS] = {
+    "Hits on the limit.", "Hits over the limit.",
+    "Hits within the limit past NEAR_LIMIT_RATIO of it.",
+    "Hits within the limit.", "Hits over a shadow_mode limit (let through)."};
+
 struct rls_series {
     atomic_uint_least64_t n[COUNTERS];
     uint64_t hash;
@@ -43,25 +48,45 @@ struct rls_metrics {
     atomic_int_least64_t in_flight;
     rl_histogram_counts response_time[RLS_METHOD_N];
     const rl_logger *log;
+    char url[300];             /* nng's, from PROMETHEUS_ADDR */
+    char addr[208];
+    char *path;
     nng_http_server *server;
 };
 
 static const char *const method_names[RLS_METHOD_N] = {"ShouldRateLimit",
                                                        "Check"};
 
-rls_metrics *rls_metrics_new(const rl_logger *log)
+static int url_of(const char *addr, char *url, size_t cap);
+
+rls_metrics *rls_metrics_new(const rl_logger *log, const char *addr,
+                             const char *path, char *err, size_t cap)
 {
-    rls_metrics *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return NULL;
-    m->slots = calloc(SLOTS, sizeof *m->slots);
-    m->overflow = calloc(1, sizeof *m->overflow);
-    if (m->slots == NULL || m->overflow == NULL) {
-        free(m->slots);
-        free(m->overflow);
-        free(m);
+    char url[300];
+    if (strlen(addr) > 200 || url_of(addr, url, sizeof url) != 0) {
+        snprintf(err, cap, "PROMETHEUS_ADDR=\"%.200s\": not host:port "
+                 "(\":9090\" for every address)", addr);
         return NULL;
     }
+    if (path[0] != '/') {
+        snprintf(err, cap, "PROMETHEUS_PATH=\"%.200s\": not a path "
+                 "(\"/metrics\")", path);
+        return NULL;
+    }
+    rls_metrics *m = calloc(1, sizeof *m);
+    if (m != NULL) {
+        m->slots = calloc(SLOTS, sizeof *m->slots);
+        m->overflow = calloc(1, sizeof *m->overflow);
+        m->path = strdup(path);
+    }
+    if (m == NULL || m->slots == NULL || m->overflow == NULL
+        || m->path == NULL) {
+        rls_metrics_free(m);
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    snprintf(m->url, sizeof m->url, "%s", url);
+    snprintf(m->addr, sizeof m->addr, "%s", addr);
     for (int i = 0; i < RLS_METHOD_N; i++)
         rl_histogram_counts_init(&m->response_time[i]);
     m->log = log;
@@ -77,10 +102,11 @@ void rls_metrics_free(rls_metrics *m)
         nng_http_server_release(m->server);
         rl_nng_handoff(m);
     }
-    for (size_t i = 0; i < SLOTS; i++)
+    for (size_t i = 0; m->slots != NULL && i < SLOTS; i++)
         free(atomic_load(&m->slots[i]));
     free(m->slots);
     free(m->overflow);
+    free(m->path);
     free(m);
 }
 
@@ -278,12 +304,10 @@ static void put_series(page *p, const rls_series *s, int counter,
     if (v == 0)
         return;
     if (!*headed) {
-        char help[96];
-        snprintf(help, sizeof help, "Hits counted %s, per limit "
-                 "(envoyproxy/ratelimit's name).", counter_names[counter]);
         put(p, "# HELP ratelimit_service_rate_limit_%s %s\n# TYPE "
             "ratelimit_service_rate_limit_%s counter\n",
-            counter_names[counter], help, counter_names[counter]);
+            counter_names[counter], counter_help[counter],
+            counter_names[counter]);
         *headed = true;
     }
     put(p, "ratelimit_service_rate_limit_%s{", counter_names[counter]);
@@ -479,28 +503,16 @@ static int url_of(const char *addr, char *url, size_t cap)
     return 0;
 }
 
-int rls_metrics_serve(rls_metrics *m, const char *addr, const char *path,
-                      char *err, size_t cap)
+int rls_metrics_serve(rls_metrics *m, char *err, size_t cap)
 {
-    char url[300];
-    if (strlen(addr) > 200 || url_of(addr, url, sizeof url) != 0) {
-        snprintf(err, cap, "PROMETHEUS_ADDR=\"%.200s\": not host:port "
-                 "(\":9090\" for every address)", addr);
-        return RLS_METRICS_EADDR;
-    }
-    if (path[0] != '/') {
-        snprintf(err, cap, "PROMETHEUS_PATH=\"%.200s\": not a path "
-                 "(\"/metrics\")", path);
-        return RLS_METRICS_EADDR;
-    }
     nng_url *u = NULL;
     nng_http_handler *h = NULL;
     rl_nng_handoff(m);
-    int rv = nng_url_parse(&u, url);
+    int rv = nng_url_parse(&u, m->url);
     if (rv == 0)
         rv = nng_http_server_hold(&m->server, u);
     if (rv == 0)
-        rv = nng_http_handler_alloc(&h, path, serve_page);
+        rv = nng_http_handler_alloc(&h, m->path, serve_page);
     if (rv == 0)
         rv = nng_http_handler_set_method(h, "GET");
     if (rv == 0)
@@ -514,8 +526,8 @@ int rls_metrics_serve(rls_metrics *m, const char *addr, const char *path,
     nng_url_free(u);
     if (rv != 0) {
         snprintf(err, cap, "cannot serve metrics on PROMETHEUS_ADDR=%s: %s",
-                 addr, nng_strerror(rv));
-        return RLS_METRICS_ELISTEN;
+                 m->addr, nng_strerror(rv));
+        return -1;
     }
     return 0;
 }

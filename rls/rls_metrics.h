@@ -58,9 +58,13 @@ typedef enum rls_method {
     RLS_METHOD_N
 } rls_method;
 
-/* rls_metrics_new: empty metrics, logging the cap's warning to log (which
- * outlives them). NULL without memory. */
-rls_metrics *rls_metrics_new(const rl_logger *log);
+/* rls_metrics_new: empty metrics, to be served on addr (PROMETHEUS_ADDR:
+ * "host:port", ":port" for every address, "[v6]:port") at path
+ * (PROMETHEUS_PATH), logging the cap's warning to log (which outlives
+ * them). NULL with the reason in err: an addr that is no address, a path
+ * that is none, no memory. */
+rls_metrics *rls_metrics_new(const rl_logger *log, const char *addr,
+                             const char *path, char *err, size_t cap);
 
 /* rls_metrics_free stops serving and frees everything: no thread may
  * count any more. NULL is a no-op. */
@@ -84,14 +88,8 @@ void rls_metrics_call_end(rls_metrics *m, rls_method method, uint64_t ns);
  * to free (*len bytes), or NULL without memory. */
 char *rls_metrics_text(rls_metrics *m, size_t *len);
 
-/* rls_metrics_serve serves the page on addr (PROMETHEUS_ADDR: "host:port",
- * ":port" for every address, "[v6]:port") at path, until
- * rls_metrics_free. 0; RLS_METRICS_EADDR for an addr that is no address
- * (a config error), RLS_METRICS_ELISTEN for one it cannot listen on,
- * both with the reason in err. */
-#define RLS_METRICS_EADDR (-1)
-#define RLS_METRICS_ELISTEN (-2)
-int rls_metrics_serve(rls_metrics *m, const char *addr, const char *path,
-                      char *err, size_t cap);
+/* rls_metrics_serve serves the page until rls_metrics_free: 0, or -1
+ * with the reason in err. */
+int rls_metrics_serve(rls_metrics *m, char *err, size_t cap);
 
 #endif

@@ -16,10 +16,12 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char limits[] =
@@ -108,6 +110,32 @@ static long long sample(const char *page, const char *series)
     return test_prom_sample(page, series);
 }
 
+/* promtool parses the page; its lint's only words are for upstream's
+ * names, which keep no _total. */
+static void assert_promtool_parses(const char *page)
+{
+    char path[600], cmd[800];
+    static char out[8192];
+    snprintf(path, sizeof path, "%s/rls-metrics-%d.txt",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(page + 1, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+    test_run(cmd, out, sizeof out);
+    unlink(path);
+    for (char *line = out; *line != '\0';) {
+        size_t n = strcspn(line, "\n");
+        bool more = line[n] == '\n';
+        line[n] = '\0';
+        cr_assert(strstr(line, "should have \"_total\" suffix") != NULL
+                  && strncmp(line, "rl_", 3) != 0,
+                  "promtool: %.*s\n--- the page:%s", (int)n, line, page);
+        line += n + more;
+    }
+}
+
 #define LIMIT(counter, labels) \
     "ratelimit_service_rate_limit_" counter "{domain=\"edge\"," labels "}"
 
@@ -154,6 +182,7 @@ Test(rls_metrics, hits_over_within_near_and_shadow_per_limit)
     cr_assert_eq(sample(page, "rl_rls_calls_in_flight"), 0);
     cr_assert_eq(sample(page, "ratelimit_service_response_time_seconds_count"
                               "{grpc_method=\"ShouldRateLimit\"}"), 17);
+    assert_promtool_parses(page);
     free(page);
     test_rls_stop(&r);
     test_redis_stop(&srv);
@@ -193,6 +222,7 @@ Test(rls_metrics, values_in_labels_only_where_the_config_asks)
                                     "key2=\"zone\"")), 1);
     /* A descriptor's own limit is named by its values. */
     cr_assert_eq(sample(page, LIMIT("total_hits", "key1=\"client_c1\"")), 1);
+    assert_promtool_parses(page);
     free(page);
     test_rls_stop(&r);
     test_redis_stop(&srv);
@@ -296,4 +326,27 @@ Test(rls_metrics, answers_by_on_error_are_counted_by_reason)
     free(page);
     test_rls_stop(&r);
     test_redis_stop(&srv);
+}
+
+/* PROMETHEUS_ADDR that is no host:port stops the start: exit 3 naming
+ * it. */
+Test(rls_metrics, an_address_that_is_no_address_stops_the_start)
+{
+    char log[600];
+    test_log_path(log, sizeof log, "rls-prom-refused");
+    setenv("RUNTIME_ROOT", "/tmp", 1);
+    setenv("RUNTIME_SUBDIRECTORY", "", 1);
+    setenv("FORCE_START_WITHOUT_INITIAL_CONFIG", "true", 1);
+    setenv("REDIS_SOCKET_TYPE", "tcp", 1);
+    setenv("REDIS_URL", test_env("RL_TEST_REDIS"), 1);
+    setenv("USE_PROMETHEUS", "true", 1);
+    setenv("PROMETHEUS_ADDR", "localhost", 1);
+    char *argv[] = {(char *)test_env("RL_TEST_RLS"), NULL};
+    pid_t pid = test_spawn(argv, log);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 3, "status %d",
+              status);
+    cr_assert_eq(log_count(log, "PROMETHEUS_ADDR=\"localhost\": not "
+                           "host:port"), 1);
 }
