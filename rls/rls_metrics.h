@@ -15,8 +15,8 @@
  * memory without bound. An upstream counter appears once it is not 0, as
  * upstream's exporter learns of it from its first non-zero flush.
  *
- * Threads: every function but _new, _free, _serve and _stop is
- * thread-safe and takes no lock: counters are relaxed atomics, a series
+ * Threads: every function but _new, _free and _serve is thread-safe and
+ * takes no lock: counters are relaxed atomics, a series
  * is published once into its slot (compare-and-swap) and never moved or
  * freed while the metrics live. A NULL rls_metrics or rls_series counts
  * nothing.
