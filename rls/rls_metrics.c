@@ -460,6 +460,8 @@ static void serve_page(nng_aio *aio)
     rl_nng_handoff(m);
     size_t len = 0;
     char *text = rls_metrics_text(m, &len);
+    /* After the last read of m: rls_metrics_free may follow a stop. */
+    rl_nng_handoff(m);
     nng_http_res *res = NULL;
     int rv = text != NULL ? nng_http_res_alloc(&res) : NNG_ENOMEM;
     if (rv == 0)

@@ -13,7 +13,6 @@
 #include "rls_stat_key.h"
 
 #include <math.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
