@@ -14,6 +14,7 @@
 #include "rl.h"
 #include "rls_http.h"
 #include "rls_log.h"
+#include "rls_metrics.h"
 #include "rls_runtime.h"
 #include "rls_service.h"
 #include "rls_settings.h"
@@ -67,6 +68,7 @@ typedef struct app {
     int n_workers;
     rls_http_config hc;
     rls_http *http;
+    rls_metrics *metrics;         /* USE_PROMETHEUS, else NULL */
     atomic_bool draining;
     uv_loop_t *loop;
     uv_signal_t sigterm, sigint, sighup;
@@ -161,8 +163,6 @@ static const char *not_built(const rls_settings *s)
     if (s->grpc_server_use_tls)
         return "GRPC_SERVER_USE_TLS=true: rl-rls serves gRPC in cleartext "
                "(h2c) only for now; terminate TLS in front of it";
-    if (s->use_prometheus)
-        return "USE_PROMETHEUS=true: rl-rls has no metrics endpoint yet";
     return NULL;
 }
 
@@ -215,11 +215,13 @@ static void load_runtime(app *a, const char *why)
 {
     char err[1024];
     if (rls_runtime_load(&a->runtime, err, sizeof err) != 0) {
+        rls_metrics_event(a->metrics, RLS_EV_CONFIG_LOAD_ERROR);
         rl_log(&a->log, RL_LOG_ERROR, "config_refused",
                "why=%s reason=\"%s\" kept=%s", why, err,
                a->runtime.current != NULL ? "previous" : "none");
         return;
     }
+    rls_metrics_event(a->metrics, RLS_EV_CONFIG_LOAD_SUCCESS);
     rl_log(&a->log, RL_LOG_INFO, "config_loaded", "why=%s domains=%zu "
            "files=%zu", why, a->runtime.current->cfg->n_domains,
            a->runtime.current->cfg->n_files);
@@ -312,7 +314,10 @@ static int start_workers(app *a, int n)
                                .headers = s->limit_response_headers_enabled,
                                .limit_header = s->limit_limit_header,
                                .remaining_header = s->limit_remaining_header,
-                               .reset_header = s->limit_reset_header};
+                               .reset_header = s->limit_reset_header,
+                               .metrics = a->metrics,
+                               .near_limit_ratio =
+                                   (float)s->near_limit_ratio};
     a->wc = (rls_worker_config){.rl = a->rl, .runtime = &a->runtime,
                                 .options = &a->options,
                                 .host = s->grpc_host,
@@ -324,7 +329,8 @@ static int start_workers(app *a, int n)
                                         s->grpc_max_connection_age_grace_ms)},
                                 .log = a->log.fn,
                                 .log_level = a->log.level,
-                                .draining = &a->draining};
+                                .draining = &a->draining,
+                                .metrics = a->metrics};
     for (int i = 0; i < n; i++) {
         if (rls_worker_start(&a->workers[i], &a->wc, err, sizeof err) != 0) {
             fprintf(stderr, "rl-rls: %s\n", err);
@@ -350,6 +356,11 @@ static int start_http(app *a)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_RUNTIME;
     }
+    if (a->metrics != NULL
+        && rls_metrics_serve(a->metrics, err, sizeof err) != 0) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_RUNTIME;
+    }
     return 0;
 }
 
@@ -360,7 +371,17 @@ static int start(app *a, int workers)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_CONFIG;
     }
-    if (rls_runtime_load(&a->runtime, err, sizeof err) != 0) {
+    if (a->settings.use_prometheus
+        && (a->metrics = rls_metrics_new(&a->log, a->settings.prometheus_addr,
+                                         a->settings.prometheus_path, err,
+                                         sizeof err)) == NULL) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    int loaded = rls_runtime_load(&a->runtime, err, sizeof err);
+    rls_metrics_event(a->metrics, loaded == 0 ? RLS_EV_CONFIG_LOAD_SUCCESS
+                                              : RLS_EV_CONFIG_LOAD_ERROR);
+    if (loaded != 0) {
         if (!a->settings.force_start_without_initial_config) {
             fprintf(stderr, "rl-rls: %s\n", err);
             return EXIT_CONFIG;
@@ -401,6 +422,7 @@ int main(int argc, char **argv)
             stop_workers(&a);
         uv_run(a.loop, UV_RUN_DEFAULT);
         rls_http_stop(a.http);
+        rls_metrics_free(a.metrics);
         rls_runtime_fini(&a.runtime);
         rl_log(&a.log, RL_LOG_INFO, "stopped", "%s", "");
     }

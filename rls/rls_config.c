@@ -1037,6 +1037,10 @@ void rls_config_lookup(const rls_domain *d, const rls_entry *entries,
             composite bare = {e->key, e->key_len, NULL, 0};
             next = exact(lv, &bare);
         }
+        if (next != NULL)
+            out->named[i] = next->value_to_metric && !next->share_threshold
+                                ? NULL
+                                : next->key_value;
         if (next != NULL && next->limit != NULL && i == n - 1)
             out->limit = next->limit;
         if (next == NULL || next->children.n == 0)

@@ -101,10 +101,14 @@ typedef struct rls_entry {
 
 /* What a lookup found: the limit that applies (NULL: none), and for each
  * entry matched by a share_threshold wildcard the pattern's value part
- * (the counter is the pattern's, not the value's), NULL elsewhere. */
+ * (the counter is the pattern's, not the value's), NULL elsewhere. For
+ * upstream's stats key (rls_stat_key.h), each matched entry's part of it:
+ * the descriptor's key_value, or NULL where value_to_metric names it by
+ * the request's own value. */
 typedef struct rls_match {
     const rls_limit *limit;
     const char *shared[RLS_ENTRIES_MAX];
+    const char *named[RLS_ENTRIES_MAX];
 } rls_match;
 
 /* rls_config_new: an empty config; merge: a domain in several files has

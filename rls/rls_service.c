@@ -17,7 +17,9 @@
 #include "envoy/service/ratelimit/v3/rls.pb-c.h"
 #include "keys.h"
 #include "resp.h"
+#include "rls_stat_key.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,7 @@ typedef struct slot {
     char *name;         /* the limit's, copied; NULL for none */
     uint32_t remaining;
     int64_t reset_s;
+    rls_series *series; /* its counters (USE_PROMETHEUS), or NULL */
 } slot;
 
 struct rls_call {
@@ -63,6 +66,7 @@ struct rls_call {
     bool cancelled;     /* answered already (or its client is gone) */
     bool reading;       /* the first of the two steps' checks are out */
     bool degraded;      /* a check or the call's deadline: on_error */
+    bool expired;       /* answered at the call's deadline */
     int pending;        /* checks out, plus one while starting */
     char (*values)[RLS_VALUE_MAX + 1];  /* each descriptor's rl value */
     size_t *lens;
@@ -157,12 +161,25 @@ static bool entries_of(const descriptor *d, rls_entry *out)
     return true;
 }
 
+/* The labels of a limited descriptor's counters into labels (NULL: no
+ * metrics); none (the overflow series) without memory. */
+static void stat_labels(const request *r, const rls_entry *entries,
+                        size_t n, const rls_match *m, char *labels,
+                        size_t *labels_len)
+{
+    if (labels == NULL)
+        return;
+    long len = rls_stat_labels(r->domain, entries, n, m, labels);
+    *labels_len = len > 0 ? (size_t)len : 0;
+}
+
 /* Finds descriptor i's limit (*found: the config's, NULL for none or the
- * descriptor's own) and, for a limited one, its value. */
+ * descriptor's own) and, for a limited one, its value and its counters'
+ * labels. */
 static void find_limit(const rls_config *cfg, const rls_options *o,
                        const request *r, size_t i, slot *s,
                        const rls_limit **found, char *value,
-                       size_t *value_len)
+                       size_t *value_len, char *labels, size_t *labels_len)
 {
     const descriptor *d = r->descriptors[i];
     const rls_domain *dom = rls_config_domain(cfg, r->domain,
@@ -182,12 +199,14 @@ static void find_limit(const rls_config *cfg, const rls_options *o,
         s->rpu = d->limit->requests_per_unit;
         s->unit = (rls_unit)unit;
         s->name = "";
+        stat_labels(r, entries, d->n_entries, NULL, labels, labels_len);
     } else {
         rls_config_lookup(dom, entries, d->n_entries, &m);
         if (m.limit == NULL)
             return;
         take_limit(s, m.limit, o);
         *found = m.limit;
+        stat_labels(r, entries, d->n_entries, &m, labels, labels_len);
     }
     *value_len = rls_descriptor_value(r->domain, entries, d->n_entries,
                                       m.shared, value);
@@ -245,7 +264,8 @@ static void header_value(header *h, const char *key, char *buf, size_t cap,
 }
 
 /* upstream's overall code: OVER_LIMIT when a descriptor is over that is
- * no quota, or when every quota descriptor is; OK under SHADOW_MODE. */
+ * no quota, or when every quota descriptor is (SHADOW_MODE then makes it
+ * OK). */
 static bool overall_over(const rls_call *c)
 {
     int quotas = 0, quotas_over = 0;
@@ -256,10 +276,10 @@ static bool overall_over(const rls_call *c)
             quotas++;
             quotas_over += over;
         } else if (over) {
-            return !c->o->shadow_mode;
+            return true;
         }
     }
-    return quotas > 0 && quotas == quotas_over && !c->o->shadow_mode;
+    return quotas > 0 && quotas == quotas_over;
 }
 
 static void fill_status(const slot *s, status *st, rate_limit *rl,
@@ -306,8 +326,11 @@ static void answer(rls_call *c)
             fill_status(&c->slots[i], &st[i], &rl[i], &reset[i]);
             sp[i] = &st[i];
         }
+        bool over = overall_over(c);
+        if (over && c->o->shadow_mode)
+            rls_metrics_event(c->o->metrics, RLS_EV_GLOBAL_SHADOW_MODE);
         r.overall_code =
-            overall_over(c)
+            over && !c->o->shadow_mode
                 ? ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OVER_LIMIT
                 : ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OK;
         r.n_statuses = n;
@@ -327,6 +350,9 @@ static void answer(rls_call *c)
         header degraded = ENVOY__CONFIG__CORE__V3__HEADER_VALUE__INIT,
                *dp = &degraded;
         if (c->degraded) {
+            rls_metrics_event(c->o->metrics, c->expired
+                                                 ? RLS_EV_DEGRADED_DEADLINE
+                                                 : RLS_EV_DEGRADED_STORE);
             /* To the upstream request, not the client's response: the
              * service, not the client, needs to know. */
             degraded.key = RLS_DEGRADED_HEADER;
@@ -370,20 +396,60 @@ static void one_less(rls_call *c)
     free_call(c);
 }
 
+/* --- Counting (USE_PROMETHEUS) ---------------------------------------- */
+
+/* Hits within the limit that are near it, by upstream's arithmetic
+ * (checkNearLimitThreshold): the count after them over ratio x the limit
+ * (float32, rounded down), and of them, those past it. The count is the
+ * limit less what remains (a token bucket's: its size less its tokens). */
+static uint64_t near_hits(const slot *s, float ratio)
+{
+    uint64_t size = s->burst > 0 ? s->burst : s->rpu;
+    uint64_t after = s->remaining < size ? size - s->remaining : 0;
+    uint64_t before = after > s->hits ? after - s->hits : 0;
+    uint64_t near = (uint64_t)floor((double)((float)size * ratio));
+    if (after <= near)
+        return 0;
+    return before >= near ? s->hits : after - near;
+}
+
+/* A descriptor's hits into its limit's counters, once decided. A hit over
+ * the limit counts all its hits over: the decision does not carry the
+ * count that would split a hits_addend across the limit as upstream does.
+ * One decided by on_error is never near: nothing is known of the count. */
+static void count(const rls_call *c, const slot *s, bool by_on_error)
+{
+    if (s->series == NULL)
+        return;
+    rls_hits h = {.total = s->hits};
+    if (s->over) {
+        h.over = s->hits;
+        h.shadow = s->shadow ? s->hits : 0;
+    } else {
+        h.within = s->hits;
+        h.near = by_on_error ? 0 : near_hits(s, c->o->near_limit_ratio);
+    }
+    rls_series_count(s->series, &h);
+}
+
 static void on_checked(const rl_decision *d, void *arg)
 {
     slot *s = arg;
-    s->waiting = false;
-    s->call->degraded |= d->degraded;
-    s->over = !d->allowed;
-    s->remaining = d->remaining < UINT32_ALL ? (uint32_t)d->remaining
-                                             : UINT32_ALL;
-    uint64_t ms = d->allowed || d->retry_after_ms <= 0
-                      ? d->reset_ms
-                      : (uint64_t)d->retry_after_ms;
-    s->reset_s = (int64_t)((ms + 999) / 1000);
-    if (s->reset_s == 0)
-        s->reset_s = seconds_to_reset(s->unit);
+    /* Decided already when the call's deadline came first. */
+    if (s->waiting) {
+        s->waiting = false;
+        s->call->degraded |= d->degraded;
+        s->over = !d->allowed;
+        s->remaining = d->remaining < UINT32_ALL ? (uint32_t)d->remaining
+                                                 : UINT32_ALL;
+        uint64_t ms = d->allowed || d->retry_after_ms <= 0
+                          ? d->reset_ms
+                          : (uint64_t)d->retry_after_ms;
+        s->reset_s = (int64_t)((ms + 999) / 1000);
+        if (s->reset_s == 0)
+            s->reset_s = seconds_to_reset(s->unit);
+        count(s->call, s, d->degraded);
+    }
     one_less(s->call);
 }
 
@@ -432,6 +498,7 @@ static bool send_check(rls_call *c, size_t i, uint32_t cost, int *rc)
     if (s->rpu == 0) {
         s->over = s->hits > 0;
         s->reset_s = seconds_to_reset(s->unit);
+        count(c, s, false);
         return true;
     }
     rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, s->burst};
@@ -505,17 +572,24 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
                     "grpc: error unmarshalling request");
     char why[160];
     const char *refused = refusal(r, cfg, why, sizeof why);
-    if (refused != NULL)
+    if (refused != NULL) {
+        rls_metrics_event(o->metrics, RLS_EV_SERVICE_ERROR);
         return fail(fn, arg, &arena, RLS_GRPC_UNKNOWN, refused);
+    }
     size_t n = r->n_descriptors;
     const rls_limit **found = rls_arena_alloc(&arena, n * sizeof *found);
     bool *drop = rls_arena_alloc(&arena, n * sizeof *drop);
+    char (*labels)[RLS_STAT_LABELS_MAX] =
+        o->metrics != NULL ? rls_arena_alloc(&arena, n * sizeof *labels)
+                           : NULL;
+    size_t *label_lens = rls_arena_alloc(&arena, n * sizeof *label_lens);
     /* The values outlive this function (a second step may check them
      * again): one block with the call and its slots, lens first for their
      * alignment (n is at most RLS_DESCRIPTORS_MAX). */
     rls_call *c = calloc(1, sizeof *c + n * sizeof(slot)
                                 + n * (sizeof(size_t) + RLS_VALUE_MAX + 1));
-    if (c == NULL || found == NULL || drop == NULL) {
+    if (c == NULL || found == NULL || drop == NULL || label_lens == NULL
+        || (o->metrics != NULL && labels == NULL)) {
         free(c);
         return fail(fn, arg, &arena, RLS_GRPC_INTERNAL, "out of memory");
     }
@@ -527,7 +601,8 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
     for (size_t i = 0; i < n; i++) {
         c->slots[i].call = c;
         find_limit(cfg, o, r, i, &c->slots[i], &found[i], values[i],
-                   &lens[i]);
+                   &lens[i], labels != NULL ? labels[i] : NULL,
+                   &label_lens[i]);
         c->slots[i].hits = (uint32_t)hits_of(r, r->descriptors[i]);
     }
     /* Every replacing limit is known before any is dropped. */
@@ -540,8 +615,12 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
     int rc = RL_OK;
     bool names = keep_names(c);
     for (size_t i = 0; names && i < n && rc == RL_OK; i++) {
-        if (c->slots[i].limited)
-            send_check(c, i, c->reading ? 0 : c->slots[i].hits, &rc);
+        if (!c->slots[i].limited)
+            continue;
+        if (labels != NULL)
+            c->slots[i].series = rls_metrics_series(o->metrics, labels[i],
+                                                    label_lens[i]);
+        send_check(c, i, c->reading ? 0 : c->slots[i].hits, &rc);
     }
     rls_arena_free(&arena);
     if (!names || rc != RL_OK) {
@@ -573,10 +652,13 @@ void rls_call_expire(rls_call *c)
         if (!s->waiting)
             continue;
         /* Its on_error decides, with nothing known of the count. */
+        s->waiting = false;
         s->over = s->deny;
         s->remaining = s->rpu;
         s->reset_s = seconds_to_reset(s->unit);
         c->degraded = true;
+        c->expired = true;
+        count(c, s, true);
     }
     answer(c);
     c->cancelled = true;

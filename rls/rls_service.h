@@ -17,6 +17,7 @@
 #include "rl.h"
 #include "rls_config.h"
 #include "rls_grpc.h"
+#include "rls_metrics.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,6 +39,9 @@ typedef struct rls_options {
     const char *limit_header;     /* their names */
     const char *remaining_header;
     const char *reset_header;
+    /* USE_PROMETHEUS's counters (NULL: none), and NEAR_LIMIT_RATIO. */
+    rls_metrics *metrics;
+    float near_limit_ratio;
 } rls_options;
 
 /* A call's answer: status OK with a RateLimitResponse's bytes (len), or

@@ -88,6 +88,8 @@ typedef struct call {
     bool starting;
     bool orphan;         /* answered into a closing connection: wait for
                           * its on_cancel */
+    uint64_t started;    /* uv_hrtime at its start */
+    bool replied;        /* its end is counted */
 } call;
 
 static void on_deadline_closed(uv_handle_t *h)
@@ -125,10 +127,21 @@ static void arm_deadline(rls_worker *w, call *c, uint64_t timeout_ms)
                    timeout_ms > lead ? timeout_ms - lead : 0, 0);
 }
 
+/* A call's end, counted once: answered, or its client gone first. */
+static void call_end(call *c)
+{
+    if (c->replied)
+        return;
+    c->replied = true;
+    rls_metrics_call_end(c->w->wc->metrics, RLS_METHOD_SHOULD_RATE_LIMIT,
+                         uv_hrtime() - c->started);
+}
+
 static void on_answer(void *arg, rls_grpc_status status, const uint8_t *msg,
                       size_t len, const char *message)
 {
     call *c = arg;
+    call_end(c);
     int rc = rls_h2_reply(c->h2, status, msg, len, message);
     c->svc = NULL;
     if (rc == RLS_H2_ECANCELLED) {
@@ -150,7 +163,8 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
                      "out of memory");
         return;
     }
-    *c = (call){.w = w, .h2 = h2, .starting = true};
+    *c = (call){.w = w, .h2 = h2, .starting = true, .started = uv_hrtime()};
+    rls_metrics_call_start(w->wc->metrics, RLS_METHOD_SHOULD_RATE_LIMIT);
     rls_h2_call_set_data(h2, c);
     rls_snapshot *snap = rls_runtime_get(w->wc->runtime);
     rls_call *svc = rls_should_rate_limit(w->agent,
@@ -202,8 +216,13 @@ static void on_call(void *arg, rls_h2_call *h2, const char *path,
     rls_worker *w = arg;
     if (is_path(path, path_len, SHOULD_RATE_LIMIT))
         should_rate_limit(w, h2, msg, len, timeout_ms);
-    else if (is_path(path, path_len, HEALTH_CHECK))
+    else if (is_path(path, path_len, HEALTH_CHECK)) {
+        uint64_t started = uv_hrtime();
+        rls_metrics_call_start(w->wc->metrics, RLS_METHOD_HEALTH_CHECK);
         health_check(w, h2, msg, len);
+        rls_metrics_call_end(w->wc->metrics, RLS_METHOD_HEALTH_CHECK,
+                             uv_hrtime() - started);
+    }
     else
         rls_h2_reply(h2, RLS_GRPC_UNIMPLEMENTED, NULL, 0, "unknown method");
 }
@@ -214,6 +233,7 @@ static void on_cancel(void *arg, rls_h2_call *h2)
     call *c = rls_h2_call_data(h2);
     if (c == NULL)
         return;
+    call_end(c);
     if (c->svc != NULL)
         rls_call_cancel(c->svc);
     release(c);

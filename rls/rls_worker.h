@@ -31,6 +31,7 @@ typedef struct rls_worker_config {
     rl_log_fn log;
     rl_log_level log_level;
     atomic_bool *draining;        /* set: Health answers NOT_SERVING */
+    rls_metrics *metrics;         /* USE_PROMETHEUS's, or NULL */
 } rls_worker_config;
 
 typedef struct rls_worker rls_worker;
