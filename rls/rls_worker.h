@@ -31,6 +31,8 @@ typedef struct rls_worker_config {
     rl_log_fn log;
     rl_log_level log_level;
     atomic_bool *draining;        /* set: Health answers NOT_SERVING */
+    rls_tls_ctx *tls;             /* NULL: h2c; else TLS only, the
+                                   * context shared by every worker */
 } rls_worker_config;
 
 typedef struct rls_worker rls_worker;

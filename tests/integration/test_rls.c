@@ -211,7 +211,6 @@ Test(rls, a_variable_it_cannot_honour_stops_the_start)
 {
     const char *cases[][2] = {
         {"USE_PROMETHEUS=true", "USE_PROMETHEUS=true: rl-rls has no"},
-        {"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS=true: rl-rls"},
         {"BACKEND_TYPE=memcache", "BACKEND_TYPE"},
         {"LOG_LEVEL=loud", "LOG_LEVEL"},
     };
