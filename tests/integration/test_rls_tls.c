@@ -51,29 +51,26 @@ static void make_certs(certs *c)
              c->dir);
 }
 
-/* "NAME=value" kept for putenv, which keeps the pointer. */
-static char *var(const char *name, const char *value)
-{
-    size_t n = strlen(name) + strlen(value) + 2;
-    char *s = malloc(n);
-    cr_assert_not_null(s);
-    snprintf(s, n, "%s=%s", name, value);
-    return s;
-}
-
 /* rl-rls over TLS with the server's pair, a client CA and a SAN if not
- * NULL. */
+ * NULL. The variables' text is static: putenv keeps it. */
 static void start_tls(test_rls *r, const certs *c, const char *client_ca,
                       const char *san)
 {
-    const char *env[6] = {"GRPC_SERVER_USE_TLS=true",
-                          var("GRPC_SERVER_TLS_CERT", c->server),
-                          var("GRPC_SERVER_TLS_KEY", c->server_key)};
+    static char vars[4][400];
+    const char *env[6] = {"GRPC_SERVER_USE_TLS=true", vars[0], vars[1]};
+    snprintf(vars[0], sizeof vars[0], "GRPC_SERVER_TLS_CERT=%s", c->server);
+    snprintf(vars[1], sizeof vars[1], "GRPC_SERVER_TLS_KEY=%s",
+             c->server_key);
     int n = 3;
-    if (client_ca != NULL)
-        env[n++] = var("GRPC_CLIENT_TLS_CACERT", client_ca);
-    if (san != NULL)
-        env[n++] = var("GRPC_CLIENT_TLS_SAN", san);
+    if (client_ca != NULL) {
+        snprintf(vars[2], sizeof vars[2], "GRPC_CLIENT_TLS_CACERT=%s",
+                 client_ca);
+        env[n++] = vars[2];
+    }
+    if (san != NULL) {
+        snprintf(vars[3], sizeof vars[3], "GRPC_CLIENT_TLS_SAN=%s", san);
+        env[n++] = vars[3];
+    }
     test_rls_start(r, limits, NULL, env);
 }
 
@@ -207,6 +204,27 @@ Test(rls_tls, only_a_client_offering_h2_gets_through_alpn)
                            "reason=\"the client offered no ALPN protocol: "
                            "h2 is required\"", 5000);
     assert_served(&r, o.argv);
+    test_rls_stop(&r);
+}
+
+/* TLS 1.2 at least: a client of TLS 1.1 at most is refused, even one
+ * that would take any cipher. */
+Test(rls_tls, a_client_below_tls_1_2_is_refused)
+{
+    certs c;
+    make_certs(&c);
+    test_rls r;
+    start_tls(&r, &c, NULL, NULL);
+    tls_opts o;
+    static char out[2048];
+    long from = test_log_size(r.log);
+    test_rls_call_with(&r, opts(&o, &c, NULL, NULL), out, sizeof out,
+                       "{\"handshake\": [\"h2\"], \"tls\": \"1.1\"}",
+                       "{\"handshake\": [\"h2\"]}", NULL);
+    cr_assert(strncmp(out, "TLS_ERROR ", 10) == 0, "%s", out);
+    cr_assert(strstr(out, "\nTLS h2\n") != NULL, "%s", out);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "reason=\"unsupported protocol\"", 5000);
     test_rls_stop(&r);
 }
 
