@@ -329,3 +329,25 @@ Test(rls_tls, a_key_or_certificate_it_cannot_use_stops_the_start)
                   text, want[i]);
     }
 }
+
+/* The client's variables without what they need (as upstream, of no
+ * effect) are named at start, not silently dropped: here the port stays
+ * cleartext. */
+Test(rls_tls, tls_variables_without_use_tls_are_named_at_start)
+{
+    certs c;
+    make_certs(&c);
+    static char ca[400];
+    snprintf(ca, sizeof ca, "GRPC_CLIENT_TLS_CACERT=%s", c.ca);
+    const char *env[] = {ca, NULL};
+    test_rls r;
+    test_rls_start(&r, limits, NULL, env);
+    test_wait_for_log(&r.pid, r.log, "event=setting_without_effect "
+                      "GRPC_SERVER_TLS_CERT, GRPC_CLIENT_TLS_CACERT: gRPC "
+                      "is served in cleartext without "
+                      "GRPC_SERVER_USE_TLS=true", 5000);
+    static char out[1024];
+    test_rls_call(&r, out, sizeof out, "{\"health\": true}", NULL);
+    cr_assert_str_eq(out, "HEALTH SERVING\n");
+    test_rls_stop(&r);
+}
