@@ -19,6 +19,7 @@
 #include "rls_service.h"
 #include "rls_settings.h"
 #include "rls_store.h"
+#include "rls_tls.h"
 #include "rls_worker.h"
 
 #include "log.h"
@@ -64,6 +65,7 @@ typedef struct app {
     rls_runtime runtime;
     rls_options options;
     rls_worker_config wc;
+    rls_tls_ctx *tls;             /* GRPC_SERVER_USE_TLS=true */
     rls_worker *workers[WORKERS_MAX];
     int n_workers;
     rls_http_config hc;
@@ -155,17 +157,6 @@ static int load_rl_config(app *a, const char *path)
     return 0;
 }
 
-/* What upstream's variables ask that this rl-rls does not do yet
- * (docs/envoy.md): refused when set away from upstream's default, never
- * silently ignored. */
-static const char *not_built(const rls_settings *s)
-{
-    if (s->grpc_server_use_tls)
-        return "GRPC_SERVER_USE_TLS=true: rl-rls serves gRPC in cleartext "
-               "(h2c) only for now; terminate TLS in front of it";
-    return NULL;
-}
-
 /* LOG_LEVEL's names (logrus's, checked by the settings) as rl's levels:
  * trace is debug, warning warn, fatal and panic error. */
 static rl_log_level log_level(const rls_settings *s)
@@ -192,11 +183,6 @@ static int read_settings(app *a)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_CONFIG;
     }
-    const char *unbuilt = not_built(&a->settings);
-    if (unbuilt != NULL) {
-        fprintf(stderr, "rl-rls: %s\n", unbuilt);
-        return EXIT_CONFIG;
-    }
     /* LOG_FORMAT is text or json (the settings checked it). */
     a->log = (rl_logger){strcasecmp(a->settings.log_format, "json") == 0
                              ? rls_log_json
@@ -207,6 +193,34 @@ static int read_settings(app *a)
         rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%.*s",
                (int)n, line);
         line += n + (line[n] == '\n');
+    }
+    return 0;
+}
+
+/* The gRPC port's TLS, built once for every worker. The client's
+ * settings mean nothing without what they depend on (as upstream, which
+ * ignores them): said at start, not silently ignored. */
+static int load_tls(app *a)
+{
+    const rls_settings *s = &a->settings;
+    if (!s->grpc_server_use_tls && (*s->grpc_server_tls_cert != '\0'
+                                    || *s->grpc_client_tls_cacert != '\0'))
+        rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%s",
+               "GRPC_SERVER_TLS_CERT, GRPC_CLIENT_TLS_CACERT: gRPC is "
+               "served in cleartext without GRPC_SERVER_USE_TLS=true");
+    else if (*s->grpc_client_tls_san != '\0'
+             && *s->grpc_client_tls_cacert == '\0')
+        rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%s",
+               "GRPC_CLIENT_TLS_SAN: no client certificate is asked for "
+               "without GRPC_CLIENT_TLS_CACERT");
+    if (!s->grpc_server_use_tls)
+        return 0;
+    rls_tls_config c = {s->grpc_server_tls_cert, s->grpc_server_tls_key,
+                        s->grpc_client_tls_cacert, s->grpc_client_tls_san};
+    char err[1024];
+    if ((a->tls = rls_tls_ctx_new(&c, err, sizeof err)) == NULL) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
     }
     return 0;
 }
@@ -330,7 +344,8 @@ static int start_workers(app *a, int n)
                                 .log = a->log.fn,
                                 .log_level = a->log.level,
                                 .draining = &a->draining,
-                                .metrics = a->metrics};
+                                .metrics = a->metrics,
+                                .tls = a->tls};
     for (int i = 0; i < n; i++) {
         if (rls_worker_start(&a->workers[i], &a->wc, err, sizeof err) != 0) {
             fprintf(stderr, "rl-rls: %s\n", err);
@@ -415,7 +430,7 @@ int main(int argc, char **argv)
      * rl-gateway's main). */
     static app a;
     if ((rc = read_settings(&a)) == 0 && (rc = load_rl_config(&a, config))
-        == 0) {
+        == 0 && (rc = load_tls(&a)) == 0) {
         start_handles(&a);
         rc = start(&a, workers);
         if (rc != 0)
@@ -426,6 +441,7 @@ int main(int argc, char **argv)
         rls_runtime_fini(&a.runtime);
         rl_log(&a.log, RL_LOG_INFO, "stopped", "%s", "");
     }
+    rls_tls_ctx_free(a.tls);
     rl_config_free(a.rl);
     rls_settings_free(&a.settings);
     return rc;

@@ -4,14 +4,18 @@
  * bytes arrive, so a silent connection holds its handle and little else.
  * Bytes read go to the session (feed); what the session has to send is
  * gathered once per loop turn, from a uv_prepare, and written with one
- * send() (flush). TLS would sit between the two: feed would take
- * plaintext from its BIO, write_out would hand bytes to SSL_write.
+ * send() (flush). Over TLS (rls_tls), ciphertext read goes to the
+ * connection's TLS state and its plaintext to feed; what flush gathers is
+ * encrypted and the ciphertext sent (ship) the same way, under the same
+ * rule: nothing more is read or gathered while a write waits for the peer.
  *
  * A call belongs to its connection's list from its HEADERS to its
  * stream's close; nghttp2 frees streams without a callback when a session
  * is deleted, so the list is what finds unanswered calls to cancel.
  */
 #include "rls_h2.h"
+
+#include "rls_tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,6 +33,8 @@
 #define READ_BUFFER (64 * 1024)
 /* What one write gathers from a session before it goes to the socket. */
 #define OUT_BUFFER (64 * 1024)
+/* Plaintext out of TLS, a record's worth at most at a time. */
+#define PLAIN_BUFFER (16 * 1024)
 /* Request headers as SETTINGS_MAX_HEADER_LIST_SIZE counts them (name,
  * value, 32 each): gRPC suggests 8 KiB; a call over twice that is refused. */
 #define MAX_HEADER_LIST (16 * 1024)
@@ -74,6 +80,7 @@ struct h2_conn {
     uint64_t max_age;                 /* its age, jittered */
     uint64_t aged_at;                 /* uv_now at its age's GOAWAY; 0:
                                        * none yet */
+    rls_tls *tls;                     /* NULL: cleartext */
     int in_session;                   /* inside nghttp2 (its callbacks) */
     bool dirty, reading, writing, done_reading, closing, reset;
 };
@@ -91,6 +98,8 @@ struct rls_h2_server {
     nghttp2_session_callbacks *callbacks;
     nghttp2_option *option;
     nghttp2_mem mem;
+    rls_tls_ctx *tls;                 /* NULL: cleartext (h2c) */
+    rl_logger log;
     h2_conn *conns, *dirty;
     rls_h2_stats stats;
     uint16_t port;
@@ -100,12 +109,15 @@ struct rls_h2_server {
     void *done_arg;
     uint8_t read_buf[READ_BUFFER];
     uint8_t out_buf[OUT_BUFFER];
+    uint8_t cipher_buf[OUT_BUFFER];   /* ciphertext on its way out */
+    uint8_t plain_buf[PLAIN_BUFFER];  /* plaintext on its way in */
 };
 
 static void conn_close(h2_conn *c, bool reset);
 static void mark_dirty(h2_conn *c);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf);
+static ssize_t send_now(h2_conn *c, struct iovec *iov, int n);
 
 /* ---- memory: nghttp2's and ours, counted per server ---- */
 
@@ -619,7 +631,7 @@ static bool closed_meanwhile(h2_conn *c)
     return true;
 }
 
-/* Bytes from the peer (the socket's now; a TLS layer's plaintext later). */
+/* Bytes from the peer: the socket's, or TLS's plaintext. */
 static void feed(h2_conn *c, const uint8_t *data, size_t len)
 {
     if (c->session == NULL && start_session(c) != 0) {
@@ -643,6 +655,65 @@ static void feed(h2_conn *c, const uint8_t *data, size_t len)
     mark_dirty(c);
 }
 
+static int deliver(void *arg, const uint8_t *data, size_t len)
+{
+    h2_conn *c = arg;
+    feed(c, data, len);
+    return c->closing || c->done_reading;
+}
+
+/* One line for a connection TLS refused (or broke), with its peer and
+ * OpenSSL's reason; it changes nothing for the others. */
+static void log_tls_refusal(h2_conn *c, int rc)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&sa;
+            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+            port = ntohs(a->sin6_port);
+        } else {
+            struct sockaddr_in *a = (struct sockaddr_in *)&sa;
+            inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+            port = ntohs(a->sin_port);
+        }
+    }
+    rl_log(&c->srv->log, RL_LOG_WARN,
+           rc == RLS_TLS_EHANDSHAKE ? "tls_handshake_failed" : "tls_error",
+           "peer=%s:%d reason=\"%s\"", host, port,
+           rls_tls_reason(c->tls));
+}
+
+/* Ciphertext from the peer: its plaintext goes to feed; what TLS has to
+ * answer (the handshake's messages) goes at the turn's flush. A refused
+ * handshake sends its alert if the socket takes it now, and closes. */
+static void tls_in(h2_conn *c, const uint8_t *data, size_t len)
+{
+    rls_h2_server *s = c->srv;
+    int rc = rls_tls_in(c->tls, data, len, s->plain_buf, PLAIN_BUFFER,
+                        deliver, c);
+    if (c->closing)
+        return;
+    if (rc == RLS_TLS_EHANDSHAKE || rc == RLS_TLS_EPROTO) {
+        log_tls_refusal(c, rc);
+        size_t n = rls_tls_take(c->tls, s->cipher_buf, OUT_BUFFER);
+        struct iovec iov = {s->cipher_buf, n};
+        if (n > 0)
+            send_now(c, &iov, 1);
+        conn_close(c, false);
+        return;
+    }
+    if (rc == RLS_TLS_EOF) {
+        conn_close(c, false);
+        return;
+    }
+    if (rls_tls_pending(c->tls) > 0)
+        mark_dirty(c);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     h2_conn *c = h->data;
@@ -658,7 +729,9 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
         conn_close(c, false);
         return;
     }
-    if (n > 0)
+    if (n > 0 && c->tls != NULL)
+        tls_in(c, (const uint8_t *)buf->base, (size_t)n);
+    else if (n > 0)
         feed(c, (const uint8_t *)buf->base, (size_t)n);
 }
 
@@ -701,20 +774,12 @@ static void on_written(uv_write_t *w, int status)
     mark_dirty(c);
 }
 
-/* What send() left: one uv_write, one at a time, while reading waits.
- * 0, or -1 if the connection is done for. */
-static int write_rest(h2_conn *c, const uint8_t *a, size_t alen,
-                      const uint8_t *b, size_t blen)
+/* What send() left, in c->pending (len bytes): one uv_write, one at a
+ * time, while reading waits. 0, or -1 if the connection is done for. */
+static int start_write(h2_conn *c, size_t len)
 {
     rls_h2_server *s = c->srv;
-    c->pending = mem_malloc(alen + blen, s);
-    if (c->pending == NULL)
-        return -1;
-    if (alen > 0)
-        memcpy(c->pending, a, alen);
-    if (blen > 0)
-        memcpy(c->pending + alen, b, blen);
-    uv_buf_t buf = uv_buf_init((char *)c->pending, (unsigned)(alen + blen));
+    uv_buf_t buf = uv_buf_init((char *)c->pending, (unsigned)len);
     c->write_req.data = c;
     if (uv_write(&c->write_req, (uv_stream_t *)&c->tcp, &buf, 1, on_written)
         != 0) {
@@ -732,12 +797,63 @@ static int write_rest(h2_conn *c, const uint8_t *a, size_t alen,
     return 0;
 }
 
-/* The session's bytes to the peer (to the socket now; to a TLS layer
- * later): 1 when all went, 0 when the rest waits in a write, -1 if the
- * connection is done for. */
+static int write_rest(h2_conn *c, const uint8_t *a, size_t alen,
+                      const uint8_t *b, size_t blen)
+{
+    c->pending = mem_malloc(alen + blen, c->srv);
+    if (c->pending == NULL)
+        return -1;
+    if (alen > 0)
+        memcpy(c->pending, a, alen);
+    if (blen > 0)
+        memcpy(c->pending + alen, b, blen);
+    return start_write(c, alen + blen);
+}
+
+/* TLS's ciphertext to the socket, as write_out's: what the socket does
+ * not take now goes in one write with whatever TLS still holds, so that
+ * TLS is empty again before the session gives it more. */
+static int ship(h2_conn *c)
+{
+    rls_h2_server *s = c->srv;
+    for (;;) {
+        size_t n = rls_tls_take(c->tls, s->cipher_buf, OUT_BUFFER);
+        if (n == 0)
+            return 1;
+        struct iovec iov = {s->cipher_buf, n};
+        ssize_t sent = send_now(c, &iov, 1);
+        if (sent < 0)
+            return -1;
+        if ((size_t)sent == n)
+            continue;
+        size_t rest = n - (size_t)sent, more = rls_tls_pending(c->tls);
+        c->pending = mem_malloc(rest + more, s);
+        if (c->pending == NULL)
+            return -1;
+        memcpy(c->pending, s->cipher_buf + sent, rest);
+        if (rls_tls_take(c->tls, c->pending + rest, more) != more) {
+            mem_free(c->pending, s);
+            c->pending = NULL;
+            return -1;
+        }
+        return start_write(c, rest + more);
+    }
+}
+
+/* The session's bytes to the peer, to the socket or through TLS: 1 when
+ * all went, 0 when the rest waits in a write, -1 if the connection is
+ * done for. */
 static int write_out(h2_conn *c, const uint8_t *a, size_t alen,
                      const uint8_t *b, size_t blen)
 {
+    if (c->tls != NULL) {
+        if (rls_tls_out(c->tls, a, alen) != 0
+            || rls_tls_out(c->tls, b, blen) != 0) {
+            log_tls_refusal(c, RLS_TLS_EPROTO);
+            return -1;
+        }
+        return ship(c);
+    }
     struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
     ssize_t n = send_now(c, iov, blen > 0 ? 2 : 1);
     if (n < 0)
@@ -779,7 +895,14 @@ static int gather(h2_conn *c, size_t *len, const uint8_t **extra,
  * (a GOAWAY sent and its streams over). */
 static void flush(h2_conn *c)
 {
-    if (c->closing || c->writing || c->session == NULL)
+    if (c->closing || c->writing)
+        return;
+    /* TLS's own bytes first: the handshake's, a session ticket. */
+    if (c->tls != NULL && rls_tls_pending(c->tls) > 0 && ship(c) < 0) {
+        conn_close(c, false);
+        return;
+    }
+    if (c->writing || c->session == NULL)
         return;
     for (;;) {
         size_t len;
@@ -864,6 +987,7 @@ static void on_conn_closed(uv_handle_t *h)
     if (c->next != NULL)
         c->next->prev = c->prev;
     s->stats.connections--;
+    rls_tls_free(c->tls);
     mem_free(c, s);
     server_handle_closed(s);
 }
@@ -1025,6 +1149,10 @@ static void on_connection(uv_stream_t *listener, int status)
     s->stats.accepted++;
     if (s->stats.connections > s->limits.max_connections) {
         s->stats.refused++;
+        conn_close(c, false);
+        return;
+    }
+    if (s->tls != NULL && (c->tls = rls_tls_new(s->tls)) == NULL) {
         conn_close(c, false);
         return;
     }
@@ -1193,6 +1321,13 @@ rls_h2_server *rls_h2_listen(uv_loop_t *loop, const char *host,
 fail:
     server_free(s);
     return NULL;
+}
+
+void rls_h2_server_use_tls(rls_h2_server *s, rls_tls_ctx *ctx,
+                           const rl_logger *log)
+{
+    s->tls = ctx;
+    s->log = *log;
 }
 
 uint16_t rls_h2_server_port(const rls_h2_server *s)

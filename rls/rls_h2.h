@@ -1,6 +1,7 @@
 /*
  * rls_h2.h: gRPC's unary calls served over HTTP/2 with nghttp2 on one libuv
- * loop: cleartext with prior knowledge (h2c), the client's preface first.
+ * loop: cleartext with prior knowledge (h2c), the client's preface first,
+ * or over TLS with ALPN h2 (rls_h2_server_use_tls).
  * Nothing here knows what a call means: the handler gets each call's path
  * and message and answers it, now or later. rl-rls runs one server per
  * loop, a loop per core, each listening on the same port (SO_REUSEPORT).
@@ -18,7 +19,9 @@
 #ifndef RL_RLS_H2_H
 #define RL_RLS_H2_H
 
+#include "log.h"
 #include "rls_grpc.h"
+#include "rls_tls.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -108,6 +111,16 @@ rls_h2_server *rls_h2_listen(uv_loop_t *loop, const char *host,
                              uint16_t port, bool reuseport,
                              const rls_h2_limits *limits,
                              const rls_h2_handler *h, char *err, size_t cap);
+
+/* rls_h2_server_use_tls: every connection it accepts from now on speaks
+ * TLS with ctx (rls_tls.h; shared with other loops' servers, it outlives
+ * this one) before HTTP/2. A connection TLS refuses or breaks is logged
+ * to log (copied), one line for it (event=tls_handshake_failed or
+ * tls_error, with peer= and reason=), and closed; no other is affected.
+ * Called before the loop runs. TLS's own buffers are OpenSSL's and not in
+ * the stats' bytes. */
+void rls_h2_server_use_tls(rls_h2_server *s, rls_tls_ctx *ctx,
+                           const rl_logger *log);
 
 /* rls_h2_server_port: the port it listens on. */
 uint16_t rls_h2_server_port(const rls_h2_server *s);

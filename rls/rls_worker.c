@@ -318,6 +318,10 @@ static int start_loop(rls_worker *w, char *err, size_t cap)
     if (w->server == NULL)
         return -1;
     w->port = rls_h2_server_port(w->server);
+    if (w->wc->tls != NULL) {
+        rl_logger log = {w->wc->log, NULL, w->wc->log_level};
+        rls_h2_server_use_tls(w->server, w->wc->tls, &log);
+    }
     return 0;
 }
 

@@ -32,6 +32,8 @@ typedef struct rls_worker_config {
     rl_log_level log_level;
     atomic_bool *draining;        /* set: Health answers NOT_SERVING */
     rls_metrics *metrics;         /* USE_PROMETHEUS's, or NULL */
+    rls_tls_ctx *tls;             /* NULL: h2c; else TLS only, the
+                                   * context shared by every worker */
 } rls_worker_config;
 
 typedef struct rls_worker rls_worker;

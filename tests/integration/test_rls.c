@@ -214,7 +214,6 @@ Test(rls, bytes_that_are_not_http2_never_stop_the_service)
 Test(rls, a_variable_it_cannot_honour_stops_the_start)
 {
     const char *cases[][2] = {
-        {"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS=true: rl-rls"},
         {"BACKEND_TYPE=memcache", "BACKEND_TYPE"},
         {"LOG_LEVEL=loud", "LOG_LEVEL"},
     };

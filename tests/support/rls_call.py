@@ -4,18 +4,27 @@ message types (protoc compiles rls/proto for Python into a temporary
 folder). Run with /usr/bin/python3: Debian's python3-grpcio and
 python3-protobuf are installed there.
 
-  rls_call.py TARGET CALL [CALL ...]
+  rls_call.py [--ca FILE [--cert FILE --key FILE] [--name NAME]] TARGET
+              CALL [CALL ...]
+
+With --ca, over TLS: the server's certificate checked against that CA
+(for NAME if given, else for TARGET's host), with --cert and --key a
+client certificate; without it, cleartext (h2c).
 
 Each CALL is JSON: {"domain": "d", "hits_addend": 0, "timeout": 2,
 "repeat": 1, "clients": 1, "descriptors": [{"entries": [["key", "value"],
-...], "hits_addend": 0, "limit": [3, "HOUR"]}]}, or {"health": true}. The
+...], "hits_addend": 0, "limit": [3, "HOUR"]}]}, {"health": true}, or
+{"handshake": ["http/1.1"]}: a TLS handshake alone (Python's ssl, --ca's
+options) offering those ALPN protocols (none: no ALPN at all), with
+"tls": "1.1" as TLS 1.1 at most (and OpenSSL's security level 0). The
 calls go one after the other on one channel; with "clients": N, N threads
 make them at once, each on a channel (a connection) of its own, and their
 lines come in no particular order. One line per call (repeat makes
 more): "OK <overall> <status>;<status>... [| <header>=<value>,...]
 [|| <request header>=<value>,...]" with
 each status as code:remaining:rpu/unit:name:reset ("-" for no current
-limit), "HEALTH <status>", or "ERROR <code> <details>".
+limit), "HEALTH <status>", "TLS <alpn>" or "TLS_ERROR <reason>", or
+"ERROR <code> <details>".
 """
 import importlib.util
 import json
@@ -80,10 +89,53 @@ def status_text(rls_pb2, s):
                                   s.duration_until_reset.seconds)
 
 
-def stubs(target, rls_pb2, health_pb2, own):
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def channel_of(target, tls, options):
+    if tls.get("ca") is None:
+        return grpc.insecure_channel(target, options=options)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(tls["ca"]),
+        private_key=read(tls["key"]) if tls.get("key") else None,
+        certificate_chain=read(tls["cert"]) if tls.get("cert") else None)
+    if tls.get("name"):
+        options = options + [("grpc.ssl_target_name_override", tls["name"])]
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def handshake(target, tls, protocols, version):
+    # Imported here: every other call starts as fast as it did.
+    import socket
+    import ssl
+    import warnings
+    ctx = ssl.create_default_context(cafile=tls.get("ca"))
+    if version == "1.1":
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_1
+            ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+    if tls.get("cert"):
+        ctx.load_cert_chain(tls["cert"], tls["key"])
+    if protocols:
+        ctx.set_alpn_protocols(protocols)
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname=tls.get("name")
+                                 or host) as conn:
+                return "TLS %s" % conn.selected_alpn_protocol()
+    except (ssl.SSLError, OSError) as e:
+        return "TLS_ERROR %s" % e
+
+
+def stubs(target, tls, rls_pb2, health_pb2, own):
     # grpcio shares connections between channels unless told not to.
     options = [("grpc.use_local_subchannel_pool", 1)] if own else []
-    channel = grpc.insecure_channel(target, options=options)
+    channel = channel_of(target, tls, options)
     should = channel.unary_unary(
         "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
         request_serializer=rls_pb2.RateLimitRequest.SerializeToString,
@@ -117,27 +169,34 @@ def one(rls_pb2, health_pb2, should, health, spec):
     return line
 
 
-def client(target, rls_pb2, health_pb2, spec, lines, own):
-    should, health = stubs(target, rls_pb2, health_pb2, own)
+def client(target, tls, rls_pb2, health_pb2, spec, lines, own):
+    should, health = stubs(target, tls, rls_pb2, health_pb2, own)
     for _ in range(spec.get("repeat", 1)):
         lines.append(one(rls_pb2, health_pb2, should, health, spec))
 
 
 def main():
     rls_pb2, health_pb2 = compiled()
-    target = sys.argv[1]
-    should, health = stubs(target, rls_pb2, health_pb2, False)
-    for arg in sys.argv[2:]:
+    args, tls = sys.argv[1:], {}
+    while args and args[0].startswith("--"):
+        tls[args[0][2:]] = args[1]
+        args = args[2:]
+    target = args[0]
+    should, health = stubs(target, tls, rls_pb2, health_pb2, False)
+    for arg in args[1:]:
         spec = json.loads(arg)
         lines = []
         n = spec.get("clients", 1)
-        if n == 1:
+        if "handshake" in spec:
+            lines.append(handshake(target, tls, spec["handshake"],
+                                   spec.get("tls")))
+        elif n == 1:
             for _ in range(spec.get("repeat", 1)):
                 lines.append(one(rls_pb2, health_pb2, should, health, spec))
         else:
             threads = [threading.Thread(target=client,
-                                        args=(target, rls_pb2, health_pb2,
-                                              spec, lines, True))
+                                        args=(target, tls, rls_pb2,
+                                              health_pb2, spec, lines, True))
                        for _ in range(n)]
             for t in threads:
                 t.start()

@@ -89,18 +89,18 @@ void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
                       30000);
 }
 
-void test_rls_call(test_rls *r, char *out, size_t cap, ...)
+static void call_v(test_rls *r, const char *const *opts, char *out,
+                   size_t cap, va_list ap)
 {
     char target[32];
     snprintf(target, sizeof target, "127.0.0.1:%u", r->grpc_port);
-    char *argv[64] = {"/usr/bin/python3", "tests/support/rls_call.py",
-                      target};
-    int n = 3;
-    va_list ap;
-    va_start(ap, cap);
+    char *argv[64] = {"/usr/bin/python3", "tests/support/rls_call.py"};
+    int n = 2;
+    for (size_t i = 0; opts != NULL && opts[i] != NULL && n < 40; i++)
+        argv[n++] = (char *)opts[i];
+    argv[n++] = target;
     for (char *a; (a = va_arg(ap, char *)) != NULL && n < 63;)
         argv[n++] = a;
-    va_end(ap);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
     pid_t pid = fork();
@@ -123,6 +123,23 @@ void test_rls_call(test_rls *r, char *out, size_t cap, ...)
     waitpid(pid, &status, 0);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "rls_call.py failed (status %d):\n%s", status, out);
+}
+
+void test_rls_call(test_rls *r, char *out, size_t cap, ...)
+{
+    va_list ap;
+    va_start(ap, cap);
+    call_v(r, NULL, out, cap, ap);
+    va_end(ap);
+}
+
+void test_rls_call_with(test_rls *r, const char *const *opts, char *out,
+                        size_t cap, ...)
+{
+    va_list ap;
+    va_start(ap, cap);
+    call_v(r, opts, out, cap, ap);
+    va_end(ap);
 }
 
 void test_rls_stop(test_rls *r)

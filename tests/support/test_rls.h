@@ -34,6 +34,11 @@ void test_rls_write(test_rls *r, const char *name, const char *text);
  * returns its output's lines in out (cap bytes). */
 void test_rls_call(test_rls *r, char *out, size_t cap, ...);
 
+/* The same with rls_call.py's options first (NULL-terminated: "--ca",
+ * path, ... for TLS). */
+void test_rls_call_with(test_rls *r, const char *const *opts, char *out,
+                        size_t cap, ...);
+
 /* SIGTERM, and asserts a clean exit within 15 s. */
 void test_rls_stop(test_rls *r);
 
