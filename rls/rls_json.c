@@ -152,7 +152,8 @@ static int unsigned_value(parse *p, json_t *v, uint64_t max, const char *at,
         *out = (uint64_t)i;
     } else if (json_is_real(v)) {
         double d = json_real_value(v);
-        ok = d >= 0 && d <= (double)max && d == (double)(uint64_t)d;
+        /* max + 1 is a power of two: exact as a double. */
+        ok = d >= 0 && d < (double)max + 1.0 && d == (double)(uint64_t)d;
         *out = ok ? (uint64_t)d : 0;
     } else if (json_is_string(v)) {
         const char *s = json_string_value(v);
