@@ -31,15 +31,19 @@ typedef struct route {
     void (*fn)(nng_aio *);
 } route;
 
-/* close: the connection ends after the answer (a body left unread). */
-static void reply_closing(nng_aio *aio, uint16_t status, const char *type,
-                          const char *body, size_t len, bool close)
+/* reason: the status line's words (NULL: nng's); closing: the connection
+ * ends after the answer (a body left unread). */
+static void reply_closing(nng_aio *aio, uint16_t status, const char *reason,
+                          const char *type, const char *body, size_t len,
+                          bool closing)
 {
     nng_http_res *res;
     int rv = nng_http_res_alloc(&res);
     if (rv == 0)
         rv = nng_http_res_set_status(res, status);
-    if (rv == 0 && close)
+    if (rv == 0 && reason != NULL)
+        rv = nng_http_res_set_reason(res, reason);
+    if (rv == 0 && closing)
         rv = nng_http_res_set_header(res, "Connection", "close");
     if (rv == 0)
         rv = nng_http_res_set_header(res, "Content-Type", type);
@@ -58,7 +62,7 @@ static void reply_closing(nng_aio *aio, uint16_t status, const char *type,
 static void reply(nng_aio *aio, uint16_t status, const char *type,
                   const char *body, size_t len)
 {
-    reply_closing(aio, status, type, body, len, false);
+    reply_closing(aio, status, NULL, type, body, len, false);
 }
 
 static rls_http *http_of(nng_aio *aio)
@@ -101,7 +105,8 @@ static void serve_rlconfig(nng_aio *aio)
     free(dump);
 }
 
-/* An error's answer, in Go's http.Error words, and why. */
+/* An error's answer, in Go's http.Error words (text, nng has not all of
+ * them), and why. */
 static void reply_error(nng_aio *aio, uint16_t status, const char *text,
                         const char *why)
 {
@@ -109,7 +114,7 @@ static void reply_error(nng_aio *aio, uint16_t status, const char *text,
     int n = snprintf(body, sizeof body, "%s%s%s\n", text,
                      why != NULL ? ": " : "", why != NULL ? why : "");
     size_t len = n < (int)sizeof body ? (size_t)n : sizeof body - 1;
-    reply_closing(aio, status, "text/plain; charset=utf-8", body, len,
+    reply_closing(aio, status, text, "text/plain; charset=utf-8", body, len,
                   status == 413);
 }
 
@@ -221,7 +226,7 @@ static void serve_json(nng_aio *aio)
     char *end = NULL;
     unsigned long long len = cl != NULL ? strtoull(cl, &end, 10) : 0;
     if (cl != NULL && (cl[0] < '0' || cl[0] > '9' || *end != '\0'))
-        reply_closing(aio, 400, "text/plain; charset=utf-8",
+        reply_closing(aio, 400, NULL, "text/plain; charset=utf-8",
                       "Bad Request: Content-Length is no length\n", 41,
                       true);
     else if (len > RLS_HTTP_JSON_MAX)

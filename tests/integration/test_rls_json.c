@@ -147,6 +147,7 @@ Test(rls_json, a_bad_body_is_400_saying_why_and_a_large_one_413)
                        "Content-Length: 5000000\r\n\r\n", &resp, 1);
     close(fd);
     cr_assert_eq(resp.status, 413, "%d: %s", resp.status, resp.body);
+    expect_body_starts(&resp, "Request Entity Too Large: ");
     /* And the service still answers. */
     post_json(r.http_port, user_call("edge", "j3"), &resp);
     cr_assert_eq(resp.status, 200, "%d: %s", resp.status, resp.body);
