@@ -213,9 +213,11 @@ static void read_body(rls_http *http, nng_aio *aio, size_t len)
     b->aio = aio;
     b->len = len;
     nng_iov iov = {.iov_buf = b->bytes, .iov_len = len};
-    nng_aio_set_iov(b->read, 1, &iov);
+    nng_aio *read = b->read;
+    nng_aio_set_iov(read, 1, &iov);
+    /* b is on_body's from here on: it may be freed before this returns. */
     rl_nng_handoff(b);
-    nng_http_conn_read_all(nng_aio_get_input(aio, 2), b->read);
+    nng_http_conn_read_all(nng_aio_get_input(aio, 2), read);
 }
 
 static void serve_json(nng_aio *aio)
