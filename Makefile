@@ -77,7 +77,7 @@ RLS_PROTO  = envoy/service/ratelimit/v3/rls.proto \
 RLS_GEN    = $(patsubst %.proto,$(BUILD)/gen/%.pb-c.c,$(RLS_PROTO))
 # rl-rls (rls/): every part but main.c is linked into the tests too.
 RLS_SRC    = $(filter-out rls/main.c,$(wildcard rls/*.c)) $(RLS_GEN)
-RLS_DEPS   = -lprotobuf-c -lnghttp2
+RLS_DEPS   = -lprotobuf-c -lnghttp2 -ljansson
 RUNNER_SRC = tests/support/with_redis.c tests/support/redis_server.c \
              tests/support/redis_cluster.c
 

@@ -245,6 +245,7 @@ static void load_runtime(app *a, const char *why)
 
 static void stop_workers(app *a)
 {
+    rls_http_set_workers(a->http, NULL, 0);
     for (int i = 0; i < a->n_workers; i++)
         rls_worker_stop(a->workers[i]);
     a->n_workers = 0;
@@ -376,6 +377,7 @@ static int start_http(app *a)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_RUNTIME;
     }
+    rls_http_set_workers(a->http, a->workers, (size_t)a->n_workers);
     return 0;
 }
 

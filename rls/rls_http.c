@@ -1,14 +1,19 @@
 /*
- * rls_http.c: /healthcheck and /rlconfig (rls_http.h) on nng's HTTP
- * server. Each handler reads what it serves when asked: the draining
- * flag, a referenced snapshot of the config.
+ * rls_http.c: /healthcheck, /json and /rlconfig (rls_http.h) on nng's
+ * HTTP server. Each handler reads what it serves when asked: the draining
+ * flag, a referenced snapshot of the config. /json's aio is finished by
+ * the worker's thread when the call answers; nng waits for it before a
+ * connection or the server goes.
  */
 #include "rls_http.h"
+
+#include "rls_json.h"
 
 #include "nng_handoff.h"
 
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +21,30 @@
 struct rls_http {
     const rls_http_config *c;
     nng_http_server *main, *debug;
+    pthread_mutex_t lock;        /* the workers */
+    rls_worker *const *workers;
+    size_t n_workers, next;
 };
 
-static void reply(nng_aio *aio, uint16_t status, const char *type,
-                  const char *body, size_t len)
+typedef struct route {
+    const char *path, *method;   /* method NULL: any, as upstream's /json */
+    void (*fn)(nng_aio *);
+} route;
+
+/* reason: the status line's words (NULL: nng's); closing: the connection
+ * ends after the answer (a body left unread). */
+static void reply_closing(nng_aio *aio, uint16_t status, const char *reason,
+                          const char *type, const char *body, size_t len,
+                          bool closing)
 {
     nng_http_res *res;
     int rv = nng_http_res_alloc(&res);
     if (rv == 0)
         rv = nng_http_res_set_status(res, status);
+    if (rv == 0 && reason != NULL)
+        rv = nng_http_res_set_reason(res, reason);
+    if (rv == 0 && closing)
+        rv = nng_http_res_set_header(res, "Connection", "close");
     if (rv == 0)
         rv = nng_http_res_set_header(res, "Content-Type", type);
     if (rv == 0)
@@ -37,6 +57,12 @@ static void reply(nng_aio *aio, uint16_t status, const char *type,
     }
     nng_aio_set_output(aio, 0, res);
     nng_aio_finish(aio, 0);
+}
+
+static void reply(nng_aio *aio, uint16_t status, const char *type,
+                  const char *body, size_t len)
+{
+    reply_closing(aio, status, NULL, type, body, len, false);
 }
 
 static rls_http *http_of(nng_aio *aio)
@@ -79,28 +105,171 @@ static void serve_rlconfig(nng_aio *aio)
     free(dump);
 }
 
+/* An error's answer, in Go's http.Error words (text, nng has not all of
+ * them), and why. */
+static void reply_error(nng_aio *aio, uint16_t status, const char *text,
+                        const char *why)
+{
+    char body[600];
+    int n = snprintf(body, sizeof body, "%s%s%s\n", text,
+                     why != NULL ? ": " : "", why != NULL ? why : "");
+    size_t len = n < (int)sizeof body ? (size_t)n : sizeof body - 1;
+    reply_closing(aio, status, text, "text/plain; charset=utf-8", body, len,
+                  status == 413);
+}
+
+/* On the worker's thread: the call's answer. */
+static void on_json_answer(void *arg, rls_grpc_status status,
+                           const uint8_t *msg, size_t len,
+                           const char *message)
+{
+    nng_aio *aio = arg;
+    if (status == RLS_GRPC_UNKNOWN) {
+        reply_error(aio, 400, "Bad Request", message);
+        return;
+    }
+    if (status != RLS_GRPC_OK) {
+        reply_error(aio, status == RLS_GRPC_UNAVAILABLE ? 503 : 500,
+                    status == RLS_GRPC_UNAVAILABLE ? "Service Unavailable"
+                                                   : "Internal Server Error",
+                    message);
+        return;
+    }
+    int code = 0;
+    char *json = rls_json_response(msg, len, &code);
+    if (json == NULL) {
+        reply_error(aio, 500, "Internal Server Error",
+                    "the answer has no JSON form");
+        return;
+    }
+    /* Upstream's: UNKNOWN is 500, as it never answers so. */
+    reply(aio, code == 2 ? 429 : code == 1 ? 200 : 500, "application/json",
+          json, strlen(json));
+    free(json);
+}
+
+static int hand_over(rls_http *http, const uint8_t *msg, size_t len,
+                     nng_aio *aio)
+{
+    pthread_mutex_lock(&http->lock);
+    int rc = -1;
+    if (http->n_workers > 0) {
+        rls_worker *w = http->workers[http->next++ % http->n_workers];
+        rc = rls_worker_call(w, msg, len, on_json_answer, aio);
+    }
+    pthread_mutex_unlock(&http->lock);
+    return rc;
+}
+
+/* A /json call from its body's bytes. */
+static void call_json(rls_http *http, nng_aio *aio, const char *json,
+                      size_t len)
+{
+    uint8_t *msg;
+    size_t msg_len;
+    char err[300];
+    if (rls_json_request(json, len, &msg, &msg_len, err, sizeof err) != 0) {
+        reply_error(aio, 400, "Bad Request", err);
+        return;
+    }
+    int rc = hand_over(http, msg, msg_len, aio);
+    free(msg);
+    if (rc != 0)
+        reply_error(aio, 503, "Service Unavailable",
+                    "no worker takes calls now");
+}
+
+/* A /json body being read. nng collects none itself: over its cap, it
+ * answers 400, where a body over the cap is a 413. */
+typedef struct body {
+    rls_http *http;
+    nng_aio *aio, *read;
+    size_t len;
+    char bytes[];
+} body;
+
+static void on_body(void *arg)
+{
+    body *b = arg;
+    rl_nng_handoff(b);
+    int rv = nng_aio_result(b->read);
+    if (rv == 0)
+        call_json(b->http, b->aio, b->bytes, b->len);
+    else
+        nng_aio_finish(b->aio, rv);
+    nng_aio_reap(b->read);
+    free(b);
+}
+
+static void read_body(rls_http *http, nng_aio *aio, size_t len)
+{
+    body *b = malloc(sizeof *b + len);
+    if (b == NULL || nng_aio_alloc(&b->read, on_body, b) != 0) {
+        free(b);
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    b->http = http;
+    b->aio = aio;
+    b->len = len;
+    nng_iov iov = {.iov_buf = b->bytes, .iov_len = len};
+    nng_aio *read = b->read;
+    nng_aio_set_iov(read, 1, &iov);
+    /* b is on_body's from here on: it may be freed before this returns. */
+    rl_nng_handoff(b);
+    nng_http_conn_read_all(nng_aio_get_input(aio, 2), read);
+}
+
+static void serve_json(nng_aio *aio)
+{
+    rls_http *http = http_of(aio);
+    nng_http_req *req = nng_aio_get_input(aio, 0);
+    const char *cl = nng_http_req_get_header(req, "Content-Length");
+    char *end = NULL;
+    unsigned long long len = cl != NULL ? strtoull(cl, &end, 10) : 0;
+    if (cl != NULL && (cl[0] < '0' || cl[0] > '9' || *end != '\0'))
+        reply_closing(aio, 400, NULL, "text/plain; charset=utf-8",
+                      "Bad Request: Content-Length is no length\n", 41,
+                      true);
+    else if (len > RLS_HTTP_JSON_MAX)
+        reply_error(aio, 413, "Request Entity Too Large",
+                    "the body is over 4 MiB, gRPC's message cap");
+    else if (len == 0)
+        call_json(http, aio, "", 0);
+    else
+        read_body(http, aio, (size_t)len);
+}
+
+static int add_route(nng_http_server *s, rls_http *http, const route *r)
+{
+    nng_http_handler *h = NULL;
+    int rv = nng_http_handler_alloc(&h, r->path, r->fn);
+    if (rv == 0)
+        rv = nng_http_handler_set_method(h, r->method);
+    if (rv == 0 && r->method == NULL)
+        rv = nng_http_handler_collect_body(h, false, 0);
+    if (rv == 0)
+        rv = nng_http_handler_set_data(h, http, NULL);
+    if (rv == 0)
+        rv = nng_http_server_add_handler(s, h);
+    else if (h != NULL)
+        nng_http_handler_free(h);
+    return rv;
+}
+
 static int serve(nng_http_server **out, rls_http *http, const char *host,
-                 uint16_t port, const char *path, void (*fn)(nng_aio *))
+                 uint16_t port, const route *routes, size_t n)
 {
     char url[300];
     snprintf(url, sizeof url, strchr(host, ':') ? "http://[%s]:%u"
                                                 : "http://%s:%u",
              host[0] != '\0' ? host : "0.0.0.0", port);
     nng_url *u = NULL;
-    nng_http_handler *h = NULL;
     int rv = nng_url_parse(&u, url);
     if (rv == 0)
         rv = nng_http_server_hold(out, u);
-    if (rv == 0)
-        rv = nng_http_handler_alloc(&h, path, fn);
-    if (rv == 0)
-        rv = nng_http_handler_set_method(h, "GET");
-    if (rv == 0)
-        rv = nng_http_handler_set_data(h, http, NULL);
-    if (rv == 0)
-        rv = nng_http_server_add_handler(*out, h);
-    else if (h != NULL)
-        nng_http_handler_free(h);
+    for (size_t i = 0; rv == 0 && i < n; i++)
+        rv = add_route(*out, http, &routes[i]);
     if (rv == 0)
         rv = nng_http_server_start(*out);
     nng_url_free(u);
@@ -117,14 +286,18 @@ int rls_http_start(rls_http **out, const rls_http_config *c, char *err,
         return -1;
     }
     http->c = c;
+    pthread_mutex_init(&http->lock, NULL);
     rl_nng_handoff(http);
-    int rv = serve(&http->main, http, c->host, c->port, "/healthcheck",
-                   serve_health);
+    static const route main_routes[] = {
+        {"/healthcheck", "GET", serve_health}, {"/json", NULL, serve_json}};
+    static const route debug_routes[] = {
+        {"/rlconfig", "GET", serve_rlconfig}};
+    int rv = serve(&http->main, http, c->host, c->port, main_routes, 2);
     const char *which = "HOST:PORT";
     if (rv == 0) {
         which = "DEBUG_HOST:DEBUG_PORT";
         rv = serve(&http->debug, http, c->debug_host, c->debug_port,
-                   "/rlconfig", serve_rlconfig);
+                   debug_routes, 1);
     }
     if (rv != 0) {
         snprintf(err, cap, "cannot serve HTTP on %s: %s", which,
@@ -149,5 +322,16 @@ void rls_http_stop(rls_http *h)
         nng_http_server_release(h->debug);
     }
     rl_nng_handoff(h);
+    pthread_mutex_destroy(&h->lock);
     free(h);
+}
+
+void rls_http_set_workers(rls_http *h, rls_worker *const *w, size_t n)
+{
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&h->lock);
+    h->workers = w;
+    h->n_workers = n;
+    pthread_mutex_unlock(&h->lock);
 }

@@ -2,14 +2,19 @@
  * rls_http.h: rl-rls's HTTP endpoints, as upstream serves them: on
  * HOST:PORT, GET /healthcheck (200 "OK" while serving; 500 from SIGTERM
  * on, so that a load balancer drains the instance, and before a config
- * has loaded when HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED is set); on
+ * has loaded when HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED is set) and
+ * /json (ShouldRateLimit in proto3 JSON, rls_json.h: 200 OK, 429
+ * OVER_LIMIT, 400 for a body or a request upstream refuses, 413 over
+ * RLS_HTTP_JSON_MAX bytes, 503 when the workers are stopped or full); on
  * DEBUG_HOST:DEBUG_PORT, GET /rlconfig (the loaded config, one line per
- * limit). Served by nng's HTTP server on its own threads.
+ * limit). Served by nng's HTTP server on its own threads, but for /json's
+ * checks: a worker's loop (rls_worker_call) runs them.
  */
 #ifndef RL_RLS_HTTP_H
 #define RL_RLS_HTTP_H
 
 #include "rls_runtime.h"
+#include "rls_worker.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -33,5 +38,13 @@ typedef struct rls_http_config {
 int rls_http_start(rls_http **out, const rls_http_config *c, char *err,
                    size_t cap);
 void rls_http_stop(rls_http *h);
+
+/* rls_http_set_workers: /json's calls go to the n workers of w in turn
+ * from now on; with n 0, none do (503). Returns once no call is being
+ * handed to a worker set before. */
+void rls_http_set_workers(rls_http *h, rls_worker *const *w, size_t n);
+
+/* The bytes of a /json body at most: gRPC's message cap. */
+#define RLS_HTTP_JSON_MAX RLS_H2_DEFAULT_MAX_MESSAGE
 
 #endif

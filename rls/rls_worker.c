@@ -20,6 +20,17 @@
 
 enum { CMD_NONE, CMD_DRAIN, CMD_STOP };
 
+/* A call handed over by rls_worker_call. */
+typedef struct job {
+    struct job *next;
+    rls_worker *w;
+    rls_reply_fn fn;
+    void *arg;
+    bool starting, answered;
+    size_t len;
+    uint8_t msg[];
+} job;
+
 struct rls_worker {
     const rls_worker_config *wc;
     pthread_t thread;
@@ -39,6 +50,10 @@ struct rls_worker {
     rl_agent *agent;
     rls_h2_server *server;
     uint16_t port;
+    pthread_mutex_t jobs_lock; /* the jobs' fields below */
+    job *jobs, **jobs_end;     /* handed over, not yet started */
+    size_t jobs_held;          /* handed over, not yet answered */
+    bool jobs_closed;          /* stopped: no more taken */
 };
 
 /* --- The agent, driven by this loop ------------------------------------ */
@@ -239,6 +254,87 @@ static void on_cancel(void *arg, rls_h2_call *h2)
     release(c);
 }
 
+/* --- Calls handed over by other threads -------------------------------- */
+
+static void job_done(job *j)
+{
+    rls_worker *w = j->w;
+    pthread_mutex_lock(&w->jobs_lock);
+    w->jobs_held--;
+    pthread_mutex_unlock(&w->jobs_lock);
+    free(j);
+}
+
+static void on_job_answer(void *arg, rls_grpc_status status,
+                          const uint8_t *msg, size_t len, const char *message)
+{
+    job *j = arg;
+    j->fn(j->arg, status, msg, len, message);
+    j->answered = true;
+    if (!j->starting)
+        job_done(j);
+}
+
+static void start_job(rls_worker *w, job *j)
+{
+    j->starting = true;
+    rls_snapshot *snap = rls_runtime_get(w->wc->runtime);
+    rls_should_rate_limit(w->agent, snap != NULL ? snap->cfg : NULL,
+                          w->wc->options, j->msg, j->len, on_job_answer, j);
+    rls_snapshot_put(snap);
+    w->checks_started = true;
+    j->starting = false;
+    if (j->answered)
+        job_done(j);
+}
+
+/* Starts every job handed over so far; with close, takes no more. */
+static void take_jobs(rls_worker *w, bool close)
+{
+    pthread_mutex_lock(&w->jobs_lock);
+    job *j = w->jobs;
+    w->jobs = NULL;
+    w->jobs_end = &w->jobs;
+    w->jobs_closed = w->jobs_closed || close;
+    pthread_mutex_unlock(&w->jobs_lock);
+    while (j != NULL) {
+        job *next = j->next;
+        start_job(w, j);
+        j = next;
+    }
+}
+
+int rls_worker_call(rls_worker *w, const uint8_t *msg, size_t len,
+                    rls_reply_fn fn, void *arg)
+{
+    job *j = malloc(sizeof *j + len);
+    if (j == NULL)
+        return -1;
+    *j = (job){.w = w, .fn = fn, .arg = arg, .len = len};
+    memcpy(j->msg, msg, len);
+    pthread_mutex_lock(&w->jobs_lock);
+    bool taken = !w->jobs_closed && w->jobs_held < RLS_WORKER_CALLS_MAX;
+    if (taken) {
+        *w->jobs_end = j;
+        w->jobs_end = &j->next;
+        w->jobs_held++;
+        /* Under the lock: the handle is open until jobs_closed is set. */
+        uv_async_send(&w->wake);
+    }
+    pthread_mutex_unlock(&w->jobs_lock);
+    if (!taken)
+        free(j);
+    return taken ? 0 : -1;
+}
+
+static size_t jobs_held(rls_worker *w)
+{
+    pthread_mutex_lock(&w->jobs_lock);
+    size_t n = w->jobs_held;
+    pthread_mutex_unlock(&w->jobs_lock);
+    return n;
+}
+
 /* --- The loop ---------------------------------------------------------- */
 
 static void close_handle(uv_handle_t *h, void *arg)
@@ -255,19 +351,22 @@ static void on_server_closed(void *arg)
     uv_timer_stop(&w->drain_timer);
     uv_poll_stop(&w->agent_poll);
     uv_timer_stop(&w->agent_timer);
+    /* Jobs not started: started, so that they are checked too. */
+    take_jobs(w, true);
     /* Runs the agent's own loop to its end: what waits is decided. */
     rl_agent_close(w->agent);
     w->agent = NULL;
     uv_walk(&w->loop, close_handle, NULL);
 }
 
-/* Looks every 20 ms whether the drain is over: no connection open. */
+/* Looks every 20 ms whether the drain is over: no connection open, no
+ * job unanswered. */
 static void on_drain_timer(uv_timer_t *t)
 {
     rls_worker *w = t->data;
     rls_h2_stats st;
     rls_h2_server_stats(w->server, &st);
-    if (st.connections == 0) {
+    if (st.connections == 0 && jobs_held(w) == 0) {
         atomic_store(&w->drained, true);
         uv_timer_stop(t);
     }
@@ -282,6 +381,7 @@ static void on_wake(uv_async_t *a)
         uv_timer_start(&w->drain_timer, on_drain_timer, 0, 20);
     } else if (cmd == CMD_STOP && w->server != NULL)
         rls_h2_server_close(w->server, on_server_closed, w);
+    take_jobs(w, false);
 }
 
 static int open_agent(rls_worker *w, char *err, size_t cap)
@@ -355,10 +455,13 @@ int rls_worker_start(rls_worker **out, const rls_worker_config *wc,
     w->wc = wc;
     w->start_err = err;
     w->start_cap = cap;
+    w->jobs_end = &w->jobs;
+    pthread_mutex_init(&w->jobs_lock, NULL);
     sem_init(&w->started, 0, 0);
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
         snprintf(err, cap, "cannot start a thread");
         sem_destroy(&w->started);
+        pthread_mutex_destroy(&w->jobs_lock);
         free(w);
         return -1;
     }
@@ -367,6 +470,7 @@ int rls_worker_start(rls_worker **out, const rls_worker_config *wc,
     if (w->start_rc != 0) {
         pthread_join(w->thread, NULL);
         sem_destroy(&w->started);
+        pthread_mutex_destroy(&w->jobs_lock);
         free(w);
         return -1;
     }
@@ -400,5 +504,6 @@ void rls_worker_stop(rls_worker *w)
     send_command(w, CMD_STOP);
     pthread_join(w->thread, NULL);
     sem_destroy(&w->started);
+    pthread_mutex_destroy(&w->jobs_lock);
     free(w);
 }

@@ -4,10 +4,12 @@
  * spreads connections over the loops) and a host-loop agent that this
  * loop drives, so that a call's checks go to Redis from this thread with
  * no hop between threads. It serves ShouldRateLimit (rls_service) and
- * grpc.health.v1.Health/Check.
+ * grpc.health.v1.Health/Check, and the calls other threads hand it
+ * (rls_worker_call: /json's).
  *
  * Threads: rls_worker_start, _drain and _stop are called from the main
- * thread; the worker's own callbacks run on its thread.
+ * thread; rls_worker_call from any; the worker's own callbacks run on its
+ * thread.
  */
 #ifndef RL_RLS_WORKER_H
 #define RL_RLS_WORKER_H
@@ -50,7 +52,16 @@ uint16_t rls_worker_port(const rls_worker *w);
  * flight are answered. */
 void rls_worker_drain(rls_worker *w);
 
-/* Whether a drain is over: no connection left. */
+/* rls_worker_call hands a ShouldRateLimit call (a RateLimitRequest's
+ * bytes, copied) to w's loop: fn runs there once with the answer, as
+ * rls_should_rate_limit's, even if w stops first. Returns 0, or
+ * -1 when RLS_WORKER_CALLS_MAX of these calls wait on w already or w has
+ * stopped taking them: fn will not run. Not after rls_worker_stop. */
+#define RLS_WORKER_CALLS_MAX 1024
+int rls_worker_call(rls_worker *w, const uint8_t *msg, size_t len,
+                    rls_reply_fn fn, void *arg);
+
+/* Whether a drain is over: no connection left, no handed call waiting. */
 bool rls_worker_drained(const rls_worker *w);
 
 /* rls_worker_stop closes the server and the agent (its last calls

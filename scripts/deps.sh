@@ -11,14 +11,15 @@
 # gdb prints the stacks of a daemon that a test could not stop.
 # rl-rls (rls/) speaks gRPC over HTTP/2 with nghttp2 and protobuf-c; its
 # tests call it with a real gRPC client (grpcio, in the system Python) and
-# its benchmark drives it with h2load (nghttp2-client).
+# its benchmark drives it with h2load (nghttp2-client). Its /json endpoint
+# reads and writes JSON with jansson.
 set -eu
 
 packages="build-essential pkg-config libuv1-dev libnng-dev libhiredis-dev libssl-dev \
 libmsgpack-dev libcyaml-dev libyaml-dev libcriterion-dev libhttp-parser-dev libsystemd-dev \
 redis-server redis-tools openssl systemd faketime \
 nginx nginx-dev wrk prometheus gdb \
-libprotobuf-c-dev protobuf-c-compiler libnghttp2-dev \
+libprotobuf-c-dev protobuf-c-compiler libnghttp2-dev libjansson-dev \
 nghttp2-client python3-grpcio python3-protobuf protobuf-compiler"
 [ $# -gt 0 ] && packages="$*"
 
