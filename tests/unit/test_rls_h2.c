@@ -4,7 +4,9 @@
  * tests/support/grpc_raw_call.py) for what a client sees, and by raw bytes
  * over a socket for what a hostile or broken peer sends. The handler:
  *   /t.T/Echo     answers the message back
- *   /t.T/Later    answers it back after 50 ms, from a timer
+ *   /t.T/Later    answers it back after 1 s, from a timer (long enough
+ *                 that a sanitized, loaded run cancels it first where a
+ *                 test means to)
  *   /t.T/Fail     "<code>:<text>" answers that status and text
  *   /t.T/Timeout  answers the call's grpc-timeout in ms, as text
  *   /t.T/Size     "<n>" answers n bytes
@@ -130,7 +132,7 @@ static void start_later(fixture *fx, rls_h2_call *call, const uint8_t *msg,
     memcpy(l->msg, msg, l->len);
     uv_timer_init(&fx->loop, &l->timer);
     l->timer.data = l;
-    uv_timer_start(&l->timer, on_later, 50, 0);
+    uv_timer_start(&l->timer, on_later, 1000, 0);
     rls_h2_call_set_data(call, l);
 }
 
@@ -956,8 +958,8 @@ Test(rls_h2, a_reset_call_is_cancelled_and_never_answered)
     uint8_t cancel[4] = {0, 0, 0, NGHTTP2_CANCEL};
     raw_frame(&r, NGHTTP2_RST_STREAM, 0, 1, cancel, 4);
     wait_for(&fx->cancels, 1, "cancels");
-    /* Past the 50 ms of Later's timer, which on_cancel stopped. */
-    ms_sleep(100);
+    /* Past the 1 s of Later's timer, which on_cancel stopped. */
+    ms_sleep(1100);
     raw_call(&r, 3, "/t.T/Echo", "next");
     int32_t id = 3;
     result res;
