@@ -31,11 +31,9 @@ typedef struct route {
     void (*fn)(nng_aio *);
 } route;
 
-/* reason: the status line's words (NULL: nng's); closing: the connection
- * ends after the answer (a body left unread). */
-static void reply_closing(nng_aio *aio, uint16_t status, const char *reason,
-                          const char *type, const char *body, size_t len,
-                          bool closing)
+void rls_http_reply(nng_aio *aio, uint16_t status, const char *reason,
+                    const char *type, const char *body, size_t len,
+                    bool closing)
 {
     nng_http_res *res;
     int rv = nng_http_res_alloc(&res);
@@ -62,7 +60,7 @@ static void reply_closing(nng_aio *aio, uint16_t status, const char *reason,
 static void reply(nng_aio *aio, uint16_t status, const char *type,
                   const char *body, size_t len)
 {
-    reply_closing(aio, status, NULL, type, body, len, false);
+    rls_http_reply(aio, status, NULL, type, body, len, false);
 }
 
 static rls_http *http_of(nng_aio *aio)
@@ -114,7 +112,7 @@ static void reply_error(nng_aio *aio, uint16_t status, const char *text,
     int n = snprintf(body, sizeof body, "%s%s%s\n", text,
                      why != NULL ? ": " : "", why != NULL ? why : "");
     size_t len = n < (int)sizeof body ? (size_t)n : sizeof body - 1;
-    reply_closing(aio, status, text, "text/plain; charset=utf-8", body, len,
+    rls_http_reply(aio, status, text, "text/plain; charset=utf-8", body, len,
                   status == 413);
 }
 
@@ -228,7 +226,7 @@ static void serve_json(nng_aio *aio)
     char *end = NULL;
     unsigned long long len = cl != NULL ? strtoull(cl, &end, 10) : 0;
     if (cl != NULL && (cl[0] < '0' || cl[0] > '9' || *end != '\0'))
-        reply_closing(aio, 400, NULL, "text/plain; charset=utf-8",
+        rls_http_reply(aio, 400, NULL, "text/plain; charset=utf-8",
                       "Bad Request: Content-Length is no length\n", 41,
                       true);
     else if (len > RLS_HTTP_JSON_MAX)

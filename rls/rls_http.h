@@ -16,6 +16,7 @@
 #include "rls_runtime.h"
 #include "rls_worker.h"
 
+#include <nng/nng.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,6 +39,15 @@ typedef struct rls_http_config {
 int rls_http_start(rls_http **out, const rls_http_config *c, char *err,
                    size_t cap);
 void rls_http_stop(rls_http *h);
+
+/* rls_http_reply finishes an nng HTTP handler's aio with an answer:
+ * status, its reason (the status line's words; NULL: nng's), the body
+ * (copied) of Content-Type type; closing: the connection ends after it
+ * (a body left unread). nng's error finishes the aio when the answer
+ * cannot be made. */
+void rls_http_reply(nng_aio *aio, uint16_t status, const char *reason,
+                    const char *type, const char *body, size_t len,
+                    bool closing);
 
 /* rls_http_set_workers: /json's calls go to the n workers of w in turn
  * from now on; with n 0, none do (503). Returns once no call is being

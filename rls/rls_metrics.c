@@ -10,6 +10,7 @@
 #include "keys.h"
 #include "log.h"
 #include "nng_handoff.h"
+#include "rls_http.h"
 
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
@@ -462,23 +463,13 @@ static void serve_page(nng_aio *aio)
     char *text = rls_metrics_text(m, &len);
     /* After the last read of m: rls_metrics_free may follow a stop. */
     rl_nng_handoff(m);
-    nng_http_res *res = NULL;
-    int rv = text != NULL ? nng_http_res_alloc(&res) : NNG_ENOMEM;
-    if (rv == 0)
-        rv = nng_http_res_set_header(res, "Content-Type",
-                                     "text/plain; version=0.0.4; "
-                                     "charset=utf-8");
-    if (rv == 0)
-        rv = nng_http_res_copy_data(res, text, len);
-    free(text);
-    if (rv != 0) {
-        if (res != NULL)
-            nng_http_res_free(res);
-        nng_aio_finish(aio, rv);
+    if (text == NULL) {
+        nng_aio_finish(aio, NNG_ENOMEM);
         return;
     }
-    nng_aio_set_output(aio, 0, res);
-    nng_aio_finish(aio, 0);
+    rls_http_reply(aio, 200, NULL, "text/plain; version=0.0.4; charset=utf-8",
+                   text, len, false);
+    free(text);
 }
 
 /* Go's "host:port" (net.SplitHostPort): the host may be empty (every
