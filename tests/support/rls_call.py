@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """ShouldRateLimit and Health calls to rl-rls with grpcio and Envoy's own
-message types (protoc compiles rls/proto for Python into a temporary
-folder). Run with /usr/bin/python3: Debian's python3-grpcio and
-python3-protobuf are installed there.
+message types (protoc compiles rls/proto for Python once for the files'
+content: see cache_dir). Run with /usr/bin/python3: Debian's
+python3-grpcio and python3-protobuf are installed there.
 
   rls_call.py [--ca FILE [--cert FILE --key FILE] [--name NAME]] TARGET
               CALL [CALL ...]
@@ -26,14 +26,18 @@ each status as code:remaining:rpu/unit:name:reset ("-" for no current
 limit), "HEALTH <status>", "TLS <alpn>" or "TLS_ERROR <reason>", or
 "ERROR <code> <details>".
 """
+import atexit
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 
+import google.protobuf
 import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,10 +51,41 @@ FILES = ["envoy/service/ratelimit/v3/rls.proto",
          "grpc/health/v1/health.proto"]
 
 
-def compiled():
-    out = tempfile.mkdtemp(prefix="rls-py-")
+def cache_dir():
+    # protoc's output for these .proto files' bytes (and this protobuf),
+    # made once and shared by every call of a run: beside the run's
+    # daemon logs (make test's build tree) if there are any, else for this
+    # call alone.
+    key = hashlib.sha256(google.protobuf.__version__.encode())
+    for name in FILES:
+        key.update(name.encode() + b"\0" + read(os.path.join(PROTO, name)))
+    logs = os.environ.get("RL_TEST_LOGDIR")
+    if not logs:
+        out = tempfile.mkdtemp(prefix="rls-py-")
+        atexit.register(shutil.rmtree, out, True)
+        protoc(out)
+        return out
+    root = os.path.join(os.path.dirname(logs), "rls-py")
+    final = os.path.join(root, key.hexdigest()[:16])
+    if not os.path.isdir(final):
+        # Made aside and renamed: a call beside this one sees all or none.
+        os.makedirs(root, exist_ok=True)
+        out = tempfile.mkdtemp(prefix="new-", dir=root)
+        protoc(out)
+        try:
+            os.rename(out, final)
+        except OSError:
+            shutil.rmtree(out, True)  # another call's came first
+    return final
+
+
+def protoc(out):
     subprocess.run(["protoc", "-I", PROTO, "--python_out", out] + FILES,
                    check=True)
+
+
+def compiled():
+    out = cache_dir()
     sys.path.insert(0, out)
     from envoy.service.ratelimit.v3 import rls_pb2
     # Its package, grpc, is grpcio's name too: loaded from its path.
