@@ -10,8 +10,9 @@
 # each in its own copy, build/mutants/tree-N, with its own runner (each
 # runner starts its servers on free ports). The copies are refreshed from
 # the checkout's files (git ls-files, committed or not) at every run and
-# built without LTO, so that a mutant costs an incremental build; a missing
-# tree-N starts as a copy of the built tree-1. Logs go to
+# built without LTO (linked by gold where cc has it), so that a mutant
+# costs an incremental build; a missing tree-N starts as a copy of the
+# built tree-1. Logs go to
 # build/mutants/logs, the table, in the mutants' order whatever order they
 # finish in, also to build/mutants/report.txt. The exit status is non-zero if
 # the unmutated copy fails those tests, or a mutant survives, is stale or
@@ -87,9 +88,20 @@ sync_tree() {
         while IFS= read -r f; do rm -f "$tree/$f"; done
 }
 
+# A mutant of librl (two thirds of them) links every program again, nine
+# links that took most of its build: gold, where cc has it, links them in
+# about half ld.bfd's time (rl-tests 0.8 s against 1.6 s, rl-rls 0.3
+# against 0.8). The code linked is the same objects'.
+gold_flag() {
+    local probe=$out/gold-probe
+    echo 'int main(void) { return 0; }' |
+        "${CC:-cc}" -fuse-ld=gold -x c - -o "$probe" >/dev/null 2>&1 &&
+        echo -fuse-ld=gold
+    rm -f "$probe"
+}
 # build TREE LOG
 build() {
-    make -C "$1" -j"$jobs" LTO= all build/tests/rl-tests \
+    make -C "$1" -j"$jobs" LTO= LDFLAGS="$ldflags" all build/tests/rl-tests \
         build/tests/with-redis build/nginx/ngx_http_rl_module.so >"$2" 2>&1
 }
 
@@ -156,7 +168,7 @@ runner_args() {
 # timeout runs them in a process group of their own, whose id is in
 # TREE.runner while they run, for an interrupted run to stop (see stop).
 run_tests() {
-    timeout -k 20 "$timeout_s" make -C "$1" LTO= test \
+    timeout -k 20 "$timeout_s" make -C "$1" LTO= LDFLAGS="$ldflags" test \
         RUNNER_ARGS="$(runner_args "$2")" \
         CRITERION_ARGS="--verbose --filter '$2'" >"$3" 2>&1 &
     local runner=$!
@@ -256,6 +268,7 @@ start=$(now)
 rm -rf "$logs" "$results" "$out/report.txt" "$out/tree" "$out/original" \
     "$out"/tree-*.original "$out"/tree-*.runner
 mkdir -p "$logs" "$results"
+ldflags="${LDFLAGS:+$LDFLAGS }$(gold_flag)"
 list_files
 sync_tree "$out/tree-1"
 build "$out/tree-1" "$logs/clean.build.log" ||
