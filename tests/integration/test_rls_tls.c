@@ -477,3 +477,29 @@ Test(rls_tls, a_changed_pair_is_reloaded_within_seconds)
     assert_trusted_by(&r, &rot, rot.bca, true);
     test_rls_stop(&r);
 }
+
+/* The client CA is read again too: after SIGHUP, the new CA's clients
+ * are served and the old one's refused. */
+Test(rls_tls, sighup_reloads_the_client_ca)
+{
+    certs c;
+    make_certs(&c);
+    char live_ca[300];
+    snprintf(live_ca, sizeof live_ca, "%s/live-ca.pem", c.dir);
+    install(live_ca, c.ca, NULL);
+    test_rls r;
+    start_tls(&r, &c, live_ca, NULL);
+    tls_opts o;
+    assert_served(&r, opts(&o, &c, c.client, c.client_key));
+    long from = test_log_size(r.log);
+    char other_ca[300];
+    snprintf(other_ca, sizeof other_ca, "%s/other.pem", c.dir);
+    install(live_ca, other_ca, NULL);
+    kill(r.pid, SIGHUP);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=tls_reloaded why=sighup", 5000);
+    assert_served(&r, opts(&o, &c, c.stranger, c.stranger_key));
+    assert_refused(&r, opts(&o, &c, c.client, c.client_key),
+                   "reason=\"certificate verify failed: ");
+    test_rls_stop(&r);
+}
