@@ -228,13 +228,15 @@ static void read_next(body *b)
     else if (b->chunked)
         iov = (nng_iov){.iov_buf = &b->byte, .iov_len = 1};
     nng_aio *io = b->io;
+    nng_http_conn *conn = b->conn;
+    bool chunked = b->chunked;
     nng_aio_set_iov(io, 1, &iov);
     /* b is on_body's from here on: it may be freed before this returns. */
     rl_nng_handoff(b);
-    if (b->chunked)
-        nng_http_conn_read(b->conn, io);
+    if (chunked)
+        nng_http_conn_read(conn, io);
     else
-        nng_http_conn_read_all(b->conn, io);
+        nng_http_conn_read_all(conn, io);
 }
 
 /* Room for the chunk about to be read: doubling, never past the cap
@@ -330,9 +332,10 @@ static void read_body(rls_http *http, nng_aio *aio, bool chunked,
     nng_iov iov = {.iov_buf = go_on, .iov_len = sizeof go_on - 1};
     b->greeting = true;
     nng_aio *io = b->io;
+    nng_http_conn *conn = b->conn;
     nng_aio_set_iov(io, 1, &iov);
     rl_nng_handoff(b);
-    nng_http_conn_write_all(b->conn, io);
+    nng_http_conn_write_all(conn, io);
 }
 
 /* A body's framing, as RFC 9112 §6 has it; Content-Length and
