@@ -7,7 +7,8 @@
  *
  * Signals: SIGHUP reloads the descriptors' config now (it is also
  * reloaded within a second of a file changing); a bad config is logged
- * and the old one kept. SIGTERM/SIGINT fail /healthcheck and gRPC health,
+ * and the old one kept. SIGHUP and a file's change also reload the gRPC
+ * port's TLS files (a bad set logged, the old one kept). SIGTERM/SIGINT fail /healthcheck and gRPC health,
  * send GOAWAY, let the calls in flight be answered (10 s at most), close
  * the agents and exit 0.
  */
@@ -53,7 +54,8 @@ static const char usage[] =
     "                 rl's YAML, instead of the REDIS_* variables; no rules\n"
     "  --workers N    event loops (default: one per core)\n"
     "\n"
-    "SIGHUP reloads the descriptors' config (a file's change does too);\n"
+    "SIGHUP reloads the descriptors' config and the TLS files (a file's\n"
+    "change does too);\n"
     "SIGTERM drains and exits.\n"
     "\n"
     "exit codes: 0 ok, 1 usage, 3 invalid config or variable, 4 cannot run\n";
@@ -280,10 +282,26 @@ static void on_stop(uv_signal_t *s, int signum)
     uv_timer_start(&a->drain, on_drain_timer, 20, 20);
 }
 
+/* The gRPC port's certificate, key and client CA read again (cert-manager
+ * rotates them): new connections take them, a bad set is refused and the
+ * one before kept. */
+static void reload_tls(app *a, const char *why)
+{
+    char err[1024];
+    if (rls_tls_ctx_reload(a->tls, err, sizeof err) != 0)
+        rl_log(&a->log, RL_LOG_ERROR, "tls_refused",
+               "why=%s reason=\"%s\" kept=previous", why, err);
+    else
+        rl_log(&a->log, RL_LOG_INFO, "tls_reloaded", "why=%s", why);
+}
+
 static void on_reload(uv_signal_t *s, int signum)
 {
     (void)signum;
-    load_runtime(s->data, "sighup");
+    app *a = s->data;
+    load_runtime(a, "sighup");
+    if (a->tls != NULL)
+        reload_tls(a, "sighup");
 }
 
 static void on_watch(uv_timer_t *t)
@@ -291,6 +309,8 @@ static void on_watch(uv_timer_t *t)
     app *a = t->data;
     if (rls_runtime_changed(&a->runtime))
         load_runtime(a, "change");
+    if (a->tls != NULL && rls_tls_ctx_changed(a->tls))
+        reload_tls(a, "change");
 }
 
 static void start_handles(app *a)

@@ -7,6 +7,7 @@
  */
 #include "rls_http.h"
 
+#include "rls_chunked.h"
 #include "rls_json.h"
 
 #include "nng_handoff.h"
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 struct rls_http {
     const rls_http_config *c;
@@ -43,6 +45,9 @@ void rls_http_reply(nng_aio *aio, uint16_t status, const char *reason,
         rv = nng_http_res_set_reason(res, reason);
     if (rv == 0 && closing)
         rv = nng_http_res_set_header(res, "Connection", "close");
+    /* A refusal for now, not for this request: try again in a second. */
+    if (rv == 0 && status == 503)
+        rv = nng_http_res_set_header(res, "Retry-After", "1");
     if (rv == 0)
         rv = nng_http_res_set_header(res, "Content-Type", type);
     if (rv == 0)
@@ -177,65 +182,191 @@ static void call_json(rls_http *http, nng_aio *aio, const char *json,
                     "no worker takes calls now");
 }
 
-/* A /json body being read. nng collects none itself: over its cap, it
- * answers 400, where a body over the cap is a 413. */
+/* A /json body being read: by its Content-Length (nng collects none
+ * itself: over its cap it answers 400, where a body over the cap is a
+ * 413) or chunked, a piece at a time (rls_chunked.h). A client that asks
+ * "Expect: 100-continue" (curl's, for a body it streams) is told to go on
+ * first, as Go's server tells it when the handler reads. */
 typedef struct body {
     rls_http *http;
-    nng_aio *aio, *read;
-    size_t len;
-    char bytes[];
+    nng_aio *aio, *io;
+    nng_http_conn *conn;
+    bool greeting;      /* "100 Continue" is being written */
+    bool chunked;
+    rls_chunked ck;
+    uint8_t byte;       /* a chunked line's byte */
+    size_t len, cap;
+    char *bytes;
 } body;
+
+static void body_free(body *b)
+{
+    nng_aio_reap(b->io);
+    free(b->bytes);
+    free(b);
+}
+
+/* An answer that ends the connection: the body's rest is unread. */
+static void refuse(nng_aio *aio, uint16_t status, const char *text,
+                   const char *why)
+{
+    char msg[300];
+    int n = snprintf(msg, sizeof msg, "%s: %s\n", text, why);
+    size_t len = n < (int)sizeof msg ? (size_t)n : sizeof msg - 1;
+    rls_http_reply(aio, status, text, "text/plain; charset=utf-8", msg, len,
+                  true);
+}
+
+/* The next read: a chunk's data into the body, else a line's byte, else
+ * (Content-Length) the whole body. */
+static void read_next(body *b)
+{
+    nng_iov iov = {.iov_buf = b->bytes, .iov_len = b->len};
+    if (b->chunked && rls_chunked_in_data(&b->ck))
+        iov = (nng_iov){.iov_buf = b->bytes + b->ck.len,
+                        .iov_len = rls_chunked_want(&b->ck)};
+    else if (b->chunked)
+        iov = (nng_iov){.iov_buf = &b->byte, .iov_len = 1};
+    nng_aio *io = b->io;
+    nng_http_conn *conn = b->conn;
+    bool chunked = b->chunked;
+    nng_aio_set_iov(io, 1, &iov);
+    /* b is on_body's from here on: it may be freed before this returns. */
+    rl_nng_handoff(b);
+    if (chunked)
+        nng_http_conn_read(conn, io);
+    else
+        nng_http_conn_read_all(conn, io);
+}
+
+/* Room for the chunk about to be read: doubling, never past the cap
+ * (rls_chunked refused a chunk over it). */
+static int make_room(body *b)
+{
+    size_t need = b->ck.len + rls_chunked_want(&b->ck);
+    if (need <= b->cap)
+        return 0;
+    size_t cap = b->cap > 0 ? b->cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    if (cap > RLS_HTTP_JSON_MAX)
+        cap = RLS_HTTP_JSON_MAX;
+    char *bytes = realloc(b->bytes, cap);
+    if (bytes == NULL)
+        return -1;
+    b->bytes = bytes;
+    b->cap = cap;
+    return 0;
+}
+
+/* A chunked body's n bytes read: 1 to read on, else the body is over and
+ * answered. */
+static int on_chunk_bytes(body *b, size_t n)
+{
+    int st = rls_chunked_in_data(&b->ck) ? rls_chunked_data(&b->ck, n)
+                                         : rls_chunked_byte(&b->ck, b->byte);
+    if (st == RLS_CHUNKED_EBAD)
+        refuse(b->aio, 400, "Bad Request", b->ck.why);
+    else if (st == RLS_CHUNKED_EBIG)
+        refuse(b->aio, 413, "Request Entity Too Large",
+               "the body is over 4 MiB, gRPC's message cap");
+    else if (st == RLS_CHUNKED_DONE)
+        call_json(b->http, b->aio, b->bytes != NULL ? b->bytes : "",
+                  b->ck.len);
+    else if (rls_chunked_in_data(&b->ck) && make_room(b) != 0)
+        nng_aio_finish(b->aio, NNG_ENOMEM);
+    else
+        return 1;
+    return 0;
+}
 
 static void on_body(void *arg)
 {
     body *b = arg;
     rl_nng_handoff(b);
-    int rv = nng_aio_result(b->read);
-    if (rv == 0)
-        call_json(b->http, b->aio, b->bytes, b->len);
-    else
+    int rv = nng_aio_result(b->io);
+    size_t n = nng_aio_count(b->io);
+    if (rv == 0 && b->greeting) {
+        b->greeting = false;
+        read_next(b);
+        return;
+    }
+    if (rv == 0 && b->chunked && n == 0)
+        rv = NNG_ECLOSED;
+    if (rv != 0)
         nng_aio_finish(b->aio, rv);
-    nng_aio_reap(b->read);
-    free(b);
+    else if (!b->chunked)
+        call_json(b->http, b->aio, b->bytes, b->len);
+    else if (on_chunk_bytes(b, n)) {
+        read_next(b);
+        return;
+    }
+    body_free(b);
 }
 
-static void read_body(rls_http *http, nng_aio *aio, size_t len)
+static void read_body(rls_http *http, nng_aio *aio, bool chunked,
+                      size_t len)
 {
-    body *b = malloc(sizeof *b + len);
-    if (b == NULL || nng_aio_alloc(&b->read, on_body, b) != 0) {
+    body *b = calloc(1, sizeof *b);
+    if (b == NULL || nng_aio_alloc(&b->io, on_body, b) != 0 ||
+        (!chunked && (b->bytes = malloc(len)) == NULL)) {
+        if (b != NULL && b->io != NULL)
+            nng_aio_free(b->io);
         free(b);
         nng_aio_finish(aio, NNG_ENOMEM);
         return;
     }
     b->http = http;
     b->aio = aio;
+    b->conn = nng_aio_get_input(aio, 2);
+    b->chunked = chunked;
     b->len = len;
-    nng_iov iov = {.iov_buf = b->bytes, .iov_len = len};
-    nng_aio *read = b->read;
-    nng_aio_set_iov(read, 1, &iov);
-    /* b is on_body's from here on: it may be freed before this returns. */
+    rls_chunked_init(&b->ck, RLS_HTTP_JSON_MAX);
+    const char *expect =
+        nng_http_req_get_header(nng_aio_get_input(aio, 0), "Expect");
+    if (expect == NULL || strcasecmp(expect, "100-continue") != 0) {
+        read_next(b);
+        return;
+    }
+    static char go_on[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    nng_iov iov = {.iov_buf = go_on, .iov_len = sizeof go_on - 1};
+    b->greeting = true;
+    nng_aio *io = b->io;
+    nng_http_conn *conn = b->conn;
+    nng_aio_set_iov(io, 1, &iov);
     rl_nng_handoff(b);
-    nng_http_conn_read_all(nng_aio_get_input(aio, 2), read);
+    nng_http_conn_write_all(conn, io);
 }
 
+/* A body's framing, as RFC 9112 §6 has it; Content-Length and
+ * Transfer-Encoding both is refused (§6.3 lets a server treat it as an
+ * error): it is how a request is smuggled past a proxy that reads the
+ * other one. Only the chunked coding is read (Go's 501 for others). */
 static void serve_json(nng_aio *aio)
 {
     rls_http *http = http_of(aio);
     nng_http_req *req = nng_aio_get_input(aio, 0);
     const char *cl = nng_http_req_get_header(req, "Content-Length");
+    const char *te = nng_http_req_get_header(req, "Transfer-Encoding");
     char *end = NULL;
     unsigned long long len = cl != NULL ? strtoull(cl, &end, 10) : 0;
-    if (cl != NULL && (cl[0] < '0' || cl[0] > '9' || *end != '\0'))
-        rls_http_reply(aio, 400, NULL, "text/plain; charset=utf-8",
-                      "Bad Request: Content-Length is no length\n", 41,
-                      true);
+    if (cl != NULL && te != NULL)
+        refuse(aio, 400, "Bad Request", "both Content-Length and "
+               "Transfer-Encoding");
+    else if (te != NULL && strcasecmp(te, "chunked") != 0)
+        refuse(aio, 501, "Not Implemented", "a transfer coding other than "
+               "chunked");
+    else if (te != NULL)
+        read_body(http, aio, true, 0);
+    else if (cl != NULL && (cl[0] < '0' || cl[0] > '9' || *end != '\0'))
+        refuse(aio, 400, "Bad Request", "Content-Length is no length");
     else if (len > RLS_HTTP_JSON_MAX)
         reply_error(aio, 413, "Request Entity Too Large",
                     "the body is over 4 MiB, gRPC's message cap");
     else if (len == 0)
         call_json(http, aio, "", 0);
     else
-        read_body(http, aio, (size_t)len);
+        read_body(http, aio, false, (size_t)len);
 }
 
 static int add_route(nng_http_server *s, rls_http *http, const route *r)

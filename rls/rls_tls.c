@@ -17,15 +17,30 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define REASON_MAX 256
 
+/* A file's identity as stat sees it through its symlinks: a Kubernetes
+ * secret volume swaps a symlink, an editor renames or rewrites. */
+typedef struct stamp {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    int err;                 /* stat's errno, or 0 */
+} stamp;
+
 struct rls_tls_ctx {
+    pthread_mutex_t lock;    /* ctx: replaced by a reload, read by SSL_new */
     SSL_CTX *ctx;
+    rls_tls_config c;
+    stamp files[3];          /* cert, key, client CA at the last load */
 };
 
 struct rls_tls {
@@ -186,6 +201,54 @@ static int on_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
     return SSL_TLSEXT_ERR_ALERT_FATAL;
 }
 
+/* A context from the files: the SSL_CTX, or NULL with err. */
+static SSL_CTX *build(const rls_tls_config *c, char *err, size_t cap)
+{
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (ctx == NULL) {
+        snprintf(err, cap, "cannot make a TLS context: %s",
+                 openssl_reason());
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* HTTP/2 over TLS forbids renegotiation and compression (RFC 9113,
+     * 9.2.1); idle connections give their record buffers back. */
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION
+                                 | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_client_hello_cb(ctx, on_client_hello, NULL);
+    SSL_CTX_set_alpn_select_cb(ctx, on_alpn, NULL);
+    if (load_pair(ctx, c, err, cap) != 0
+        || (c->client_ca != NULL && c->client_ca[0] != '\0'
+            && want_clients(ctx, c, err, cap) != 0)) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static void stamp_of(const char *path, stamp *out)
+{
+    struct stat st;
+    *out = (stamp){0};
+    if (path == NULL || path[0] == '\0')
+        return;
+    if (stat(path, &st) != 0) {
+        out->err = errno;
+        return;
+    }
+    *out = (stamp){.dev = st.st_dev, .ino = st.st_ino, .size = st.st_size,
+                   .mtime = st.st_mtim};
+}
+
+static void stamps_of(const rls_tls_config *c, stamp out[3])
+{
+    stamp_of(c->cert, &out[0]);
+    stamp_of(c->key, &out[1]);
+    stamp_of(c->client_ca, &out[2]);
+}
+
 rls_tls_ctx *rls_tls_ctx_new(const rls_tls_config *c, char *err, size_t cap)
 {
     rls_tls_ctx *t = calloc(1, sizeof *t);
@@ -193,30 +256,46 @@ rls_tls_ctx *rls_tls_ctx_new(const rls_tls_config *c, char *err, size_t cap)
         snprintf(err, cap, "no memory for TLS");
         return NULL;
     }
-    ERR_clear_error();
-    t->ctx = SSL_CTX_new(TLS_server_method());
-    if (t->ctx == NULL) {
-        snprintf(err, cap, "cannot make a TLS context: %s",
-                 openssl_reason());
-        goto fail;
+    stamps_of(c, t->files);
+    if ((t->ctx = build(c, err, cap)) == NULL) {
+        free(t);
+        return NULL;
     }
-    SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
-    /* HTTP/2 over TLS forbids renegotiation and compression (RFC 9113,
-     * 9.2.1); idle connections give their record buffers back. */
-    SSL_CTX_set_options(t->ctx, SSL_OP_NO_RENEGOTIATION
-                                    | SSL_OP_NO_COMPRESSION);
-    SSL_CTX_set_mode(t->ctx, SSL_MODE_RELEASE_BUFFERS);
-    SSL_CTX_set_client_hello_cb(t->ctx, on_client_hello, NULL);
-    SSL_CTX_set_alpn_select_cb(t->ctx, on_alpn, NULL);
-    if (load_pair(t->ctx, c, err, cap) != 0)
-        goto fail;
-    if (c->client_ca != NULL && c->client_ca[0] != '\0'
-        && want_clients(t->ctx, c, err, cap) != 0)
-        goto fail;
+    t->c = *c;
+    pthread_mutex_init(&t->lock, NULL);
     return t;
-fail:
-    rls_tls_ctx_free(t);
-    return NULL;
+}
+
+bool rls_tls_ctx_changed(const rls_tls_ctx *ctx)
+{
+    stamp now[3];
+    stamps_of(&ctx->c, now);
+    for (int i = 0; i < 3; i++) {
+        const stamp *a = &now[i], *b = &ctx->files[i];
+        if (a->err != b->err || a->dev != b->dev || a->ino != b->ino
+            || a->size != b->size || a->mtime.tv_sec != b->mtime.tv_sec
+            || a->mtime.tv_nsec != b->mtime.tv_nsec)
+            return true;
+    }
+    return false;
+}
+
+int rls_tls_ctx_reload(rls_tls_ctx *ctx, char *err, size_t cap)
+{
+    /* Stamped first: a file replaced while it is read is read again at
+     * the next look. A refused one is not, until it changes. */
+    stamps_of(&ctx->c, ctx->files);
+    SSL_CTX *fresh = build(&ctx->c, err, cap);
+    if (fresh == NULL)
+        return -1;
+    pthread_mutex_lock(&ctx->lock);
+    SSL_CTX *old = ctx->ctx;
+    ctx->ctx = fresh;
+    pthread_mutex_unlock(&ctx->lock);
+    /* Each connection's SSL holds a reference: the old context goes with
+     * the last connection made with it. */
+    SSL_CTX_free(old);
+    return 0;
 }
 
 void rls_tls_ctx_free(rls_tls_ctx *ctx)
@@ -224,6 +303,7 @@ void rls_tls_ctx_free(rls_tls_ctx *ctx)
     if (ctx == NULL)
         return;
     SSL_CTX_free(ctx->ctx);
+    pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
 
@@ -234,7 +314,9 @@ rls_tls *rls_tls_new(rls_tls_ctx *ctx)
     rls_tls *t = calloc(1, sizeof *t);
     if (t == NULL)
         return NULL;
+    pthread_mutex_lock(&ctx->lock);
     t->ssl = SSL_new(ctx->ctx);
+    pthread_mutex_unlock(&ctx->lock);
     t->rbio = BIO_new(BIO_s_mem());
     t->wbio = BIO_new(BIO_s_mem());
     if (t->ssl == NULL || t->rbio == NULL || t->wbio == NULL) {

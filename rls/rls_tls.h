@@ -1,6 +1,8 @@
 /*
  * rls_tls.h: gRPC over TLS for rl-rls (upstream's GRPC_SERVER_USE_TLS and
- * friends). A context is built once at start from the PEM files; each
+ * friends). A context is built at start from the PEM files, and built
+ * again from them on a reload (rls_tls_ctx_reload: SIGHUP, or a file
+ * changed), which new connections take and old ones ignore; each
  * connection gets a TLS state that sits between its socket and its
  * HTTP/2 session through memory BIOs: ciphertext read from the socket goes
  * in and comes out as plaintext for nghttp2, the session's bytes go in and
@@ -16,12 +18,15 @@
  * uses: the subject's CN is not looked at).
  *
  * Threads: a context is used by every loop at once (OpenSSL's SSL_CTX is
- * safe for that once built, and is never changed after); a connection's
- * state belongs to its loop's thread.
+ * safe for that once built, and is never changed after: a reload swaps
+ * in a new one under a lock); a reload and rls_tls_ctx_changed are
+ * called from one thread; a connection's state belongs to its loop's
+ * thread.
  */
 #ifndef RL_RLS_TLS_H
 #define RL_RLS_TLS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,9 +43,19 @@ typedef struct rls_tls rls_tls;
 
 /* rls_tls_ctx_new loads the files and checks that the key is the
  * certificate's: the context, or NULL with err naming the variable, its
- * file and what is wrong. */
+ * file and what is wrong. c is copied; its strings must outlive the
+ * context. */
 rls_tls_ctx *rls_tls_ctx_new(const rls_tls_config *c, char *err,
                              size_t cap);
+
+/* rls_tls_ctx_reload reads the files again, as rls_tls_ctx_new: 0, and
+ * connections from now on use them; or -1 with err (as _new's, OpenSSL's
+ * reason in it), and the context is as it was. */
+int rls_tls_ctx_reload(rls_tls_ctx *ctx, char *err, size_t cap);
+
+/* rls_tls_ctx_changed: whether a file is not the one last loaded (or
+ * refused), by stat: another inode, size or modification time. */
+bool rls_tls_ctx_changed(const rls_tls_ctx *ctx);
 
 /* rls_tls_ctx_free: after every connection's state is freed. NULL: a
  * no-op. */

@@ -11,6 +11,8 @@
 #include "test_rls.h"
 
 #include <criterion/criterion.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,5 +351,155 @@ Test(rls_tls, tls_variables_without_use_tls_are_named_at_start)
     static char out[1024];
     test_rls_call(&r, out, sizeof out, "{\"health\": true}", NULL);
     cr_assert_str_eq(out, "HEALTH SERVING\n");
+    test_rls_stop(&r);
+}
+
+/* --- Rotation: the pair read again on SIGHUP and when its files change */
+
+/* dst becomes a copy of src (or of text, with src NULL) at once, by a
+ * rename, as a secret volume or cert-manager swaps it. */
+static void install(const char *dst, const char *src, const char *text)
+{
+    static char bytes[65536];
+    size_t n = strlen(text != NULL ? text : "");
+    if (src != NULL) {
+        FILE *in = fopen(src, "r");
+        cr_assert_not_null(in, "%s", src);
+        n = fread(bytes, 1, sizeof bytes, in);
+        fclose(in);
+    } else {
+        memcpy(bytes, text, n);
+    }
+    char tmp[400];
+    snprintf(tmp, sizeof tmp, "%s.new", dst);
+    FILE *out = fopen(tmp, "w");
+    cr_assert_not_null(out, "%s", tmp);
+    cr_assert_eq(fwrite(bytes, 1, n, out), n);
+    cr_assert_eq(fclose(out), 0);
+    cr_assert_eq(rename(tmp, dst), 0);
+}
+
+/* Certificate A (CA "ca") served from files that are then replaced: c's
+ * server pair names them. B: a server certificate of another CA, bca. */
+typedef struct rotation {
+    certs c;
+    char a[300], a_key[300], b[300], b_key[300], bca[300];
+} rotation;
+
+static void start_rotation(test_rls *r, rotation *rot)
+{
+    make_certs(&rot->c);
+    test_certs_ca(rot->c.dir, "bca");
+    test_certs_cert(rot->c.dir, "bca", "serverb");
+    const char *dir = rot->c.dir;
+    snprintf(rot->a, sizeof rot->a, "%s", rot->c.server);
+    snprintf(rot->a_key, sizeof rot->a_key, "%s", rot->c.server_key);
+    snprintf(rot->b, sizeof rot->b, "%s/serverb.pem", dir);
+    snprintf(rot->b_key, sizeof rot->b_key, "%s/serverb.key", dir);
+    snprintf(rot->bca, sizeof rot->bca, "%s/bca.pem", dir);
+    snprintf(rot->c.server, sizeof rot->c.server, "%s/live.pem", dir);
+    snprintf(rot->c.server_key, sizeof rot->c.server_key, "%s/live.key",
+             dir);
+    install(rot->c.server, rot->a, NULL);
+    install(rot->c.server_key, rot->a_key, NULL);
+    start_tls(r, &rot->c, NULL, NULL);
+}
+
+/* A new connection that trusts ca only: served, or refused by the
+ * client (UNAVAILABLE) as the server's certificate is not of ca. */
+static void assert_trusted_by(test_rls *r, const rotation *rot,
+                              const char *ca, bool served)
+{
+    static char out[1024];
+    const char *o[] = {"--ca", ca, "--name", "localhost", NULL};
+    test_rls_call_with(r, o, out, sizeof out,
+                       "{\"health\": true, \"timeout\": 3}", NULL);
+    (void)rot;
+    if (served)
+        cr_assert_str_eq(out, "HEALTH SERVING\n", "%s: not served: %s", ca,
+                         out);
+    else
+        cr_assert(strncmp(out, "ERROR 14 ", 9) == 0, "%s: served: %s", ca,
+                  out);
+}
+
+Test(rls_tls, sighup_reloads_the_pair_and_a_broken_one_keeps_the_old)
+{
+    rotation rot;
+    test_rls r;
+    start_rotation(&r, &rot);
+    assert_trusted_by(&r, &rot, rot.c.ca, true);
+    assert_trusted_by(&r, &rot, rot.bca, false);
+    long from = test_log_size(r.log);
+    install(rot.c.server, rot.b, NULL);
+    install(rot.c.server_key, rot.b_key, NULL);
+    kill(r.pid, SIGHUP);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=tls_reloaded why=sighup", 5000);
+    assert_trusted_by(&r, &rot, rot.bca, true);
+    assert_trusted_by(&r, &rot, rot.c.ca, false);
+    /* Broken files: refused with OpenSSL's reason, B kept. */
+    from = test_log_size(r.log);
+    install(rot.c.server, NULL, "not a certificate\n");
+    kill(r.pid, SIGHUP);
+    char want[600];
+    snprintf(want, sizeof want, "event=tls_refused why=sighup "
+             "reason=\"GRPC_SERVER_TLS_CERT=%s: no certificate chain in it: "
+             "PEM lib\" kept=previous", rot.c.server);
+    test_wait_for_log_from(&r.pid, r.log, from, want, 5000);
+    assert_trusted_by(&r, &rot, rot.bca, true);
+    /* A key that is not the certificate's: refused too. */
+    from = test_log_size(r.log);
+    install(rot.c.server, rot.a, NULL);
+    kill(r.pid, SIGHUP);
+    test_wait_for_log_from(&r.pid, r.log, from, "is not the key of "
+                           "GRPC_SERVER_TLS_CERT", 5000);
+    assert_trusted_by(&r, &rot, rot.bca, true);
+    test_rls_stop(&r);
+}
+
+/* Without a signal: the files looked at every second. */
+Test(rls_tls, a_changed_pair_is_reloaded_within_seconds)
+{
+    rotation rot;
+    test_rls r;
+    start_rotation(&r, &rot);
+    assert_trusted_by(&r, &rot, rot.c.ca, true);
+    long from = test_log_size(r.log);
+    /* The key first: the pair is refused until the certificate follows. */
+    install(rot.c.server_key, rot.b_key, NULL);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=tls_refused why=change", 5000);
+    assert_trusted_by(&r, &rot, rot.c.ca, true);
+    install(rot.c.server, rot.b, NULL);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=tls_reloaded why=change", 5000);
+    assert_trusted_by(&r, &rot, rot.bca, true);
+    test_rls_stop(&r);
+}
+
+/* The client CA is read again too: after SIGHUP, the new CA's clients
+ * are served and the old one's refused. */
+Test(rls_tls, sighup_reloads_the_client_ca)
+{
+    certs c;
+    make_certs(&c);
+    char live_ca[300];
+    snprintf(live_ca, sizeof live_ca, "%s/live-ca.pem", c.dir);
+    install(live_ca, c.ca, NULL);
+    test_rls r;
+    start_tls(&r, &c, live_ca, NULL);
+    tls_opts o;
+    assert_served(&r, opts(&o, &c, c.client, c.client_key));
+    long from = test_log_size(r.log);
+    char other_ca[300];
+    snprintf(other_ca, sizeof other_ca, "%s/other.pem", c.dir);
+    install(live_ca, other_ca, NULL);
+    kill(r.pid, SIGHUP);
+    test_wait_for_log_from(&r.pid, r.log, from,
+                           "event=tls_reloaded why=sighup", 5000);
+    assert_served(&r, opts(&o, &c, c.stranger, c.stranger_key));
+    assert_refused(&r, opts(&o, &c, c.client, c.client_key),
+                   "reason=\"certificate verify failed: ");
     test_rls_stop(&r);
 }
