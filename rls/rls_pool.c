@@ -21,13 +21,15 @@ struct rls_pool_block {
 
 _Static_assert(sizeof(rls_pool_head) == 16, "the classes assume 16");
 
+/* The class of a block of n bytes and its header: the power of two from
+ * 64 up that holds them (n at most RLS_POOL_LARGEST). */
 static unsigned class_of(size_t n)
 {
     size_t total = n + sizeof(rls_pool_head);
-    unsigned cls = 0;
-    for (size_t size = 64; size < total; size <<= 1)
-        cls++;
-    return cls;
+    if (total <= 64)
+        return 0;
+    return (unsigned)(64 - __builtin_clzll((unsigned long long)total - 1)) -
+           6;
 }
 
 static size_t class_size(unsigned cls)
