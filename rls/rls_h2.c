@@ -15,6 +15,7 @@
  */
 #include "rls_h2.h"
 
+#include "rls_pool.h"
 #include "rls_tls.h"
 
 #include <arpa/inet.h>
@@ -98,6 +99,7 @@ struct rls_h2_server {
     nghttp2_session_callbacks *callbacks;
     nghttp2_option *option;
     nghttp2_mem mem;
+    rls_pool pool;                    /* behind mem, for this loop */
     rls_tls_ctx *tls;                 /* NULL: cleartext (h2c) */
     rl_logger log;
     h2_conn *conns, *dirty;
@@ -121,23 +123,16 @@ static ssize_t send_now(h2_conn *c, struct iovec *iov, int n);
 
 /* ---- memory: nghttp2's and ours, counted per server ---- */
 
-/* A size before each block, so that free knows what to uncount. */
-typedef union mem_head {
-    size_t n;
-    max_align_t align;
-} mem_head;
-
+/* Blocks come from the server's pool (rls_pool.h): a stream's eight
+ * blocks of nghttp2's, a call and its answer are taken and given back on
+ * every call. */
 static void *mem_malloc(size_t n, void *arg)
 {
     rls_h2_server *s = arg;
-    if (n > SIZE_MAX - sizeof(mem_head))
-        return NULL;
-    mem_head *h = malloc(sizeof *h + n);
-    if (h == NULL)
-        return NULL;
-    h->n = n;
-    s->stats.bytes += n;
-    return h + 1;
+    void *p = rls_pool_alloc(&s->pool, n);
+    if (p != NULL)
+        s->stats.bytes += n;
+    return p;
 }
 
 static void mem_free(void *p, void *arg)
@@ -145,9 +140,8 @@ static void mem_free(void *p, void *arg)
     rls_h2_server *s = arg;
     if (p == NULL)
         return;
-    mem_head *h = (mem_head *)p - 1;
-    s->stats.bytes -= h->n;
-    free(h);
+    s->stats.bytes -= rls_pool_len(p);
+    rls_pool_free(&s->pool, p);
 }
 
 static void *mem_calloc(size_t n, size_t size, void *arg)
@@ -163,18 +157,11 @@ static void *mem_calloc(size_t n, size_t size, void *arg)
 static void *mem_realloc(void *p, size_t n, void *arg)
 {
     rls_h2_server *s = arg;
-    if (p == NULL)
-        return mem_malloc(n, arg);
-    if (n > SIZE_MAX - sizeof(mem_head))
-        return NULL;
-    mem_head *h = (mem_head *)p - 1;
-    size_t old = h->n;
-    h = realloc(h, sizeof *h + n);
-    if (h == NULL)
-        return NULL;
-    h->n = n;
-    s->stats.bytes = s->stats.bytes - old + n;
-    return h + 1;
+    size_t old = p != NULL ? rls_pool_len(p) : 0;
+    void *m = rls_pool_realloc(&s->pool, p, n);
+    if (m != NULL)
+        s->stats.bytes = s->stats.bytes - old + n;
+    return m;
 }
 
 /* ---- calls ---- */
@@ -1167,6 +1154,7 @@ static void server_free(rls_h2_server *s)
 {
     nghttp2_session_callbacks_del(s->callbacks);
     nghttp2_option_del(s->option);
+    rls_pool_fini(&s->pool);
     free(s);
 }
 

@@ -63,6 +63,7 @@ struct rls_call {
     void *arg;
     const rls_options *o;
     rl_agent *agent;
+    rls_pool *pool;
     bool cancelled;     /* answered already (or its client is gone) */
     bool reading;       /* the first of the two steps' checks are out */
     bool degraded;      /* a check or the call's deadline: on_error */
@@ -376,7 +377,7 @@ static void free_call(rls_call *c)
 {
     for (size_t i = 0; i < c->n; i++)
         free(c->slots[i].name);
-    free(c);
+    rls_pool_free(c->pool, c);
 }
 
 static bool count_after_read(rls_call *c);
@@ -559,9 +560,10 @@ static bool keep_names(rls_call *c)
     return true;
 }
 
-rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
-                                const rls_options *o, const uint8_t *msg,
-                                size_t len, rls_reply_fn fn, void *arg)
+rls_call *rls_should_rate_limit(rl_agent *agent, rls_pool *pool,
+                                const rls_config *cfg, const rls_options *o,
+                                const uint8_t *msg, size_t len,
+                                rls_reply_fn fn, void *arg)
 {
     rls_arena arena;
     rls_arena_init(&arena);
@@ -586,16 +588,17 @@ rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
     /* The values outlive this function (a second step may check them
      * again): one block with the call and its slots, lens first for their
      * alignment (n is at most RLS_DESCRIPTORS_MAX). */
-    rls_call *c = calloc(1, sizeof *c + n * sizeof(slot)
+    rls_call *c = rls_pool_zalloc(pool, sizeof *c + n * sizeof(slot)
                                 + n * (sizeof(size_t) + RLS_VALUE_MAX + 1));
     if (c == NULL || found == NULL || drop == NULL || label_lens == NULL
         || (o->metrics != NULL && labels == NULL)) {
-        free(c);
+        rls_pool_free(pool, c);
         return fail(fn, arg, &arena, RLS_GRPC_INTERNAL, "out of memory");
     }
     size_t *lens = (size_t *)(void *)&c->slots[n];
     char (*values)[RLS_VALUE_MAX + 1] = (void *)&lens[n];
     *c = (rls_call){.fn = fn, .arg = arg, .o = o, .agent = agent,
+                    .pool = pool,
                     .reading = o->stop_increment_when_over, .pending = 1,
                     .values = values, .lens = lens, .n = n};
     for (size_t i = 0; i < n; i++) {

@@ -18,6 +18,7 @@
 #include "rls_config.h"
 #include "rls_grpc.h"
 #include "rls_metrics.h"
+#include "rls_pool.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -60,10 +61,12 @@ typedef struct rls_call rls_call;
  * under cfg (NULL: none loaded; read only before it returns) and o. fn
  * runs exactly once, perhaps before it returns (an error, no
  * limit to check), unless the call is cancelled first. Returns the call
- * while its checks are out, NULL once fn has run. */
-rls_call *rls_should_rate_limit(rl_agent *agent, const rls_config *cfg,
-                                const rls_options *o, const uint8_t *msg,
-                                size_t len, rls_reply_fn fn, void *arg);
+ * while its checks are out, NULL once fn has run. The call's memory comes
+ * from pool, the pool of the agent's loop (where the call is freed). */
+rls_call *rls_should_rate_limit(rl_agent *agent, rls_pool *pool,
+                                const rls_config *cfg, const rls_options *o,
+                                const uint8_t *msg, size_t len,
+                                rls_reply_fn fn, void *arg);
 
 /* rls_call_cancel: fn will not run (the client went away); the call is
  * freed once its checks have answered. */

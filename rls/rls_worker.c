@@ -49,6 +49,7 @@ struct rls_worker {
     bool checks_started;   /* this turn: run the agent in the check phase */
     rl_agent *agent;
     rls_h2_server *server;
+    rls_pool pool;         /* the calls' memory, on this loop */
     uint16_t port;
     pthread_mutex_t jobs_lock; /* the jobs' fields below */
     job *jobs, **jobs_end;     /* handed over, not yet started */
@@ -109,13 +110,14 @@ typedef struct call {
 
 static void on_deadline_closed(uv_handle_t *h)
 {
-    free(h->data);
+    call *c = h->data;
+    rls_pool_free(&c->w->pool, c);
 }
 
 static void release(call *c)
 {
     if (!c->timed) {
-        free(c);
+        rls_pool_free(&c->w->pool, c);
         return;
     }
     uv_timer_stop(&c->deadline);
@@ -172,7 +174,7 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
                               const uint8_t *msg, size_t len,
                               uint64_t timeout_ms)
 {
-    call *c = malloc(sizeof *c);
+    call *c = rls_pool_alloc(&w->pool, sizeof *c);
     if (c == NULL) {
         rls_h2_reply(h2, RLS_GRPC_RESOURCE_EXHAUSTED, NULL, 0,
                      "out of memory");
@@ -182,7 +184,7 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
     rls_metrics_call_start(w->wc->metrics, RLS_METHOD_SHOULD_RATE_LIMIT);
     rls_h2_call_set_data(h2, c);
     rls_snapshot *snap = rls_runtime_get(w->wc->runtime);
-    rls_call *svc = rls_should_rate_limit(w->agent,
+    rls_call *svc = rls_should_rate_limit(w->agent, &w->pool,
                                           snap != NULL ? snap->cfg : NULL,
                                           w->wc->options, msg, len,
                                           on_answer, c);
@@ -190,7 +192,7 @@ static void should_rate_limit(rls_worker *w, rls_h2_call *h2,
     c->starting = false;
     w->checks_started = true;
     if (c->h2 == NULL) {
-        free(c); /* answered already */
+        rls_pool_free(&w->pool, c); /* answered already */
     } else if (!c->orphan) {
         c->svc = svc;
         if (timeout_ms > 0)
@@ -279,8 +281,9 @@ static void start_job(rls_worker *w, job *j)
 {
     j->starting = true;
     rls_snapshot *snap = rls_runtime_get(w->wc->runtime);
-    rls_should_rate_limit(w->agent, snap != NULL ? snap->cfg : NULL,
-                          w->wc->options, j->msg, j->len, on_job_answer, j);
+    rls_should_rate_limit(w->agent, &w->pool,
+                          snap != NULL ? snap->cfg : NULL, w->wc->options,
+                          j->msg, j->len, on_job_answer, j);
     rls_snapshot_put(snap);
     w->checks_started = true;
     j->starting = false;
@@ -505,5 +508,6 @@ void rls_worker_stop(rls_worker *w)
     pthread_join(w->thread, NULL);
     sem_destroy(&w->started);
     pthread_mutex_destroy(&w->jobs_lock);
+    rls_pool_fini(&w->pool);
     free(w);
 }

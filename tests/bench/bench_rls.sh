@@ -13,6 +13,11 @@
 # between the calls h2load completed and those it started (the last
 # depth's worth were in flight when it stopped), or the run fails.
 #
+# At half the median peak, h2load --rps paces the same calls, and each
+# call's time (its --log-file) gives p50, p99 and p99.9. Per core: the
+# calls h2load completed over rl-rls's CPU seconds meanwhile
+# (/proc/PID/stat).
+#
 # Then a descriptor with rl's extension asking for a token bucket, against
 # rl_check_rule_async on the same rule at the same rate and depth
 # (bench-rule-async: one caller keeping 64 checks in flight), alternating.
@@ -86,6 +91,33 @@ rate_of() {
     awk '/^finished in/ { print $4 }' "$out/h2load.txt"
 }
 
+# rl-rls's CPU time so far (user and system, in clock ticks: fields 14
+# and 15 of /proc/PID/stat, after the name in parentheses).
+rls_pid=${daemons[-1]}
+hz=$(getconf CLK_TCK)
+cpu_ticks() {
+    sed 's/^.*) //' "/proc/$rls_pid/stat" | awk '{ print $12 + $13 }'
+}
+
+# Calls per second of rl-rls's CPU: the calls h2load completed over the
+# CPU seconds rl-rls used meanwhile ("calls/s per core": its rate divided
+# by the cores it kept busy).
+per_core() {
+    awk -v c="$1" -v t="$2" -v hz="$hz" \
+        'BEGIN { if (t > 0) printf "%.0f", c * hz / t; else print "n/a" }'
+}
+
+# p50, p99 and p99.9 in µs of a paced run's calls: h2load's --log-file
+# holds a line per call (its start in µs, its HTTP status, µs to the end
+# of its response).
+percentiles() {
+    cut -f3 "$1" | sort -n | awk '{ a[NR] = $1 }
+        function q(p,   i) { i = int(NR * p + 0.999999); if (i < 1) i = 1;
+                             return a[i] }
+        END { if (NR == 0) { print "n/a n/a n/a 0"; exit }
+              print q(0.50), q(0.99), q(0.999), NR }'
+}
+
 redis_rate() {
     redis-benchmark -h "$host" -p "$rport" -c 1 -P "$depth" -n "$1" -q \
         "${@:2}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /requests/) \
@@ -104,8 +136,11 @@ rates=()
 refs=()
 total=0
 started=0
+cores=()
 for round in $(seq 1 "$runs"); do
+    t0=$(cpu_ticks)
     read -r done_calls started_calls < <(h2)
+    cores+=("$(per_core "$done_calls" $(($(cpu_ticks) - t0)))")
     rate=$(rate_of)
     total=$((total + done_calls))
     started=$((started + started_calls))
@@ -113,7 +148,7 @@ for round in $(seq 1 "$runs"); do
     pexp=$(redis_rate 500000 PEXPIRE rb:k 1000)
     ref=$(awk -v a="$incr" -v b="$pexp" 'BEGIN { printf "%.0f", 1 / (1 / a + 1 / b) }')
     ratio=$(awk -v r="$rate" -v f="$ref" 'BEGIN { printf "%.2f", r / f }')
-    echo "round $round: rl-rls $rate calls/s, Redis pair $ref/s (INCRBY $incr, PEXPIRE $pexp): $ratio" >&2
+    echo "round $round: rl-rls $rate calls/s (${cores[-1]} per core), Redis pair $ref/s (INCRBY $incr, PEXPIRE $pexp): $ratio" >&2
     rates+=("$rate")
     refs+=("$ref")
     ratios+=("$ratio")
@@ -128,9 +163,9 @@ fi
 
 # p99 at half the peak: the same connection and depth, paced.
 half=$(awk -v r="$(median "${rates[@]}")" 'BEGIN { printf "%d", r / 2 }')
-h2 --rps "$half" > /dev/null
+h2 --rps "$half" --log-file="$out/paced.log" > /dev/null
 got=$(counted)
-p99=$(awk '/^time for request:/ { print $0 }' "$out/h2load.txt")
+read -r p50 p99 p999 paced < <(percentiles "$out/paced.log")
 
 med_ratio=$(median "${ratios[@]}")
 cat <<TABLE
@@ -144,10 +179,16 @@ completed was counted in Redis ($got in all).
 | | calls/s (median of $runs) |
 |---|---|
 | rl-rls | $(median "${rates[@]}") |
+| rl-rls, per core (calls / its CPU seconds) | $(median "${cores[@]}") |
 | Redis, the same commands | $(median "${refs[@]}") |
 | ratio (median of rounds) | $med_ratio (target ≥ 0.7) |
 
-At half the peak ($half calls/s): h2load's \`$p99\`.
+At half the peak ($half calls/s asked, h2load \`--rps\`, $paced calls):
+p50 $p50 µs, **p99 $p99 µs**, p99.9 $p999 µs (each call's time from its
+start to its response's end, h2load's \`--log-file\`). Per core: the
+calls h2load completed over rl-rls's CPU seconds meanwhile (utime and
+stime of /proc/PID/stat), so h2load's and Redis's share of the two cores
+is not counted against it.
 TABLE
 
 # The token bucket: rl-rls against rl_check_rule_async, same rule, rate
@@ -155,8 +196,11 @@ TABLE
 tb_ratios=()
 tb_rates=()
 tb_refs=()
+tb_cores=()
 for round in $(seq 1 "$runs"); do
-    call=call_tb h2 > /dev/null
+    t0=$(cpu_ticks)
+    read -r done_calls _ < <(call=call_tb h2)
+    tb_cores+=("$(per_core "$done_calls" $(($(cpu_ticks) - t0)))")
     rate=$(rate_of)
     ref=$("$build/bench/bench-rule-async" "$redis" "$seconds" "$depth" \
         1000000000 3600000)
@@ -167,6 +211,9 @@ for round in $(seq 1 "$runs"); do
     tb_ratios+=("$ratio")
 done
 tb_ratio=$(median "${tb_ratios[@]}")
+tb_half=$(awk -v r="$(median "${tb_rates[@]}")" 'BEGIN { printf "%d", r / 2 }')
+call=call_tb h2 --rps "$tb_half" --log-file="$out/paced_tb.log" > /dev/null
+read -r tb_p50 tb_p99 tb_p999 tb_paced < <(percentiles "$out/paced_tb.log")
 cat <<TABLE
 
 A descriptor asking for a token bucket (\`rl: {algorithm: token_bucket}\`),
@@ -177,8 +224,12 @@ rule at the same rate, $depth checks in flight from one caller
 | | checks/s (median of $runs) |
 |---|---|
 | rl-rls, token bucket | $(median "${tb_rates[@]}") |
+| rl-rls, per core (calls / its CPU seconds) | $(median "${tb_cores[@]}") |
 | rl_check_rule_async | $(median "${tb_refs[@]}") |
 | ratio (median of rounds) | $tb_ratio (target ≥ 0.7) |
+
+At half the peak ($tb_half calls/s asked, $tb_paced calls): p50 $tb_p50 µs,
+**p99 $tb_p99 µs**, p99.9 $tb_p999 µs.
 TABLE
 printf 'rl-rls, token bucket: calls/s / rl_check_rule_async\t%s\t>=\t0.70\tx\n' \
     "$tb_ratio" >> "$bench_out/targets.tsv"

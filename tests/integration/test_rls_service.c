@@ -54,6 +54,7 @@ typedef struct world {
     rl_agent *agent;
     rls_config *cfg;
     rls_options o;
+    rls_pool pool;     /* the calls' memory */
     char id[32];       /* this run's, in every value */
 } world;
 
@@ -78,6 +79,7 @@ static void open_world_stopping(world *w, bool shadow, bool headers,
                          .limit_header = "RateLimit-Limit",
                          .remaining_header = "RateLimit-Remaining",
                          .reset_header = "RateLimit-Reset"};
+    rls_pool_init(&w->pool);
     snprintf(w->id, sizeof w->id, "%d-%llu", (int)getpid(),
              (unsigned long long)test_now_us());
 }
@@ -91,6 +93,7 @@ static void close_world(world *w)
 {
     rl_agent_close(w->agent);
     rls_config_free(w->cfg);
+    rls_pool_fini(&w->pool);
 }
 
 typedef struct reply {
@@ -118,7 +121,8 @@ static void on_reply(void *arg, rls_grpc_status status, const uint8_t *msg,
 static reply call_bytes(world *w, const uint8_t *msg, size_t len)
 {
     reply rp = {0};
-    rls_should_rate_limit(w->agent, w->cfg, &w->o, msg, len, on_reply, &rp);
+    rls_should_rate_limit(w->agent, &w->pool, w->cfg, &w->o, msg, len,
+                          on_reply, &rp);
     uint64_t deadline = test_now_ms() + 5000;
     while (!rp.done)
         test_host_turn(w->agent, deadline);
