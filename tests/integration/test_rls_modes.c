@@ -12,6 +12,7 @@
 #include "test_rls.h"
 
 #include <criterion/criterion.h>
+#include <hiredis/hiredis.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -138,6 +139,31 @@ static int most_in_any_span(const long long *s, int n, long long span_ms)
     return most;
 }
 
+/* The keys of the test Redis matching pattern. */
+static long long keys_like(const char *pattern)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *r = redisCommand(c, "KEYS %s", pattern);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    long long n = (long long)r->elements;
+    freeReplyObject(r);
+    redisFree(c);
+    return n;
+}
+
+/* The descriptor's value was counted under rule's prefix and no other of
+ * rl-rls's (exact rules' prefixes start "rls:" or "rls-tb"). */
+static void counted_by(const char *rule, const char *value)
+{
+    char pattern[128];
+    snprintf(pattern, sizeof pattern, "%s:*%s*", rule, value);
+    cr_assert_gt(keys_like(pattern), 0, "no key %s", pattern);
+    snprintf(pattern, sizeof pattern, "rls:*%s*", value);
+    cr_assert_eq(keys_like(pattern), 0, "key %s", pattern);
+    snprintf(pattern, sizeof pattern, "rls-tb:*%s*", value);
+    cr_assert_eq(keys_like(pattern), 0, "key %s", pattern);
+}
+
 /* rl-rls's synced rules, one per unit and on_error. */
 static const char *const synced_rules[] = {
     "second", "minute", "hour", "day", "month", "year", "week"};
@@ -206,13 +232,14 @@ Test(rls_modes, synced_descriptor_is_shared_by_the_instances)
     /* Both agents' presence reports reach the aggregator: each knows of
      * two before the key's first request. */
     test_sleep_ms(1000);
-    char call[512];
+    char call[512], value[64];
+    snprintf(value, sizeof value, "t%d-%ld", (int)getpid(), (long)time(NULL));
     snprintf(call, sizeof call,
              "{\"domain\": \"edge\", \"clients\": 2, \"repeat\": 400, "
              "\"every_ms\": 10, \"stamp\": true, \"targets\": "
              "[\"127.0.0.1:%u\", \"127.0.0.1:%u\"], \"descriptors\": "
-             "[{\"entries\": [[\"tenant\", \"t%d-%ld\"]]}]}",
-             a.grpc_port, b.grpc_port, (int)getpid(), (long)time(NULL));
+             "[{\"entries\": [[\"tenant\", \"%s\"]]}]}",
+             a.grpc_port, b.grpc_port, value);
     static char out[1 << 17];
     test_rls_call(&a, out, sizeof out, call, NULL);
     int n, answered;
@@ -226,6 +253,8 @@ Test(rls_modes, synced_descriptor_is_shared_by_the_instances)
     cr_assert_leq(most, 110, "%d admitted in one second (limit 100)",
                   most);
     cr_assert_geq(n, 280, "only %d admitted of 800 in 4 s at 100/s", n);
+    /* The aggregator's hash of the key, not an exact rule's window. */
+    counted_by("rls-synced-second", value);
     test_rls_stop(&a);
     test_rls_stop(&b);
     test_stop(agg, log, 30000);
@@ -249,13 +278,14 @@ Test(rls_modes, leased_descriptor_never_admits_more_than_the_bucket)
     test_rls a, b;
     test_rls_start_workers(&a, limits, yaml, NULL, 1);
     test_rls_start_workers(&b, limits, yaml, NULL, 1);
-    char call[512];
+    char call[512], value[64];
+    snprintf(value, sizeof value, "t%d-%ld", (int)getpid(), (long)time(NULL));
     snprintf(call, sizeof call,
              "{\"domain\": \"edge\", \"clients\": 2, \"repeat\": 100, "
              "\"stamp\": true, \"targets\": [\"127.0.0.1:%u\", "
              "\"127.0.0.1:%u\"], \"descriptors\": [{\"entries\": "
-             "[[\"tenant\", \"t%d-%ld\"]]}]}",
-             a.grpc_port, b.grpc_port, (int)getpid(), (long)time(NULL));
+             "[[\"tenant\", \"%s\"]]}]}",
+             a.grpc_port, b.grpc_port, value);
     static char out[1 << 16];
     long t0 = (long)test_now_ms();
     test_rls_call(&a, out, sizeof out, call, NULL);
@@ -267,6 +297,7 @@ Test(rls_modes, leased_descriptor_never_admits_more_than_the_bucket)
     cr_assert_leq(n, 100 + elapsed / 600, "%d admitted in %ld ms", n,
                   elapsed);
     cr_assert_geq(n, 90, "only %d admitted", n);
+    counted_by("rls-leased", value);
     test_rls_stop(&a);
     test_rls_stop(&b);
 }
