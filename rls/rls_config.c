@@ -469,9 +469,8 @@ static bool push(rls_descriptor ***list, size_t n, rls_descriptor *d)
     return true;
 }
 
-/* rl's extension of a descriptor: how its limit is counted. Only what
- * rl-rls does is accepted; every refusal says what would be. */
-/* How each mode counts, for rl_extension's checks. */
+/* What each mode can count, for rl_extension: synced needs an aggregator
+ * and has neither algorithm nor burst; leased is a token bucket. */
 static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
                            const char *on_error, bool burst)
 {
@@ -505,6 +504,8 @@ static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
         fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
 }
 
+/* rl's extension of a descriptor: how its limit is counted. Only what
+ * rl-rls does is accepted; every refusal says what would be. */
 static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
 {
     if (ext == NULL || ext->type != YAML_MAPPING_NODE)
