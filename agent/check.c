@@ -827,18 +827,24 @@ static int rule_index(const rl_config *cfg, const char *name)
     return -1;
 }
 
-/* The caller's rate as the rule's kind of rate: exact and local rules
- * only (a synced rule's aggregator and a leased rule's hands count at the
- * rule's own), and a bucket's countable as a config's (a fixed window
- * counts hits, whatever limit x period: 4,294,967,295 a year is one). */
+/* The caller's rate as the rule's kind of rate, as an override's is: a
+ * synced rule's keeps the rule's period (its aggregator counts one window
+ * per rule, in sub-windows of that period: a key counted in another could
+ * not be added up) and counts limit per period, with no bucket; any other
+ * rule's bucket is countable as a config's (a fixed window counts hits,
+ * whatever limit x period: 4,294,967,295 a year is one). */
 static int caller_rate(const rl_rule *r, const rl_rate *in, rl_limit *out)
 {
     char why[256];
     *out = (rl_limit){.limit = in->limit, .period_ms = in->period_ms,
                       .burst = in->burst != 0 ? in->burst : in->limit};
-    if (r->mode == RL_MODE_SYNCED || r->mode == RL_MODE_LEASED
-        || out->limit == 0 || out->period_ms == 0)
+    if (out->limit == 0 || out->period_ms == 0)
         return RL_EINVAL;
+    if (r->mode == RL_MODE_SYNCED)
+        return out->period_ms == r->own.period_ms
+                       && out->limit <= RL_LIMIT_MAX
+                   ? RL_OK
+                   : RL_EINVAL;
     if (r->algorithm != RL_ALGO_FIXED_WINDOW
         && !rl_config_rate_countable(out, why, sizeof why))
         return RL_EINVAL;

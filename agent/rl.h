@@ -364,13 +364,17 @@ typedef struct rl_rate {
  * may be 0 here: the rule's state is read and nothing spent (a fixed
  * window counts 0 hits). For a host that picks the rule and the rate per
  * request itself (rl-rls: a descriptor's limit): one rule looked up by
- * name, not every rule against attributes. A caller's rate is for exact
- * and local rules; a synced or leased rule takes its own (rate NULL).
- * The decision comes as rl_check_async's. Returns RL_EINVAL for a NULL
- * argument, a rule not in the agent's rules, an empty value or one
- * holding a NUL, a rate of 0 or whose burst x period_ms reaches 2^53, or
- * a rate for a synced or leased rule; RL_ETOOLONG for a value over
- * max_value_bytes; otherwise rl_check_async's errors. Thread-safe. */
+ * name, not every rule against attributes. A caller's rate applies as an
+ * override's would: a leased rule leases from the key's bucket at that
+ * rate; a synced rule counts that limit per the rule's own period (its
+ * aggregator keeps one window per rule; burst is not used), so a rate of
+ * another period_ms is refused for it. The decision comes as
+ * rl_check_async's. Returns RL_EINVAL for a NULL argument, a rule not in
+ * the agent's rules, an empty value or one holding a NUL, a rate of 0, a
+ * bucket (not a synced rule or a fixed window) whose burst x period_ms
+ * reaches 2^53, or a synced rule's rate of another period_ms than the
+ * rule's; RL_ETOOLONG for a value over max_value_bytes; otherwise
+ * rl_check_async's errors. Thread-safe. */
 RL_API int rl_check_rule_async(rl_agent *agent, const char *rule,
                                const char *value, size_t len,
                                const rl_rate *rate, uint32_t cost,

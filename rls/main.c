@@ -23,6 +23,7 @@
 #include "rls_tls.h"
 #include "rls_worker.h"
 
+#include "config.h"
 #include "log.h"
 
 #include <signal.h>
@@ -43,6 +44,7 @@
 
 static const char usage[] =
     "usage: rl-rls [--config FILE] [--workers N]\n"
+    "       rl-rls [--config FILE] --print-rl-config\n"
     "       rl-rls --version | --help\n"
     "\n"
     "A rate limit service for Envoy (envoy.service.ratelimit.v3), a drop-in\n"
@@ -53,6 +55,10 @@ static const char usage[] =
     "  --config FILE  rl's own settings (store, aggregators, deadlines) in\n"
     "                 rl's YAML, instead of the REDIS_* variables; no rules\n"
     "  --workers N    event loops (default: one per core)\n"
+    "  --print-rl-config  print the rl config the agents run on (store,\n"
+    "                 aggregators, rl-rls's rules) and exit: rl-aggregator's\n"
+    "                 config for synced descriptors; REDIS_AUTH's password\n"
+    "                 is not in it (password_env: " RLS_PASSWORD_ENV ")\n"
     "\n"
     "SIGHUP reloads the descriptors' config and the TLS files (a file's\n"
     "change does too);\n"
@@ -64,6 +70,7 @@ typedef struct app {
     rls_settings settings;
     rl_logger log;
     rl_config *rl;
+    bool synced;                  /* rl has an aggregator: the synced rules */
     rls_runtime runtime;
     rls_options options;
     rls_worker_config wc;
@@ -87,7 +94,7 @@ static const char *env(const char *name, void *arg)
 }
 
 static int parse_args(int argc, char **argv, const char **config,
-                      int *workers, bool *done)
+                      int *workers, bool *print, bool *done)
 {
     for (int i = 1; i < argc; i++) {
         bool has_value = i + 1 < argc;
@@ -100,6 +107,8 @@ static int parse_args(int argc, char **argv, const char **config,
             printf("rl-rls %s\n", rl_version());
             *done = true;
             return 0;
+        } else if (strcmp(argv[i], "--print-rl-config") == 0) {
+            *print = true;
         } else if (strcmp(argv[i], "--config") == 0 && has_value) {
             *config = argv[++i];
         } else if (strcmp(argv[i], "--workers") == 0 && has_value
@@ -134,29 +143,50 @@ static char *read_file(const char *path, int *rc)
     return text;
 }
 
-static int load_rl_config(app *a, const char *path)
+/* Parses the rl config from file (NULL: the REDIS_* variables), the
+ * synced rules in it or not; *yaml is its text, to free. */
+static int parse_rl(app *a, const char *file, const char *path,
+                    bool synced, char **yaml)
+{
+    char err[512];
+    *yaml = rls_store_yaml(&a->settings, file, synced, err, sizeof err);
+    if (*yaml == NULL) {
+        fprintf(stderr, "rl-rls: %s\n", err);
+        return EXIT_CONFIG;
+    }
+    rl_error e;
+    if (rl_config_parse(*yaml, strlen(*yaml),
+                        path != NULL ? path : "<REDIS_* variables>", &a->rl,
+                        &e) != RL_OK) {
+        fprintf(stderr, "rl-rls: %s\n", e.message);
+        return EXIT_CONFIG;
+    }
+    return 0;
+}
+
+/* The synced rules go in only when the config names an aggregator to
+ * count them (an agent with one dials its aggregators); then descriptors
+ * may ask for mode: synced. print: the text goes to stdout. */
+static int load_rl_config(app *a, const char *path, bool print)
 {
     int rc = 0;
     char *file = path != NULL ? read_file(path, &rc) : NULL;
     if (rc != 0)
         return rc;
-    char err[512];
-    char *yaml = rls_store_yaml(&a->settings, file, err, sizeof err);
-    free(file);
-    if (yaml == NULL) {
-        fprintf(stderr, "rl-rls: %s\n", err);
-        return EXIT_CONFIG;
+    char *yaml;
+    rc = parse_rl(a, file, path, false, &yaml);
+    if (rc == 0 && a->rl->aggregator.given) {
+        free(yaml);
+        rl_config_free(a->rl);
+        a->rl = NULL;
+        a->synced = true;
+        rc = parse_rl(a, file, path, true, &yaml);
     }
-    rl_error e;
-    rc = rl_config_parse(yaml, strlen(yaml),
-                         path != NULL ? path : "<REDIS_* variables>", &a->rl,
-                         &e);
+    if (rc == 0 && print)
+        fputs(yaml, stdout);
     free(yaml);
-    if (rc != RL_OK) {
-        fprintf(stderr, "rl-rls: %s\n", e.message);
-        return EXIT_CONFIG;
-    }
-    return 0;
+    free(file);
+    return rc;
 }
 
 /* LOG_LEVEL's names (logrus's, checked by the settings) as rl's levels:
@@ -408,6 +438,7 @@ static int start(app *a, int workers)
         fprintf(stderr, "rl-rls: %s\n", err);
         return EXIT_CONFIG;
     }
+    a->runtime.synced = a->synced;
     if (a->settings.use_prometheus
         && (a->metrics = rls_metrics_new(&a->log, a->settings.prometheus_addr,
                                          a->settings.prometheus_path, err,
@@ -444,15 +475,16 @@ int main(int argc, char **argv)
     const char *config = NULL;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int workers = cores > 0 && cores <= WORKERS_MAX ? (int)cores : 1;
-    bool done = false;
-    int rc = parse_args(argc, argv, &config, &workers, &done);
+    bool print = false, done = false;
+    int rc = parse_args(argc, argv, &config, &workers, &print, &done);
     if (rc != 0 || done)
         return rc;
     /* Static: its signal handles stay registered until exit (see
      * rl-gateway's main). */
     static app a;
-    if ((rc = read_settings(&a)) == 0 && (rc = load_rl_config(&a, config))
-        == 0 && (rc = load_tls(&a)) == 0) {
+    if ((rc = read_settings(&a)) == 0
+        && (rc = load_rl_config(&a, config, print)) == 0 && !print
+        && (rc = load_tls(&a)) == 0) {
         start_handles(&a);
         rc = start(&a, workers);
         if (rc != 0)

@@ -61,6 +61,7 @@ typedef struct loading {
     char *err;
     size_t cap;
     bool failed;
+    bool synced;        /* mode: synced can be served */
 } loading;
 
 __attribute__((format(printf, 2, 3)))
@@ -468,6 +469,41 @@ static bool push(rls_descriptor ***list, size_t n, rls_descriptor *d)
     return true;
 }
 
+/* What each mode can count, for rl_extension: synced needs an aggregator
+ * and has neither algorithm nor burst; leased is a token bucket. */
+static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
+                           const char *on_error, bool burst)
+{
+    if (l->synced && !ld->synced)
+        fail(ld, "rl: mode: synced counts through rl-aggregator, and "
+             "rl-rls has none: give rl-rls --config a file with an "
+             "aggregator: (or aggregators:) section, and start "
+             "rl-aggregator on what rl-rls --config FILE --print-rl-config "
+             "prints (docs/envoy.md, Synced descriptors)");
+    else if (l->synced && algorithm[0] != '\0')
+        fail(ld, "rl: mode: synced counts the limit over any span of the "
+             "unit (rl-aggregator's sliding windows), neither a fixed "
+             "window nor a token bucket: leave algorithm out");
+    else if (l->synced && burst)
+        fail(ld, "rl: mode: synced has no burst (it admits "
+             "requests_per_unit over any span of the unit): leave burst "
+             "out");
+    else if (l->leased && strcmp(algorithm, "fixed_window") == 0)
+        fail(ld, "rl: mode: leased spends a token bucket's tokens in "
+             "leases, and a fixed window's count cannot be leased: leave "
+             "algorithm out (or token_bucket)");
+    else if (l->local && on_error[0] != '\0')
+        fail(ld, "rl: on_error has no effect with mode: local (each "
+             "instance counts alone, with no store to wait for)");
+    else if (l->synced && on_error[0] != '\0' && !l->deny_on_error
+             && !l->allow_on_error && strcmp(on_error, "local") != 0)
+        fail(ld, "rl: unknown on_error '%s' (local, allow or deny)",
+             on_error);
+    else if (!l->synced && on_error[0] != '\0' && !l->deny_on_error
+             && !l->allow_on_error)
+        fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
+}
+
 /* rl's extension of a descriptor: how its limit is counted. Only what
  * rl-rls does is accepted; every refusal says what would be. */
 static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
@@ -478,25 +514,26 @@ static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
     const char *mode = string_of(field(ld, ext, "mode"));
     const char *on_error = string_of(field(ld, ext, "on_error"));
     yaml_node_t *burst = field(ld, ext, "burst");
-    l->token_bucket = strcmp(algorithm, "token_bucket") == 0;
     l->deny_on_error = strcmp(on_error, "deny") == 0;
+    l->allow_on_error = strcmp(on_error, "allow") == 0;
     l->local = strcmp(mode, "local") == 0;
-    if (burst != NULL && !is_null(burst))
+    l->synced = strcmp(mode, "synced") == 0;
+    l->leased = strcmp(mode, "leased") == 0;
+    /* A leased limit is a token bucket's, whatever algorithm says. */
+    l->token_bucket = strcmp(algorithm, "token_bucket") == 0 || l->leased;
+    bool has_burst = burst != NULL && !is_null(burst);
+    if (has_burst)
         uint32_of(burst, &l->burst);
-    if (algorithm[0] != '\0' && !l->token_bucket
+    if (algorithm[0] != '\0' && strcmp(algorithm, "token_bucket") != 0
         && strcmp(algorithm, "fixed_window") != 0)
         fail(ld, "rl: unknown algorithm '%s' (fixed_window or "
              "token_bucket)", algorithm);
-    else if (mode[0] != '\0' && !l->local && strcmp(mode, "exact") != 0)
-        fail(ld, "rl: mode '%s' is not supported by rl-rls yet (exact or "
-             "local)", mode);
-    else if (l->local && on_error[0] != '\0')
-        fail(ld, "rl: on_error has no effect with mode: local (each "
-             "instance counts alone, with no store to wait for)");
-    else if (on_error[0] != '\0' && !l->deny_on_error
-             && strcmp(on_error, "allow") != 0)
-        fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
-    else if (l->burst != 0 && !l->token_bucket)
+    else if (mode[0] != '\0' && !l->local && !l->synced && !l->leased
+             && strcmp(mode, "exact") != 0)
+        fail(ld, "rl: unknown mode '%s' (exact, local, synced or leased)",
+             mode);
+    rl_mode_checks(ld, l, algorithm, on_error, has_burst);
+    if (l->burst != 0 && !l->token_bucket)
         fail(ld, "rl: burst is a token bucket's: give algorithm: "
              "token_bucket, or leave burst out");
     else if (l->burst != 0 && l->burst < l->requests_per_unit)
@@ -676,11 +713,13 @@ static int complete(rls_config *c)
 
 /* --- Files and domains ------------------------------------------------- */
 
-rls_config *rls_config_new(bool merge)
+rls_config *rls_config_new(bool merge, bool synced)
 {
     rls_config *c = calloc(1, sizeof *c);
-    if (c != NULL)
+    if (c != NULL) {
         c->merge = merge;
+        c->synced = synced;
+    }
     return c;
 }
 
@@ -753,7 +792,8 @@ static void load_root(loading *ld, rls_config *c, yaml_node_t *root)
 int rls_config_add(rls_config *c, const char *name, const char *text_in,
                    size_t len, char *err, size_t cap)
 {
-    loading ld = {.name = name, .err = err, .cap = cap};
+    loading ld = {.name = name, .err = err, .cap = cap,
+                  .synced = c->synced};
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p)) {
         fail(&ld, "out of memory");
@@ -867,11 +907,11 @@ static int walk_dir(walk *w, const char *dir, const char *key)
 }
 
 int rls_config_load_dir(const char *dir, const char *prefix,
-                        bool ignore_dotfiles, bool merge, rls_config **out,
-                        char *err, size_t cap)
+                        bool ignore_dotfiles, bool merge, bool synced,
+                        rls_config **out, char *err, size_t cap)
 {
     *out = NULL;
-    rls_config *c = rls_config_new(merge);
+    rls_config *c = rls_config_new(merge, synced);
     if (c == NULL) {
         snprintf(err, cap, "out of memory");
         return -1;

@@ -49,10 +49,14 @@ typedef struct rls_limit {
     /* rl's extension of a descriptor (rl: {algorithm, burst, mode,
      * on_error}):
      * how its limit is counted. Upstream's arithmetic by default. */
-    bool token_bucket;          /* algorithm: token_bucket */
+    bool token_bucket;          /* algorithm: token_bucket (leased too) */
     uint32_t burst;             /* its bucket; 0: requests_per_unit */
     bool deny_on_error;         /* on_error: deny (default: allow) */
+    bool allow_on_error;        /* on_error: allow said (synced's default
+                                 * is local) */
     bool local;                 /* mode: local (each instance alone) */
+    bool synced;                /* mode: synced (rl-aggregator's totals) */
+    bool leased;                /* mode: leased (the bucket, in leases) */
 } rls_limit;
 
 typedef struct rls_descriptor rls_descriptor;
@@ -84,6 +88,8 @@ typedef struct rls_config {
     rls_domain *domains;        /* sorted by name once complete */
     size_t n_domains;
     bool merge;                 /* MERGE_DOMAIN_CONFIG */
+    bool synced;                /* mode: synced can be served (rl-rls has
+                                 * an aggregator): else it is refused */
     size_t n_files;
 } rls_config;
 
@@ -112,9 +118,11 @@ typedef struct rls_match {
 } rls_match;
 
 /* rls_config_new: an empty config; merge: a domain in several files has
- * their descriptors together (MERGE_DOMAIN_CONFIG), else it is an error.
- * NULL without memory. */
-rls_config *rls_config_new(bool merge);
+ * their descriptors together (MERGE_DOMAIN_CONFIG), else it is an error;
+ * synced: rl's extension may ask for mode: synced (rl-rls runs with an
+ * aggregator), else a file asking for it is refused. NULL without
+ * memory. */
+rls_config *rls_config_new(bool merge, bool synced);
 
 /* rls_config_add reads one file's text under name (upstream's runtime
  * key, e.g. "config.limits.yaml", which starts every error). 0, or -1
@@ -129,8 +137,8 @@ int rls_config_add(rls_config *c, const char *name, const char *text,
  * "" without); ignore_dotfiles skips files and directories whose name
  * starts with '.'. *out on 0; -1 with the message in err. */
 int rls_config_load_dir(const char *dir, const char *prefix,
-                        bool ignore_dotfiles, bool merge, rls_config **out,
-                        char *err, size_t cap);
+                        bool ignore_dotfiles, bool merge, bool synced,
+                        rls_config **out, char *err, size_t cap);
 
 void rls_config_free(rls_config *c);
 

@@ -84,7 +84,7 @@ int rls_runtime_load(rls_runtime *rt, char *err, size_t cap)
     rt->fingerprint = fingerprint(rt);
     rls_config *cfg;
     if (rls_config_load_dir(rt->dir, rt->prefix, rt->ignore_dotfiles,
-                            rt->merge, &cfg, err, cap) != 0)
+                            rt->merge, rt->synced, &cfg, err, cap) != 0)
         return -1;
     rls_snapshot *s = malloc(sizeof *s);
     if (s == NULL) {

@@ -36,6 +36,8 @@ typedef struct rls_runtime {
     char prefix[256];
     bool ignore_dotfiles;
     bool merge;
+    bool synced;              /* mode: synced can be served (set by the
+                               * caller: rl-rls has an aggregator) */
     uint64_t fingerprint;     /* of the files the last load read */
 } rls_runtime;
 

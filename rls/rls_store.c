@@ -175,7 +175,8 @@ static int add_store(text *t, const rls_settings *s, char *err, size_t cap)
 }
 
 /* Every way a descriptor can be counted: exact (in Redis) with either
- * algorithm and on_error, or by each instance alone. */
+ * algorithm and on_error, by each instance alone, or leased from the
+ * exact bucket. Synced rules are generated (add_synced). */
 static const struct {
     const char *name, *algorithm, *on_error, *mode;
 } rules[] = {
@@ -185,39 +186,88 @@ static const struct {
     {"rls-tb-deny", "token_bucket", "deny", "exact"},
     {"rls-local", "fixed_window", "allow", "local"},
     {"rls-local-tb", "token_bucket", "allow", "local"},
+    {"rls-leased", "token_bucket", "allow", "leased"},
+    {"rls-leased-deny", "token_bucket", "deny", "leased"},
 };
+
+/* A synced rule per unit (rls_unit's order) and on_error (local, the
+ * default, then allow and deny): the aggregator counts one window per
+ * rule, of the rule's period, so a descriptor's unit picks its rule
+ * (rl_check_rule_async takes the caller's limit, not its period). */
+static const char *const synced_rules[8][3] = {
+    {NULL, NULL, NULL},
+    {"rls-synced-second", "rls-synced-second-allow",
+     "rls-synced-second-deny"},
+    {"rls-synced-minute", "rls-synced-minute-allow",
+     "rls-synced-minute-deny"},
+    {"rls-synced-hour", "rls-synced-hour-allow",
+     "rls-synced-hour-deny"},
+    {"rls-synced-day", "rls-synced-day-allow",
+     "rls-synced-day-deny"},
+    {"rls-synced-month", "rls-synced-month-allow",
+     "rls-synced-month-deny"},
+    {"rls-synced-year", "rls-synced-year-allow",
+     "rls-synced-year-deny"},
+    {"rls-synced-week", "rls-synced-week-allow",
+     "rls-synced-week-deny"},
+};
+static const char *const synced_on_error[] = {"local", "allow", "deny"};
 
 const char *rls_rule_of(const rls_limit *l)
 {
+    if (l->synced)
+        return synced_rules[l->unit][l->deny_on_error    ? 2
+                                     : l->allow_on_error ? 1
+                                                         : 0];
+    if (l->leased)
+        return rules[6 + l->deny_on_error].name;
     if (l->local)
         return rules[4 + l->token_bucket].name;
     return rules[2 * l->token_bucket + l->deny_on_error].name;
 }
 
-/* The rules, each under its own key prefix (no two nest). */
-static void add_rules(text *t, const char *key_prefix)
+static void add_rule(text *t, const char *key_prefix, const char *name,
+                     const char *period, const char *algorithm,
+                     const char *on_error, const char *mode)
 {
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%s%s:", key_prefix, name);
+    add_str(t, "  - name: ");
+    add_str(t, name);
+    add_str(t, "\n    match: descriptor\n    limit: 1\n    period: ");
+    add_str(t, period);
+    if (algorithm != NULL) {
+        add_str(t, "\n    algorithm: ");
+        add_str(t, algorithm);
+    }
+    add_str(t, "\n    on_error: ");
+    add_str(t, on_error);
+    add_str(t, "\n    mode: ");
+    add_str(t, mode);
+    add_str(t, "\n    key_prefix: ");
+    add_quoted(t, prefix, strlen(prefix));
+    add_str(t, "\n");
+}
+
+/* The rules, each under its own key prefix (no two nest: a synced name
+ * goes on after its unit with '-', a prefix with ':'). */
+static void add_rules(text *t, const char *key_prefix, bool synced)
+{
+    static const char *const periods[] = {NULL, "1s", "1m", "1h", "1d",
+                                          "30d", "365d", "7d"};
     add_str(t, "rules:\n");
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        char prefix[300];
-        snprintf(prefix, sizeof prefix, "%s%s:", key_prefix, rules[i].name);
-        add_str(t, "  - name: ");
-        add_str(t, rules[i].name);
-        add_str(t, "\n    match: descriptor\n    limit: 1\n"
-                   "    period: 1s\n    algorithm: ");
-        add_str(t, rules[i].algorithm);
-        add_str(t, "\n    on_error: ");
-        add_str(t, rules[i].on_error);
-        add_str(t, "\n    mode: ");
-        add_str(t, rules[i].mode);
-        add_str(t, "\n    key_prefix: ");
-        add_quoted(t, prefix, strlen(prefix));
-        add_str(t, "\n");
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        add_rule(t, key_prefix, rules[i].name, "1s", rules[i].algorithm,
+                 rules[i].on_error, rules[i].mode);
+    for (int u = RLS_UNIT_SECOND; synced && u <= RLS_UNIT_WEEK; u++) {
+        for (int e = 0; e < 3; e++)
+            add_rule(t, key_prefix, synced_rules[u][e], periods[u], NULL,
+                     synced_on_error[e], "synced");
     }
 }
 
-char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, char *err,
-                     size_t cap)
+char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, bool synced,
+                     char *err, size_t cap)
 {
     text t = {0};
     if (rl_yaml != NULL) {
@@ -227,7 +277,7 @@ char *rls_store_yaml(const rls_settings *s, const char *rl_yaml, char *err,
         free(t.s);
         return NULL;
     }
-    add_rules(&t, s->cache_key_prefix);
+    add_rules(&t, s->cache_key_prefix, synced);
     if (t.failed) {
         free(t.s);
         snprintf(err, cap, "out of memory");

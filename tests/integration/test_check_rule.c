@@ -45,7 +45,9 @@ static const char rules[] =
     "  - {name: l, match: k, limit: 100, period: 1h, mode: local, "
     "key_prefix: 'rl:cr:l:'}\n"
     "  - {name: s, match: k, limit: 100, period: 1h, mode: synced, "
-    "key_prefix: 'rl:cr:s:'}\n";
+    "key_prefix: 'rl:cr:s:'}\n"
+    "  - {name: ls, match: k, limit: 100, period: 1h, mode: leased, "
+    "key_prefix: 'rl:cr:ls:'}\n";
 
 /* A window's count is its key's whatever the rate: a limit of 3 spends
  * it, a limit of 5 then has 2 more, and cost 0 reads it without a hit. */
@@ -95,6 +97,31 @@ Test(check_rule, a_bucket_and_a_local_rule_at_the_callers_rate)
     test_agent_close(&t);
 }
 
+/* A synced rule counts the caller's limit, in the rule's period, as an
+ * override's (its agent alone: no aggregator has told it of others); a
+ * leased rule leases from the key's bucket at the caller's rate. Each
+ * admits the caller's 3, not the rule's 100. */
+Test(check_rule, a_synced_and_a_leased_rule_at_the_callers_rate)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL, rules);
+    rl_rate three = {3, 3600000, 0};
+    const char *names[] = {"s", "ls"};
+    for (int r = 0; r < 2; r++) {
+        int allowed = 0;
+        for (int i = 0; i < 6; i++) {
+            rl_decision d = check_rule(&t, names[r], "mode", &three, 1);
+            allowed += d.allowed;
+            cr_assert_eq(d.limit, 3, "rule %s: limit %llu", names[r],
+                         (unsigned long long)d.limit);
+        }
+        cr_assert_eq(allowed, 3, "rule %s admitted %d", names[r], allowed);
+    }
+    /* The rule's own rate is another key's business: 100 of it. */
+    cr_assert_eq(check_rule(&t, "s", "other", NULL, 1).remaining, 99);
+    test_agent_close(&t);
+}
+
 Test(check_rule, what_cannot_be_checked_is_refused)
 {
     test_agent t;
@@ -109,7 +136,7 @@ Test(check_rule, what_cannot_be_checked_is_refused)
         int rc;
     } cases[] = {
         {"nope", "v", 1, NULL, RL_EINVAL},   /* no such rule */
-        {"s", "v", 1, &ok, RL_EINVAL},       /* a synced rule's own rate */
+        {"s", "v", 1, &ok, RL_EINVAL},       /* not a synced rule's period */
         {"w", "v", 1, &zero, RL_EINVAL},
         {"b", "v", 1, &huge, RL_EINVAL},     /* burst x period past 2^53 */
         {"w", "", 0, NULL, RL_EINVAL},

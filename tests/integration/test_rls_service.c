@@ -69,7 +69,7 @@ static void open_world_stopping(world *w, bool shadow, bool headers,
     cr_assert_eq(rl_agent_open(&w->agent, &opts, &err), RL_OK, "%s",
                  err.message);
     char why[512];
-    w->cfg = rls_config_new(false);
+    w->cfg = rls_config_new(false, false);
     cr_assert_eq(rls_config_add(w->cfg, "config.limits.yaml", limits,
                                 strlen(limits), why, sizeof why), 0, "%s",
                  why);

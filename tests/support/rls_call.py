@@ -12,15 +12,19 @@ With --ca, over TLS: the server's certificate checked against that CA
 client certificate; without it, cleartext (h2c).
 
 Each CALL is JSON: {"domain": "d", "hits_addend": 0, "timeout": 2,
-"repeat": 1, "clients": 1, "descriptors": [{"entries": [["key", "value"],
+"repeat": 1, "clients": 1, "targets": ["host:port", ...], "every_ms": 10,
+"stamp": false, "descriptors": [{"entries": [["key", "value"],
 ...], "hits_addend": 0, "limit": [3, "HOUR"]}]}, {"health": true}, or
 {"handshake": ["http/1.1"]}: a TLS handshake alone (Python's ssl, --ca's
 options) offering those ALPN protocols (none: no ALPN at all), with
 "tls": "1.1" as TLS 1.1 at most (and OpenSSL's security level 0). The
 calls go one after the other on one channel; with "clients": N, N threads
 make them at once, each on a channel (a connection) of its own, and their
-lines come in no particular order. One line per call (repeat makes
-more): "OK <overall> <status>;<status>... [| <header>=<value>,...]
+lines come in no particular order. With "targets", client i calls
+targets[i % len(targets)] instead of TARGET; with "every_ms", each client
+makes its calls that far apart (on a schedule: a late one does not push
+the next back); with "stamp", each line starts with the wall clock's ms
+when its answer came. One line per call (repeat makes more): "OK <overall> <status>;<status>... [| <header>=<value>,...]
 [|| <request header>=<value>,...]" with
 each status as code:remaining:rpu/unit:name:reset ("-" for no current
 limit), "HEALTH <status>", "TLS <alpn>" or "TLS_ERROR <reason>", or
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import google.protobuf
 import grpc
@@ -206,8 +211,16 @@ def one(rls_pb2, health_pb2, should, health, spec):
 
 def client(target, tls, rls_pb2, health_pb2, spec, lines, own):
     should, health = stubs(target, tls, rls_pb2, health_pb2, own)
-    for _ in range(spec.get("repeat", 1)):
-        lines.append(one(rls_pb2, health_pb2, should, health, spec))
+    every = spec.get("every_ms", 0) / 1000.0
+    start = time.monotonic()
+    for i in range(spec.get("repeat", 1)):
+        wait = start + i * every - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        line = one(rls_pb2, health_pb2, should, health, spec)
+        if spec.get("stamp"):
+            line = "%d %s" % (int(time.time() * 1000), line)
+        lines.append(line)
 
 
 def main():
@@ -225,14 +238,17 @@ def main():
         if "handshake" in spec:
             lines.append(handshake(target, tls, spec["handshake"],
                                    spec.get("tls")))
-        elif n == 1:
+        elif n == 1 and "targets" not in spec and not spec.get("every_ms") \
+                and not spec.get("stamp"):
             for _ in range(spec.get("repeat", 1)):
                 lines.append(one(rls_pb2, health_pb2, should, health, spec))
         else:
+            targets = spec.get("targets", [target])
             threads = [threading.Thread(target=client,
-                                        args=(target, tls, rls_pb2,
-                                              health_pb2, spec, lines, True))
-                       for _ in range(n)]
+                                        args=(targets[i % len(targets)], tls,
+                                              rls_pb2, health_pb2, spec,
+                                              lines, True))
+                       for i in range(n)]
             for t in threads:
                 t.start()
             for t in threads:

@@ -44,6 +44,13 @@ static void set_port(const char *name, uint16_t port)
 void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
                     const char *const *env)
 {
+    test_rls_start_workers(r, limits, rl_yaml, env, 2);
+}
+
+void test_rls_start_workers(test_rls *r, const char *limits,
+                            const char *rl_yaml, const char *const *env,
+                            int n)
+{
     memset(r, 0, sizeof *r);
     char dir[300];
     snprintf(r->root, sizeof r->root, "/tmp/rl-rls-%d-XXXXXX", (int)getpid());
@@ -71,8 +78,9 @@ void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
     setenv("LOG_LEVEL", "debug", 1);
     for (size_t i = 0; env != NULL && env[i] != NULL; i++)
         cr_assert_eq(putenv((char *)env[i]), 0);
-    char config[320];
-    char *argv[8] = {(char *)test_env("RL_TEST_RLS"), "--workers", "2"};
+    char config[320], workers[16];
+    snprintf(workers, sizeof workers, "%d", n);
+    char *argv[8] = {(char *)test_env("RL_TEST_RLS"), "--workers", workers};
     if (rl_yaml != NULL) {
         snprintf(config, sizeof config, "%s/rl.yaml", r->root);
         write_file(config, rl_yaml);

@@ -26,6 +26,11 @@ typedef struct test_rls {
 void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
                     const char *const *env);
 
+/* test_rls_start with --workers n (test_rls_start's: 2). */
+void test_rls_start_workers(test_rls *r, const char *limits,
+                            const char *rl_yaml, const char *const *env,
+                            int n);
+
 /* Writes name (a path under root/rt/config) with text, atomically (a
  * rename), as a deploy would. */
 void test_rls_write(test_rls *r, const char *name, const char *text);

@@ -4,6 +4,7 @@
  * every fault upstream refuses, refused with upstream's message.
  */
 #include "rls_config.h"
+#include "rls_store.h"
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -13,9 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Loaded as rl-rls with an aggregator loads it (mode: synced served). */
 static rls_config *load(const char *yaml)
 {
-    rls_config *c = rls_config_new(false);
+    rls_config *c = rls_config_new(false, true);
     char err[512] = "";
     cr_assert_eq(rls_config_add(c, "config.test.yaml", yaml, strlen(yaml),
                                 err, sizeof err),
@@ -27,7 +29,7 @@ static rls_config *load(const char *yaml)
 static const char *refused(const char *yaml, bool merge, const char *first)
 {
     static char err[512];
-    rls_config *c = rls_config_new(merge);
+    rls_config *c = rls_config_new(merge, true);
     err[0] = '\0';
     if (first != NULL)
         cr_assert_eq(rls_config_add(c, "config.first.yaml", first,
@@ -320,7 +322,7 @@ Test(rls_config, a_domain_in_two_files_is_refused_unless_merged)
     cr_expect_str_eq(refused(first, true, first),
                      "config.test.yaml: duplicate descriptor composite key "
                      "'d.a'");
-    rls_config *c = rls_config_new(true);
+    rls_config *c = rls_config_new(true, false);
     char err[256];
     cr_assert_eq(rls_config_add(c, "config.1.yaml", first, strlen(first), err,
                                 sizeof err), 0, "%s", err);
@@ -357,13 +359,13 @@ Test(rls_config, the_runtime_layout_names_each_file_by_its_key)
     rls_config *c;
     char err[512] = "";
     /* Dotfiles read, as upstream's default: the second domain b. */
-    cr_expect_neq(rls_config_load_dir(dir, "config.", false, false, &c, err,
-                                      sizeof err), 0);
+    cr_expect_neq(rls_config_load_dir(dir, "config.", false, false, false,
+                                      &c, err, sizeof err), 0);
     cr_expect_str_eq(err, "config.team.b.yaml: duplicate domain 'b' in "
                      "config file");
     /* RUNTIME_IGNOREDOTFILES. */
-    cr_assert_eq(rls_config_load_dir(dir, "config.", true, false, &c, err,
-                                     sizeof err), 0, "%s", err);
+    cr_assert_eq(rls_config_load_dir(dir, "config.", true, false, false,
+                                     &c, err, sizeof err), 0, "%s", err);
     rls_match m;
     cr_expect_eq(lookup(c, "b", &m, 1, "k=v")->requests_per_unit, 2);
     char *dump = rls_config_dump(c);
@@ -375,8 +377,8 @@ Test(rls_config, the_runtime_layout_names_each_file_by_its_key)
     rls_config_free(c);
     write_file(sub, "b.yaml", "domain: b\ndescriptors:\n  - key: k\n"
                "    rate_limit: {unit: fortnight}\n");
-    cr_expect_neq(rls_config_load_dir(dir, "", true, false, &c, err,
-                                      sizeof err), 0);
+    cr_expect_neq(rls_config_load_dir(dir, "", true, false, false, &c,
+                                      err, sizeof err), 0);
     cr_expect_str_eq(err, "team.b.yaml: invalid rate limit unit 'fortnight'");
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -434,8 +436,30 @@ Test(rls_config, rls_extension_counts_a_limit_rls_way)
     } faults[] = {
         {"{algorithm: leaky}", "config.test.yaml: rl: unknown algorithm "
                                "'leaky' (fixed_window or token_bucket)"},
-        {"{mode: synced}", "config.test.yaml: rl: mode 'synced' is not "
-                           "supported by rl-rls yet (exact or local)"},
+        {"{mode: fast}", "config.test.yaml: rl: unknown mode 'fast' "
+                         "(exact, local, synced or leased)"},
+        {"{mode: synced, algorithm: fixed_window}",
+         "config.test.yaml: rl: mode: synced counts the limit over any span "
+         "of the unit (rl-aggregator's sliding windows), neither a fixed "
+         "window nor a token bucket: leave algorithm out"},
+        {"{mode: synced, algorithm: token_bucket}",
+         "config.test.yaml: rl: mode: synced counts the limit over any span "
+         "of the unit (rl-aggregator's sliding windows), neither a fixed "
+         "window nor a token bucket: leave algorithm out"},
+        {"{mode: synced, burst: 5}",
+         "config.test.yaml: rl: mode: synced has no burst (it admits "
+         "requests_per_unit over any span of the unit): leave burst out"},
+        {"{mode: synced, on_error: later}",
+         "config.test.yaml: rl: unknown on_error 'later' (local, allow or "
+         "deny)"},
+        {"{mode: leased, algorithm: fixed_window}",
+         "config.test.yaml: rl: mode: leased spends a token bucket's tokens "
+         "in leases, and a fixed window's count cannot be leased: leave "
+         "algorithm out (or token_bucket)"},
+        {"{mode: leased, on_error: local}",
+         "config.test.yaml: rl: unknown on_error 'local' (allow or deny)"},
+        {"{mode: leased, burst: 1}",
+         "config.test.yaml: rl: burst 1 is below requests_per_unit 2"},
         {"{mode: local, on_error: deny}",
          "config.test.yaml: rl: on_error has no effect with mode: local "
          "(each instance counts alone, with no store to wait for)"},
@@ -453,4 +477,71 @@ Test(rls_config, rls_extension_counts_a_limit_rls_way)
                  "    rl: %s\n", faults[i].ext);
         cr_assert_str_eq(refused(yaml, false, NULL), faults[i].message);
     }
+}
+
+/* mode: synced and leased, and which of rl-rls's rules counts each: a
+ * synced limit by its unit's rule and on_error (local by default), a
+ * leased one as a token bucket (its burst allowed). */
+Test(rls_config, rls_extension_synced_and_leased)
+{
+    rls_config *c = load("domain: d\ndescriptors:\n"
+                         "  - key: s\n"
+                         "    rate_limit: {unit: minute, requests_per_unit: 9}\n"
+                         "    rl: {mode: synced}\n"
+                         "  - key: sd\n"
+                         "    rate_limit: {unit: year, requests_per_unit: 9}\n"
+                         "    rl: {mode: synced, on_error: deny}\n"
+                         "  - key: sa\n"
+                         "    rate_limit: {unit: week, requests_per_unit: 9}\n"
+                         "    rl: {mode: synced, on_error: allow}\n"
+                         "  - key: l\n"
+                         "    rate_limit: {unit: hour, requests_per_unit: 9}\n"
+                         "    rl: {mode: leased, burst: 12}\n"
+                         "  - key: ld\n"
+                         "    rate_limit: {unit: hour, requests_per_unit: 9}\n"
+                         "    rl: {mode: leased, on_error: deny, "
+                         "algorithm: token_bucket}\n");
+    const rls_domain *d = rls_config_domain(c, "d", 1);
+    static const struct {
+        const char *key, *rule;
+    } want[] = {{"s", "rls-synced-minute"},
+                {"sd", "rls-synced-year-deny"},
+                {"sa", "rls-synced-week-allow"},
+                {"l", "rls-leased"},
+                {"ld", "rls-leased-deny"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        rls_entry e = {want[i].key, strlen(want[i].key), "v", 1};
+        rls_match m = {0};
+        rls_config_lookup(d, &e, 1, &m);
+        cr_assert_not_null(m.limit, "%s", want[i].key);
+        cr_assert_str_eq(rls_rule_of(m.limit), want[i].rule, "%s",
+                         want[i].key);
+    }
+    rls_entry l = {"l", 1, "v", 1};
+    rls_match m = {0};
+    rls_config_lookup(d, &l, 1, &m);
+    cr_assert(m.limit->token_bucket);
+    cr_assert_eq(m.limit->burst, 12);
+    rls_config_free(c);
+}
+
+/* Without an aggregator (rl-rls has none in --config), a synced limit
+ * cannot be counted: refused, saying what to add. */
+Test(rls_config, rls_extension_synced_without_an_aggregator_is_refused)
+{
+    static const char yaml[] = "domain: d\ndescriptors:\n  - key: s\n"
+                               "    rate_limit: {unit: second, "
+                               "requests_per_unit: 9}\n"
+                               "    rl: {mode: synced}\n";
+    rls_config *c = rls_config_new(false, false);
+    char err[512] = "";
+    cr_assert_neq(rls_config_add(c, "config.test.yaml", yaml, strlen(yaml),
+                                 err, sizeof err), 0);
+    cr_assert_str_eq(err, "config.test.yaml: rl: mode: synced counts "
+                     "through rl-aggregator, and rl-rls has none: give "
+                     "rl-rls --config a file with an aggregator: (or "
+                     "aggregators:) section, and start rl-aggregator on "
+                     "what rl-rls --config FILE --print-rl-config prints "
+                     "(docs/envoy.md, Synced descriptors)");
+    rls_config_free(c);
 }

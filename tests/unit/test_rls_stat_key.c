@@ -43,7 +43,7 @@ static const char *labels_of(bool own, const char *key, ...)
 {
     static char out[RLS_STAT_LABELS_MAX + 1];
     char err[256];
-    rls_config *c = rls_config_new(false);
+    rls_config *c = rls_config_new(false, false);
     cr_assert_eq(rls_config_add(c, "config.t.yaml", yaml, strlen(yaml), err,
                                 sizeof err), 0, "%s", err);
     rls_entry e[8];
