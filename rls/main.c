@@ -8,9 +8,9 @@
  * Signals: SIGHUP reloads the descriptors' config now (it is also
  * reloaded within a second of a file changing); a bad config is logged
  * and the old one kept. SIGHUP and a file's change also reload the gRPC
- * port's TLS files (a bad set logged, the old one kept). SIGTERM/SIGINT fail /healthcheck and gRPC health,
- * send GOAWAY, let the calls in flight be answered (10 s at most), close
- * the agents and exit 0.
+ * port's TLS files (a bad set logged, the old one kept). SIGTERM/SIGINT
+ * fail /healthcheck and gRPC health, send GOAWAY, let the calls in flight
+ * be answered (10 s at most), close the agents and exit 0.
  */
 #include "rl.h"
 #include "rls_http.h"
