@@ -380,6 +380,62 @@ RL_API int rl_check_rule_async(rl_agent *agent, const char *rule,
                                const rl_rate *rate, uint32_t cost,
                                rl_check_fn callback, void *arg);
 
+/* ------------------------------------------------------------------------
+ * Holds: a charge kept open until the request ends (issue 31).
+ * ------------------------------------------------------------------------ */
+
+/* A check whose charge stays open: its cost was an estimate, and the
+ * request's actual cost (an LLM response's tokens, say) is known when it
+ * ends. Opaque; owned by the caller from the callback that hands it over
+ * until rl_hold_end, which must be called exactly once. */
+typedef struct rl_hold rl_hold;
+
+/* Called once with the decision of an rl_check_hold or rl_check_rule_hold
+ * call, as rl_check_fn is (the agent's I/O thread, quick, valid only
+ * during the call). hold is non-NULL exactly when decision->allowed: the
+ * request holds its estimate (and its in_flight slots) until the caller
+ * ends it. A rejected request holds nothing: its estimate was charged as
+ * rl_check charges a rejected request (see `charge`), and an in_flight
+ * slot it took for a rule that allowed was given back. */
+typedef void (*rl_hold_fn)(const rl_decision *decision, rl_hold *hold,
+                           void *arg);
+
+/* rl_check_hold is rl_check_async, with cost an estimate held open: every
+ * rule is checked and charged estimate (which may be 0 here: a check of
+ * room, charging nothing until the end), and when the request is allowed
+ * the callback gets a hold. rl_hold_end then charges the difference
+ * between the actual cost and the estimate, off the request's path. An
+ * in_flight rule takes one of its key's slots here and holds it until the
+ * end. A hold not ended within the config's hold_timeout_ms is ended at
+ * its estimate by the agent (logged as hold_expired): its slots are
+ * released and nothing more is charged; the caller must still call
+ * rl_hold_end, which then only frees it. Errors as rl_check_async's.
+ * Thread-safe. */
+RL_API int rl_check_hold(rl_agent *agent, const rl_attr *attrs, size_t n,
+                         uint32_t estimate, rl_hold_fn callback, void *arg);
+
+/* rl_check_rule_hold is rl_check_rule_async with its cost an estimate held
+ * open, as rl_check_hold holds it. Errors as rl_check_rule_async's.
+ * Thread-safe. */
+RL_API int rl_check_rule_hold(rl_agent *agent, const char *rule,
+                              const char *value, size_t len,
+                              const rl_rate *rate, uint32_t estimate,
+                              rl_hold_fn callback, void *arg);
+
+/* rl_hold_end ends a hold at the request's actual cost and frees it: each
+ * rule that charged the estimate is charged actual - estimate more, or
+ * given back estimate - actual. A bucket may go into debt by the excess,
+ * which the next requests wait out; a window counts it; so what the
+ * fleet charged is the sum of the actual costs. Its in_flight slots are
+ * released. Exact rules' differences go to the store in the I/O thread's
+ * next batch; leased, local and synced rules' are settled in the agent
+ * (a synced rule's in its next report). Never blocks and never waits for
+ * the store: the caller may call it from any thread, a decision's
+ * callback included. After rl_agent_close, or once the hold expired, it
+ * only frees the hold (the agent ended it at its estimate). Returns RL_OK,
+ * or RL_EINVAL for a NULL hold. */
+RL_API int rl_hold_end(rl_hold *hold, uint32_t actual);
+
 /* rl_config_decide_on_error decides a request from config alone, as a
  * check decides it when neither the store nor an aggregator answers: each
  * rule that applies is decided by its on_error (allow lets it through,
