@@ -102,6 +102,7 @@ BENCH_ALONE = $(BUILD)/bench/bench-alone
 BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
 BENCH_LEASED = $(BUILD)/bench/bench-leased
 BENCH_RULE_ASYNC = $(BUILD)/bench/bench-rule-async
+BENCH_HOLDS = $(BUILD)/bench/bench-holds
 PROFILE = $(BUILD)/bench/profile
 NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
@@ -256,6 +257,10 @@ $(BENCH_RULE_ASYNC): $(call obj,tests/bench/bench_rule_async.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_HOLDS): $(call obj,tests/bench/bench_holds.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
             $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -268,7 +273,7 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
        $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
-       $(NGINX_MOD) $(RLS) $(BENCH_RULE_ASYNC)
+       $(NGINX_MOD) $(RLS) $(BENCH_RULE_ASYNC) $(BENCH_HOLDS)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target

@@ -66,6 +66,8 @@ section leased "$runner" -- "$build/bench/bench-leased"
 echo "bench: synced accuracy over any span, five loads (about 2 minutes)"
 section accuracy "$runner" -- "$build/bench/bench-accuracy" \
     "$build/bin/rl-aggregator"
+echo "bench: holds, a commit per request against plain checks"
+section holds "$runner" -- "$build/bench/bench-holds"
 echo "bench: per-value overrides, 0 against 100,000"
 section overrides "$runner" -- "$build/bench/bench-overrides"
 echo "bench: nginx with rl against nginx alone and limit_req, wrk (about 100 s)"
