@@ -193,9 +193,6 @@ static void finalize(rl_agent *a, rl_request *req)
         && (charge == RL_CHARGE_REFUND || charge == RL_CHARGE_ATOMIC)
         && a->store != NULL)
         refund(a, req);
-    /* A rejected request holds nothing. */
-    if (!req->decision.allowed)
-        rl_exact_release_slots(a, req);
     req->finalized = true;
     live_remove(a, req);
     deliver(req, claimed);
