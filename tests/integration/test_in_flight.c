@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 /* A key no earlier run of the suite used (the test Redis is shared). */
 static void fresh(char *out, size_t cap, const char *what)
@@ -516,4 +517,40 @@ Test(in_flight, what_cannot_apply_is_refused)
     snprintf(rule, sizeof rule, "%s}\n", f);
     refused("in_flight_lease_ms: 999\n", rule, "in_flight_lease_ms");
     refused("in_flight_lease_ms: 600001\n", rule, "in_flight_lease_ms");
+}
+
+/* --- rlctl bucket ----------------------------------------------------- */
+
+/* rlctl bucket shows the slots held, by which agent (its id names this
+ * process's pid), and until when. */
+Test(in_flight, rlctl_bucket_shows_the_slots_by_agent)
+{
+    char value[64], out[4096], pid[32];
+    fresh(value, sizeof value, "rlctl");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 5}\n";
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "", rules);
+    rl_hold *h[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_not_null(h[i] = hold_of(a, value));
+    const char *path = test_store_config("in-flight-rlctl", rules);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "bucket f %s", value), 0,
+                 "%s", out);
+    snprintf(pid, sizeof pid, "/%d/", (int)getpid());
+    cr_assert(strstr(out, "rule:        f (in_flight, 5 at once)") != NULL,
+              "%s", out);
+    cr_assert(strstr(out, "held:        2 of 5 at once, 3 free") != NULL,
+              "%s", out);
+    const char *line = strstr(out, "agent:       ");
+    cr_assert(line != NULL && strstr(line, pid) != NULL
+                  && strstr(line, " holds 2, expires in ") != NULL,
+              "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "--json bucket f %s",
+                            value), 0, "%s", out);
+    cr_assert(strstr(out, "\"in_flight\":5,\"held\":2,\"agents\":[{\"agent\":")
+                  != NULL && strstr(out, "\"slots\":2,\"expires_in_ms\":")
+                                 != NULL, "%s", out);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+    close_agent(a, cfg);
 }
