@@ -11,10 +11,13 @@
  * within a lease of its last renewal.
  *
  * A take is counted as held when it is sent, not when it is answered. A
- * renewal while one is unanswered cannot know whether the store took it:
- * it only moves the expiry ("~C": set to C, takes included, if the field
- * is gone), and the next renewal with none unanswered sets the count.
- * Releases are relative, so the store's sum is exact meanwhile.
+ * renewal while one is unanswered cannot know whether the store took it,
+ * so it only moves the expiry ("~C"). The takes sent before it have run
+ * when it runs, and one the store took left the field there: a field
+ * gone means they were all refused, and C, the slots answered as taken,
+ * is set (the field had expired while the store was away). The next
+ * renewal with no take unanswered sets the count. Releases are relative,
+ * so the store's sum stays exact.
  */
 #include "in_flight.h"
 
@@ -189,7 +192,7 @@ static void write_op(rl_in_flight_key *k, char *op)
         rl_resp_unsigned(op + 1, k->released);
     } else {
         op[0] = '~';
-        rl_resp_unsigned(op + 1, k->held);
+        rl_resp_unsigned(op + 1, k->held - k->unanswered);
     }
     k->released = 0;
     k->due = k->renew = false;
