@@ -89,24 +89,6 @@ static void fresh(char *out, size_t cap, const char *what)
              (unsigned long long)test_now_us());
 }
 
-/* The sum of key's window counts (key:<window>). */
-static long long window_count(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s",
-                                           keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
 static uint64_t wall_ms(void)
 {
     struct timespec ts;
@@ -210,10 +192,10 @@ Test(holds, ten_agents_count_the_sum_of_actual_costs)
         refused += w[i].refused;
     }
     long long want = atomic_load(&actual_sum);
-    long long got = window_count(agents[0].addr, key);
+    long long got = test_fixed_window_count(agents[0].addr, key);
     for (int i = 0; i < 200 && got != want; i++) {
         test_sleep_ms(10);
-        got = window_count(agents[0].addr, key);
+        got = test_fixed_window_count(agents[0].addr, key);
     }
     cr_assert_eq(got, want, "the window counts %lld, the actual costs sum "
                  "to %lld", got, want);
@@ -305,9 +287,9 @@ Test(holds, a_window_takes_the_difference_back)
     rl_hold *h = hold_on(t.agent, "api_key", value, 10, NULL);
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 3), RL_OK);
-    for (int i = 0; i < 200 && window_count(t.addr, key) != 3; i++)
+    for (int i = 0; i < 200 && test_fixed_window_count(t.addr, key) != 3; i++)
         test_sleep_ms(10);
-    cr_assert_eq(window_count(t.addr, key), 3);
+    cr_assert_eq(test_fixed_window_count(t.addr, key), 3);
     cr_assert(check_cost(t.agent, value, 7).allowed);
     test_agent_close(&t);
 }
