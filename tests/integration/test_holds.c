@@ -489,3 +489,39 @@ Test(holds, a_synced_rule_reports_the_difference)
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
 }
+
+/* rl_check_rule_hold holds as rl_check_hold does, at the caller's rate
+ * too; an estimate of 0 is a check of room, charged at the end. */
+Test(holds, a_rule_hold_and_a_check_of_room_end_at_the_actual_cost)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "rule-hold");
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: api_key, match: api_key, limit: 10, "
+                    "period: 1h}\n");
+    held h = {0};
+    sem_init(&h.done, 0, 0);
+    rl_rate rate = {.limit = 20, .period_ms = 7200000};
+    cr_assert_eq(rl_check_rule_hold(t.agent, "api_key", value, strlen(value),
+                                    &rate, 0, on_held, &h),
+                 RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    sem_destroy(&h.done);
+    cr_assert(h.decision.allowed);
+    cr_assert_not_null(h.hold);
+    cr_assert_eq(h.decision.remaining, 20, "a check of room charged %llu",
+                 (unsigned long long)(20 - h.decision.remaining));
+    cr_assert_eq(rl_hold_end(h.hold, 4), RL_OK);
+    wait_ended(t.agent, 1);
+    test_sleep_ms(50);
+    cr_assert(check_cost(t.agent, value, 6).allowed);
+    cr_assert(!check_cost(t.agent, value, 1).allowed,
+              "the actual cost was not charged");
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(t.agent, &attr, 1, 0, &d), RL_EINVAL,
+                 "rl_check took a cost of 0");
+    test_agent_close(&t);
+}
