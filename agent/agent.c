@@ -33,6 +33,18 @@ static void finish_close(void *arg)
     uv_close((uv_handle_t *)&a->deadline_timer, NULL);
 }
 
+/* The close, once the holds' calls are answered: leased tokens go back
+ * before the store closes (within one deadline). */
+static void give_leases_back(void *arg)
+{
+    rl_agent *a = arg;
+    if (a->io_leased)
+        rl_leased_close(&a->leased, a->store_config.timeout_ms, finish_close,
+                        a);
+    else
+        finish_close(a);
+}
+
 /* The agent whose I/O thread this is, on that thread; NULL elsewhere. */
 static _Thread_local rl_agent *io_thread_of;
 
@@ -76,17 +88,10 @@ static void serve(rl_agent *a)
             return; /* woken again while leases go back */
         a->io_closing = true;
         rl_exact_finalize_all(a);
-        /* Before the leases go back and the store closes: a hold's
-         * difference is a call, or tokens of a hand. */
-        rl_holds_close(a);
         a->closing_sync = sync;
-        /* Leased tokens go back before the store closes (within one
-         * deadline). */
-        if (a->io_leased)
-            rl_leased_close(&a->leased, a->store_config.timeout_ms,
-                            finish_close, a);
-        else
-            finish_close(a);
+        /* Before the leases go back and the store closes: a hold's
+         * difference may be a call (within one deadline). */
+        rl_holds_close(a, give_leases_back);
         return;
     }
     if (a->io_leased)

@@ -421,10 +421,9 @@ Test(holds, a_leased_rule_is_charged_the_difference)
     rl_hold *h = hold_on(t.agent, "api_key", value, 2, NULL);
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 9), RL_OK);
-    wait_ended(t.agent, 1);
-    test_sleep_ms(50); /* the call's answer */
-    /* The agent's own hand goes back when it closes: a new agent sees
-     * what the bucket holds. */
+    /* The close sends the difference and waits for its answer; the
+     * agent's own hand goes back then too: a new agent sees what the
+     * bucket holds. */
     test_agent_close(&t);
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: b, match: api_key, limit: 10, period: 1h}\n");
