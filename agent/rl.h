@@ -178,6 +178,9 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * connection ends at its aggregator's next broadcast (within an interval,
  * two at most), and the agent waits for that: Debian's nng 1.5.2 can hang
  * closing a connection a message is arriving on.
+ * Holds still open (rl_check_hold) are ended at their estimates, and the
+ * differences of holds already ended are sent and answered first (the
+ * store's timeout_ms at most); rl_hold_end after the close only frees.
  * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
