@@ -28,9 +28,32 @@ static void finish_close(void *arg)
         rl_sync_stop(sync);
     else
         rl_sync_free(sync);
+    rl_in_flight_stop(&a->in_flight);
     uv_close((uv_handle_t *)&a->wakeup, NULL);
     uv_close((uv_handle_t *)&a->own_wakeup, NULL);
     uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+}
+
+/* The close, once the holds' calls are answered and the in_flight slots
+ * let go: leased tokens go back before the store closes (within one
+ * deadline). */
+static void give_leases_back(void *arg)
+{
+    rl_agent *a = arg;
+    if (a->io_leased)
+        rl_leased_close(&a->leased, a->store_config.timeout_ms, finish_close,
+                        a);
+    else
+        finish_close(a);
+}
+
+/* The close, once the holds' calls are answered: the in_flight slots go
+ * back before the leases. */
+static void let_slots_go(void *arg)
+{
+    rl_agent *a = arg;
+    rl_in_flight_close(&a->in_flight, a->store_config.timeout_ms,
+                       give_leases_back, a);
 }
 
 /* The agent whose I/O thread this is, on that thread; NULL elsewhere. */
@@ -76,17 +99,12 @@ static void serve(rl_agent *a)
             return; /* woken again while leases go back */
         a->io_closing = true;
         rl_exact_finalize_all(a);
-        /* Before the leases go back and the store closes: a hold's
-         * difference is a call, or tokens of a hand. */
-        rl_holds_close(a);
         a->closing_sync = sync;
-        /* Leased tokens go back before the store closes (within one
-         * deadline). */
-        if (a->io_leased)
-            rl_leased_close(&a->leased, a->store_config.timeout_ms,
-                            finish_close, a);
-        else
-            finish_close(a);
+        /* Before the leases go back and the store closes: a hold's
+         * difference may be a call (within one deadline), and then the
+         * slots this agent holds are let go, all of them in one call per
+         * cluster slot (one deadline). */
+        rl_holds_close(a, let_slots_go);
         return;
     }
     if (a->io_leased)
@@ -132,6 +150,10 @@ static void io_setup(rl_agent *a)
         rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
     }
+    /* Renewals cost nothing while no slot is held: one timer per lease/4
+     * with an empty table. */
+    if (a->store != NULL)
+        rl_in_flight_start(&a->in_flight, a->store, &a->loop, &a->log);
     if (a->io_gen->needs_sync)
         rl_sync_start(a->sync, &a->loop);
     rl_agent_warn_fleet_unknown(a, a->io_gen);
@@ -200,6 +222,9 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
                             "config_path or config");
     }
     a->store_config = a->config->store;
+    if (rl_in_flight_init(&a->in_flight, a->id,
+                          a->config->in_flight_lease_ms) != RL_OK)
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     if (o->timeout_ms != 0) {
         if (o->timeout_ms > 60000)
             return rl_error_set(err, RL_EINVAL, "rl_agent_open: timeout_ms "
@@ -242,6 +267,7 @@ static void free_agent(rl_agent *a)
         rl_local_fini(&a->fallback);
     if (a->has_leased)
         rl_leased_fini(&a->leased);
+    rl_in_flight_fini(&a->in_flight);
     rl_gen_free(atomic_load(&a->gen));
     while (a->retired != NULL) {
         rl_gen *g = a->retired;
@@ -313,6 +339,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
                          .level = o->log_level};
     pthread_once(&forks_once, watch_forks);
     a->forks = rl_forks();
+    rl_agent_id_make(a->id, sizeof a->id);
     rl_calls_setup();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);

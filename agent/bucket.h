@@ -68,6 +68,7 @@ typedef struct rl_bucket_pending {
      * the store's clock. */
     uint64_t window;
     uint64_t at_ms;
+    bool slot; /* an in_flight item of a multi call */
 } rl_bucket_pending;
 
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them
@@ -85,15 +86,11 @@ void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
 
 /* rl_bucket_commit takes a hold's difference delta from key's bucket
  * (a negative one gives tokens back, never above capacity): taken whole,
- * into debt past empty (scripts.c). A call nobody waits for; a failure
- * is logged (hold_commit_failed). */
+ * into debt past empty (scripts.c). fn(arg, ...) gets the store's answer
+ * (the bucket's d, not needed) or why there is none. */
 void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
                       const char *key, size_t key_len, int64_t delta,
-                      const rl_logger *log);
-
-/* The reply of a hold's difference (an rl_store_fn, arg the logger):
- * a failure is logged, hold_commit_failed; the figure is not needed. */
-void rl_bucket_committed(void *arg, const redisReply *r, const char *error);
+                      rl_store_fn fn, void *arg);
 
 /* How a multi call (several buckets of one shard in one function call,
  * scripts.c) charges them: the letter the function reads. */
@@ -104,12 +101,19 @@ typedef enum rl_multi_mode {
 } rl_multi_mode;
 
 /* One bucket of a multi call: its arguments, its key, and whether its
- * rejection counts (false for a shadow rule). */
+ * rejection counts (false for a shadow rule). An in_flight rule's item
+ * names the agent's slots instead (slot_id non-NULL: the agent's id, and
+ * lease its in_flight_lease_ms as text): take holds a slot when one is
+ * free; without it the call only says whether one is. Its answer's
+ * remaining is the slots free after the call. */
 typedef struct rl_bucket_item {
     const rl_bucket_args *args;
     const char *key;
     size_t key_len;
     bool enforced;
+    const char *slot_id;
+    const char *lease;
+    bool take;
 } rl_bucket_item;
 
 /* Called exactly once per rl_bucket_multi: with n answers in the items'

@@ -105,6 +105,10 @@ uint64_t test_deadline_latest_us(unsigned deadline_ms, uint64_t overslept_us);
 /* Milliseconds, microseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
 
+/* The count in a fixed window key's windows (key:<window>), summed:
+ * what the Redis at addr holds for it, whichever window a test ran in. */
+long long test_fixed_window_count(const char *addr, const char *key);
+
 /* The sum of a synced key's window counts (keys prefix_value:w*) in the
  * Redis at addr (NULL: the shared test Redis). */
 long long test_window_total(const char *addr, const char *prefix_value);
