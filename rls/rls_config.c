@@ -209,7 +209,8 @@ static const char *const known_keys[] = {
     "replaces", "detailed_metric", "value_to_metric", "share_threshold",
     "metadata",
     /* rl's extension (docs/envoy.md): a file with it is rl-rls's own. */
-    "rl", "algorithm", "burst", "mode", "on_error", NULL,
+    "rl", "algorithm", "burst", "mode", "on_error", "hold", "id",
+    "estimate", NULL,
 };
 
 static void check_keys(loading *ld, yaml_node_t *map);
@@ -327,6 +328,18 @@ static void type_rate_limit(loading *ld, yaml_node_t *rl)
     }
 }
 
+static void type_hold(loading *ld, yaml_node_t *hold)
+{
+    if (hold == NULL || is_null(hold))
+        return;
+    if (hold->type != YAML_MAPPING_NODE) {
+        type_fault(ld, hold, "rl's hold (a map: id, estimate)");
+        return;
+    }
+    want_string(ld, field(ld, hold, "id"));
+    want_uint32(ld, field(ld, hold, "estimate"));
+}
+
 static void type_descriptor(loading *ld, yaml_node_t *d)
 {
     want_string(ld, field(ld, d, "key"));
@@ -347,6 +360,7 @@ static void type_descriptor(loading *ld, yaml_node_t *d)
         want_string(ld, field(ld, ext, "mode"));
         want_string(ld, field(ld, ext, "on_error"));
         want_uint32(ld, field(ld, ext, "burst"));
+        type_hold(ld, field(ld, ext, "hold"));
     }
     type_descriptors(ld, field(ld, d, "descriptors"));
 }
@@ -396,6 +410,7 @@ static void free_limit(rls_limit *l)
         free(l->replaces[i]);
     free(l->replaces);
     free(l->full_key);
+    free(l->hold_id);
     free(l);
 }
 
@@ -504,6 +519,27 @@ static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
         fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
 }
 
+/* rl: {hold: {id, estimate}}: only where a hold's end can be settled
+ * (exact rules: the store's count is the sum of the actual costs). */
+static void rl_hold(loading *ld, yaml_node_t *hold, rls_limit *l)
+{
+    if (hold == NULL || hold->type != YAML_MAPPING_NODE)
+        return;
+    const char *id = string_of(field(ld, hold, "id"));
+    yaml_node_t *estimate = field(ld, hold, "estimate");
+    if (estimate != NULL && !is_null(estimate))
+        uint32_of(estimate, &l->hold_estimate);
+    if (id[0] == '\0')
+        fail(ld, "rl: hold needs the id's key: the descriptor entry that "
+             "names the request (hold: {id: request_id}, with Envoy's "
+             "request_headers action on x-request-id)");
+    else if (l->local || l->synced || l->leased)
+        fail(ld, "rl: hold is kept by mode: exact only (the store counts "
+             "each hold's end); leave mode out");
+    else if ((l->hold_id = strdup(id)) == NULL)
+        fail(ld, "out of memory");
+}
+
 /* rl's extension of a descriptor: how its limit is counted. Only what
  * rl-rls does is accepted; every refusal says what would be. */
 static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
@@ -541,6 +577,8 @@ static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
              l->requests_per_unit);
     else if (l->unlimited)
         fail(ld, "rl: an unlimited limit counts nothing: leave rl out");
+    if (!ld->failed)
+        rl_hold(ld, field(ld, ext, "hold"), l);
 }
 
 /* The limit of a descriptor's rate_limit, with upstream's checks. */
