@@ -62,6 +62,10 @@ typedef struct rls_limit {
      * the request whose first call opens a hold and whose next ends it. */
     char *hold_id;              /* NULL: no hold */
     uint32_t hold_estimate;     /* 0: the first call's hits */
+    /* rl: {in_flight: N} (no rate_limit): at most N requests at once, a
+     * slot held from a request's first call to its stream-done call;
+     * requests_per_unit is N then, its unit a nominal SECOND. */
+    uint32_t in_flight;
 } rls_limit;
 
 typedef struct rls_descriptor rls_descriptor;

@@ -63,6 +63,7 @@ typedef struct slot {
     size_t id_len;
     const char *id_key;
     uint32_t estimate;
+    bool in_flight;     /* its hold is a slot: one a request */
     rls_hold_entry *entry;
 } slot;
 
@@ -156,6 +157,7 @@ static void take_limit(slot *s, const rls_limit *l, const rls_options *o)
     s->unit = l->unit;
     s->name = l->name;  /* the config's, until copied */
     s->estimate = l->hold_estimate;
+    s->in_flight = l->in_flight > 0;
 }
 
 /* With a hold, the entries counted (all but the id's, which s takes) and
@@ -617,9 +619,13 @@ static void take_hold(rls_call *c, slot *s, size_t i)
     domain[c->lens[i]] = '\0';
     rls_entry id = {s->id_key, strlen(s->id_key), s->id, s->id_len};
     size_t len = rls_descriptor_value(domain, &id, 1, NULL, key);
-    uint32_t estimate = s->estimate > 0 ? s->estimate : s->hits;
+    /* A slot is one a request, whatever the calls' hits. */
+    uint32_t estimate = s->in_flight       ? 1
+                        : s->estimate > 0 ? s->estimate
+                                          : s->hits;
+    uint32_t actual = s->in_flight ? 1 : s->hits;
     rls_hold_entry *e = NULL;
-    switch (rls_holds_take(c->o->holds, key, len, estimate, s->hits, &e)) {
+    switch (rls_holds_take(c->o->holds, key, len, estimate, actual, &e)) {
     case RLS_HOLDS_OPENED:
         s->entry = e;
         s->hits = estimate;

@@ -32,7 +32,11 @@ static const char limits[] =
     "    descriptors:\n"
     "      - key: request_id\n"
     "        rate_limit: {unit: hour, requests_per_unit: 1000}\n"
-    "        rl: {hold: {id: request_id, estimate: 600}}\n";
+    "        rl: {hold: {id: request_id, estimate: 600}}\n"
+    "  - key: user\n"
+    "    descriptors:\n"
+    "      - key: request_id\n"
+    "        rl: {in_flight: 3, hold: {id: request_id}}\n";
 
 /* rl's settings: the test Redis, and holds kept hold_ms. */
 static const char *rl_yaml(char *buf, size_t cap, int hold_ms)
@@ -221,6 +225,49 @@ Test(rls_holds, an_unended_hold_is_charged_its_estimate)
     test_rls_stop(&r);
 }
 
+/* The n-th line of out (from 0) starts with want. */
+static bool line_starts(const char *out, int n, const char *want)
+{
+    const char *p = out;
+    for (int i = 0; i < n && p != NULL; i++) {
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return p != NULL && strncmp(p, want, strlen(want)) == 0;
+}
+
+/* rl: {in_flight: 3, hold}: three requests at once, the fourth refused;
+ * a stream-done call frees its request's slot for the next, and the
+ * refused one's holds none. */
+Test(rls_holds, in_flight_admits_n_at_once_and_stream_done_frees_a_slot)
+{
+    char yaml[256], user[64];
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(yaml, sizeof yaml, 60000), NULL);
+    unique(user, sizeof user, "user");
+    static char out[1 << 12];
+    char c[8][256];
+    static const struct {
+        const char *id;
+        int hits;
+        const char *want;
+    } steps[] = {
+        {"a", 0, "OK OK OK:2:3/SECOND"}, {"b", 0, "OK OK OK:1:3/SECOND"},
+        {"c", 0, "OK OK OK:0:3/SECOND"},
+        {"d", 0, "OK OVER_LIMIT OVER_LIMIT:0:3/SECOND"},
+        {"a", 1500, ENDED},              {"e", 0, "OK OK OK:0:3/SECOND"},
+        {"d", 900, ENDED},               {"f", 0, "OK OVER_LIMIT"},
+    };
+    for (int i = 0; i < 8; i++)
+        call_of(c[i], 256, "user", user, steps[i].id, steps[i].hits);
+    calls(&r, out, sizeof out, c, 8);
+    for (int i = 0; i < 8; i++)
+        cr_assert(line_starts(out, i, steps[i].want),
+                  "call %d (%s): want %s in:\n%s", i, steps[i].id,
+                  steps[i].want, out);
+    test_rls_stop(&r);
+}
+
 /* Writes limits with ext as the descriptor's rl over r's file and waits
  * for the reload's refusal, whose reason must start with want. */
 static void refused(test_rls *r, const char *ext, const char *want)
@@ -259,5 +306,37 @@ Test(rls_holds, holds_that_cannot_be_kept_are_refused_with_a_message)
             "hold's end); leave mode out");
     refused(&r, "{hold: request_id}",
             "error loading config file: yaml: unmarshal errors:");
+    refused(&r, "{in_flight: 3, hold: {id: request_id}}",
+            "rl: in_flight: N counts requests at once, not a rate: leave "
+            "rate_limit out");
+    static const char no_rate[] =
+        "domain: ai\n"
+        "descriptors:\n"
+        "  - key: user\n"
+        "    rl: %s\n";
+    static const struct {
+        const char *ext, *want;
+    } in_flight[] = {
+        {"{in_flight: 3}", "rl: in_flight: N holds a slot from a "
+         "request's first call to its stream-done call: give hold: {id: "
+         "request_id}"},
+        {"{in_flight: 0, hold: {id: request_id}}", "rl: in_flight: N needs "
+         "N of 1 or more (requests at once)"},
+        {"{in_flight: 3, mode: local, hold: {id: request_id}}", "rl: "
+         "in_flight: N holds slots, with no algorithm, burst or mode: leave "
+         "them out"},
+        {"{in_flight: 3, hold: {id: request_id, estimate: 5}}", "rl: "
+         "in_flight: N holds one slot a request: leave hold.estimate out"},
+    };
+    for (size_t i = 0; i < sizeof in_flight / sizeof in_flight[0]; i++) {
+        char text[512], line[1024];
+        snprintf(text, sizeof text, no_rate, in_flight[i].ext);
+        long from = test_log_size(r.log);
+        test_rls_write(&r, "limits.yaml", text);
+        snprintf(line, sizeof line, "event=config_refused why=change "
+                 "reason=\"config.limits.yaml: %.*s",
+                 (int)strcspn(in_flight[i].want, "'"), in_flight[i].want);
+        test_wait_for_log_from(&r.pid, r.log, from, line, 10000);
+    }
     test_rls_stop(&r);
 }
