@@ -14,6 +14,8 @@
 
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,23 +270,32 @@ Test(rls_holds, in_flight_admits_n_at_once_and_stream_done_frees_a_slot)
     test_rls_stop(&r);
 }
 
-/* Writes limits with ext as the descriptor's rl over r's file and waits
- * for the reload's refusal, whose reason must start with want. */
+/* Writes text over r's limits and has r reload it (SIGHUP: at once),
+ * then waits for the refusal, whose reason must start with want. */
+static void refused_file(test_rls *r, const char *text, const char *want)
+{
+    char line[1024];
+    long from = test_log_size(r->log);
+    test_rls_write(r, "limits.yaml", text);
+    kill(r->pid, SIGHUP);
+    /* The log is grepped in single quotes: up to want's first one. */
+    snprintf(line, sizeof line, "event=config_refused why=sighup "
+             "reason=\"config.limits.yaml: %.*s", (int)strcspn(want, "'"),
+             want);
+    test_wait_for_log_from(&r->pid, r->log, from, line, 10000);
+}
+
+/* refused_file with ext as a rated descriptor's rl. */
 static void refused(test_rls *r, const char *ext, const char *want)
 {
-    char text[512], line[1024];
+    char text[512];
     snprintf(text, sizeof text,
              "domain: ai\n"
              "descriptors:\n"
              "  - key: tenant\n"
              "    rate_limit: {unit: second, requests_per_unit: 100}\n"
              "    rl: %s\n", ext);
-    long from = test_log_size(r->log);
-    test_rls_write(r, "limits.yaml", text);
-    snprintf(line, sizeof line, "event=config_refused why=change "
-             "reason=\"config.limits.yaml: %.*s", (int)strcspn(want, "'"),
-             want);
-    test_wait_for_log_from(&r->pid, r->log, from, line, 10000);
+    refused_file(r, text, want);
 }
 
 /* A hold with no id, or counted where its end cannot be settled (mode
@@ -329,14 +340,9 @@ Test(rls_holds, holds_that_cannot_be_kept_are_refused_with_a_message)
          "in_flight: N holds one slot a request: leave hold.estimate out"},
     };
     for (size_t i = 0; i < sizeof in_flight / sizeof in_flight[0]; i++) {
-        char text[512], line[1024];
+        char text[512];
         snprintf(text, sizeof text, no_rate, in_flight[i].ext);
-        long from = test_log_size(r.log);
-        test_rls_write(&r, "limits.yaml", text);
-        snprintf(line, sizeof line, "event=config_refused why=change "
-                 "reason=\"config.limits.yaml: %.*s",
-                 (int)strcspn(in_flight[i].want, "'"), in_flight[i].want);
-        test_wait_for_log_from(&r.pid, r.log, from, line, 10000);
+        refused_file(&r, text, in_flight[i].want);
     }
     test_rls_stop(&r);
 }
