@@ -35,6 +35,12 @@ static const char limits[] =
     "      - key: request_id\n"
     "        rate_limit: {unit: hour, requests_per_unit: 1000}\n"
     "        rl: {hold: {id: request_id, estimate: 600}}\n"
+    "  - key: bucket\n"
+    "    descriptors:\n"
+    "      - key: request_id\n"
+    "        rate_limit: {unit: hour, requests_per_unit: 1000}\n"
+    "        rl: {algorithm: token_bucket,\n"
+    "             hold: {id: request_id, estimate: 600}}\n"
     "  - key: user\n"
     "    descriptors:\n"
     "      - key: request_id\n"
@@ -82,6 +88,17 @@ static int lines_starting(const char *out, const char *want)
         p += *p == '\n';
     }
     return n;
+}
+
+/* The n-th line of out (from 0) starts with want. */
+static bool line_starts(const char *out, int n, const char *want)
+{
+    const char *p = out;
+    for (int i = 0; i < n && p != NULL; i++) {
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return p != NULL && strncmp(p, want, strlen(want)) == 0;
 }
 
 /* The sum of the counts of the keys matching pattern, and their number
@@ -197,6 +214,26 @@ Test(rls_holds, a_rejected_first_call_is_not_charged_at_its_end)
     test_rls_stop(&r);
 }
 
+/* A token bucket's hold gives back what the actual cost did not use:
+ * 600 held of 1,000, 100 used, so the next request's 600 still fits. */
+Test(rls_holds, a_token_bucket_gets_back_what_was_not_used)
+{
+    char yaml[256], bucket[64];
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(yaml, sizeof yaml, 60000), NULL);
+    unique(bucket, sizeof bucket, "b");
+    static char out[1 << 12];
+    char c[3][256];
+    call_of(c[0], 256, "bucket", bucket, "a", 0);
+    call_of(c[1], 256, "bucket", bucket, "a", 100);
+    call_of(c[2], 256, "bucket", bucket, "b", 0);
+    calls(&r, out, sizeof out, c, 3);
+    cr_assert(line_starts(out, 0, "OK OK OK:400:1000/HOUR"), "%s", out);
+    cr_assert(line_starts(out, 1, ENDED), "%s", out);
+    cr_assert(line_starts(out, 2, "OK OK OK:300:1000/HOUR"), "%s", out);
+    test_rls_stop(&r);
+}
+
 /* A hold never ended is charged its estimate; a stream-done call after
  * hold_timeout_ms (here 1 s) charges nothing more, and one before it
  * ends its hold. */
@@ -225,17 +262,6 @@ Test(rls_holds, an_unended_hold_is_charged_its_estimate)
     cr_assert_eq(got, 500 + 1200, "counted %lld: the estimate 500 and "
                  "the timely actual 1200", got);
     test_rls_stop(&r);
-}
-
-/* The n-th line of out (from 0) starts with want. */
-static bool line_starts(const char *out, int n, const char *want)
-{
-    const char *p = out;
-    for (int i = 0; i < n && p != NULL; i++) {
-        p = strchr(p, '\n');
-        p = p != NULL ? p + 1 : NULL;
-    }
-    return p != NULL && strncmp(p, want, strlen(want)) == 0;
 }
 
 /* rl: {in_flight: 3, hold}: three requests at once, the fourth refused;
@@ -310,11 +336,11 @@ Test(rls_holds, holds_that_cannot_be_kept_are_refused_with_a_message)
             "the request (hold: {id: request_id}, with Envoy's "
             "request_headers action on x-request-id)");
     refused(&r, "{mode: local, hold: {id: request_id}}",
-            "rl: hold is kept by mode: exact only (the store counts each "
-            "hold's end); leave mode out");
+            "rl: rl-rls keeps holds on exact descriptors only, for now: "
+            "leave mode out");
     refused(&r, "{mode: leased, hold: {id: request_id}}",
-            "rl: hold is kept by mode: exact only (the store counts each "
-            "hold's end); leave mode out");
+            "rl: rl-rls keeps holds on exact descriptors only, for now: "
+            "leave mode out");
     refused(&r, "{hold: request_id}",
             "error loading config file: yaml: unmarshal errors:");
     refused(&r, "{in_flight: 3, hold: {id: request_id}}",
