@@ -69,6 +69,33 @@ static uint64_t level_now(const rl_rule *r, const char *state,
     return d < cap ? cap - d : 0;
 }
 
+/* HGETALL of the view's key, which it says exists when it has fields: the
+ * reply (the caller frees it), or NULL with a message. */
+static redisReply *read_hash(rlctl_store *s, rlctl_view *v, char *err,
+                             size_t errlen)
+{
+    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
+    if (h == NULL || h->type != REDIS_REPLY_ARRAY) {
+        store_error(c, h, "HGETALL", err, errlen);
+        return NULL;
+    }
+    v->exists = h->elements > 0;
+    return h;
+}
+
+/* PTTL of the view's key. */
+static int read_ttl(rlctl_store *s, rlctl_view *v, char *err, size_t errlen)
+{
+    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
+    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
+        return store_error(c, t, "PTTL", err, errlen);
+    v->ttl_ms = t->integer;
+    freeReplyObject(t);
+    return 0;
+}
+
 static void window_key(const rlctl_store *s, const rl_rule *rule,
                        const char *value, char *out, size_t cap)
 {
@@ -88,11 +115,9 @@ static int read_synced(rlctl_store *s, const char *value,
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     v->window = now / g;
     window_key(s, r, value, v->key, sizeof v->key);
-    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
-    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
-    if (h == NULL || h->type != REDIS_REPLY_ARRAY)
-        return store_error(c, h, "HGETALL", err, errlen);
-    v->exists = h->elements > 0;
+    redisReply *h = read_hash(s, v, err, errlen);
+    if (h == NULL)
+        return -1;
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
         char *end;
         uint64_t w = strtoull(h->element[f]->str, &end, 10);
@@ -108,11 +133,8 @@ static int read_synced(rlctl_store *s, const char *value,
                                               : &v->current) += n;
     }
     freeReplyObject(h);
-    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
-    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
-        return store_error(c, t, "PTTL", err, errlen);
-    v->ttl_ms = t->integer;
-    freeReplyObject(t);
+    if (read_ttl(s, v, err, errlen) != 0)
+        return -1;
     /* The oldest leaves the span when the next sub-window starts. */
     v->full_in_ms = g - now % g;
     v->estimate = v->current + v->previous;
@@ -143,11 +165,9 @@ static int read_window(rlctl_store *s, unsigned long long now,
 static int read_slots(rlctl_store *s, unsigned long long now, rlctl_view *v,
                       char *err, size_t errlen)
 {
-    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
-    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
-    if (h == NULL || h->type != REDIS_REPLY_ARRAY)
-        return store_error(c, h, "HGETALL", err, errlen);
-    v->exists = h->elements > 0;
+    redisReply *h = read_hash(s, v, err, errlen);
+    if (h == NULL)
+        return -1;
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
         unsigned long long slots, expiry;
         if (sscanf(h->element[f + 1]->str, "%llu %llu", &slots, &expiry)
@@ -164,11 +184,8 @@ static int read_slots(rlctl_store *s, unsigned long long now, rlctl_view *v,
         o->expires_in_ms = left;
     }
     freeReplyObject(h);
-    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
-    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
-        return store_error(c, t, "PTTL", err, errlen);
-    v->ttl_ms = t->integer;
-    freeReplyObject(t);
+    if (read_ttl(s, v, err, errlen) != 0)
+        return -1;
     v->tokens = v->rule->limit > v->held ? v->rule->limit - v->held : 0;
     return 0;
 }
@@ -224,8 +241,7 @@ bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
     if (r->mode == RL_MODE_IN_FLIGHT) {
         if (v->held + 1 <= r->limit)
             return true;
-        /* A slot comes back when a request ends: no one knows when. */
-        *retry = 1000;
+        *retry = RL_IN_FLIGHT_RETRY_MS;
         return false;
     }
     if (r->algorithm == RL_ALGO_FIXED_WINDOW) {
