@@ -161,7 +161,15 @@ static void on_written(void *arg, const redisReply *reply, const char *error)
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER)
         rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
                "reason=\"%s\"", reply == NULL ? error : "unexpected reply");
-    closing_answered(f);
+}
+
+/* A write of the close's: only those count towards its end, not one a
+ * release sent before it. */
+static void on_close_written(void *arg, const redisReply *reply,
+                             const char *error)
+{
+    on_written(arg, reply, error);
+    closing_answered(arg);
 }
 
 /* The cluster slot of a key; 0 for every key of one server. */
@@ -227,7 +235,7 @@ static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
     if (f->closed != NULL)
         f->closing_calls++;
     rl_store_run(f->store, RL_SCRIPT_SLOTS, 3 + 2 * n, argv, lens,
-                 on_written, f);
+                 f->closed != NULL ? on_close_written : on_written, f);
 }
 
 /* Keys held by no request and no take are forgotten once written. */
