@@ -80,6 +80,7 @@ typedef struct app {
     rls_http_config hc;
     rls_http *http;
     rls_metrics *metrics;         /* USE_PROMETHEUS, else NULL */
+    rls_holds *holds;             /* descriptors' rl: {hold} */
     atomic_bool draining;
     uv_loop_t *loop;
     uv_signal_t sigterm, sigint, sighup;
@@ -371,6 +372,11 @@ static int start_workers(app *a, int n)
 {
     char err[512];
     const rls_settings *s = &a->settings;
+    a->holds = rls_holds_new(RLS_HOLDS_MAX, a->rl->hold_timeout_ms, &a->log);
+    if (a->holds == NULL) {
+        fprintf(stderr, "rl-rls: out of memory\n");
+        return EXIT_RUNTIME;
+    }
     a->options = (rls_options){.rule = RLS_RULE, .rule_of = rls_rule_of,
                                .shadow_mode = s->shadow_mode,
                                .quota_mode = s->quota_mode,
@@ -382,7 +388,8 @@ static int start_workers(app *a, int n)
                                .reset_header = s->limit_reset_header,
                                .metrics = a->metrics,
                                .near_limit_ratio =
-                                   (float)s->near_limit_ratio};
+                                   (float)s->near_limit_ratio,
+                               .holds = a->holds};
     a->wc = (rls_worker_config){.rl = a->rl, .runtime = &a->runtime,
                                 .options = &a->options,
                                 .host = s->grpc_host,
@@ -492,6 +499,7 @@ int main(int argc, char **argv)
         uv_run(a.loop, UV_RUN_DEFAULT);
         rls_http_stop(a.http);
         rls_metrics_free(a.metrics);
+        rls_holds_free(a.holds);
         rls_runtime_fini(&a.runtime);
         rl_log(&a.log, RL_LOG_INFO, "stopped", "%s", "");
     }

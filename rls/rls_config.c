@@ -209,7 +209,8 @@ static const char *const known_keys[] = {
     "replaces", "detailed_metric", "value_to_metric", "share_threshold",
     "metadata",
     /* rl's extension (docs/envoy.md): a file with it is rl-rls's own. */
-    "rl", "algorithm", "burst", "mode", "on_error", NULL,
+    "rl", "algorithm", "burst", "mode", "on_error", "hold", "id",
+    "estimate", "in_flight", NULL,
 };
 
 static void check_keys(loading *ld, yaml_node_t *map);
@@ -327,6 +328,18 @@ static void type_rate_limit(loading *ld, yaml_node_t *rl)
     }
 }
 
+static void type_hold(loading *ld, yaml_node_t *hold)
+{
+    if (hold == NULL || is_null(hold))
+        return;
+    if (hold->type != YAML_MAPPING_NODE) {
+        type_fault(ld, hold, "rl's hold (a map: id, estimate)");
+        return;
+    }
+    want_string(ld, field(ld, hold, "id"));
+    want_uint32(ld, field(ld, hold, "estimate"));
+}
+
 static void type_descriptor(loading *ld, yaml_node_t *d)
 {
     want_string(ld, field(ld, d, "key"));
@@ -347,6 +360,8 @@ static void type_descriptor(loading *ld, yaml_node_t *d)
         want_string(ld, field(ld, ext, "mode"));
         want_string(ld, field(ld, ext, "on_error"));
         want_uint32(ld, field(ld, ext, "burst"));
+        want_uint32(ld, field(ld, ext, "in_flight"));
+        type_hold(ld, field(ld, ext, "hold"));
     }
     type_descriptors(ld, field(ld, d, "descriptors"));
 }
@@ -396,6 +411,7 @@ static void free_limit(rls_limit *l)
         free(l->replaces[i]);
     free(l->replaces);
     free(l->full_key);
+    free(l->hold_id);
     free(l);
 }
 
@@ -504,6 +520,28 @@ static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
         fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
 }
 
+/* rl: {hold: {id, estimate}}: on exact descriptors, whose count in Redis
+ * is the sum of the actual costs (librl settles the other modes' ends
+ * too; rl-rls has no test of them yet). */
+static void rl_hold(loading *ld, yaml_node_t *hold, rls_limit *l)
+{
+    if (hold == NULL || hold->type != YAML_MAPPING_NODE)
+        return;
+    const char *id = string_of(field(ld, hold, "id"));
+    yaml_node_t *estimate = field(ld, hold, "estimate");
+    if (estimate != NULL && !is_null(estimate))
+        uint32_of(estimate, &l->hold_estimate);
+    if (id[0] == '\0')
+        fail(ld, "rl: hold needs the id's key: the descriptor entry that "
+             "names the request (hold: {id: request_id}, with Envoy's "
+             "request_headers action on x-request-id)");
+    else if (l->local || l->synced || l->leased)
+        fail(ld, "rl: rl-rls keeps holds on exact descriptors only, for "
+             "now: leave mode out");
+    else if ((l->hold_id = strdup(id)) == NULL)
+        fail(ld, "out of memory");
+}
+
 /* rl's extension of a descriptor: how its limit is counted. Only what
  * rl-rls does is accepted; every refusal says what would be. */
 static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
@@ -541,6 +579,56 @@ static void rl_extension(loading *ld, yaml_node_t *ext, rls_limit *l)
              l->requests_per_unit);
     else if (l->unlimited)
         fail(ld, "rl: an unlimited limit counts nothing: leave rl out");
+    else if (field(ld, ext, "in_flight") != NULL)
+        fail(ld, "rl: in_flight: N counts requests at once, not a rate: "
+             "leave rate_limit out");
+    if (!ld->failed)
+        rl_hold(ld, field(ld, ext, "hold"), l);
+}
+
+/* rl: {in_flight: N, hold: {id}} with no rate_limit: N requests at once,
+ * each holding a slot until its stream-done call (its hold's end). */
+static rls_limit *in_flight_limit_of(loading *ld, yaml_node_t *d,
+                                     yaml_node_t *ext, const char *full_key)
+{
+    rls_limit *l = calloc(1, sizeof *l);
+    if (l == NULL) {
+        fail(ld, "out of memory");
+        return NULL;
+    }
+    const char *on_error = string_of(field(ld, ext, "on_error"));
+    l->deny_on_error = strcmp(on_error, "deny") == 0;
+    l->allow_on_error = strcmp(on_error, "allow") == 0;
+    l->shadow_mode = flag(ld, d, "shadow_mode");
+    l->unit = RLS_UNIT_SECOND;
+    l->name = strdup("");
+    l->full_key = strdup(full_key);
+    l->replaces = calloc(1, sizeof *l->replaces);
+    if (l->name == NULL || l->full_key == NULL || l->replaces == NULL) {
+        fail(ld, "out of memory");
+        return l;
+    }
+    yaml_node_t *hold = field(ld, ext, "hold");
+    if (!uint32_of(field(ld, ext, "in_flight"), &l->in_flight)
+        || l->in_flight == 0)
+        fail(ld, "rl: in_flight: N needs N of 1 or more (requests at once)");
+    else if (field(ld, ext, "algorithm") != NULL
+             || field(ld, ext, "burst") != NULL
+             || field(ld, ext, "mode") != NULL)
+        fail(ld, "rl: in_flight: N holds slots, with no algorithm, burst "
+             "or mode: leave them out");
+    else if (on_error[0] != '\0' && !l->deny_on_error && !l->allow_on_error)
+        fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
+    else if (hold == NULL || hold->type != YAML_MAPPING_NODE)
+        fail(ld, "rl: in_flight: N holds a slot from a request's first call "
+             "to its stream-done call: give hold: {id: request_id}");
+    else if (field(ld, hold, "estimate") != NULL)
+        fail(ld, "rl: in_flight: N holds one slot a request: leave "
+             "hold.estimate out");
+    else
+        rl_hold(ld, hold, l);
+    l->requests_per_unit = l->in_flight;
+    return l;
 }
 
 /* The limit of a descriptor's rate_limit, with upstream's checks. */
@@ -626,8 +714,12 @@ static void load_descriptor(loading *ld, rls_level *lv, seen_keys *seen,
     if (!seen_add(seen, d->key_value))
         fail(ld, "duplicate descriptor composite key '%s'", full);
     yaml_node_t *rl = field(ld, dn, "rate_limit");
+    yaml_node_t *ext = field(ld, dn, "rl");
     if (!ld->failed && rl != NULL && rl->type == YAML_MAPPING_NODE)
         d->limit = limit_of(ld, dn, rl, full);
+    else if (!ld->failed && ext != NULL && ext->type == YAML_MAPPING_NODE
+             && field(ld, ext, "in_flight") != NULL)
+        d->limit = in_flight_limit_of(ld, dn, ext, full);
     d->share_threshold = flag(ld, dn, "share_threshold");
     d->value_to_metric = flag(ld, dn, "value_to_metric");
     bool wild = strchr(d->key_value, '*') != NULL;

@@ -57,6 +57,15 @@ typedef struct rls_limit {
     bool local;                 /* mode: local (each instance alone) */
     bool synced;                /* mode: synced (rl-aggregator's totals) */
     bool leased;                /* mode: leased (the bucket, in leases) */
+    /* rl: {hold: {id, estimate}}: the cost is known at the stream's end
+     * (rls_holds.h). The entries keyed hold_id are not counted: they name
+     * the request whose first call opens a hold and whose next ends it. */
+    char *hold_id;              /* NULL: no hold */
+    uint32_t hold_estimate;     /* 0: the first call's hits */
+    /* rl: {in_flight: N} (no rate_limit): at most N requests at once, a
+     * slot held from a request's first call to its stream-done call;
+     * requests_per_unit is N then, its unit a nominal SECOND. */
+    uint32_t in_flight;
 } rls_limit;
 
 typedef struct rls_descriptor rls_descriptor;

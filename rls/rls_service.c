@@ -56,6 +56,15 @@ typedef struct slot {
     uint32_t remaining;
     int64_t reset_s;
     rls_series *series; /* its counters (USE_PROMETHEUS), or NULL */
+    /* rl: {hold}: the request's id (its entry's value, while the call
+     * starts; NULL: no hold), the first call's charge (0: its hits), and
+     * the entry its hold check is to decide. */
+    const char *id;
+    size_t id_len;
+    const char *id_key;
+    uint32_t estimate;
+    bool in_flight;     /* its hold is a slot: one a request */
+    rls_hold_entry *entry;
 } slot;
 
 struct rls_call {
@@ -147,6 +156,34 @@ static void take_limit(slot *s, const rls_limit *l, const rls_options *o)
     s->rpu = l->requests_per_unit;
     s->unit = l->unit;
     s->name = l->name;  /* the config's, until copied */
+    s->estimate = l->hold_estimate;
+    s->in_flight = l->in_flight > 0;
+}
+
+/* With a hold, the entries counted (all but the id's, which s takes) and
+ * their shared patterns; n_out of them. Without, or with no entry of the
+ * id's key in the request, all of them and no hold. */
+static void counted_entries(slot *s, const rls_limit *l, rls_entry *entries,
+                            size_t n, const char **shared, size_t *n_out)
+{
+    *n_out = n;
+    if (l->hold_id == NULL)
+        return;
+    size_t kept = 0, key_len = strlen(l->hold_id);
+    for (size_t i = 0; i < n; i++) {
+        if (entries[i].key_len == key_len
+            && memcmp(entries[i].key, l->hold_id, key_len) == 0) {
+            if (s->id == NULL) {
+                s->id = entries[i].value;
+                s->id_len = entries[i].value_len;
+                s->id_key = l->hold_id;
+            }
+            continue;
+        }
+        shared[kept] = shared[i];
+        entries[kept++] = entries[i];
+    }
+    *n_out = kept;
 }
 
 /* A descriptor's entries as lookups take them; false for more than a
@@ -209,8 +246,11 @@ static void find_limit(const rls_config *cfg, const rls_options *o,
         *found = m.limit;
         stat_labels(r, entries, d->n_entries, &m, labels, labels_len);
     }
-    *value_len = rls_descriptor_value(r->domain, entries, d->n_entries,
-                                      m.shared, value);
+    size_t n = d->n_entries;
+    if (*found != NULL)
+        counted_entries(s, *found, entries, n, m.shared, &n);
+    *value_len = rls_descriptor_value(r->domain, entries, n, m.shared,
+                                      value);
 }
 
 /* Whether a found limit (unlimited ones too) replaces the named one. */
@@ -375,8 +415,12 @@ static void answer(rls_call *c)
 
 static void free_call(rls_call *c)
 {
-    for (size_t i = 0; i < c->n; i++)
+    for (size_t i = 0; i < c->n; i++) {
         free(c->slots[i].name);
+        /* A hold whose check never went holds nothing. */
+        if (c->slots[i].entry != NULL)
+            rls_holds_decided(c->o->holds, c->slots[i].entry, NULL);
+    }
     rls_pool_free(c->pool, c);
 }
 
@@ -454,6 +498,14 @@ static void on_checked(const rl_decision *d, void *arg)
     one_less(s->call);
 }
 
+static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    slot *s = arg;
+    rls_holds_decided(s->call->o->holds, s->entry, hold);
+    s->entry = NULL;
+    on_checked(d, arg);
+}
+
 /* --- The call ---------------------------------------------------------- */
 
 static rls_call *fail(rls_reply_fn fn, void *arg, rls_arena *arena,
@@ -505,8 +557,13 @@ static bool send_check(rls_call *c, size_t i, uint32_t cost, int *rc)
     rl_rate rate = {s->rpu, rls_unit_seconds(s->unit) * 1000, s->burst};
     c->pending++;
     s->waiting = true;
-    *rc = rl_check_rule_async(c->agent, s->rule, c->values[i], c->lens[i],
-                              &rate, cost, on_checked, s);
+    /* A hold's check counts (a read of the two steps holds nothing). */
+    if (s->entry != NULL && !c->reading)
+        *rc = rl_check_rule_hold(c->agent, s->rule, c->values[i],
+                                 c->lens[i], &rate, cost, on_held, s);
+    else
+        *rc = rl_check_rule_async(c->agent, s->rule, c->values[i],
+                                  c->lens[i], &rate, cost, on_checked, s);
     if (*rc == RL_OK)
         return true;
     s->waiting = false;
@@ -546,6 +603,39 @@ static bool count_after_read(rls_call *c)
               NULL, 0, rl_strerror(rc));
     }
     return --c->pending > 0;
+}
+
+/* A descriptor with a hold, before its check: the first call of its key
+ * opens the hold (charged the estimate), the next (Envoy's stream-done
+ * call) ends it at its hits and is answered OK, checking nothing. With
+ * the table full, the call is counted as one with no hold. The key is the
+ * descriptor's value and the request's id. */
+static void take_hold(rls_call *c, slot *s, size_t i)
+{
+    if (s->id == NULL || c->o->holds == NULL)
+        return;
+    char domain[RLS_VALUE_MAX + 1], key[RLS_VALUE_MAX + 1];
+    memcpy(domain, c->values[i], c->lens[i]);
+    domain[c->lens[i]] = '\0';
+    rls_entry id = {s->id_key, strlen(s->id_key), s->id, s->id_len};
+    size_t len = rls_descriptor_value(domain, &id, 1, NULL, key);
+    /* A slot is one a request, whatever the calls' hits. */
+    uint32_t estimate = s->in_flight       ? 1
+                        : s->estimate > 0 ? s->estimate
+                                          : s->hits;
+    uint32_t actual = s->in_flight ? 1 : s->hits;
+    rls_hold_entry *e = NULL;
+    switch (rls_holds_take(c->o->holds, key, len, estimate, actual, &e)) {
+    case RLS_HOLDS_OPENED:
+        s->entry = e;
+        s->hits = estimate;
+        break;
+    case RLS_HOLDS_ENDED:
+        s->limited = false;
+        break;
+    case RLS_HOLDS_FULL:
+        break;
+    }
 }
 
 /* Copies the names the response needs out of the config. */
@@ -614,6 +704,11 @@ rls_call *rls_should_rate_limit(rl_agent *agent, rls_pool *pool,
     for (size_t i = 0; i < n; i++) {
         if (drop[i])
             c->slots[i] = (slot){.call = c, .hits = c->slots[i].hits};
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (c->slots[i].limited && c->slots[i].rpu > 0)
+            take_hold(c, &c->slots[i], i);
+        c->slots[i].id = NULL; /* the request's bytes, freed below */
     }
     int rc = RL_OK;
     bool names = keep_names(c);

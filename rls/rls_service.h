@@ -17,6 +17,7 @@
 #include "rl.h"
 #include "rls_config.h"
 #include "rls_grpc.h"
+#include "rls_holds.h"
 #include "rls_metrics.h"
 #include "rls_pool.h"
 
@@ -43,6 +44,9 @@ typedef struct rls_options {
     /* USE_PROMETHEUS's counters (NULL: none), and NEAR_LIMIT_RATIO. */
     rls_metrics *metrics;
     float near_limit_ratio;
+    /* The instance's holds, for descriptors with rl: {hold} (NULL: such
+     * a descriptor is checked as one without). */
+    rls_holds *holds;
 } rls_options;
 
 /* A call's answer: status OK with a RateLimitResponse's bytes (len), or

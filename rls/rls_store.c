@@ -175,8 +175,9 @@ static int add_store(text *t, const rls_settings *s, char *err, size_t cap)
 }
 
 /* Every way a descriptor can be counted: exact (in Redis) with either
- * algorithm and on_error, by each instance alone, or leased from the
- * exact bucket. Synced rules are generated (add_synced). */
+ * algorithm and on_error, by each instance alone, leased from the exact
+ * bucket, or as requests at once (in_flight). Synced rules are generated
+ * (add_synced). */
 static const struct {
     const char *name, *algorithm, *on_error, *mode;
 } rules[] = {
@@ -188,6 +189,8 @@ static const struct {
     {"rls-local-tb", "token_bucket", "allow", "local"},
     {"rls-leased", "token_bucket", "allow", "leased"},
     {"rls-leased-deny", "token_bucket", "deny", "leased"},
+    {"rls-in-flight", NULL, "allow", "in_flight"},
+    {"rls-in-flight-deny", NULL, "deny", "in_flight"},
 };
 
 /* A synced rule per unit (rls_unit's order) and on_error (local, the
@@ -219,6 +222,8 @@ const char *rls_rule_of(const rls_limit *l)
         return synced_rules[l->unit][l->deny_on_error    ? 2
                                      : l->allow_on_error ? 1
                                                          : 0];
+    if (l->in_flight > 0)
+        return rules[8 + l->deny_on_error].name;
     if (l->leased)
         return rules[6 + l->deny_on_error].name;
     if (l->local)
@@ -234,8 +239,13 @@ static void add_rule(text *t, const char *key_prefix, const char *name,
     snprintf(prefix, sizeof prefix, "%s%s:", key_prefix, name);
     add_str(t, "  - name: ");
     add_str(t, name);
-    add_str(t, "\n    match: descriptor\n    limit: 1\n    period: ");
-    add_str(t, period);
+    /* An in_flight rule's N, like the others' limit, is each call's. */
+    if (strcmp(mode, "in_flight") == 0) {
+        add_str(t, "\n    match: descriptor\n    in_flight: 1");
+    } else {
+        add_str(t, "\n    match: descriptor\n    limit: 1\n    period: ");
+        add_str(t, period);
+    }
     if (algorithm != NULL) {
         add_str(t, "\n    algorithm: ");
         add_str(t, algorithm);
