@@ -23,35 +23,6 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The count in key's window keys (key:<window>), summed: what Redis
- * holds for the key, whichever window the test ran in. */
-static long long window_count(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
-/* Waits up to 2 s for the count (refunds are calls nobody waits for). */
-static void expect_count(const char *addr, const char *key, long long want)
-{
-    long long got = window_count(addr, key);
-    for (int i = 0; i < 200 && got != want; i++) {
-        test_sleep_ms(10);
-        got = window_count(addr, key);
-    }
-    cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
-}
-
 /* A check made between t0 and t1 (wall clock) said its window ends
  * reset_ms later: that end must be the first multiple of the period after
  * t0 (give or take the clocks' 20 ms), wherever in the window it came. */
@@ -100,7 +71,7 @@ Test(fixed_window, twenty_count_down_then_refuse_until_the_window_ends)
                  "retry %lld ms, reset %llu", (long long)d.retry_after_ms,
                  (unsigned long long)d.reset_ms);
     /* Upstream's arithmetic: the refused hit is counted too. */
-    cr_assert_eq(window_count(t.addr, "rl:key:twenty"), 21);
+    cr_assert_eq(test_redis_window_sum(t.addr, "rl:key:twenty"), 21);
     char key[64];
     snprintf(key, sizeof key, "rl:key:twenty:%llu",
              (unsigned long long)(wall_ms() / 60000));
@@ -144,7 +115,7 @@ Test(fixed_window, fifty_threads_admit_exactly_the_limit)
     cr_assert_eq(atomic_load(&c.errors), 0);
     cr_assert_eq(atomic_load(&c.allowed), 100, "1,000 admitted %d",
                  atomic_load(&c.allowed));
-    cr_assert_eq(window_count(t.addr, "rl:key:fifty"), 1000);
+    cr_assert_eq(test_redis_window_sum(t.addr, "rl:key:fifty"), 1000);
     test_agent_close(&t);
 }
 
@@ -201,7 +172,7 @@ static void bucket_and_window(const char *charge, const char *value,
         allowed += test_check(&t, attr, NULL).allowed;
     cr_assert_eq(allowed, 3);
     snprintf(key, sizeof key, "rl:fw:%s", value);
-    expect_count(t.addr, key, window_want);
+    test_expect_window_sum(t.addr, key, window_want);
     test_agent_close(&t);
 }
 
@@ -228,11 +199,11 @@ Test(fixed_window, a_refused_window_gives_its_own_hit_back_under_refund)
             cr_assert_str_eq(d.rule, "w");
     }
     cr_assert_eq(allowed, 2);
-    expect_count(t.addr, "rl:fw:own", 2);
+    test_expect_window_sum(t.addr, "rl:fw:own", 2);
     /* The bucket was given back the three refused requests' tokens. */
     rl_decision d = test_check(&t, "api_key=own", NULL);
     cr_assert(!d.allowed);
-    expect_count(t.addr, "rl:fw:own", 2);
+    test_expect_window_sum(t.addr, "rl:fw:own", 2);
     test_agent_close(&t);
 }
 
@@ -261,7 +232,7 @@ Test(fixed_window, mode_local_counts_windows_in_the_agent)
                   && d.retry_after_ms <= (int64_t)reset + 100,
               "retry %lld ms, the window ends in %llu",
               (long long)d.retry_after_ms, (unsigned long long)reset);
-    cr_assert_eq(window_count(t.addr, "rl:fwl:here"), 0);
+    cr_assert_eq(test_redis_window_sum(t.addr, "rl:fwl:here"), 0);
 
     room_in_window(1000, 300);
     int allowed = 0;
