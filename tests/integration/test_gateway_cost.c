@@ -1,0 +1,173 @@
+/*
+ * rl-gateway's gateway.cost_header end to end: a request holds its
+ * estimate (rl_check_hold) while a slow upstream answers, and its
+ * response's X-Cost is what is charged in the end. The upstream sleeps
+ * as an LLM backend streams, and several requests are with it at once.
+ */
+#include "test_agent.h"
+#include "test_env.h"
+#include "test_gateway.h"
+#include "test_upstream.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define UPSTREAM_SLEEP_MS 150
+
+/* A key no other test (or earlier run) has used. */
+static void unique(char *buf, size_t cap, const char *stem)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(buf, cap, "%s_%d_%ld%09ld", stem, (int)getpid(),
+             (long)ts.tv_sec, ts.tv_nsec);
+}
+
+/* A gateway in front of up whose exact fixed-window rule counts each
+ * API key's costs, with an estimate of 50 held until X-Cost (holds that
+ * outlive a second are ended by the agent, and say so in the log). */
+static void start(test_gateway *gw, test_upstream *up)
+{
+    char yaml[1024], url[64];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "gateway: {cost_header: X-Cost, cost_estimate: 50}\n"
+             "rules:\n"
+             "  - {name: tokens, match: api_key, limit: 100000000, "
+             "period: 1h, algorithm: fixed_window}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream_start(up, UPSTREAM_SLEEP_MS);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up->port);
+    test_gateway_start(gw, test_write_config("gw-cost", yaml), "--upstream",
+                       url, NULL);
+}
+
+static void stop(test_gateway *gw, test_upstream *up)
+{
+    test_gateway_stop(gw);
+    test_upstream_stop(up);
+}
+
+/* How many lines of the gateway's log hold text. */
+static int log_count(const test_gateway *gw, const char *text)
+{
+    char cmd[800], out[32];
+    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", text, gw->log);
+    test_run(cmd, out, sizeof out);
+    return atoi(out);
+}
+
+#define CLIENTS 5
+#define EACH 6
+
+typedef struct client {
+    uint16_t port;
+    const char *key;
+    int first;          /* its costs: 100 + 37 * (first + i) */
+    atomic_int ok;
+} client;
+
+static unsigned cost_of(int n) { return 100 + 37 * (unsigned)n; }
+
+static void *send_costs(void *arg)
+{
+    client *c = arg;
+    char cost[16];
+    for (int i = 0; i < EACH; i++) {
+        snprintf(cost, sizeof cost, "%u", cost_of(c->first + i));
+        if (test_upstream_call(c->port, "/v1/chat", c->key, cost) == 200)
+            atomic_fetch_add(&c->ok, 1);
+    }
+    return NULL;
+}
+
+Test(gateway_cost, the_count_is_the_sum_of_the_responses_x_cost)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    client c[CLIENTS];
+    pthread_t t[CLIENTS];
+    long long sum = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        c[i] = (client){.port = gw.port, .key = key, .first = i * EACH};
+        for (int j = 0; j < EACH; j++)
+            sum += cost_of(i * EACH + j);
+        pthread_create(&t[i], NULL, send_costs, &c[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(t[i], NULL);
+        ok += atomic_load(&c[i].ok);
+    }
+    cr_assert_eq(ok, CLIENTS * EACH, "%d of %d requests were answered 200",
+                 ok, CLIENTS * EACH);
+    cr_assert_geq(test_upstream_most(&up), 2, "the requests never were "
+                  "with the upstream at once");
+    /* Not the estimates (50 each): the costs the responses gave. */
+    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, sum);
+    cr_assert_eq(log_count(&gw, "cost_estimate_charged"), 0);
+    stop(&gw, &up);
+}
+
+Test(gateway_cost, a_missing_or_bad_x_cost_charges_the_estimate)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost_bad");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    static const char *const bad[] = {NULL, "", "abc", "-5", "12.5",
+                                      "4294967296"};
+    size_t n = sizeof bad / sizeof bad[0];
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, bad[i]),
+                     200);
+    /* The largest cost there is, and none: both are costs. */
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "4294967295"),
+                 200);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "0"), 200);
+    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted,
+                           50LL * (long long)n + 4294967295LL);
+    cr_assert_eq(log_count(&gw, "event=cost_estimate_charged"), (int)n,
+                 "one line per estimate charged");
+    cr_assert_eq(log_count(&gw, "reason=\"the response has no X-Cost "
+                           "header\""), 1);
+    stop(&gw, &up);
+}
+
+/* The client goes away while the upstream has its request: the exchange
+ * is cancelled, and the hold ended then, at its estimate (the upstream's
+ * X-Cost, were it waited for, would be 999). Ended, not left to expire:
+ * no hold_expired line once the hold timeout has passed. */
+Test(gateway_cost, a_client_gone_mid_exchange_is_charged_its_estimate)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost_gone");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    for (int i = 0; i < 3; i++)
+        test_upstream_abandon(gw.port, "/v1/chat", key, "999",
+                              UPSTREAM_SLEEP_MS / 3);
+    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_sleep_ms(2200);
+    cr_assert_eq(test_redis_window_sum(test_env("RL_TEST_REDIS"), counted),
+                 3 * 50);
+    cr_assert_eq(log_count(&gw, "event=client_gone"), 3);
+    cr_assert_eq(log_count(&gw, "hold_expired"), 0,
+                 "a hold was left to expire");
+    stop(&gw, &up);
+}
