@@ -8,7 +8,8 @@
  * request checked once through internal redirects and subrequests, and
  * the workers' own files: a TLS key only root can read refused at
  * `nginx -t`, a start and a reload, and a worker whose agent cannot open
- * serving by on_error until it can.
+ * serving by on_error until it can; rl_cost_after charging what a slow
+ * upstream's X-Cost says, and a request's estimate when its client goes.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -16,6 +17,7 @@
 #include "test_env.h"
 #include "test_gateway.h"
 #include "test_process.h"
+#include "test_upstream.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -933,4 +935,122 @@ Test(nginx, a_worker_whose_agent_cannot_open_serves_by_on_error_and_recovers)
     cr_assert_eq(header_num(&r, "RateLimit-Remaining"), 98);
     cr_assert_eq(log_count(&ngx, "rl: the agent opened at try"), 1);
     nginx_stop(&ngx);
+}
+
+/* --- (h) rl_cost_after: the cost a response names. --------------------- */
+
+#define COST_SLEEP_MS 150
+
+/* One instance of two workers proxying /v1/ to up, holding rl_cost (50)
+ * until the log phase charges $upstream_http_x_cost (holds that outlive
+ * a second are ended by the agent, and say so in the error log). */
+static void cost_start(test_nginx *ngx, test_upstream *up)
+{
+    char yaml[1024], server[512];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "rules:\n"
+             "  - {name: tokens, match: api_key, limit: 100000000, "
+             "period: 1h, algorithm: fixed_window}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream_start(up, COST_SLEEP_MS);
+    snprintf(server, sizeof server,
+             "        location /v1/ {\n"
+             "            rl on;\n"
+             "            rl_cost 50;\n"
+             "            rl_cost_after $upstream_http_x_cost;\n"
+             "            proxy_pass http://127.0.0.1:%u;\n"
+             "        }\n", up->port);
+    nginx_prepare(ngx, 2, test_write_config("nginx-cost", yaml), "", server);
+    nginx_start(ngx, 2);
+}
+
+#define COST_CLIENTS 5
+#define COST_EACH 6
+
+typedef struct cost_client {
+    uint16_t port;
+    const char *key;
+    const char *const *costs;   /* COST_EACH of them */
+    atomic_int ok;
+} cost_client;
+
+static void *send_costs(void *arg)
+{
+    cost_client *c = arg;
+    for (int i = 0; i < COST_EACH; i++) {
+        if (test_upstream_call(c->port, "/v1/chat", c->key, c->costs[i])
+            == 200)
+            atomic_fetch_add(&c->ok, 1);
+    }
+    return NULL;
+}
+
+/* Five clients at once, each with its costs: one with a bad or missing
+ * X-Cost in each (charged 50), the others what they say. */
+Test(nginx, rl_cost_after_charges_the_responses_x_cost)
+{
+    test_nginx ngx;
+    test_upstream up;
+    cost_start(&ngx, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_ngx_cost");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    static const char *const costs[COST_CLIENTS][COST_EACH] = {
+        {"100", "1200", "7", "0", "333", NULL},
+        {"2000", "150", "150", "999", "1", "abc"},
+        {"450", "451", "452", "453", "454", "-3"},
+        {"4294967295", "10", "20", "30", "40", ""},
+        {"5", "6", "7", "8", "9", "4294967296"},
+    };
+    long long want = 5 * 50;
+    for (int i = 0; i < COST_CLIENTS; i++) {
+        for (int j = 0; j < COST_EACH - 1; j++)
+            want += atoll(costs[i][j]);
+    }
+    cost_client c[COST_CLIENTS];
+    pthread_t t[COST_CLIENTS];
+    for (int i = 0; i < COST_CLIENTS; i++) {
+        c[i] = (cost_client){.port = ngx.port, .key = key,
+                             .costs = costs[i]};
+        pthread_create(&t[i], NULL, send_costs, &c[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < COST_CLIENTS; i++) {
+        pthread_join(t[i], NULL);
+        ok += atomic_load(&c[i].ok);
+    }
+    cr_assert_eq(ok, COST_CLIENTS * COST_EACH, "%d requests answered 200",
+                 ok);
+    cr_assert_geq(test_upstream_most(&up), 2);
+    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, want);
+    cr_assert_eq(log_count(&ngx, "the estimate 50 is charged"), 5,
+                 "one warning per estimate charged");
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
+/* Clients gone while the upstream has their requests: each is charged its
+ * estimate (the upstream would say 999) at the request's end, not left to
+ * expire. */
+Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
+{
+    test_nginx ngx;
+    test_upstream up;
+    cost_start(&ngx, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_ngx_gone");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    for (int i = 0; i < 3; i++)
+        test_upstream_abandon(ngx.port, "/v1/chat", key, "999",
+                              COST_SLEEP_MS / 3);
+    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_sleep_ms(2200);
+    cr_assert_eq(test_redis_window_sum(test_env("RL_TEST_REDIS"), counted),
+                 3 * 50);
+    cr_assert_eq(log_count(&ngx, "hold_expired"), 0,
+                 "a hold was left to expire");
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
 }
