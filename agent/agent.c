@@ -70,11 +70,15 @@ static void serve(rl_agent *a)
         rl_exact_start(a, req);
         req = next;
     }
+    rl_holds_serve(a);
     if (closing) {
         if (a->io_closing)
             return; /* woken again while leases go back */
         a->io_closing = true;
         rl_exact_finalize_all(a);
+        /* Before the leases go back and the store closes: a hold's
+         * difference is a call, or tokens of a hand. */
+        rl_holds_close(a);
         a->closing_sync = sync;
         /* Leased tokens go back before the store closes (within one
          * deadline). */
@@ -249,6 +253,7 @@ static void free_agent(rl_agent *a)
         rl_stats_fini(&a->stats);
     rl_node_batches_fini(&a->store_counters.batches);
     pthread_mutex_destroy(&a->reload_lock);
+    rl_holds_fini(&a->holds);
     pthread_cond_destroy(&a->io_applied_cond);
     rl_redis_tls_free(a->redis_tls);
     rl_config_free(a->owned_config);
@@ -263,7 +268,9 @@ static int start_io(rl_agent *a, rl_error *err)
     uv_async_init(&a->loop, &a->wakeup, on_wakeup);
     uv_idle_init(&a->loop, &a->own_wakeup);
     uv_timer_init(&a->loop, &a->deadline_timer);
+    rl_holds_start(&a->holds, &a->loop, a->config->hold_timeout_ms);
     a->wakeup.data = a->own_wakeup.data = a->deadline_timer.data = a;
+    a->holds.timer.data = a;
     if (a->host_loop) {
         a->host_thread = pthread_self();
         io_setup(a);
@@ -273,6 +280,7 @@ static int start_io(rl_agent *a, rl_error *err)
         uv_close((uv_handle_t *)&a->wakeup, NULL);
         uv_close((uv_handle_t *)&a->own_wakeup, NULL);
         uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+        uv_close((uv_handle_t *)&a->holds.timer, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);
         uv_loop_close(&a->loop);
         return rl_error_set(err, RL_ESYS, "rl_agent_open: cannot start the "
@@ -309,6 +317,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);
     pthread_mutex_init(&a->reload_lock, NULL);
+    rl_holds_init(&a->holds);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -441,6 +450,9 @@ int rl_agent_stats(rl_agent *a, rl_agent_counters *out, rl_rule_counters *rules,
         out->lease_tokens_returned = atomic_load(&l->returned_tokens);
         out->lease_tokens_expired = atomic_load(&l->expired_tokens);
     }
+    out->holds_open = atomic_load(&a->holds.open);
+    out->holds_ended = atomic_load(&a->holds.ended_n);
+    out->holds_expired = atomic_load(&a->holds.expired);
     pthread_mutex_unlock(&a->reload_lock);
     return RL_OK;
 }

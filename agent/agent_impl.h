@@ -16,6 +16,7 @@
 #include "calls.h"
 #include "fallback.h"
 #include "gen.h"
+#include "hold.h"
 #include "ident.h"
 #include "leased.h"
 #include "local.h"
@@ -173,6 +174,10 @@ struct rl_agent {
     bool io_leased;               /* I/O thread: it serves leased keys */
     bool io_closing;              /* I/O thread: the close has begun */
     rl_sync *closing_sync;        /* I/O thread: stopped at the close's end */
+
+    /* Holds (rl_check_hold) not yet ended, and those their callers
+     * ended, for the I/O thread (hold.h). */
+    rl_holds holds;
 
     rl_stats stats;
 };

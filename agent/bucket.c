@@ -48,8 +48,13 @@ void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
                       int64_t cost, rl_bucket_reply *out)
 {
     uint64_t cap = rate->burst * rate->period_ms;
+    /* A bucket in debt (a hold's excess, scripts.c) is missing more than
+     * its capacity: nothing remains. */
     *out = (rl_bucket_reply){.allowed = allowed,
-                             .remaining = (cap - missing) / rate->period_ms,
+                             .remaining = missing < cap
+                                              ? (cap - missing)
+                                                    / rate->period_ms
+                                              : 0,
                              .reset_ms = ceil_div(missing, rate->limit)};
     if (allowed)
         return;
@@ -71,10 +76,13 @@ static bool parse(const pending *p, const redisReply *r,
     uint64_t cap = rate->burst * rate->period_ms;
     bool allowed = r->integer >= 0;
     long long missing = allowed ? r->integer : -(r->integer + 1);
-    if ((unsigned long long)missing > cap)
+    /* Only a bucket in debt rejects past its capacity, even a hold's
+     * check of room (cost 0). */
+    if (allowed && (unsigned long long)missing > cap)
         return false;
     /* A rejection must be one: a cost that fits but did not fit now. */
-    if (!allowed && p->cost <= 0)
+    if (!allowed
+        && (p->cost < 0 || (p->cost == 0 && (uint64_t)missing <= cap)))
         return false;
     if (!allowed && (uint64_t)p->cost <= rate->burst
         && (uint64_t)missing + (uint64_t)p->cost * rate->period_ms <= cap)
@@ -253,4 +261,26 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
     *p = (pending){.fn = fn, .arg = arg, .rate = args->rate, .cost = cost,
                    .owned = true};
     call_in(store, p, args, key, key_len);
+}
+
+void rl_bucket_committed(void *arg, const redisReply *r, const char *error)
+{
+    const rl_logger *log = arg;
+    if (r == NULL)
+        rl_log(log, RL_LOG_WARN, "hold_commit_failed", "reason=\"%s\"",
+               error);
+}
+
+void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
+                      const char *key, size_t key_len, int64_t delta,
+                      const rl_logger *log)
+{
+    char cost_text[24];
+    size_t cost_len = rl_resp_decimal(cost_text, delta);
+    const char *argv[] = {"1", key, args->burst, args->limit, args->period,
+                          cost_text, "d"};
+    size_t lens[] = {1, key_len, strlen(args->burst), strlen(args->limit),
+                     strlen(args->period), cost_len, 1};
+    rl_store_run(store, RL_SCRIPT_BUCKET, 7, argv, lens,
+                 rl_bucket_committed, (void *)log);
 }

@@ -83,6 +83,18 @@ void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
                        size_t key_len, int64_t cost, rl_bucket_fn fn,
                        void *arg);
 
+/* rl_bucket_commit takes a hold's difference delta from key's bucket
+ * (a negative one gives tokens back, never above capacity): taken whole,
+ * into debt past empty (scripts.c). A call nobody waits for; a failure
+ * is logged (hold_commit_failed). */
+void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
+                      const char *key, size_t key_len, int64_t delta,
+                      const rl_logger *log);
+
+/* The reply of a hold's difference (an rl_store_fn, arg the logger):
+ * a failure is logged, hold_commit_failed; the figure is not needed. */
+void rl_bucket_committed(void *arg, const redisReply *r, const char *error);
+
 /* How a multi call (several buckets of one shard in one function call,
  * scripts.c) charges them: the letter the function reads. */
 typedef enum rl_multi_mode {

@@ -41,9 +41,11 @@ void rl_request_release(rl_request *req)
     free(req);
 }
 
-int rl_check_validate(const rl_attr *attrs, size_t n, uint32_t cost)
+/* The attributes' part of rl_check_validate; a hold's estimate may be 0
+ * (a check of room). */
+static int validate_attrs(const rl_attr *attrs, size_t n)
 {
-    if ((attrs == NULL && n > 0) || n > RL_ATTRS_MAX || cost == 0)
+    if ((attrs == NULL && n > 0) || n > RL_ATTRS_MAX)
         return RL_EINVAL;
     for (size_t i = 0; i < n; i++) {
         if (attrs[i].name == NULL || attrs[i].value == NULL)
@@ -54,6 +56,11 @@ int rl_check_validate(const rl_attr *attrs, size_t n, uint32_t cost)
         }
     }
     return RL_OK;
+}
+
+int rl_check_validate(const rl_attr *attrs, size_t n, uint32_t cost)
+{
+    return cost == 0 ? RL_EINVAL : validate_attrs(attrs, n);
 }
 
 static const rl_attr *find_attr(const rl_attr *attrs, size_t n,
@@ -325,16 +332,23 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
 }
 
 /* Common entry checks; on RL_OK the caller counts as active. */
-static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
+static int enter_as(rl_agent *a, const rl_attr *attrs, size_t n,
+                    uint32_t cost, bool hold)
 {
     if (a == NULL)
         return RL_EINVAL;
     if (a->forks != rl_forks())
         return RL_EFORKED;
-    int rc = rl_check_validate(attrs, n, cost);
+    int rc = hold ? validate_attrs(attrs, n) : rl_check_validate(attrs, n,
+                                                                 cost);
     if (rc != RL_OK)
         return rc;
     return rl_calls_enter(&a->calls, &a->closing) ? RL_OK : RL_ECLOSED;
+}
+
+static int enter(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost)
+{
+    return enter_as(a, attrs, n, cost, false);
 }
 
 static void leave(rl_agent *a)
@@ -346,9 +360,9 @@ static void leave(rl_agent *a)
  * under the current rules, *g. On RL_OK the caller counts as active until
  * it calls leave(). */
 static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
-                 rl_request **req, rl_gen **g)
+                 bool hold, rl_request **req, rl_gen **g)
 {
-    int rc = enter(a, attrs, n, cost);
+    int rc = enter_as(a, attrs, n, cost, hold);
     if (rc != RL_OK)
         return rc;
     *g = rl_agent_rules(a);
@@ -772,23 +786,27 @@ int rl_check_nowait(rl_agent *a, const rl_attr *attrs, size_t n,
     return rc;
 }
 
+/* A request no rule applies to; NULL when out of memory. */
+static rl_request *empty_request(rl_agent *a, rl_gen *g)
+{
+    rl_request *req = calloc(1, sizeof *req);
+    if (req != NULL) {
+        req->agent = a;
+        req->gen = g;
+    }
+    return req;
+}
+
 /* Hands req (NULL: no rule applies) to the I/O thread, which calls
  * callback with its decision; the caller is active (begin) and leaves. */
 static int submit_async(rl_agent *a, rl_gen *g, rl_request *req,
                         rl_check_fn callback, void *arg)
 {
     int rc = RL_OK;
-    if (req == NULL) {
-        /* No rule applies: still answered from the I/O thread, as the
-         * contract says, through an empty request. */
-        req = calloc(1, sizeof *req);
-        if (req == NULL) {
-            rc = RL_ENOMEM;
-        } else {
-            req->agent = a;
-            req->gen = g;
-        }
-    }
+    /* No rule applies: still answered from the I/O thread, as the
+     * contract says, through an empty request. */
+    if (req == NULL && (req = empty_request(a, g)) == NULL)
+        rc = RL_ENOMEM;
     if (rc == RL_OK) {
         req->callback = callback;
         req->callback_arg = arg;
@@ -809,11 +827,45 @@ int rl_check_async(rl_agent *a, const rl_attr *attrs, size_t n,
 {
     rl_request *req;
     rl_gen *g;
-    int rc = callback != NULL ? begin(a, attrs, n, cost, &req, &g)
+    int rc = callback != NULL ? begin(a, attrs, n, cost, false, &req, &g)
                               : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
     return submit_async(a, g, req, callback, arg);
+}
+
+/* A hold's request (NULL: no rule applies) to the I/O thread, which calls
+ * callback with its decision and, when allowed, the hold; the caller is
+ * active (begin) and leaves. */
+static int submit_hold(rl_agent *a, rl_gen *g, rl_request *req,
+                       rl_hold_fn callback, void *arg)
+{
+    rl_hold *h = rl_hold_new(a, callback, arg);
+    if (h != NULL && req == NULL)
+        req = empty_request(a, g);
+    if (h == NULL || req == NULL) {
+        rl_hold_discard(h);
+        free(req);
+        leave(a);
+        return RL_ENOMEM;
+    }
+    rl_hold_bind(h, req);
+    int rc = submit_async(a, g, req, rl_hold_decided, h);
+    if (rc != RL_OK)
+        rl_hold_discard(h);
+    return rc;
+}
+
+int rl_check_hold(rl_agent *a, const rl_attr *attrs, size_t n,
+                  uint32_t estimate, rl_hold_fn callback, void *arg)
+{
+    rl_request *req;
+    rl_gen *g;
+    int rc = callback != NULL ? begin(a, attrs, n, estimate, true, &req, &g)
+                              : RL_EINVAL;
+    if (rc != RL_OK)
+        return rc;
+    return submit_hold(a, g, req, callback, arg);
 }
 
 /* --- One rule, named by the caller ------------------------------------ */
@@ -895,26 +947,54 @@ static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
     return RL_OK;
 }
 
-int rl_check_rule_async(rl_agent *a, const char *rule, const char *value,
-                        size_t len, const rl_rate *rate, uint32_t cost,
-                        rl_check_fn callback, void *arg)
+/* rl_check_rule_async's request, under the current rules, *g; on RL_OK
+ * the caller counts as active until it calls leave(). */
+static int begin_rule(rl_agent *a, const char *rule, const char *value,
+                      size_t len, const rl_rate *rate, uint32_t cost,
+                      rl_request **req, rl_gen **g)
 {
-    if (a == NULL || rule == NULL || value == NULL || callback == NULL)
+    if (a == NULL || rule == NULL || value == NULL)
         return RL_EINVAL;
     if (a->forks != rl_forks())
         return RL_EFORKED;
     if (!rl_calls_enter(&a->calls, &a->closing))
         return RL_ECLOSED;
-    rl_gen *g = rl_agent_rules(a);
-    int index = rule_index(g->config, rule);
+    *g = rl_agent_rules(a);
+    int index = rule_index((*g)->config, rule);
     rl_attr attr = {rule, value, len};
-    int rc = index < 0 ? RL_EINVAL : check_value(g, &attr);
-    rl_request *req = NULL;
+    int rc = index < 0 ? RL_EINVAL : check_value(*g, &attr);
+    *req = NULL;
     if (rc == RL_OK)
-        rc = build_rule(a, g, index, value, len, rate, cost, &req);
-    if (rc != RL_OK) {
+        rc = build_rule(a, *g, index, value, len, rate, cost, req);
+    if (rc != RL_OK)
         leave(a);
+    return rc;
+}
+
+int rl_check_rule_async(rl_agent *a, const char *rule, const char *value,
+                        size_t len, const rl_rate *rate, uint32_t cost,
+                        rl_check_fn callback, void *arg)
+{
+    rl_request *req;
+    rl_gen *g;
+    int rc = callback != NULL
+                 ? begin_rule(a, rule, value, len, rate, cost, &req, &g)
+                 : RL_EINVAL;
+    if (rc != RL_OK)
         return rc;
-    }
     return submit_async(a, g, req, callback, arg);
+}
+
+int rl_check_rule_hold(rl_agent *a, const char *rule, const char *value,
+                       size_t len, const rl_rate *rate, uint32_t estimate,
+                       rl_hold_fn callback, void *arg)
+{
+    rl_request *req;
+    rl_gen *g;
+    int rc = callback != NULL
+                 ? begin_rule(a, rule, value, len, rate, estimate, &req, &g)
+                 : RL_EINVAL;
+    if (rc != RL_OK)
+        return rc;
+    return submit_hold(a, g, req, callback, arg);
 }

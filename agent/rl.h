@@ -520,6 +520,9 @@ typedef struct rl_agent_counters {
     uint64_t leases_taken, lease_tokens_taken;
     uint64_t leases_returned, lease_tokens_returned;
     uint64_t lease_tokens_expired;
+    /* Holds (rl_check_hold): open now; ended by their callers; ended by
+     * the agent at their estimates when hold_timeout_ms passed. */
+    uint64_t holds_open, holds_ended, holds_expired;
 } rl_agent_counters;
 
 /* One store node (a cluster's primary, or the one server). */

@@ -49,6 +49,23 @@
  * -(d + 1) when rejected; the agent works out remaining, retry and reset
  * from it (bucket.c), which is cheaper than building a table in Redis.
  *
+ * A fifth argument (any) makes the call a hold's difference (issue 31):
+ * the cost is taken whatever the bucket holds, and a bucket it takes past
+ * empty is in debt, d above capacity, which the next requests wait out as
+ * they wait for tokens (a rejection then answers a d above capacity).
+ *
+ * Debt and the clamp. A read clamps d to the capacity, so that a lowered
+ * burst (a reload) leaves a spent client at most one new bucket short
+ * (test_rate_change.c). That clamp would forget a debt at the next read.
+ * A bucket in debt is therefore written with a mark, "REM LIMIT/PERIOD!",
+ * and a read of a marked value at the same period keeps d as it is: the
+ * debt is the request's own excess, which a lowered burst does not make
+ * smaller, and keeping it admits less. A read at another period converts
+ * and clamps as before (the debt is then forgotten beyond the new
+ * capacity: a rate change is rare, a debt is short). Older agents do not
+ * match the mark and read the value by its expiry, clamped: they forget
+ * the debt, admitting at most its excess more.
+ *
  * Numbers are parsed once: strtod, under Lua's tonumber, was a third of a
  * call's instructions. The function library keeps the arguments it has seen
  * in a table of at most 1,024, emptied when full; a script sent with
@@ -61,8 +78,12 @@
  * rl 3 agent that reconnects replaces rl_3 with its own, which has no
  * rl_3_multi. It is rl_5 since the bodies read and write the rate tag: an
  * rl 4 agent would replace an rl_4 holding them with its own, and the two
- * would take turns. Older agents still share every bucket through their
- * own libraries: they read the expiry (and, at a fractional interval, a
+ * would take turns. It is rl_6 since the bucket takes a hold's
+ * difference into debt and marks it, and the library holds the fixed
+ * window's difference (rl_6_window_add): an rl 5 agent would replace it
+ * with its own, which neither reads the mark nor has the function, and
+ * every hold of this agent would fail its commit. Older agents still
+ * share every bucket through their own libraries: they read the expiry (and, at a fractional interval, a
  * value that is a plain number); a tagged value is not one, so they count
  * no remainder, at most 1 ms of refill short. Their untagged writes read
  * here as they read there. The EVALSHA scripts are addressed by digest
@@ -107,22 +128,25 @@
     "  local whole = period % limit == 0\n" \
     "  local tag = " LIMIT_S " .. '/' .. " PERIOD_S "\n" \
     "  local d, own, ttl = 0, false, call('PTTL', key)\n" \
+    "  local indebted = false\n" \
     "  if ttl > 0 then\n" \
     "    d = ttl * limit\n" \
     "    local v = call('GET', key)\n" \
     "    own = v == '0 ' .. tag\n" \
     "    if not own then\n" \
-    "      local rem, l, p = string.match(v, '^(%d+) (%d+)/(%d+)$')\n" \
+    "      local rem, l, p, debt =\n" \
+    "        string.match(v, '^(%d+) (%d+)/(%d+)(!?)$')\n" \
     "      if rem == nil then\n" \
     "        rem = not whole and tonumber(v)\n" \
     "        if rem and rem > 0 and rem < limit then d = d - rem end\n" \
     "      else\n" \
     "        l, p = num(l), num(p)\n" \
     "        d = ttl * l - tonumber(rem)\n" \
-    "        if p ~= period then d = math.ceil(d * period / p) end\n" \
+    "        if p ~= period then d = math.ceil(d * period / p)\n" \
+    "        elseif debt == '!' then indebted = true end\n" \
     "      end\n" \
     "    end\n" \
-    "    d = " MIN "(cap, d)\n" \
+    "    if not indebted then d = " MIN "(cap, d) end\n" \
     "  end\n"
 
 /* The bucket's own call: one key, four arguments. */
@@ -136,6 +160,8 @@
     "  local full_in = " CEIL "(d / limit)\n" \
     "  if d == 0 then\n" \
     "    call('DEL', key)\n" \
+    "  elseif d > cap then\n" \
+    "    call('SET', key, " REM " .. ' ' .. tag .. '!', 'PX', " MS ")\n" \
     "  elseif whole and own then\n" \
     "    call('PEXPIRE', key, " MS ")\n" \
     "  else\n" \
@@ -147,7 +173,9 @@
 
 #define LUA_BUCKET_BODY \
     LUA_READ \
-    "  if need < 0 then\n" \
+    "  if ARGV[5] then\n" \
+    "    d = math.max(0, d + need)\n" \
+    "  elseif need < 0 then\n" \
     "    d = math.max(0, d + need)\n" \
     "  elseif d + need <= cap then\n" \
     "    d = d + need\n" \
@@ -156,6 +184,19 @@
     "  end\n" \
     LUA_WRITE \
     "  return d\n"
+
+/* A fixed window's hold difference (issue 31): KEYS[1] the window's key
+ * (the window the hold charged, even if a later one has begun), ARGV[1]
+ * the difference, ARGV[2] the period in ms. The count never goes below 0
+ * (a window that expired meanwhile has nothing to give back), and a key
+ * the difference makes anew expires a period on, as a hit's does. The
+ * reply is the count after it. */
+#define LUA_WINDOW_ADD_BODY \
+    "  local call, key = redis.call, KEYS[1]\n" \
+    "  local n = call('INCRBY', key, ARGV[1])\n" \
+    "  if n < 0 then n = call('INCRBY', key, -n) end\n" \
+    "  if call('PTTL', key) == -1 then call('PEXPIRE', key, ARGV[2]) end\n" \
+    "  return n\n"
 
 /* The lease: the same arguments, cost being the most tokens wanted. It
  * takes as many whole tokens as the bucket holds, up to that, and answers
@@ -242,7 +283,9 @@
     "    if d ~= nil then\n" \
     "      local key, own = KEYS[i], ttls[i]\n" \
     "      local limit = " NUM_OF("ARGV[4 * i - 1]") "\n" \
-    "      local whole = (" NUM_OF("ARGV[4 * i]") ") % limit == 0\n" \
+    "      local period = " NUM_OF("ARGV[4 * i]") "\n" \
+    "      local whole = period % limit == 0\n" \
+    "      local cap = (" NUM_OF("ARGV[4 * i - 2]") ") * period\n" \
     "      local tag = ARGV[4 * i - 1] .. '/' .. ARGV[4 * i]\n" \
     LUA_MULTI_WRITE \
     "      out[i] = d\n" \
@@ -262,9 +305,13 @@ const char rl_library_source[] =
     "local function multi(KEYS, ARGV)\n"
     LUA_MULTI_BODY
     "end\n"
+    "local function window_add(KEYS, ARGV)\n"
+    LUA_WINDOW_ADD_BODY
+    "end\n"
     "redis.register_function('" RL_FUNCTION_BUCKET "', bucket)\n"
     "redis.register_function('" RL_FUNCTION_LEASE "', lease)\n"
-    "redis.register_function('" RL_FUNCTION_MULTI "', multi)\n";
+    "redis.register_function('" RL_FUNCTION_MULTI "', multi)\n"
+    "redis.register_function('" RL_FUNCTION_WINDOW_ADD "', window_add)\n";
 
 /* Before Redis 5 a script that writes after a non-deterministic read needs
  * effects replication switched on; from 5 on it is the default and this is
@@ -281,14 +328,18 @@ static const char lease_script[] =
 static const char multi_script[] =
     LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_MULTI_BODY;
 
+static const char window_add_script[] =
+    LUA_SCRIPT_PREAMBLE LUA_WINDOW_ADD_BODY;
+
 static const char *const functions[] = {RL_FUNCTION_BUCKET, RL_FUNCTION_LEASE,
-                                        RL_FUNCTION_MULTI};
+                                        RL_FUNCTION_MULTI,
+                                        RL_FUNCTION_WINDOW_ADD};
 static const char *const sources[] = {bucket_script, lease_script,
-                                      multi_script};
+                                      multi_script, window_add_script};
 
 const rl_script_set rl_bucket_scripts = {
     .library = rl_library_source,
     .functions = functions,
     .sources = sources,
-    .n = 3,
+    .n = 4,
 };

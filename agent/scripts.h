@@ -12,13 +12,15 @@
 /* The library's name and its functions' names. The version is in the name
  * so that agents of two rl versions sharing a Redis never replace each
  * other's functions. */
-#define RL_LIBRARY_NAME "rl_5"
-#define RL_FUNCTION_BUCKET "rl_5_bucket"
-#define RL_FUNCTION_LEASE "rl_5_lease"
-#define RL_FUNCTION_MULTI "rl_5_multi"
+#define RL_LIBRARY_NAME "rl_6"
+#define RL_FUNCTION_BUCKET "rl_6_bucket"
+#define RL_FUNCTION_LEASE "rl_6_lease"
+#define RL_FUNCTION_MULTI "rl_6_multi"
+#define RL_FUNCTION_WINDOW_ADD "rl_6_window_add"
 
 /* Their indexes in rl_bucket_scripts, for rl_store_run. */
-enum { RL_SCRIPT_BUCKET, RL_SCRIPT_LEASE, RL_SCRIPT_MULTI };
+enum { RL_SCRIPT_BUCKET, RL_SCRIPT_LEASE, RL_SCRIPT_MULTI,
+       RL_SCRIPT_WINDOW_ADD };
 
 /* The library's source for FUNCTION LOAD REPLACE. */
 extern const char rl_library_source[];

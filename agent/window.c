@@ -7,6 +7,7 @@
 #include "window.h"
 
 #include "resp.h"
+#include "scripts.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,4 +116,19 @@ void rl_window_give_back(rl_store *store, const char *key, size_t key_len,
     rl_store_run(store, RL_NODE_RAW_WRITE, 3,
                  (const char *[]){"DECRBY", k, cost_text},
                  (size_t[]){6, len, cost_len}, on_given_back, (void *)log);
+}
+
+void rl_window_add(rl_store *store, const char *key, size_t key_len,
+                   uint64_t window, uint64_t period_ms, int64_t delta,
+                   const rl_logger *log)
+{
+    char k[RL_KEY_MAX + RL_WINDOW_SUFFIX_MAX + 1], delta_text[24],
+        period[24];
+    size_t len = window_key(k, key, key_len, window);
+    size_t delta_len = rl_resp_decimal(delta_text, delta);
+    size_t period_len = rl_resp_decimal(period, (long long)period_ms);
+    rl_store_run(store, RL_SCRIPT_WINDOW_ADD, 4,
+                 (const char *[]){"1", k, delta_text, period},
+                 (size_t[]){1, len, delta_len, period_len},
+                 rl_bucket_committed, (void *)log);
 }

@@ -1087,6 +1087,15 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
             return rc;
         cfg->max_value_bytes = (uint32_t)n;
     }
+    cfg->hold_timeout_ms = RL_HOLD_TIMEOUT_DEFAULT_MS;
+    if (raw->hold_timeout_ms != NULL) {
+        uint64_t n;
+        if ((rc = parse_int(ld, "hold_timeout_ms", raw->hold_timeout_ms,
+                            RL_HOLD_TIMEOUT_MIN_MS, RL_HOLD_TIMEOUT_MAX_MS,
+                            &n)) != RL_OK)
+            return rc;
+        cfg->hold_timeout_ms = (uint32_t)n;
+    }
     return load_rules(ld, raw, cfg);
 }
 

@@ -266,12 +266,22 @@ typedef struct rl_gateway_config {
     uint32_t cost_estimate;           /* what a request holds until then */
 } rl_gateway_config;
 
+/* hold_timeout_ms: ten minutes by default (an LLM response that long is
+ * rare); at least a second (a hold is a request's life, not a round
+ * trip), at most a day (an open hold is memory kept). */
+#define RL_HOLD_TIMEOUT_DEFAULT_MS 600000u
+#define RL_HOLD_TIMEOUT_MIN_MS 1000u
+#define RL_HOLD_TIMEOUT_MAX_MS 86400000u
+
 struct rl_config {
     rl_store_config store;
     rl_aggregator_config aggregator;
     uint32_t local_max_keys;      /* local buckets one agent keeps at most */
     rl_log_level log_level;       /* the daemons' level unless --log-level */
     uint32_t max_value_bytes;     /* an attribute value, at most */
+    /* How long a hold (rl_check_hold) may stay open before the agent ends
+     * it at its estimate: the agent's for life, as its store is. */
+    uint32_t hold_timeout_ms;
     rl_gateway_config gateway;
     rl_charge charge;
     bool shadow;                  /* every rule in shadow */

@@ -241,6 +241,8 @@ static const cyaml_schema_field_t top_fields[] = {
     STR_FIELD("log_level", CYAML_FLAG_OPTIONAL, rl_raw_config, log_level, 32),
     STR_FIELD("max_value_bytes", CYAML_FLAG_OPTIONAL, rl_raw_config,
               max_value_bytes, 32),
+    STR_FIELD("hold_timeout_ms", CYAML_FLAG_OPTIONAL, rl_raw_config,
+              hold_timeout_ms, 32),
     CYAML_FIELD_SEQUENCE("rules", CYAML_FLAG_POINTER, rl_raw_config, rules,
                          &rule_schema, 0, RL_RULES_MAX),
     CYAML_FIELD_END,

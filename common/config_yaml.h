@@ -130,6 +130,7 @@ typedef struct rl_raw_config {
     rl_raw_gateway *gateway;
     char *log_level;
     char *max_value_bytes;
+    char *hold_timeout_ms;
     char *charge;
     char *shadow;
     char *fleet_size;

@@ -1,0 +1,407 @@
+/*
+ * Holds (rl_check_hold, issue 31): a request charged an estimate, and the
+ * difference to its actual cost when it ends. The fleet's charge is the
+ * sum of the actual costs; a bucket goes into debt by an excess and the
+ * next request waits it out; a give-back admits more; a hold never ended
+ * is charged its estimate, and nothing more, after hold_timeout_ms; a
+ * close ends the open holds at their estimates.
+ */
+#include "redis_server.h"
+#include "test_agent.h"
+#include "test_env.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One hold's decision, waited for. */
+typedef struct held {
+    sem_t done;
+    rl_decision decision;
+    rl_hold *hold;
+    bool null_when_rejected;
+} held;
+
+static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    held *h = arg;
+    h->decision = *d;
+    h->hold = hold;
+    h->null_when_rejected = d->allowed || hold == NULL;
+    sem_post(&h->done);
+}
+
+/* rl_check_hold of one attribute, its decision waited for: the hold, or
+ * NULL when refused (*d says why). */
+static rl_hold *hold_on(rl_agent *a, const char *name, const char *value,
+                        uint32_t estimate, rl_decision *d)
+{
+    held h = {0};
+    sem_init(&h.done, 0, 0);
+    rl_attr attr = {name, value, strlen(value)};
+    cr_assert_eq(rl_check_hold(a, &attr, 1, estimate, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    sem_destroy(&h.done);
+    cr_assert(h.null_when_rejected, "a refused request got a hold");
+    cr_assert(!h.decision.allowed || h.hold != NULL,
+              "an allowed request got no hold");
+    if (d != NULL)
+        *d = h.decision;
+    return h.hold;
+}
+
+static rl_decision check_cost(rl_agent *a, const char *value, uint32_t cost)
+{
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(a, &attr, 1, cost, &d), RL_OK);
+    return d;
+}
+
+/* A key no earlier run of the suite used (the test Redis is shared). */
+static void fresh(char *out, size_t cap, const char *what)
+{
+    snprintf(out, cap, "%s-%llu", what,
+             (unsigned long long)test_now_us());
+}
+
+/* The sum of key's window counts (key:<window>). */
+static long long window_count(const char *addr, const char *key)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s",
+                                           keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* --- Tokens: ten agents, the count is the sum of actual costs -------- */
+
+#define AGENTS 10
+#define OPEN_AT_ONCE 3   /* holds one agent keeps open */
+#define TRIES 8          /* holds each agent asks for */
+#define ESTIMATE 500
+#define COST_MIN 100
+#define COST_MAX 2000
+
+typedef struct worker {
+    rl_agent *agent;
+    const char *value;
+    unsigned seed;
+    atomic_llong *actual_sum;
+    atomic_int *in_flight, *peak;
+    long long admitted;
+    int refused;
+} worker;
+
+static void end_one(worker *w, rl_hold *h)
+{
+    uint32_t actual = COST_MIN
+                      + (uint32_t)rand_r(&w->seed) % (COST_MAX - COST_MIN + 1);
+    atomic_fetch_add(w->actual_sum, actual);
+    atomic_fetch_sub(w->in_flight, 1);
+    cr_assert_eq(rl_hold_end(h, actual), RL_OK);
+}
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    rl_hold *open[OPEN_AT_ONCE];
+    int n = 0;
+    for (int i = 0; i < TRIES; i++) {
+        rl_decision d;
+        rl_hold *h = hold_on(w->agent, "api_key", w->value, ESTIMATE, &d);
+        cr_assert(!d.degraded, "the store did not answer");
+        if (h == NULL) {
+            w->refused++;
+            continue;
+        }
+        w->admitted++;
+        int now = atomic_fetch_add(w->in_flight, 1) + 1;
+        for (int p = atomic_load(w->peak); now > p
+             && !atomic_compare_exchange_weak(w->peak, &p, now);)
+            ;
+        if (n == OPEN_AT_ONCE) {
+            int k = (int)((unsigned)rand_r(&w->seed) % OPEN_AT_ONCE);
+            end_one(w, open[k]);
+            open[k] = h;
+        } else {
+            open[n++] = h;
+        }
+        test_sleep_ms(2);
+    }
+    while (n > 0)
+        end_one(w, open[--n]);
+    return NULL;
+}
+
+/* Ten agents share a window of 10,000 a minute; each request holds 500
+ * and costs 100 to 2,000. The window counts the actual costs exactly
+ * (charge: refund gives a refused request's estimate back), and what was
+ * admitted beyond the limit is at most the holds open at once times the
+ * largest excess. */
+Test(holds, ten_agents_count_the_sum_of_actual_costs)
+{
+    test_agent agents[AGENTS];
+    char value[64], key[96];
+    fresh(value, sizeof value, "tokens");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    /* Room for the test in one window. */
+    uint64_t into = wall_ms() % 60000;
+    if (60000 - into < 15000)
+        test_sleep_ms((unsigned)(60000 - into + 20));
+    for (int i = 0; i < AGENTS; i++)
+        test_agent_open(&agents[i], NULL, TEST_FCALL, NULL, "refund",
+                        "  - {name: w, match: api_key, limit: 10000, "
+                        "period: 1m, algorithm: fixed_window}\n");
+    atomic_llong actual_sum = 0;
+    atomic_int in_flight = 0, peak = 0;
+    worker w[AGENTS];
+    pthread_t threads[AGENTS];
+    for (int i = 0; i < AGENTS; i++) {
+        w[i] = (worker){agents[i].agent, value, 31u * (unsigned)i + 7,
+                        &actual_sum, &in_flight, &peak, 0, 0};
+        cr_assert_eq(pthread_create(&threads[i], NULL, work, &w[i]), 0);
+    }
+    long long admitted = 0;
+    int refused = 0;
+    for (int i = 0; i < AGENTS; i++) {
+        pthread_join(threads[i], NULL);
+        admitted += w[i].admitted;
+        refused += w[i].refused;
+    }
+    long long want = atomic_load(&actual_sum);
+    long long got = window_count(agents[0].addr, key);
+    for (int i = 0; i < 200 && got != want; i++) {
+        test_sleep_ms(10);
+        got = window_count(agents[0].addr, key);
+    }
+    cr_assert_eq(got, want, "the window counts %lld, the actual costs sum "
+                 "to %lld", got, want);
+    cr_assert_gt(refused, 0, "the load never reached the limit");
+    long long bound = 10000 + (long long)atomic_load(&peak)
+                                  * (COST_MAX - ESTIMATE);
+    cr_assert_leq(want, bound, "admitted %lld of cost, beyond the limit and "
+                  "%d in flight x %d", want, atomic_load(&peak),
+                  COST_MAX - ESTIMATE);
+    rl_agent_counters c;
+    cr_assert_eq(rl_agent_stats(agents[0].agent, &c, NULL, 0), RL_OK);
+    cr_assert_eq(c.holds_open, 0);
+    cr_assert_eq(c.holds_ended, (uint64_t)w[0].admitted);
+    for (int i = 0; i < AGENTS; i++)
+        test_agent_close(&agents[i]);
+    (void)admitted;
+}
+
+/* --- Token bucket: debt and give-back ------------------------------- */
+
+/* 10 a second, a token each 100 ms: a hold of 2 that cost 15 leaves the
+ * bucket 5 tokens in debt, so the next request of 1 waits 600 ms (the
+ * debt, then its own token), and still does after a refused read. */
+TEST_BOTH_MODES(holds, a_bucket_in_debt_makes_the_next_request_wait)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "debt");
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 10, period: 1s}\n");
+    rl_hold *h = hold_on(t.agent, "api_key", value, 2, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 15), RL_OK);
+    rl_decision d = check_cost(t.agent, value, 1);
+    for (int i = 0; i < 100 && d.allowed; i++) {
+        /* The commit is the I/O thread's next call: admitted meanwhile,
+         * the check took a token of its own. */
+        test_sleep_ms(5);
+        d = check_cost(t.agent, value, 1);
+    }
+    cr_assert(!d.allowed, "the excess was never charged");
+    cr_assert(d.retry_after_ms > 450 && d.retry_after_ms <= 700,
+              "retry after %lld ms, not the 600 the debt makes",
+              (long long)d.retry_after_ms);
+    rl_decision again = check_cost(t.agent, value, 1);
+    cr_assert(!again.allowed);
+    cr_assert(again.retry_after_ms > 400,
+              "a read forgot the debt: retry after %lld ms",
+              (long long)again.retry_after_ms);
+    test_sleep_ms((unsigned)again.retry_after_ms + 30);
+    cr_assert(check_cost(t.agent, value, 1).allowed);
+    test_agent_close(&t);
+}
+
+/* A hold of 10 spends a bucket of 10 an hour; ending it at 3 gives 7
+ * back: a request of 7 passes, one more token does not. */
+TEST_BOTH_MODES(holds, an_actual_below_the_estimate_gives_back)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "giveback");
+    test_agent_open(&t, NULL, mode, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 10, period: 1h}\n");
+    rl_hold *h = hold_on(t.agent, "api_key", value, 10, NULL);
+    cr_assert_not_null(h);
+    cr_assert(!check_cost(t.agent, value, 1).allowed);
+    cr_assert_eq(rl_hold_end(h, 3), RL_OK);
+    rl_decision d = check_cost(t.agent, value, 7);
+    for (int i = 0; i < 100 && !d.allowed; i++) {
+        test_sleep_ms(5);
+        d = check_cost(t.agent, value, 7);
+    }
+    cr_assert(d.allowed, "nothing was given back");
+    cr_assert(!check_cost(t.agent, value, 1).allowed,
+              "more than the difference was given back");
+    test_agent_close(&t);
+}
+
+/* The same in a fixed window: 10 an hour, a hold of 10 ended at 3. */
+Test(holds, a_window_takes_the_difference_back)
+{
+    test_agent t;
+    char value[64], key[96];
+    fresh(value, sizeof value, "window-back");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: w, match: api_key, limit: 10, period: 1h, "
+                    "algorithm: fixed_window}\n");
+    rl_hold *h = hold_on(t.agent, "api_key", value, 10, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 3), RL_OK);
+    for (int i = 0; i < 200 && window_count(t.addr, key) != 3; i++)
+        test_sleep_ms(10);
+    cr_assert_eq(window_count(t.addr, key), 3);
+    cr_assert(check_cost(t.agent, value, 7).allowed);
+    test_agent_close(&t);
+}
+
+/* --- Expiry and close ------------------------------------------------ */
+
+static test_log expiry_log;
+
+/* An agent on the shared Redis with hold_timeout_ms 1000, logging into
+ * log. */
+static rl_agent *agent_with_timeout(rl_config **cfg, test_log *log,
+                                    const char *rules)
+{
+    char yaml[1024];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
+                     "hold_timeout_ms: 1000\nrules:\n%s",
+                     test_env("RL_TEST_REDIS"), rules);
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", cfg, &err),
+                 RL_OK, "%s", err.message);
+    test_log_init(log);
+    rl_options o = {.config = *cfg, .log = test_log_capture, .log_arg = log,
+                    .log_level = RL_LOG_DEBUG};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    return a;
+}
+
+/* A hold of 4 never ended: after hold_timeout_ms (1 s) the agent ends it
+ * at 4, logged; the caller's end afterwards charges nothing. */
+Test(holds, a_hold_never_ended_is_charged_its_estimate)
+{
+    rl_config *cfg;
+    char value[64];
+    fresh(value, sizeof value, "expiry");
+    rl_agent *a = agent_with_timeout(&cfg, &expiry_log,
+                                     "  - {name: b, match: api_key, "
+                                     "limit: 10, period: 1h}\n");
+    rl_hold *h = hold_on(a, "api_key", value, 4, NULL);
+    cr_assert_not_null(h);
+    cr_assert(test_log_wait(&expiry_log, "event=hold_expired", NULL, 3000),
+              "no hold_expired line");
+    rl_agent_counters c;
+    cr_assert_eq(rl_agent_stats(a, &c, NULL, 0), RL_OK);
+    cr_assert_eq(c.holds_expired, 1);
+    cr_assert_eq(c.holds_open, 0);
+    cr_assert_eq(rl_hold_end(h, 10), RL_OK);
+    test_sleep_ms(50);
+    cr_assert(check_cost(a, value, 6).allowed, "more than 4 was charged");
+    cr_assert(!check_cost(a, value, 1).allowed, "less than 4 was charged");
+    cr_assert_eq(rl_agent_stats(a, &c, NULL, 0), RL_OK);
+    cr_assert_eq(c.holds_ended, 0);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
+
+/* The config refuses a timeout out of its bounds, saying which. */
+Test(holds, hold_timeout_ms_out_of_bounds_is_refused)
+{
+    const char *bad[] = {"999", "86400001"};
+    for (int i = 0; i < 2; i++) {
+        char yaml[256];
+        int n = snprintf(yaml, sizeof yaml,
+                         "store:\n  url: redis://127.0.0.1:1\n"
+                         "hold_timeout_ms: %s\nrules:\n"
+                         "  - {name: b, match: k, limit: 1, period: 1s}\n",
+                         bad[i]);
+        rl_config *cfg = NULL;
+        rl_error err;
+        cr_assert_neq(rl_config_parse(yaml, (size_t)n, "<test>", &cfg, &err),
+                      RL_OK, "hold_timeout_ms %s was taken", bad[i]);
+        cr_assert(strstr(err.message, "hold_timeout_ms") != NULL, "%s",
+                  err.message);
+    }
+}
+
+/* Closed with a hold open: the close ends it at 4; the caller's end
+ * afterwards only frees it (ASan sees any use of the closed agent), and
+ * a new agent finds 4 charged, not more. */
+Test(holds, close_ends_open_holds_at_their_estimates)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "close");
+    const char *rules = "  - {name: b, match: api_key, limit: 10, "
+                        "period: 1h}\n";
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL, rules);
+    rl_hold *h = hold_on(t.agent, "api_key", value, 4, NULL);
+    cr_assert_not_null(h);
+    test_agent_close(&t);
+    cr_assert_eq(rl_hold_end(h, 9), RL_OK);
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL, rules);
+    cr_assert(check_cost(t.agent, value, 6).allowed);
+    cr_assert(!check_cost(t.agent, value, 1).allowed);
+    test_agent_close(&t);
+}
+
+/* A refused request holds nothing: its callback gets NULL. */
+Test(holds, a_refused_request_gets_no_hold)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "refused");
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 2, period: 1h}\n");
+    rl_decision d;
+    rl_hold *h = hold_on(t.agent, "api_key", value, 2, &d);
+    cr_assert(d.allowed);
+    cr_assert_eq(rl_hold_end(h, 2), RL_OK);
+    cr_assert_null(hold_on(t.agent, "api_key", value, 1, &d));
+    cr_assert(!d.allowed);
+    cr_assert_eq(rl_hold_end(NULL, 1), RL_EINVAL);
+    test_agent_close(&t);
+}
