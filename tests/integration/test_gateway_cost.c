@@ -134,16 +134,20 @@ Test(gateway_cost, a_missing_or_bad_x_cost_charges_the_estimate)
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, bad[i]),
                      200);
-    /* The largest cost there is, and none: both are costs. */
+    /* None, and the largest cost there is: both are costs (the key is
+     * over its limit after that one). */
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "0"), 200);
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "4294967295"),
                  200);
-    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "0"), 200);
     test_expect_window_sum(test_env("RL_TEST_REDIS"), counted,
                            50LL * (long long)n + 4294967295LL);
     cr_assert_eq(log_count(&gw, "event=cost_estimate_charged"), (int)n,
                  "one line per estimate charged");
+    /* The upstream sends no X-Cost for an empty one. */
     cr_assert_eq(log_count(&gw, "reason=\"the response has no X-Cost "
-                           "header\""), 1);
+                           "header\""), 2);
+    cr_assert_eq(log_count(&gw, "reason=\"must be a whole number from 0 to "
+                           "4294967295, got .4294967296."), 1);
     stop(&gw, &up);
 }
 
