@@ -18,6 +18,7 @@
 
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Who ended the hold (hold.h). */
 enum { HOLD_OPEN, HOLD_ENDING, HOLD_AGENT_ENDED };
@@ -90,8 +91,24 @@ static bool took_estimate(const rl_rule_state *rs)
     if (rs->outcome != RL_OUTCOME_ANSWERED || rs->uncharged)
         return false;
     return rs->reply.allowed
-           || (rs->rule->mode == RL_MODE_EXACT
-               && rs->rule->algorithm == RL_ALGO_FIXED_WINDOW);
+           || rs->rule->algorithm == RL_ALGO_FIXED_WINDOW;
+}
+
+/* The identity of a rule of the request's generation. */
+static rl_ident *ident(const rl_request *req, const rl_rule *rule)
+{
+    return req->gen->idents[rule - req->gen->config->rules];
+}
+
+/* A leased rule's difference, at the rate it was checked at (its args
+ * are the rule's own, whatever override applied). */
+static void leased_commit(rl_agent *a, const rl_rule_state *rs,
+                          const rl_limit *rate, int64_t delta)
+{
+    rl_bucket_args args;
+    rl_bucket_args_rate(&args, rs->rule, rate);
+    rl_bucket_commit(a->store, &args, rs->req->keys + rs->key_offset,
+                     rs->key_len, delta, &a->log);
 }
 
 /* The end of one rule that took the estimate, by its mode: the one place
@@ -101,6 +118,7 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
                      int64_t delta)
 {
     const char *key = req->keys + rs->key_offset;
+    size_t prefix = strlen(rs->rule->key_prefix);
     const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
     switch (rs->rule->mode) {
     case RL_MODE_EXACT:
@@ -115,8 +133,22 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
                              &a->log);
         break;
     case RL_MODE_LEASED:
+        /* The hand's tokens are the bucket's: the difference goes to the
+         * bucket, in debt as an exact rule's, which the next lease finds
+         * dry until the debt is paid. */
+        if (delta != 0 && a->store != NULL)
+            leased_commit(a, rs, rate, delta);
+        break;
     case RL_MODE_LOCAL:
+        if (delta != 0)
+            rl_local_settle(&a->local, rs->rule, ident(req, rs->rule), rate,
+                            key + prefix, rs->key_len - prefix, delta,
+                            req->calls[rs - req->rules].window);
+        break;
     case RL_MODE_SYNCED:
+        if (delta != 0)
+            rl_synced_settle(&a->synced, ident(req, rs->rule), key + prefix,
+                             rs->key_len - prefix, delta);
         break;
     }
 }
@@ -175,6 +207,21 @@ static void arm(rl_holds *hs)
                    due > now ? (due - now + 999999) / 1000000 : 0, 0);
 }
 
+/* A local fixed window counted the estimate in the wall clock's window
+ * of its check, a moment ago: its number, where an exact window's call
+ * keeps it, for the end. */
+static void note_local_windows(rl_request *req)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        const rl_rule_state *rs = &req->rules[i];
+        const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
+        if (rs->rule->mode == RL_MODE_LOCAL
+            && rs->rule->algorithm == RL_ALGO_FIXED_WINDOW)
+            req->calls[i].window = rl_window_of(rl_window_wall_ms(),
+                                                rate->period_ms);
+    }
+}
+
 void rl_hold_decided(const rl_decision *decision, void *arg)
 {
     rl_hold *h = arg;
@@ -187,6 +234,7 @@ void rl_hold_decided(const rl_decision *decision, void *arg)
         return;
     }
     atomic_fetch_add(&req->refs, 1);
+    note_local_windows(req);
     rl_holds *hs = &a->holds;
     h->deadline_ns = uv_hrtime() + hs->timeout_ns;
     pthread_mutex_lock(&hs->lock);

@@ -37,6 +37,9 @@ struct rl_local_entry {
     rl_limit rate;    /* the rate it was last spent at */
     uint64_t hash;
     uint64_t level;   /* tokens x rate.period_ms; a window: its count */
+    /* Units owed past empty (a hold's excess, rl_local_settle): the
+     * refill pays them before the level rises; level is 0 meanwhile. */
+    uint64_t debt;
     uint64_t at_ms;   /* when level was right; a window: its number */
     bool window;
     uint16_t value_len;
@@ -82,6 +85,25 @@ static uint64_t capacity(const rl_limit *r)
     return r->burst * r->period_ms;
 }
 
+/* A bucket in debt: the refill since at_ms pays the debt first, and
+ * at_ms moves to when it did (or to now). */
+static void pay_debt(rl_local_entry *e, uint64_t now_ms)
+{
+    if (e->debt == 0 || now_ms <= e->at_ms)
+        return;
+    uint64_t elapsed = now_ms - e->at_ms;
+    uint64_t paid_in = (e->debt + e->rate.limit - 1) / e->rate.limit;
+    if (elapsed < paid_in) {
+        e->debt -= elapsed * e->rate.limit;
+        e->at_ms = now_ms;
+        return;
+    }
+    /* The last ms refilled a little more than the debt. */
+    e->level = paid_in * e->rate.limit - e->debt;
+    e->debt = 0;
+    e->at_ms += paid_in;
+}
+
 /* The level now: what it was plus what flowed in since, up to capacity. */
 static uint64_t refilled(const rl_local_entry *e, uint64_t now_ms)
 {
@@ -98,7 +120,7 @@ static bool is_full(const rl_local_entry *e, uint64_t now_ms)
     if (e->window)
         return e->at_ms
                < rl_window_of(rl_window_wall_ms(), e->rate.period_ms);
-    return refilled(e, now_ms) == capacity(&e->rate);
+    return e->debt == 0 && refilled(e, now_ms) == capacity(&e->rate);
 }
 
 /* Drops the shard's full buckets; returns how many. */
@@ -221,21 +243,30 @@ static void retune(rl_local_entry *e, const rl_limit *rate)
     e->rate = *rate;
 }
 
-/* Spends from one bucket, as the Redis script does. */
-static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
-                  uint64_t now_ms, rl_bucket_reply *out)
+/* Brings the bucket to now_ms, at rate. */
+static void refill(rl_local_entry *e, const rl_limit *rate, uint64_t now_ms)
 {
     const rl_limit *r = &e->rate;
+    pay_debt(e, now_ms);
     e->level = refilled(e, now_ms);
     e->at_ms = now_ms > e->at_ms ? now_ms : e->at_ms;
     if (r->limit != rate->limit || r->period_ms != rate->period_ms
         || r->burst != rate->burst)
         retune(e, rate);
-    bool allowed = cost <= r->burst
+}
+
+/* Spends from one bucket, as the Redis script does. */
+static void spend(rl_local_entry *e, const rl_limit *rate, uint32_t cost,
+                  uint64_t now_ms, rl_bucket_reply *out)
+{
+    const rl_limit *r = &e->rate;
+    refill(e, rate, now_ms);
+    bool allowed = cost <= r->burst && e->debt == 0
                    && e->level >= (uint64_t)cost * r->period_ms;
     if (allowed)
         e->level -= (uint64_t)cost * r->period_ms;
-    rl_bucket_answer(r, capacity(&e->rate) - e->level, allowed, cost, out);
+    rl_bucket_answer(r, capacity(&e->rate) - e->level + e->debt, allowed,
+                     cost, out);
 }
 
 /* Counts cost hits in the window, as the store's does: a refused one
@@ -279,6 +310,62 @@ static void check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
     }
 }
 
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A hold's difference: tokens taken past empty go into debt; given
+ * back, never above capacity. A window's count takes it in the window the
+ * hold charged, never below 0 (a window since ended keeps nothing). */
+static void settle(rl_local_entry *e, const rl_limit *rate, int64_t delta,
+                   uint64_t window, uint64_t now_ms)
+{
+    if (e->window) {
+        if (e->at_ms != window)
+            return;
+        e->level = delta < 0 && (uint64_t)-delta > e->level
+                       ? 0
+                       : e->level + (uint64_t)delta;
+        return;
+    }
+    refill(e, rate, now_ms);
+    uint64_t units = (delta < 0 ? (uint64_t)-delta : (uint64_t)delta)
+                     * rate->period_ms;
+    if (delta > 0) {
+        uint64_t from_level = units < e->level ? units : e->level;
+        e->level -= from_level;
+        e->debt += units - from_level;
+        return;
+    }
+    uint64_t to_debt = units < e->debt ? units : e->debt;
+    e->debt -= to_debt;
+    uint64_t room = capacity(rate) - e->level;
+    e->level += units - to_debt < room ? units - to_debt : room;
+}
+
+void rl_local_settle(rl_local *l, const rl_rule *rule, rl_ident *id,
+                     const rl_limit *rate, const char *value,
+                     size_t value_len, int64_t delta, uint64_t window)
+{
+    const void *key = id != NULL ? (const void *)id : (const void *)rule;
+    uint64_t hash = rl_key_hash_salt(rl_key_hash_value(value, value_len),
+                                     (uintptr_t)key);
+    uint64_t now_ms = monotonic_ms();
+    rl_local_shard *sh = &l->shards[hash % RL_LOCAL_SHARDS];
+    pthread_mutex_lock(&sh->lock);
+    rl_local_entry *e = find(sh, key, hash, value, value_len);
+    /* Swept meanwhile: it was full (or its window over), and only an
+     * excess changes that. */
+    if (e == NULL && delta > 0)
+        e = insert(l, sh, rule, id, rate, hash, value, value_len, now_ms);
+    if (e != NULL)
+        settle(e, rate, delta, window, now_ms);
+    pthread_mutex_unlock(&sh->lock);
+}
+
 void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                        const rl_limit *rate, const char *value,
                        size_t value_len, uint32_t cost, uint64_t now_ms,
@@ -287,13 +374,6 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
     check_at(l, rule, id, rate, value, value_len,
              rl_key_hash_value(value, value_len), cost, now_ms, out,
              degraded);
-}
-
-static uint64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void rl_local_check(rl_local *l, const rl_rule *rule, rl_ident *id,

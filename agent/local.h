@@ -69,4 +69,13 @@ void rl_local_check_at(rl_local *l, const rl_rule *rule, rl_ident *id,
                        size_t value_len, uint32_t cost, uint64_t now_ms,
                        rl_bucket_reply *out, bool *degraded);
 
+/* rl_local_settle takes a hold's difference delta from the bucket of
+ * (id, value) at rate: past empty into debt, which the refill pays before
+ * the bucket admits again; given back never above capacity. A fixed
+ * window's key takes it in window (the one the hold's check counted in,
+ * by rl_window_of), never below 0. */
+void rl_local_settle(rl_local *l, const rl_rule *rule, rl_ident *id,
+                     const rl_limit *rate, const char *value,
+                     size_t value_len, int64_t delta, uint64_t window);
+
 #endif

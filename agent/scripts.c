@@ -200,12 +200,13 @@
 
 /* The lease: the same arguments, cost being the most tokens wanted. It
  * takes as many whole tokens as the bucket holds, up to that, and answers
- * {taken, d}: taken may be 0 (nothing is written then). Tokens go back
+ * {taken, d}: taken may be 0 (nothing is written then; a bucket in debt
+ * answers d as capacity, empty: dry). Tokens go back
  * through the bucket with a negative cost, never above capacity. */
 #define LUA_LEASE_BODY \
     LUA_READ \
     "  local n = math.min(cost, math.floor((cap - d) / period))\n" \
-    "  if n <= 0 then return {0, d} end\n" \
+    "  if n <= 0 then return {0, math.min(cap, d)} end\n" \
     "  d = d + n * period\n" \
     LUA_WRITE \
     "  return {n, d}\n"

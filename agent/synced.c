@@ -361,6 +361,17 @@ int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
                  verdict);
 }
 
+void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
+                      size_t value_len, int64_t delta)
+{
+    if (delta <= 0)
+        return;
+    /* The I/O thread alone forgets entries: this one stays. */
+    rl_synced_entry *e = rl_synced_find(s, id, value, value_len);
+    if (e != NULL)
+        rl_slot_add(e->counts, rl_thread_slot(), (uint64_t)delta);
+}
+
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)
 {
     s->server_ms = server_ms;

@@ -232,4 +232,12 @@ uint64_t rl_synced_counted(const rl_synced_entry *e);
  * what earlier rebuilds retired. */
 void rl_synced_sweep(rl_synced *s, uint64_t loop_ms);
 
+/* I/O thread: a hold's difference delta for (id, value). An excess is
+ * counted as a check's cost is, so the next report carries it and the
+ * fleet's count holds the actual cost. A give-back (delta < 0) is not:
+ * reports carry counts that only grow, and the aggregator's windows add
+ * them; the fleet counts the estimate, admitting less (design.md). */
+void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
+                      size_t value_len, int64_t delta);
+
 #endif

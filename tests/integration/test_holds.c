@@ -8,6 +8,7 @@
  */
 #include "redis_server.h"
 #include "test_agent.h"
+#include "test_aggregator.h"
 #include "test_env.h"
 
 #include <criterion/criterion.h>
@@ -62,6 +63,23 @@ static rl_decision check_cost(rl_agent *a, const char *value, uint32_t cost)
     rl_decision d;
     cr_assert_eq(rl_check(a, &attr, 1, cost, &d), RL_OK);
     return d;
+}
+
+/* Waits (up to 2 s) until the agent has ended n holds its callers
+ * ended: a local or synced rule's difference is settled then, an exact
+ * or leased rule's sent to the store. */
+static void wait_ended(rl_agent *a, uint64_t n)
+{
+    rl_agent_counters c = {0};
+    for (int i = 0; i < 200; i++) {
+        cr_assert_eq(rl_agent_stats(a, &c, NULL, 0), RL_OK);
+        if (c.holds_ended >= n)
+            return;
+        test_sleep_ms(10);
+    }
+    cr_assert_fail("%llu holds ended, not %llu",
+                   (unsigned long long)c.holds_ended,
+                   (unsigned long long)n);
 }
 
 /* A key no earlier run of the suite used (the test Redis is shared). */
@@ -404,4 +422,88 @@ Test(holds, a_refused_request_gets_no_hold)
     cr_assert(!d.allowed);
     cr_assert_eq(rl_hold_end(NULL, 1), RL_EINVAL);
     test_agent_close(&t);
+}
+
+/* --- Leased, local and synced ---------------------------------------- */
+
+/* A leased rule's difference reaches its bucket: 10 an hour, a hold of 2
+ * that cost 9 leaves one token for every agent. */
+Test(holds, a_leased_rule_is_charged_the_difference)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "leased");
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 10, period: 1h, "
+                    "mode: leased}\n");
+    rl_hold *h = hold_on(t.agent, "api_key", value, 2, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 9), RL_OK);
+    wait_ended(t.agent, 1);
+    test_sleep_ms(50); /* the call's answer */
+    /* The agent's own hand goes back when it closes: a new agent sees
+     * what the bucket holds. */
+    test_agent_close(&t);
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 10, period: 1h}\n");
+    cr_assert(check_cost(t.agent, value, 1).allowed);
+    cr_assert(!check_cost(t.agent, value, 1).allowed,
+              "the difference was not charged");
+    test_agent_close(&t);
+}
+
+/* A local bucket of 10 a second: a hold of 2 that cost 15 puts it 5
+ * tokens in debt, which the next request waits out; another hold of 10
+ * ended at 4 gives 6 back. */
+Test(holds, a_local_rule_goes_into_debt_and_gives_back)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 10, period: 1s, "
+                    "mode: local}\n"
+                    "  - {name: h, match: plan, limit: 10, period: 1h, "
+                    "mode: local}\n");
+    rl_hold *h = hold_on(t.agent, "api_key", "debt", 2, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 15), RL_OK);
+    wait_ended(t.agent, 1);
+    rl_decision d = check_cost(t.agent, "debt", 1);
+    cr_assert(!d.allowed);
+    cr_assert(d.retry_after_ms > 450 && d.retry_after_ms <= 600,
+              "retry after %lld ms, not about the 600 the debt makes",
+              (long long)d.retry_after_ms);
+    h = hold_on(t.agent, "plan", "back", 10, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 4), RL_OK);
+    wait_ended(t.agent, 2);
+    rl_attr plan = {"plan", "back", 4};
+    rl_decision p;
+    cr_assert_eq(rl_check_nowait(t.agent, &plan, 1, 6, &p), RL_OK);
+    cr_assert(p.allowed, "nothing was given back");
+    cr_assert_eq(rl_check_nowait(t.agent, &plan, 1, 1, &p), RL_OK);
+    cr_assert(!p.allowed, "more than the difference was given back");
+    test_agent_close(&t);
+}
+
+/* A synced rule's excess goes into the next report: the aggregator's
+ * count ends at the actual cost. */
+Test(holds, a_synced_rule_reports_the_difference)
+{
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL,
+                          "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000, period: 1m, mode: synced}\n",
+                          100, NULL);
+    rl_config *cfg;
+    rl_agent *a = test_synced_agent(&agg, &cfg);
+    char value[64], key[96];
+    fresh(value, sizeof value, "synced");
+    snprintf(key, sizeof key, "rl:tenant:%s", value);
+    rl_hold *h = hold_on(a, "tenant", value, 5, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 12), RL_OK);
+    test_expect_window_total(key, 12, 5000);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
 }
