@@ -28,9 +28,22 @@ static void finish_close(void *arg)
         rl_sync_stop(sync);
     else
         rl_sync_free(sync);
+    rl_in_flight_stop(&a->in_flight);
     uv_close((uv_handle_t *)&a->wakeup, NULL);
     uv_close((uv_handle_t *)&a->own_wakeup, NULL);
     uv_close((uv_handle_t *)&a->deadline_timer, NULL);
+}
+
+/* After the in_flight slots are let go: leased tokens go back before
+ * the store closes (within one deadline). */
+static void close_leased(void *arg)
+{
+    rl_agent *a = arg;
+    if (a->io_leased)
+        rl_leased_close(&a->leased, a->store_config.timeout_ms,
+                        finish_close, a);
+    else
+        finish_close(a);
 }
 
 /* The agent whose I/O thread this is, on that thread; NULL elsewhere. */
@@ -80,13 +93,10 @@ static void serve(rl_agent *a)
          * difference is a call, or tokens of a hand. */
         rl_holds_close(a);
         a->closing_sync = sync;
-        /* Leased tokens go back before the store closes (within one
-         * deadline). */
-        if (a->io_leased)
-            rl_leased_close(&a->leased, a->store_config.timeout_ms,
-                            finish_close, a);
-        else
-            finish_close(a);
+        /* The slots this agent holds are let go, all of them in one call
+         * per cluster slot, before the store closes (one deadline). */
+        rl_in_flight_close(&a->in_flight, a->store_config.timeout_ms,
+                           close_leased, a);
         return;
     }
     if (a->io_leased)
@@ -132,6 +142,10 @@ static void io_setup(rl_agent *a)
         rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
     }
+    /* Renewals cost nothing while no slot is held: one timer per lease/4
+     * with an empty table. */
+    if (a->store != NULL)
+        rl_in_flight_start(&a->in_flight, a->store, &a->loop, &a->log);
     if (a->io_gen->needs_sync)
         rl_sync_start(a->sync, &a->loop);
     rl_agent_warn_fleet_unknown(a, a->io_gen);
@@ -200,6 +214,9 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
                             "config_path or config");
     }
     a->store_config = a->config->store;
+    if (rl_in_flight_init(&a->in_flight, a->id,
+                          a->config->in_flight_lease_ms) != RL_OK)
+        return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     if (o->timeout_ms != 0) {
         if (o->timeout_ms > 60000)
             return rl_error_set(err, RL_EINVAL, "rl_agent_open: timeout_ms "
@@ -242,6 +259,7 @@ static void free_agent(rl_agent *a)
         rl_local_fini(&a->fallback);
     if (a->has_leased)
         rl_leased_fini(&a->leased);
+    rl_in_flight_fini(&a->in_flight);
     rl_gen_free(atomic_load(&a->gen));
     while (a->retired != NULL) {
         rl_gen *g = a->retired;
@@ -313,6 +331,7 @@ int rl_agent_open(rl_agent **out, const rl_options *o, rl_error *err)
                          .level = o->log_level};
     pthread_once(&forks_once, watch_forks);
     a->forks = rl_forks();
+    rl_agent_id_make(a->id, sizeof a->id);
     rl_calls_setup();
     a->queue_tail = &a->queue_head;
     pthread_mutex_init(&a->queue_lock, NULL);

@@ -12,12 +12,14 @@
 
 #include "config.h"
 #include "log.h"
+#include "agent_id.h"
 #include "bucket.h"
 #include "calls.h"
 #include "fallback.h"
 #include "gen.h"
 #include "hold.h"
 #include "ident.h"
+#include "in_flight.h"
 #include "leased.h"
 #include "local.h"
 #include "redis_tls.h"
@@ -66,6 +68,9 @@ typedef struct rl_rule_state {
     /* FAILED, and the rule's on_error: local bucket decided: reply is
      * that bucket's answer (fallback.h). Written with outcome. */
     bool fallback;
+    /* I/O thread only: an in_flight rule's slot is taken and held for
+     * the request (in_flight.h), until its end or its rejection. */
+    bool slot_taken;
 } rl_rule_state;
 
 /* Who completed a blocking check: the I/O thread with a decision, or the
@@ -88,6 +93,9 @@ struct rl_request {
     void *callback_arg;
     uint64_t deadline_ns;         /* uv_hrtime() clock */
     uint32_t cost;
+    /* A hold: its in_flight rules take a slot each; a plain check's only
+     * see whether one is free. */
+    bool takes_slots;
     int n_rules;
     int outstanding;              /* store calls not yet answered */
     int next_rule;                /* charge: first_reject */
@@ -109,6 +117,7 @@ struct rl_agent {
     rl_redis_tls *redis_tls;      /* store.tls's context, or NULL */
     rl_logger log;
     unsigned forks;               /* rl_forks() when it was opened */
+    char id[RL_AGENT_ID_MAX + 1]; /* agent_id.h */
 
     /* Submission queue: gateway threads -> I/O thread. */
     pthread_mutex_t queue_lock;
@@ -167,6 +176,9 @@ struct rl_agent {
      * fleet's rate, for when the store does not answer (fallback.h). */
     bool has_fallback;
     rl_local fallback;
+
+    /* in_flight rules: the slots this agent holds (in_flight.h). */
+    rl_in_flight in_flight;
 
     /* Leased rules: tokens in hand per key (leased.h). */
     bool has_leased;
@@ -255,6 +267,10 @@ void rl_decide_unanswered(const rl_rule_state *rules, int n,
  * bucket's answer when it has one, else its on_error (local without a
  * bucket: allow). */
 bool rl_unanswered_allows(const rl_rule_state *rs);
+
+/* exact.c, the I/O thread: lets go of the in_flight slots a request
+ * holds (its end, or its rejection). */
+void rl_exact_release_slots(rl_agent *agent, rl_request *req);
 
 /* fallback.c: rs's rule is unanswered and its on_error is local: its
  * fallback bucket decides, charged cost for value (the key without the

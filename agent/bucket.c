@@ -67,11 +67,34 @@ void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
 
 typedef rl_bucket_pending pending;
 
+/* A rejected in_flight request may pass once a slot is freed, which no
+ * one can know in advance: a second is what it is told to wait. */
+#define SLOT_RETRY_MS 1000
+
+/* An in_flight item's answer: the slots held after the call, or
+ * -(held + 1) when none was free. */
+static bool parse_slot(const pending *p, const redisReply *r,
+                       rl_bucket_reply *out)
+{
+    uint64_t n = p->rate.limit;
+    bool allowed = r->integer >= 0;
+    long long held = allowed ? r->integer : -(r->integer + 1);
+    if (allowed ? (unsigned long long)held > n
+                : (unsigned long long)held < n)
+        return false;
+    *out = (rl_bucket_reply){.allowed = allowed,
+                             .remaining = allowed ? n - (uint64_t)held : 0,
+                             .retry_ms = allowed ? 0 : SLOT_RETRY_MS};
+    return true;
+}
+
 static bool parse(const pending *p, const redisReply *r,
                   rl_bucket_reply *out)
 {
     if (r->type != REDIS_REPLY_INTEGER)
         return false;
+    if (p->slot)
+        return parse_slot(p, r, out);
     const rl_limit *rate = &p->rate;
     uint64_t cap = rate->burst * rate->period_ms;
     bool allowed = r->integer >= 0;
@@ -150,7 +173,8 @@ static multi_pending *new_multi(rl_multi_mode mode,
     m->out = (rl_bucket_reply *)(m->items + n);
     m->enforced = (bool *)(m->out + n);
     for (int i = 0; i < n; i++) {
-        m->items[i] = (pending){.rate = items[i].args->rate, .cost = cost};
+        m->items[i] = (pending){.rate = items[i].args->rate, .cost = cost,
+                                .slot = items[i].slot_id != NULL};
         m->enforced[i] = items[i].enforced;
     }
     return m;
@@ -189,7 +213,8 @@ void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
     size_t cost_len = rl_resp_decimal(cost_text, cost);
     flags[0] = (char)mode;
     for (int i = 0; i < n; i++)
-        flags[i + 1] = items[i].enforced ? '1' : '0';
+        flags[i + 1] = (char)((items[i].slot_id != NULL ? '2' : '0')
+                              + items[i].enforced);
     flags[n + 1] = '\0';
     argv[0] = numkeys;
     lens[0] = numkeys_len;
@@ -200,13 +225,14 @@ void rl_bucket_multi(rl_store *store, rl_multi_mode mode,
         const char **at = argv + n + 2 + 4 * i;
         argv[1 + i] = items[i].key;
         lens[1 + i] = items[i].key_len;
-        at[0] = a->burst;
+        bool slot = items[i].slot_id != NULL;
+        at[0] = slot ? items[i].slot_id : a->burst;
         at[1] = a->limit;
-        at[2] = a->period;
-        at[3] = cost_text;
+        at[2] = slot ? items[i].lease : a->period;
+        at[3] = !slot ? cost_text : items[i].take ? "1" : "0";
         for (int k = 0; k < 3; k++)
             lens[n + 2 + 4 * i + k] = strlen(at[k]);
-        lens[n + 2 + 4 * i + 3] = cost_len;
+        lens[n + 2 + 4 * i + 3] = slot ? 1 : cost_len;
     }
     rl_store_run(store, RL_SCRIPT_MULTI, argc, argv, lens, on_multi_reply,
                  m);

@@ -68,6 +68,7 @@ typedef struct rl_bucket_pending {
      * the store's clock. */
     uint64_t window;
     uint64_t at_ms;
+    bool slot; /* an in_flight item of a multi call */
 } rl_bucket_pending;
 
 /* rl_bucket_call spends cost tokens of key (a negative cost gives them
@@ -104,12 +105,19 @@ typedef enum rl_multi_mode {
 } rl_multi_mode;
 
 /* One bucket of a multi call: its arguments, its key, and whether its
- * rejection counts (false for a shadow rule). */
+ * rejection counts (false for a shadow rule). An in_flight rule's item
+ * names the agent's slots instead (slot_id non-NULL: the agent's id, and
+ * lease its in_flight_lease_ms as text): take holds a slot when one is
+ * free; without it the call only says whether one is. Its answer's
+ * remaining is the slots free after the call. */
 typedef struct rl_bucket_item {
     const rl_bucket_args *args;
     const char *key;
     size_t key_len;
     bool enforced;
+    const char *slot_id;
+    const char *lease;
+    bool take;
 } rl_bucket_item;
 
 /* Called exactly once per rl_bucket_multi: with n answers in the items'

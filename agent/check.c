@@ -193,7 +193,7 @@ static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
     bool rejected = false;
     for (int i = 0; i < req->n_rules; i++) {
         rl_rule_state *rs = &req->rules[i];
-        if (rs->rule->mode == RL_MODE_EXACT)
+        if (rl_mode_stored(rs->rule->mode))
             continue;
         size_t prefix = strlen(rs->rule->key_prefix);
         const char *value = req->keys + rs->key_offset + prefix;
@@ -278,7 +278,7 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
         if (rc != RL_OK)
             return rc;
         n_rules++;
-        n_args += ap.override != NULL && cfg->rules[i].mode == RL_MODE_EXACT;
+        n_args += ap.override != NULL && rl_mode_stored(cfg->rules[i].mode);
         key_bytes += bytes;
     }
     if (n_rules == 0)
@@ -305,7 +305,7 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             continue;
         const rl_rule *r = &cfg->rules[i];
         const rl_bucket_args *ra = &g->args[i];
-        if (ap.override != NULL && r->mode == RL_MODE_EXACT) {
+        if (ap.override != NULL && rl_mode_stored(r->mode)) {
             rl_bucket_args_rate(args, r, ap.rate);
             ra = args++;
         }
@@ -398,7 +398,7 @@ static bool answer_and_note(void *arg, const rl_rule_state *rs,
  * whole state, which nobody writes after submit. */
 static rl_rule_state given_up_state(const rl_rule_state *rs)
 {
-    if (rs->rule->mode != RL_MODE_EXACT && !rs->via_io)
+    if (!rl_mode_stored(rs->rule->mode) && !rs->via_io)
         return *rs;
     return (rl_rule_state){.req = rs->req, .rule = rs->rule,
                            .args = rs->args, .override = rs->override,
@@ -551,7 +551,7 @@ decide_locally_rules(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
             return true;
         if (!applies)
             continue;
-        if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX
+        if (rl_mode_stored(cfg->rules[i].mode) || k == LOCAL_RULES_MAX
             || (cfg->rules[i].n_parts > 1 && composites++ == 2))
             return false;
         states[k] = (rl_rule_state){.rule = &cfg->rules[i],
@@ -624,7 +624,7 @@ decide_locally_values(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
         const rl_attr *attr = find_attr(attrs, n, r->match);
         if (attr == NULL)
             continue;
-        if (r->mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
+        if (rl_mode_stored(r->mode) || k == LOCAL_RULES_MAX)
             return false;
         if ((*rc = check_value(g, attr)) != RL_OK)
             return true;
@@ -678,7 +678,7 @@ static bool decide_locally(rl_agent *a, rl_gen *g, const rl_attr *attrs,
         const rl_attr *attr = find_attr(attrs, n, cfg->rules[i].match);
         if (attr == NULL)
             continue;
-        if (cfg->rules[i].mode == RL_MODE_EXACT || k == LOCAL_RULES_MAX)
+        if (rl_mode_stored(cfg->rules[i].mode) || k == LOCAL_RULES_MAX)
             return false;
         if ((*rc = check_value(g, attr)) != RL_OK)
             return true;
@@ -850,6 +850,7 @@ static int submit_hold(rl_agent *a, rl_gen *g, rl_request *req,
         return RL_ENOMEM;
     }
     rl_hold_bind(h, req);
+    req->takes_slots = true;
     int rc = submit_async(a, g, req, rl_hold_decided, h);
     if (rc != RL_OK)
         rl_hold_discard(h);

@@ -67,7 +67,7 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered,
      * decided before the request left the caller, and their states are
      * never written again: they stand even when the store's answers are
      * given up on. A leased rule sent to the I/O thread is a store rule. */
-    bool store_rule = rs->rule->mode == RL_MODE_EXACT || rs->via_io;
+    bool store_rule = rl_mode_stored(rs->rule->mode) || rs->via_io;
     bool given_up = unanswered && store_rule;
     rl_outcome outcome = given_up ? RL_OUTCOME_FAILED : rs->outcome;
     verdict v = {.counts = outcome != RL_OUTCOME_SKIPPED};

@@ -152,13 +152,25 @@ static void count(rl_agent *a, const rl_request *req)
     rl_stats_count(&req->gen->stats, req->rules, req->n_rules,
                    &req->decision, req->gen->config->rules);
     for (int i = 0; i < req->n_rules; i++) {
-        if (req->rules[i].rule->mode != RL_MODE_EXACT)
+        if (!rl_mode_stored(req->rules[i].rule->mode))
             continue;
         uint64_t started = req->deadline_ns
                            - (uint64_t)a->store_config.timeout_ms * 1000000;
         uint64_t now = uv_hrtime();
         rl_stats_latency(&a->stats, now > started ? now - started : 0);
         return;
+    }
+}
+
+void rl_exact_release_slots(rl_agent *a, rl_request *req)
+{
+    for (int i = 0; i < req->n_rules; i++) {
+        rl_rule_state *rs = &req->rules[i];
+        if (!rs->slot_taken)
+            continue;
+        rs->slot_taken = false;
+        rl_in_flight_release(&a->in_flight, req->keys + rs->key_offset,
+                             rs->key_len);
     }
 }
 
@@ -189,10 +201,20 @@ static void finalize(rl_agent *a, rl_request *req)
 
 static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
                           const char *error);
+static void send_alone(rl_agent *a, rl_rule_state *rs);
+
+static bool is_slot(const rl_rule_state *rs)
+{
+    return rs->rule->mode == RL_MODE_IN_FLIGHT;
+}
 
 static void send_rule(rl_agent *a, rl_rule_state *rs)
 {
     rl_request *req = rs->req;
+    if (is_slot(rs) && a->store != NULL) {
+        send_alone(a, rs);
+        return;
+    }
     req->outstanding++;
     if (a->store == NULL) {
         on_rule_reply(rs, NULL, "no store");
@@ -306,6 +328,8 @@ static void on_rule_reply(void *arg, const rl_bucket_reply *reply,
 
 /* --- One call per slot ------------------------------------------------ */
 
+static rl_multi_mode multi_mode(rl_charge charge);
+
 /* The rules of one multi call, by index into the request. */
 typedef struct group {
     rl_request *req;
@@ -382,7 +406,7 @@ static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
 static void send_group(rl_agent *a, rl_request *req, rl_multi_mode mode,
                        group *g)
 {
-    rl_bucket_item stack[GROUP_ON_STACK];
+    rl_bucket_item stack[GROUP_ON_STACK] = {0};
     rl_bucket_item *items = g->n <= GROUP_ON_STACK
                                 ? stack
                                 : malloc((size_t)g->n * sizeof *items);
@@ -395,8 +419,16 @@ static void send_group(rl_agent *a, rl_request *req, rl_multi_mode mode,
     }
     for (int k = 0; k < g->n; k++) {
         const rl_rule_state *rs = &req->rules[g->index[k]];
-        items[k] = (rl_bucket_item){rs->args, req->keys + rs->key_offset,
-                                    rs->key_len, !rs->shadow};
+        const char *key = req->keys + rs->key_offset;
+        bool slot = is_slot(rs);
+        items[k] = (rl_bucket_item){
+            .args = rs->args, .key = key, .key_len = rs->key_len,
+            .enforced = !rs->shadow,
+            .slot_id = slot ? a->in_flight.id : NULL,
+            .lease = a->in_flight.lease,
+            .take = slot && req->takes_slots};
+        if (items[k].take)
+            rl_in_flight_taking(&a->in_flight, key, rs->key_len);
     }
     rl_bucket_multi(a->store, mode, items, g->n, req->cost, on_group_reply,
                     g);
@@ -404,11 +436,12 @@ static void send_group(rl_agent *a, rl_request *req, rl_multi_mode mode,
         free(items);
 }
 
-/* A pending rule that a multi call can take: an exact bucket. */
+/* A pending rule that a multi call can take: an exact bucket or an
+ * in_flight rule's slots. */
 static bool pending_exact(const rl_rule_state *rs)
 {
     return rs->outcome == RL_OUTCOME_PENDING
-           && rs->rule->mode == RL_MODE_EXACT && !is_window(rs->rule);
+           && rl_mode_stored(rs->rule->mode) && !is_window(rs->rule);
 }
 
 /* The cluster slot of a rule's key; 0 for every key of one server, where
@@ -434,6 +467,23 @@ static int gather(const rl_agent *a, rl_request *req, int first, group *g)
         }
     }
     return g->n;
+}
+
+/* An in_flight rule alone in its slot: a multi call of one, as only the
+ * multi function takes slots. */
+static void send_alone(rl_agent *a, rl_rule_state *rs)
+{
+    rl_request *req = rs->req;
+    group *g = malloc(sizeof *g + sizeof g->index[0]);
+    if (g == NULL) {
+        req->outstanding++;
+        on_rule_reply(rs, NULL, "out of memory");
+        return;
+    }
+    g->n = 1;
+    g->index[0] = (int)(rs - req->rules);
+    rs->grouped = true;
+    send_group(a, req, multi_mode(req->gen->config->charge), g);
 }
 
 /* Sends every pending rule: exact buckets in one call per slot (a plain

@@ -79,8 +79,39 @@ static void value_of(const rl_request *req, const rl_rule_state *rs,
     *len = rs->key_len - prefix;
 }
 
+/* An in_flight rule's share is ceil(N / agents) requests at once of this
+ * agent's, counted where its slots are (in_flight.h): a hold admitted
+ * here holds its slot there, written to the store by the next renewal
+ * once it answers, and released as any other. */
+static void decide_slot(rl_agent *a, rl_request *req, rl_rule_state *rs)
+{
+    uint64_t agents = rl_fallback_agents(rs->rule, ident_of(req->gen,
+                                                            rs->rule));
+    uint64_t n = rate_of(rs)->limit;
+    uint64_t share = (n + agents - 1) / agents;
+    const char *key = req->keys + rs->key_offset;
+    uint64_t held = rl_in_flight_held(&a->in_flight, key, rs->key_len);
+    bool allowed = held + 1 <= share;
+    if (allowed && req->takes_slots) {
+        rl_in_flight_taking(&a->in_flight, key, rs->key_len);
+        rl_in_flight_taken(&a->in_flight, key, rs->key_len, true);
+        rs->slot_taken = true;
+        held++;
+    }
+    rs->reply = (rl_bucket_reply){
+        .allowed = allowed,
+        .remaining = share > held ? share - held : 0,
+        .retry_ms = allowed ? 0 : 1000};
+    rs->fallback = true;
+}
+
 void rl_fallback_decide_key(rl_agent *a, rl_request *req, rl_rule_state *rs)
 {
+    if (rs->rule->mode == RL_MODE_IN_FLIGHT) {
+        if (rs->rule->on_error == RL_ON_ERROR_LOCAL)
+            decide_slot(a, req, rs);
+        return;
+    }
     const char *value;
     size_t len;
     value_of(req, rs, &value, &len);
@@ -92,7 +123,10 @@ bool rl_fallback_answer(void *arg, const rl_rule_state *rs,
 {
     const rl_request *req = arg;
     rl_agent *a = req->agent;
-    if (rs->rule->on_error != RL_ON_ERROR_LOCAL || !a->has_fallback)
+    /* An in_flight rule's share is counted on the I/O thread, which this
+     * caller gave up on: it allows, as a rule without a bucket does. */
+    if (rs->rule->on_error != RL_ON_ERROR_LOCAL || !a->has_fallback
+        || rs->rule->mode == RL_MODE_IN_FLIGHT)
         return false;
     const char *value;
     size_t len;

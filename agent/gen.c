@@ -30,7 +30,7 @@ int rl_gen_new(const rl_config *config, rl_config *owned, rl_ident **idents,
             goto fail;
         g->has_synced |= r->mode == RL_MODE_SYNCED;
         g->has_local |= r->mode == RL_MODE_LOCAL;
-        g->has_exact |= r->mode == RL_MODE_EXACT;
+        g->has_exact |= rl_mode_stored(r->mode);
         g->has_fallback |= r->on_error == RL_ON_ERROR_LOCAL;
         g->has_leased |= r->mode == RL_MODE_LEASED;
         g->needs_sync |= r->mode == RL_MODE_SYNCED

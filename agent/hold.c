@@ -88,6 +88,10 @@ static void release(rl_hold *h)
  * estimate: a degraded request's difference is not taken). */
 static bool took_estimate(const rl_rule_state *rs)
 {
+    /* An in_flight rule's charge is its slot, whoever decided it (the
+     * store, or on_error: local's share). */
+    if (rs->rule->mode == RL_MODE_IN_FLIGHT)
+        return rs->slot_taken;
     if (rs->outcome != RL_OUTCOME_ANSWERED || rs->uncharged)
         return false;
     return rs->reply.allowed
@@ -132,6 +136,11 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
             rl_bucket_commit(a->store, rs->args, key, rs->key_len, delta,
                              &a->log);
         break;
+    case RL_MODE_IN_FLIGHT:
+        /* Its slot is let go whatever the cost: the request is over. */
+        rs->slot_taken = false;
+        rl_in_flight_release(&a->in_flight, key, rs->key_len);
+        break;
     case RL_MODE_LEASED:
         /* The hand's tokens are the bucket's: the difference goes to the
          * bucket, in debt as an exact rule's, which the next lease finds
@@ -171,10 +180,11 @@ static void end(rl_agent *a, rl_hold *h, uint32_t actual)
 
 /* The one place a rejected request's rules are undone: it holds nothing.
  * Its estimate stays charged as rl_check's would (charge says what a
- * rejection takes back, and exact.c has taken it). */
+ * rejection takes back, and exact.c has taken it); the in_flight slots
+ * its allowing rules took are let go at once. */
 static void undo_rejected(rl_agent *a, rl_request *req)
 {
-    (void)a, (void)req;
+    rl_exact_release_slots(a, req);
 }
 
 static void unlink_open(rl_holds *hs, rl_hold *h)

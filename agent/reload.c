@@ -90,6 +90,8 @@ void rl_agent_io_apply(rl_agent *a, rl_gen *g, bool quiet)
         if (a->store == NULL)
             rl_log(&a->log, RL_LOG_ERROR, "agent_out_of_memory", "%s", "");
     }
+    if (!quiet && a->store != NULL)
+        rl_in_flight_start(&a->in_flight, a->store, &a->loop, &a->log);
     if (!quiet && a->has_leased) {
         rl_leased_start(&a->leased, a->store, &a->loop, &a->log);
         a->io_leased = true;
@@ -147,7 +149,8 @@ int rl_agent_take_modes(rl_agent *a, rl_gen *g, rl_error *err)
     /* The aggregator settings are those the agent was opened with. */
     if (rl_synced_init(&a->synced, a->config, &a->calls) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "out of memory");
-    rl_sync *sync = rl_sync_new(&a->synced, a->config, &a->log, err);
+    rl_sync *sync = rl_sync_new(&a->synced, a->config, a->id, &a->log,
+                                err);
     if (sync == NULL) {
         rl_synced_fini(&a->synced);
         return err->code;

@@ -79,11 +79,13 @@
  * rl_3_multi. It is rl_5 since the bodies read and write the rate tag: an
  * rl 4 agent would replace an rl_4 holding them with its own, and the two
  * would take turns. It is rl_6 since the bucket takes a hold's
- * difference into debt and marks it, and the library holds the fixed
- * window's difference (rl_6_window_add): an rl 5 agent would replace it
- * with its own, which neither reads the mark nor has the function, and
- * every hold of this agent would fail its commit. Older agents still
- * share every bucket through their own libraries: they read the expiry (and, at a fractional interval, a
+ * difference into debt and marks it, the library holds the fixed
+ * window's difference (rl_6_window_add), and the multi function takes
+ * in_flight slots (with rl_6_slots to set an agent's own): an rl 5 agent
+ * would replace it with its own, which neither reads the mark nor has
+ * the functions, and every hold of this agent would fail its commit.
+ * Older agents still share every bucket through their
+ * own libraries: they read the expiry (and, at a fractional interval, a
  * value that is a plain number); a tagged value is not one, so they count
  * no remainder, at most 1 ms of refill short. Their untagged writes read
  * here as they read there. The EVALSHA scripts are addressed by digest
@@ -211,6 +213,56 @@
     LUA_WRITE \
     "  return {n, d}\n"
 
+/* in_flight slots (issue 31): a key's slots are one hash, a field per
+ * agent (its id) holding "COUNT EXPIRY", the slots the agent holds and
+ * until when by Redis's clock (ms). A field past its expiry is an agent
+ * that stopped renewing (it died): it is dropped as it is read, so its
+ * slots are free a lease after its last renewal at most. The hash itself
+ * expires a quarter lease after the last write, past every field's
+ * expiry. SLOTS_HELD sums the live fields; SLOT_SET writes ours (none at
+ * a count of 0). */
+#define LUA_SLOTS \
+    "local function now_ms()\n" \
+    "  local t = redis.call('TIME')\n" \
+    "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
+    "end\n" \
+    "local function slots_held(key, now)\n" \
+    "  local f, sum = redis.call('HGETALL', key), 0\n" \
+    "  for k = 1, #f, 2 do\n" \
+    "    local c, e = string.match(f[k + 1], '^(%d+) (%d+)$')\n" \
+    "    if c == nil or tonumber(e) <= now then\n" \
+    "      redis.call('HDEL', key, f[k])\n" \
+    "    else\n" \
+    "      sum = sum + tonumber(c)\n" \
+    "    end\n" \
+    "  end\n" \
+    "  return sum\n" \
+    "end\n" \
+    "local function slot_set(key, id, count, now, lease)\n" \
+    "  if count <= 0 then\n" \
+    "    redis.call('HDEL', key, id)\n" \
+    "    return\n" \
+    "  end\n" \
+    "  redis.call('HSET', key, id, string.format('%d %d', count, now + lease))\n" \
+    "  redis.call('PEXPIRE', key, string.format('%d', lease + lease / 4))\n" \
+    "end\n" \
+    "local function slot_take(key, id, now, lease)\n" \
+    "  local v = redis.call('HGET', key, id)\n" \
+    "  local c = v and tonumber(string.match(v, '^(%d+) ')) or 0\n" \
+    "  slot_set(key, id, c + 1, now, lease)\n" \
+    "end\n"
+
+/* An agent's own slots, set: KEYS its keys (one slot of a cluster),
+ * ARGV[1] its id, ARGV[2] the lease (ms), then each key's count. A
+ * release and a renewal are the same write, of the count the agent holds,
+ * which also repairs any drift (a take whose answer was lost). */
+#define LUA_SLOTS_BODY \
+    "  local now, id, lease = now_ms(), ARGV[1], tonumber(ARGV[2])\n" \
+    "  for i = 1, #KEYS do\n" \
+    "    slot_set(KEYS[i], id, tonumber(ARGV[i + 2]), now, lease)\n" \
+    "  end\n" \
+    "  return #KEYS\n"
+
 /* Several buckets in one call: a request's exact rules on one shard.
  * KEYS are the buckets; ARGV[1] is the mode letter followed by one flag
  * per key ('1' enforced, '0' shadow: its rejection is not the request's);
@@ -224,6 +276,14 @@
  * - 'a' (charge: atomic): every bucket is read first; only if no enforced
  *   one rejects are they all written, else none is. An allowing bucket that
  *   was not charged answers its d as it is, unchanged.
+ *
+ * An in_flight rule's key is flagged '3' (enforced) or '2' (shadow), and
+ * its four arguments are the agent's id, N, the lease (ms) and 1 to take
+ * a slot (a hold) or 0 to see whether one is free (a plain check). It is
+ * admitted when the slots held, live fields summed, are at most N - 1;
+ * its answer is the slots held after the call, or -(held + 1) when it
+ * rejects. It is charged as a bucket is: with 'a', only when no enforced
+ * key rejects.
  *
  * The letters are compared as bytes ('a' 97, 'f' 102): no string is made
  * per call. A rejection writes nothing, as in the bucket. The same key
@@ -250,9 +310,30 @@
     "  local fmt = string.format\n" \
     "  local mode = byte(flags, 1)\n" \
     "  local out, rejected, after, ttls = {}, false, nil, nil\n" \
+    "  local takes, now = {}, nil\n" \
     "  if mode == 97 then after, ttls = {}, {} end\n" \
     "  for i = 1, #KEYS do\n" \
     "    local j = 4 * i - 2\n" \
+    "    local kind = byte(flags, i + 1)\n" \
+    "    if kind >= 50 then\n" \
+    "      now = now or now_ms()\n" \
+    "      local held = slots_held(KEYS[i], now)\n" \
+    "      local take = tonumber(ARGV[j + 3])\n" \
+    "      if held + 1 > tonumber(ARGV[j + 1]) then\n" \
+    "        out[i] = -held - 1\n" \
+    "        if kind == 51 then\n" \
+    "          if mode == 102 then return out end\n" \
+    "          rejected = true\n" \
+    "        end\n" \
+    "      elseif mode == 97 then\n" \
+    "        out[i], takes[i] = held, take\n" \
+    "      else\n" \
+    "        if take > 0 then\n" \
+    "          slot_take(KEYS[i], ARGV[j], now, tonumber(ARGV[j + 2]))\n" \
+    "        end\n" \
+    "        out[i] = held + take\n" \
+    "      end\n" \
+    "    else\n" \
     LUA_READ_OF("KEYS[i]", NUM_OF("ARGV[j]"), NUM_OF("ARGV[j + 1]"), \
                 NUM_OF("ARGV[j + 2]"), NUM_OF("ARGV[j + 3]"), "min", \
                 "ARGV[j + 1]", "ARGV[j + 2]") \
@@ -276,11 +357,16 @@
     "      out[i] = d\n" \
     LUA_MULTI_WRITE \
     "    end\n" \
+    "    end\n" \
     "  end\n" \
     "  if rejected or after == nil then return out end\n" \
     "  local call = redis.call\n" \
     "  for i = 1, #KEYS do\n" \
-    "    local d = after[i]\n" \
+    "    local d, take = after[i], takes[i]\n" \
+    "    if take ~= nil and take > 0 then\n" \
+    "      slot_take(KEYS[i], ARGV[4 * i - 2], now, num(ARGV[4 * i]))\n" \
+    "      out[i] = out[i] + take\n" \
+    "    end\n" \
     "    if d ~= nil then\n" \
     "      local key, own = KEYS[i], ttls[i]\n" \
     "      local limit = " NUM_OF("ARGV[4 * i - 1]") "\n" \
@@ -297,6 +383,7 @@
 const char rl_library_source[] =
     "#!lua name=" RL_LIBRARY_NAME "\n"
     LUA_NUMBER_CACHE
+    LUA_SLOTS
     "local function bucket(KEYS, ARGV)\n"
     LUA_BUCKET_BODY
     "end\n"
@@ -309,10 +396,14 @@ const char rl_library_source[] =
     "local function window_add(KEYS, ARGV)\n"
     LUA_WINDOW_ADD_BODY
     "end\n"
+    "local function slots(KEYS, ARGV)\n"
+    LUA_SLOTS_BODY
+    "end\n"
     "redis.register_function('" RL_FUNCTION_BUCKET "', bucket)\n"
     "redis.register_function('" RL_FUNCTION_LEASE "', lease)\n"
     "redis.register_function('" RL_FUNCTION_MULTI "', multi)\n"
-    "redis.register_function('" RL_FUNCTION_WINDOW_ADD "', window_add)\n";
+    "redis.register_function('" RL_FUNCTION_WINDOW_ADD "', window_add)\n"
+    "redis.register_function('" RL_FUNCTION_SLOTS "', slots)\n";
 
 /* Before Redis 5 a script that writes after a non-deterministic read needs
  * effects replication switched on; from 5 on it is the default and this is
@@ -327,20 +418,25 @@ static const char lease_script[] =
     LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_LEASE_BODY;
 
 static const char multi_script[] =
-    LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_MULTI_BODY;
+    LUA_SCRIPT_PREAMBLE LUA_NUMBER_CACHE LUA_SLOTS LUA_MULTI_BODY;
+
+static const char slots_script[] =
+    LUA_SCRIPT_PREAMBLE LUA_SLOTS LUA_SLOTS_BODY;
 
 static const char window_add_script[] =
     LUA_SCRIPT_PREAMBLE LUA_WINDOW_ADD_BODY;
 
 static const char *const functions[] = {RL_FUNCTION_BUCKET, RL_FUNCTION_LEASE,
                                         RL_FUNCTION_MULTI,
-                                        RL_FUNCTION_WINDOW_ADD};
+                                        RL_FUNCTION_WINDOW_ADD,
+                                        RL_FUNCTION_SLOTS};
 static const char *const sources[] = {bucket_script, lease_script,
-                                      multi_script, window_add_script};
+                                      multi_script, window_add_script,
+                                      slots_script};
 
 const rl_script_set rl_bucket_scripts = {
     .library = rl_library_source,
     .functions = functions,
     .sources = sources,
-    .n = 4,
+    .n = 5,
 };

@@ -17,10 +17,11 @@
 #define RL_FUNCTION_LEASE "rl_6_lease"
 #define RL_FUNCTION_MULTI "rl_6_multi"
 #define RL_FUNCTION_WINDOW_ADD "rl_6_window_add"
+#define RL_FUNCTION_SLOTS "rl_6_slots"
 
 /* Their indexes in rl_bucket_scripts, for rl_store_run. */
 enum { RL_SCRIPT_BUCKET, RL_SCRIPT_LEASE, RL_SCRIPT_MULTI,
-       RL_SCRIPT_WINDOW_ADD };
+       RL_SCRIPT_WINDOW_ADD, RL_SCRIPT_SLOTS };
 
 /* The library's source for FUNCTION LOAD REPLACE. */
 extern const char rl_library_source[];

@@ -1258,73 +1258,9 @@ static int open_link(rl_sync *s, agg_link *l, rl_error *err)
     return RL_OK;
 }
 
-/* The last start time an agent id of this process took (ms): each takes a
- * later one, so that agents opened in the same millisecond differ. */
-static _Atomic uint64_t last_start_ms;
-
-/* name, with what could not sit in an id (a hash tag's braces, a tab, the
- * separators) as '_'; at most cap - 1 bytes. */
-static void put_id_part(char *out, size_t cap, const char *name)
-{
-    size_t n = 0;
-    for (; name[n] != '\0' && n + 1 < cap; n++) {
-        char c = name[n];
-        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-                     || (c >= '0' && c <= '9') || c == '-' || c == '.'
-                     || c == '_';
-        out[n] = plain ? c : '_';
-    }
-    out[n] = '\0';
-}
-
-/* An agent's id names it for an operator (rlctl agents, logs): the
- * program and the host it runs on (its short name), its pid, and when it
- * started (ms of the wall clock, base 36), "nginx@web01/4242/mj3x0a1b".
- * Unique per agent start, never reused: the aggregators apply an id's
- * reports only when numbered above the last applied, and a new agent
- * numbers from 1 (a restarted container keeps its host name and pid). No
- * memory address (an earlier id ended in one). At most 15 + 1 + 24 + 1 +
- * 10 + 1 + 9 bytes: under RL_WIRE_ID_MAX. */
-static void make_agent_id(char *out, size_t cap)
-{
-    char raw[64] = "", prog[16] = "agent", host[25] = "host";
-    FILE *f = fopen("/proc/self/comm", "r");
-    if (f != NULL) {
-        if (fgets(raw, sizeof raw, f) != NULL) {
-            raw[strcspn(raw, "\n")] = '\0';
-            if (raw[0] != '\0')
-                put_id_part(prog, sizeof prog, raw);
-        }
-        fclose(f);
-    }
-    if (gethostname(raw, sizeof raw - 1) == 0) {
-        raw[sizeof raw - 1] = '\0';
-        raw[strcspn(raw, ".")] = '\0';
-        if (raw[0] != '\0')
-            put_id_part(host, sizeof host, raw);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t start = (uint64_t)ts.tv_sec * 1000
-                     + (uint64_t)ts.tv_nsec / 1000000;
-    uint64_t last = atomic_load(&last_start_ms);
-    do {
-        if (start <= last)
-            start = last + 1;
-    } while (!atomic_compare_exchange_weak(&last_start_ms, &last, start));
-    char start36[16];
-    size_t n = sizeof start36;
-    start36[--n] = '\0';
-    do {
-        start36[--n] = "0123456789abcdefghijklmnopqrstuvwxyz"[start % 36];
-        start /= 36;
-    } while (start > 0 && n > 0);
-    snprintf(out, cap, "%s@%s/%ld/%s", prog, host, (long)getpid(),
-             start36 + n);
-}
-
 rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
-                     const rl_logger *log, rl_error *err)
+                     const char *agent_id, const rl_logger *log,
+                     rl_error *err)
 {
     rl_sync *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1335,7 +1271,7 @@ rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
     s->config = config;
     s->log = log;
     pthread_mutex_init(&s->lock, NULL);
-    make_agent_id(s->agent_id, sizeof s->agent_id);
+    snprintf(s->agent_id, sizeof s->agent_id, "%s", agent_id);
     /* At most RL_AGGREGATORS_MAX (the config's cap). */
     size_t n = config->aggregator.n_endpoints;
     s->ping = rl_wire_writer_new();

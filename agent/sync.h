@@ -16,10 +16,12 @@
 typedef struct rl_sync rl_sync;
 
 /* rl_sync_new opens a REQ and a SUB socket per aggregator of the config
- * and starts dialing them (in the background: they need not be up). NULL
- * with err set on failure (a malformed URL, say). */
+ * and starts dialing them (in the background: they need not be up); its
+ * reports name the agent agent_id (agent_id.h). NULL with err set on
+ * failure (a malformed URL, say). */
 rl_sync *rl_sync_new(rl_synced *synced, const rl_config *config,
-                     const rl_logger *log, rl_error *err);
+                     const char *agent_id, const rl_logger *log,
+                     rl_error *err);
 
 /* rl_sync_set_rules makes rules (and their identities, by rule index) the
  * ones reported and subscribed to: topics of synced rules new in it are

@@ -38,7 +38,7 @@
 static const char *const log_level_names[] = {"debug", "info", "warn",
                                               "error", NULL};
 static const char *const mode_names[] = {"exact", "synced", "local",
-                                         "leased", NULL};
+                                         "leased", "in_flight", NULL};
 static const char *const algorithm_names[] = {"token_bucket", "gcra",
                                               "fixed_window", NULL};
 static const char *const on_error_names[] = {"allow", "deny", "local",
@@ -232,24 +232,54 @@ bool rl_config_rate_countable(const rl_limit *rate, char *why, size_t cap)
     return false;
 }
 
-static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
-                     const rl_config *cfg, rl_rule *rule)
+#define FIELD(f) (snprintf(path, sizeof path, "rules.%zu.%s", i, f), path)
+/* in_flight: N holds slots, not tokens: a rate, a bucket or a window
+ * would mean nothing for it. */
+static int load_in_flight(struct loader *ld, size_t i,
+                          const rl_raw_rule *raw, rl_rule *rule)
+{
+    char path[64];
+    const char *extra = raw->limit ? "limit"
+                        : raw->period ? "period"
+                        : raw->burst ? "burst"
+                        : raw->algorithm ? "algorithm" : NULL;
+    if (extra != NULL)
+        return bad(ld, FIELD(extra), "an in_flight rule admits at most N "
+                   "requests at once and has no %s: give in_flight alone, "
+                   "or make a second rule for a rate", extra);
+    int rc = parse_int(ld, FIELD("in_flight"), raw->in_flight, 1,
+                       RL_LIMIT_MAX, &rule->limit);
+    if (rc != RL_OK)
+        return rc;
+    if (raw->mode != NULL && strcmp(raw->mode, "in_flight") != 0)
+        return bad(ld, FIELD("mode"), "in_flight: N is a mode of its own "
+                   "(slots held in the store): leave mode out, or write "
+                   "mode: in_flight");
+    if (raw->overrides_file != NULL)
+        return bad(ld, FIELD("overrides_file"), "an overrides_file's lines "
+                   "are rates: give an in_flight rule's overrides inline "
+                   "(values: [...], in_flight: M)");
+    rule->burst = rule->limit;
+    rule->period_ms = 1000;
+    rule->mode = RL_MODE_IN_FLIGHT;
+    rule->algorithm = RL_ALGO_TOKEN_BUCKET;
+    return RL_OK;
+}
+
+/* The rule's own rate, mode and algorithm. */
+static int load_rate(struct loader *ld, size_t i, const rl_raw_rule *raw,
+                     rl_rule *rule)
 {
     char path[64], why[512];
     int rc, choice;
-#define FIELD(f) (snprintf(path, sizeof path, "rules.%zu.%s", i, f), path)
-
-    ld->rule = NULL;
-    rule->hash_tag = -1;
-    if (!is_plain_name(raw->name, "_.:-"))
-        return bad(ld, FIELD("name"), "'%s' is not a valid rule name (use "
-                   "letters, digits and _ . : -)", raw->name);
-    snprintf(rule->name, sizeof rule->name, "%s", raw->name);
-    ld->rule = rule->name;
-
-    if ((rc = rl_config_load_match(ld, i, raw, rule)) != RL_OK)
-        return rc;
-
+    if (raw->in_flight != NULL)
+        return load_in_flight(ld, i, raw, rule);
+    if (raw->limit == NULL || raw->period == NULL) {
+        snprintf(path, sizeof path, "rules.%zu", i);
+        return bad(ld, path, "missing required field '%s': give limit and "
+                   "period, or in_flight: N for requests at once",
+                   raw->limit == NULL ? "limit" : "period");
+    }
     if ((rc = parse_int(ld, FIELD("limit"), raw->limit, 1, RL_LIMIT_MAX,
                         &rule->limit)) != RL_OK)
         return rc;
@@ -271,6 +301,10 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
     if ((rc = choose(ld, FIELD("mode"), raw->mode, mode_names, &choice)))
         return rc;
     rule->mode = (rl_mode)choice;
+    if (rule->mode == RL_MODE_IN_FLIGHT)
+        return bad(ld, FIELD("mode"), "mode: in_flight needs in_flight: N, "
+                   "the requests admitted at once, in place of limit and "
+                   "period");
     choice = RL_ALGO_TOKEN_BUCKET;
     if ((rc = choose(ld, FIELD("algorithm"), raw->algorithm, algorithm_names,
                      &choice)))
@@ -288,6 +322,28 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
         return bad(ld, FIELD("burst"), "a fixed window admits limit per "
                    "period and has no burst (a token bucket's): leave burst "
                    "out");
+    return RL_OK;
+}
+
+static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
+                     const rl_config *cfg, rl_rule *rule)
+{
+    char path[64];
+    int rc, choice;
+
+    ld->rule = NULL;
+    rule->hash_tag = -1;
+    if (!is_plain_name(raw->name, "_.:-"))
+        return bad(ld, FIELD("name"), "'%s' is not a valid rule name (use "
+                   "letters, digits and _ . : -)", raw->name);
+    snprintf(rule->name, sizeof rule->name, "%s", raw->name);
+    ld->rule = rule->name;
+
+    if ((rc = rl_config_load_match(ld, i, raw, rule)) != RL_OK)
+        return rc;
+
+    if ((rc = load_rate(ld, i, raw, rule)) != RL_OK)
+        return rc;
     /* A synced rule whose aggregator is away keeps this agent's share of
      * its limit: neither everything nor nothing. */
     choice = rule->mode == RL_MODE_SYNCED ? RL_ON_ERROR_LOCAL
@@ -336,7 +392,7 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
     /* A tag puts a Redis key in a slot; a synced or local rule's counts
      * are not one key an agent calls. */
     if (rule->tag_attr[0] != '\0' && rule->mode != RL_MODE_EXACT
-        && rule->mode != RL_MODE_LEASED)
+        && rule->mode != RL_MODE_LEASED && rule->mode != RL_MODE_IN_FLIGHT)
         return bad(ld, FIELD("hash_tag"), "'%s' would co-locate the rule's "
                    "Redis keys by that attribute's value, and a %s rule has "
                    "no key an agent calls: use mode exact or leased, or drop "
@@ -1073,6 +1129,15 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
                             RL_FLEET_MAX, &n)) != RL_OK)
             return rc;
         cfg->fleet_size = (uint32_t)n;
+    }
+    cfg->in_flight_lease_ms = RL_IN_FLIGHT_LEASE_MS;
+    if (raw->in_flight_lease_ms != NULL) {
+        uint64_t n;
+        if ((rc = parse_int(ld, "in_flight_lease_ms", raw->in_flight_lease_ms,
+                            RL_IN_FLIGHT_LEASE_MIN, RL_IN_FLIGHT_LEASE_MAX,
+                            &n)) != RL_OK)
+            return rc;
+        cfg->in_flight_lease_ms = (uint32_t)n;
     }
     choice = RL_LOG_INFO;
     if ((rc = choose(ld, "log_level", raw->log_level, log_level_names,

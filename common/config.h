@@ -28,6 +28,7 @@ typedef enum rl_mode {
     RL_MODE_SYNCED, /* local counts, fleet totals through the aggregator */
     RL_MODE_LOCAL,  /* an in-process bucket per agent, nothing shared */
     RL_MODE_LEASED, /* the exact bucket, spent locally from leases of tokens */
+    RL_MODE_IN_FLIGHT, /* at most N requests of a key at once (slots) */
 } rl_mode;
 typedef enum rl_algorithm {
     RL_ALGO_TOKEN_BUCKET,
@@ -51,6 +52,13 @@ typedef enum rl_charge {
     RL_CHARGE_ATOMIC,       /* charge every rule only if every rule allows */
 } rl_charge;
 
+/* Whether a rule's checks wait for the store's answer: exact and
+ * in_flight rules (a leased rule's only when its hand cannot answer). */
+static inline bool rl_mode_stored(rl_mode mode)
+{
+    return mode == RL_MODE_EXACT || mode == RL_MODE_IN_FLIGHT;
+}
+
 /* A rate: limit tokens per period_ms, a bucket of burst tokens. Kept as
  * integers, never as a float per second, so that "100 a minute" is exact.
  * An unlimited rate is never limited, never counted and makes no store
@@ -69,6 +77,10 @@ typedef struct rl_limit {
 #define RL_OVERRIDES_FILE_MAX (64u << 20) /* bytes of one overrides_file */
 #define RL_ROUTES_MAX 4096    /* entries of gateway.routes */
 #define RL_FLEET_MAX 100000   /* fleet_size, at most */
+/* in_flight_lease_ms: its default and bounds. */
+#define RL_IN_FLIGHT_LEASE_MS 10000
+#define RL_IN_FLIGHT_LEASE_MIN 1000
+#define RL_IN_FLIGHT_LEASE_MAX 600000
 
 typedef enum rl_when_op {
     RL_WHEN_EQUAL,  /* attr: value */
@@ -110,7 +122,9 @@ typedef struct rl_override {
 typedef struct rl_override_map rl_override_map;
 
 /* One rule. limit, period_ms and burst are its own rate (the `own` view of
- * the same fields), which applies unless an override does. */
+ * the same fields), which applies unless an override does. An in_flight
+ * rule's N (and an override's M) is its limit and burst, over a nominal
+ * period of a second that nothing refills by. */
 typedef struct rl_rule {
     char name[RL_NAME_MAX + 1];
     /* The attributes its key is made of, in order: one, or several for a
@@ -286,6 +300,9 @@ struct rl_config {
     rl_charge charge;
     bool shadow;                  /* every rule in shadow */
     uint32_t fleet_size;          /* every rule's, unless it says; 0: none */
+    /* How long an in_flight slot outlives the agent holding it; the
+     * agent renews its slots every quarter of it. */
+    uint32_t in_flight_lease_ms;
     char *attributes_extra[RL_ATTRS_MAX]; /* `attributes:` the host supplies */
     size_t n_attributes_extra;
     char dir[RL_PATH_MAX + 1];    /* the config file's directory ("" for an

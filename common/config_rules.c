@@ -358,6 +358,37 @@ static bool override_rate(const rl_rule *rule, const char *limit,
     return rl_config_rate_countable(out, why, cap);
 }
 
+/* An in_flight rule's override gives in_flight: M (or unlimited), and
+ * only such a rule's does. */
+static int in_flight_fields(struct loader *ld, const char *path,
+                            const rl_raw_override *raw, const rl_rule *rule)
+{
+    char field[160];
+    if (rule->mode != RL_MODE_IN_FLIGHT) {
+        if (raw->in_flight == NULL)
+            return RL_OK;
+        path_join(field, sizeof field, path, "in_flight");
+        return bad(ld, field, "in_flight overrides an in_flight rule's N, "
+                   "and this rule is %s: give limit (and period, burst)",
+                   rl_mode_name(rule->mode));
+    }
+    const char *extra = raw->limit ? "limit"
+                        : raw->period ? "period"
+                        : raw->burst ? "burst" : NULL;
+    if (extra != NULL) {
+        path_join(field, sizeof field, path, "%s", extra);
+        return bad(ld, field, "an in_flight rule's override gives "
+                   "in_flight: M (requests at once) or unlimited: true, and "
+                   "no %s", extra);
+    }
+    bool unlimited = raw->unlimited != NULL
+                     && strcmp(raw->unlimited, "true") == 0;
+    if (raw->in_flight == NULL && !unlimited)
+        return bad(ld, path, "an in_flight rule's override needs "
+                   "in_flight: M (requests at once), or unlimited: true");
+    return RL_OK;
+}
+
 /* An inline override's rate and kind. */
 static int load_inline(struct loader *ld, const rl_config *cfg,
                        const char *path, const rl_raw_override *raw,
@@ -393,10 +424,13 @@ static int load_inline(struct loader *ld, const rl_config *cfg,
     rc = rl_config_parse_bool(ld, field, raw->unlimited, &unlimited);
     if (rc != RL_OK)
         return rc;
+    if ((rc = in_flight_fields(ld, path, raw, rule)) != RL_OK)
+        return rc;
     if (unlimited) {
         const char *extra = raw->limit ? "limit"
                             : raw->period ? "period"
-                            : raw->burst ? "burst" : NULL;
+                            : raw->burst ? "burst"
+                            : raw->in_flight ? "in_flight" : NULL;
         if (extra != NULL) {
             path_join(field, sizeof field, path, "%s", extra);
             return bad(ld, field, "an override is either unlimited: true or "
@@ -404,6 +438,13 @@ static int load_inline(struct loader *ld, const rl_config *cfg,
                        "period or burst)");
         }
         o->rate = (rl_limit){.unlimited = true};
+    } else if (rule->mode == RL_MODE_IN_FLIGHT) {
+        path_join(field, sizeof field, path, "in_flight");
+        if ((rc = rl_config_parse_int(ld, field, raw->in_flight, 1,
+                                      RL_LIMIT_MAX, &o->rate.limit)) != RL_OK)
+            return rc;
+        o->rate.burst = o->rate.limit;
+        o->rate.period_ms = rule->period_ms;
     } else if (raw->limit == NULL) {
         return bad(ld, path, "an override needs a limit (with period and "
                    "burst if they differ from the rule's), or unlimited: "

@@ -22,6 +22,7 @@ typedef struct rl_raw_override {
     char *burst;
     char *unlimited;
     char *name;
+    char *in_flight;
 } rl_raw_override;
 
 /* `match` (a string or a list) and `when` are not here: config.c reads
@@ -39,6 +40,7 @@ typedef struct rl_raw_rule {
     char *hash_tag;
     char *shadow;
     char *overrides_file;
+    char *in_flight;
     rl_raw_override *overrides;
     unsigned overrides_count;
 } rl_raw_rule;
@@ -134,6 +136,7 @@ typedef struct rl_raw_config {
     char *charge;
     char *shadow;
     char *fleet_size;
+    char *in_flight_lease_ms;
     char **attributes;
     unsigned attributes_count;
     rl_raw_rule *rules;

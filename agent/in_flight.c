@@ -1,0 +1,351 @@
+/*
+ * in_flight.c: the slots this agent holds, and their writes (in_flight.h).
+ *
+ * One write serves releases and renewals alike: it sets the agent's field
+ * of each key to the count it holds and a new expiry (rl_6_slots), so it
+ * also repairs what a lost answer left wrong. A release marks its key due
+ * and the turn's due keys leave together when the loop goes idle; the
+ * renewal marks every key due each lease / 4, so a live agent's fields
+ * are always at least three quarters of a lease from expiring, and a dead
+ * one's go within a lease of its last renewal.
+ *
+ * A take is counted as held when it is sent, not when it is answered: a
+ * write that leaves in between then carries it, and a take that turns out
+ * refused is counted off and, if such a write went, written again.
+ */
+#include "in_flight.h"
+
+#include "keys.h"
+#include "resp.h"
+#include "scripts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Keys in one write at most: a script runs alone on Redis's thread, and
+ * an agent holding more keys than this renews them in several calls. */
+#define KEYS_PER_CALL 512
+
+struct rl_in_flight_key {
+    rl_in_flight_key *next;
+    uint64_t hash;
+    uint64_t held;       /* slots held, takes not yet answered included */
+    uint32_t unanswered; /* takes sent, not yet answered */
+    bool written_early;  /* written while a take was unanswered */
+    bool due;            /* to be written in the next flush */
+    size_t len;
+    char key[];
+};
+
+int rl_in_flight_init(rl_in_flight *f, const char *id, uint32_t lease_ms)
+{
+    snprintf(f->id, sizeof f->id, "%s", id);
+    rl_resp_unsigned(f->lease, lease_ms);
+    f->lease_ms = lease_ms;
+    f->cap = 64;
+    f->table = calloc(f->cap, sizeof *f->table);
+    return f->table != NULL ? RL_OK : RL_ENOMEM;
+}
+
+static rl_in_flight_key **find(const rl_in_flight *f, const char *key,
+                               size_t len, uint64_t hash)
+{
+    rl_in_flight_key **at = &f->table[hash & (f->cap - 1)];
+    while (*at != NULL && ((*at)->hash != hash || (*at)->len != len
+                           || memcmp((*at)->key, key, len) != 0))
+        at = &(*at)->next;
+    return at;
+}
+
+/* Doubles the table when it is as full as it is long (chains of one or
+ * two); a failed grow keeps the longer chains. */
+static void grow(rl_in_flight *f)
+{
+    size_t cap = f->cap * 2;
+    rl_in_flight_key **t = calloc(cap, sizeof *t);
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key *k = f->table[i], *next; k != NULL; k = next) {
+            next = k->next;
+            k->next = t[k->hash & (cap - 1)];
+            t[k->hash & (cap - 1)] = k;
+        }
+    }
+    free(f->table);
+    f->table = t;
+    f->cap = cap;
+}
+
+static rl_in_flight_key *lookup(const rl_in_flight *f, const char *key,
+                                size_t len)
+{
+    return *find(f, key, len, rl_key_hash_value(key, len));
+}
+
+static void on_flush(uv_idle_t *idle);
+
+static void schedule(rl_in_flight *f, rl_in_flight_key *k)
+{
+    k->due = true;
+    if (f->started)
+        uv_idle_start(&f->flush, on_flush);
+}
+
+void rl_in_flight_taking(rl_in_flight *f, const char *key, size_t len)
+{
+    uint64_t hash = rl_key_hash_value(key, len);
+    rl_in_flight_key **at = find(f, key, len, hash);
+    rl_in_flight_key *k = *at;
+    if (k == NULL) {
+        k = calloc(1, sizeof *k + len);
+        if (k == NULL)
+            return; /* uncounted: the take's answer finds no key */
+        k->hash = hash;
+        k->len = len;
+        memcpy(k->key, key, len);
+        *at = k;
+        if (++f->n > f->cap)
+            grow(f);
+    }
+    k->held++;
+    k->unanswered++;
+}
+
+void rl_in_flight_taken(rl_in_flight *f, const char *key, size_t len,
+                        bool took)
+{
+    rl_in_flight_key *k = lookup(f, key, len);
+    if (k == NULL || k->unanswered == 0)
+        return;
+    k->unanswered--;
+    if (!took) {
+        k->held--;
+        if (k->written_early)
+            schedule(f, k);
+    }
+    if (k->unanswered == 0)
+        k->written_early = false;
+    if (k->held == 0 && !k->due)
+        schedule(f, k); /* forgotten at the next flush */
+}
+
+void rl_in_flight_release(rl_in_flight *f, const char *key, size_t len)
+{
+    rl_in_flight_key *k = lookup(f, key, len);
+    if (k == NULL || k->held == 0)
+        return;
+    k->held--;
+    schedule(f, k);
+}
+
+uint64_t rl_in_flight_held(const rl_in_flight *f, const char *key,
+                           size_t len)
+{
+    const rl_in_flight_key *k = lookup(f, key, len);
+    return k != NULL ? k->held : 0;
+}
+
+/* One of the close's writes is answered: the last ends the close. */
+static void closing_answered(rl_in_flight *f)
+{
+    if (f->closed != NULL && --f->closing_calls == 0) {
+        void (*done)(void *) = f->closed;
+        f->closed = NULL;
+        uv_timer_stop(&f->renew);
+        done(f->closed_arg);
+    }
+}
+
+static void on_written(void *arg, const redisReply *reply, const char *error)
+{
+    rl_in_flight *f = arg;
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER)
+        rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
+               "reason=\"%s\"", reply == NULL ? error : "unexpected reply");
+    closing_answered(f);
+}
+
+/* The cluster slot of a key; 0 for every key of one server. */
+static uint16_t slot_of(const rl_in_flight *f, const rl_in_flight_key *k)
+{
+    return rl_store_is_cluster(f->store) ? rl_key_slot(k->key, k->len) : 0;
+}
+
+/* What one write's arguments take. */
+typedef struct write_args {
+    const char *argv[3 + 2 * KEYS_PER_CALL];
+    size_t lens[3 + 2 * KEYS_PER_CALL];
+    char counts[KEYS_PER_CALL][24];
+} write_args;
+
+/* One write of up to KEYS_PER_CALL due keys of first's cluster slot. */
+static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
+                       write_args *w)
+{
+    const char **argv = w->argv;
+    size_t *lens = w->lens;
+    char (*counts)[24] = w->counts;
+    uint16_t slot = slot_of(f, first);
+    int n = 0;
+    for (size_t i = 0; i < f->cap && n < KEYS_PER_CALL; i++) {
+        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
+            if (!k->due || slot_of(f, k) != slot || n == KEYS_PER_CALL)
+                continue;
+            k->due = false;
+            k->written_early |= k->unanswered > 0;
+            argv[1 + n] = k->key;
+            lens[1 + n] = k->len;
+            rl_resp_unsigned(counts[n], k->held);
+            n++;
+        }
+    }
+    char numkeys[24];
+    argv[0] = numkeys;
+    lens[0] = rl_resp_unsigned(numkeys, (uint64_t)n);
+    argv[1 + n] = f->id;
+    lens[1 + n] = strlen(f->id);
+    argv[2 + n] = f->lease;
+    lens[2 + n] = strlen(f->lease);
+    for (int i = 0; i < n; i++) {
+        argv[3 + n + i] = counts[i];
+        lens[3 + n + i] = strlen(counts[i]);
+    }
+    if (f->closed != NULL)
+        f->closing_calls++;
+    atomic_fetch_add_explicit(&f->writes, 1, memory_order_relaxed);
+    rl_store_run(f->store, RL_SCRIPT_SLOTS, 3 + 2 * n, argv, lens,
+                 on_written, f);
+}
+
+/* Keys held by no request and no take are forgotten once written. */
+static void forget_idle(rl_in_flight *f)
+{
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key **at = &f->table[i]; *at != NULL;) {
+            rl_in_flight_key *k = *at;
+            if (k->held == 0 && k->unanswered == 0 && !k->due) {
+                *at = k->next;
+                free(k);
+                f->n--;
+            } else {
+                at = &k->next;
+            }
+        }
+    }
+}
+
+/* Writes every due key, one call per cluster slot (and per
+ * KEYS_PER_CALL keys). */
+static void flush(rl_in_flight *f)
+{
+    if (f->store == NULL)
+        return;
+    write_args *w = NULL;
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key *k = f->table[i]; k != NULL;) {
+            if (!k->due) {
+                k = k->next;
+                continue;
+            }
+            if (w == NULL && (w = malloc(sizeof *w)) == NULL) {
+                rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
+                       "reason=\"%s\"", "out of memory");
+                return; /* still due: the next flush tries again */
+            }
+            write_slot(f, k, w); /* k is no longer due: the chain goes on */
+        }
+    }
+    free(w);
+    forget_idle(f);
+}
+
+static void on_flush(uv_idle_t *idle)
+{
+    uv_idle_stop(idle);
+    flush(idle->data);
+}
+
+static void on_renew(uv_timer_t *timer)
+{
+    rl_in_flight *f = timer->data;
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next)
+            k->due |= k->held > 0;
+    }
+    flush(f);
+}
+
+void rl_in_flight_start(rl_in_flight *f, rl_store *store, uv_loop_t *loop,
+                        const rl_logger *log)
+{
+    if (f->started)
+        return;
+    f->store = store;
+    f->log = log;
+    uv_timer_init(loop, &f->renew);
+    uv_idle_init(loop, &f->flush);
+    f->renew.data = f->flush.data = f;
+    uv_timer_start(&f->renew, on_renew, f->lease_ms / 4, f->lease_ms / 4);
+    f->started = true;
+}
+
+/* A store that does not answer holds the close up for one deadline. */
+static void close_deadline(uv_timer_t *timer)
+{
+    rl_in_flight *f = timer->data;
+    f->closing_calls = 1;
+    closing_answered(f);
+}
+
+void rl_in_flight_close(rl_in_flight *f, uint32_t timeout_ms,
+                        void (*done)(void *arg), void *arg)
+{
+    if (!f->started || f->store == NULL) {
+        done(arg);
+        return;
+    }
+    uv_timer_start(&f->renew, close_deadline, timeout_ms, 0);
+    uv_idle_stop(&f->flush);
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
+            k->due |= k->held > 0 || k->written_early;
+            k->held = 0;
+        }
+    }
+    /* Held while the calls go out: one that fails at once answers inside
+     * rl_store_run and must not end the close early. */
+    f->closed = done;
+    f->closed_arg = arg;
+    f->closing_calls = 1;
+    flush(f);
+    closing_answered(f);
+}
+
+static void free_keys(rl_in_flight *f)
+{
+    for (size_t i = 0; i < f->cap; i++) {
+        for (rl_in_flight_key *k = f->table[i], *next; k != NULL; k = next) {
+            next = k->next;
+            free(k);
+        }
+    }
+    free(f->table);
+    f->table = NULL;
+}
+
+void rl_in_flight_stop(rl_in_flight *f)
+{
+    if (f->started) {
+        uv_close((uv_handle_t *)&f->renew, NULL);
+        uv_close((uv_handle_t *)&f->flush, NULL);
+        f->started = false;
+    }
+    f->store = NULL;
+}
+
+void rl_in_flight_fini(rl_in_flight *f)
+{
+    free_keys(f);
+}
