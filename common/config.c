@@ -87,6 +87,15 @@ const rl_rule *rl_config_synced_rule(const rl_config *cfg, const char *name,
     return NULL;
 }
 
+bool rl_config_has_in_flight(const rl_config *cfg)
+{
+    for (size_t i = 0; cfg != NULL && i < cfg->n_rules; i++) {
+        if (cfg->rules[i].mode == RL_MODE_IN_FLIGHT)
+            return true;
+    }
+    return false;
+}
+
 static int out_of_memory(struct loader *ld)
 {
     return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);

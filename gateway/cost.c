@@ -2,7 +2,8 @@
  * cost.c: holds, a request's charge kept open for its upstream exchange
  * (rl_check_hold). With gateway.cost_header, the request holds
  * gateway.cost_estimate and its upstream's response says what it cost;
- * the hold is ended with that cost when the exchange ends. An exchange
+ * the hold is ended with that cost when the exchange ends. With an
+ * in_flight rule, the hold is the request's slot, released at that end. An exchange
  * that ends without a usable value (no response, no header, a value that
  * is not a cost) is charged its estimate: never nothing, never forgotten.
  */
@@ -14,12 +15,14 @@
 
 bool gw_holds(const gw_server *srv)
 {
-    return srv->config->gateway.cost_header[0] != '\0';
+    return srv->config->gateway.cost_header[0] != '\0'
+           || rl_config_has_in_flight(srv->config);
 }
 
 uint32_t gw_cost_estimate(const gw_server *srv)
 {
-    return gw_holds(srv) ? srv->config->gateway.cost_estimate : 1;
+    const rl_gateway_config *gw = &srv->config->gateway;
+    return gw->cost_header[0] != '\0' ? gw->cost_estimate : 1;
 }
 
 /* The cost resp's header names, or the estimate, logged with why. */

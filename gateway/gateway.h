@@ -228,7 +228,7 @@ gw_upstream *gw_upstream_forward(gw_conn *c);
 void gw_upstream_cancel(gw_upstream *u, const char *why);
 
 /* cost.c: whether requests are checked with rl_check_hold (the config has
- * gateway.cost_header), and what each one holds. */
+ * gateway.cost_header or an in_flight rule), and what each one holds. */
 bool gw_holds(const gw_server *srv);
 uint32_t gw_cost_estimate(const gw_server *srv);
 /* Ends hold: at the cost resp's gateway.cost_header gives, or at estimate

@@ -36,7 +36,8 @@
  * With rl_cost_after, the check holds its charge open (rl_check_hold): it
  * holds rl_cost, an estimate, and the log phase ends the hold at the cost
  * rl_cost_after gives once the response is done ($upstream_http_x_cost,
- * say). Every other end of the request (a client gone, a request nginx
+ * say). With an in_flight rule, every check holds (its slot), and the log
+ * phase ends the hold at rl_cost unless rl_cost_after says otherwise. Every other end of the request (a client gone, a request nginx
  * terminates) ends it at its estimate, through a pool cleanup: the pool
  * is destroyed after the log phase, so the cleanup only ends what the log
  * phase did not. A worker's exit leaves its holds to rl_agent_close, which
@@ -80,6 +81,7 @@ typedef struct {
 typedef struct {
     ngx_str_t                  config_path;
     rl_config                 *config;
+    ngx_flag_t                 in_flight;  /* a rule of config is */
     ngx_array_t               *attrs;   /* of ngx_http_rl_attr_t */
 } ngx_http_rl_main_conf_t;
 
@@ -134,9 +136,8 @@ static ngx_int_t ngx_http_rl_cost(ngx_http_request_t *r,
     ngx_http_rl_loc_conf_t *rlcf, uint32_t *cost);
 static ngx_int_t ngx_http_rl_parse_cost(ngx_str_t *value, ngx_int_t min,
     uint32_t *cost);
-static int ngx_http_rl_check(ngx_http_request_t *r,
-    ngx_http_rl_loc_conf_t *rlcf, ngx_http_rl_pending_t *p, rl_attr *attrs,
-    size_t n, uint32_t cost);
+static int ngx_http_rl_check(ngx_http_request_t *r, ngx_uint_t hold,
+    ngx_http_rl_pending_t *p, rl_attr *attrs, size_t n, uint32_t cost);
 static ngx_int_t ngx_http_rl_act(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
 static ngx_int_t ngx_http_rl_reject(ngx_http_request_t *r,
@@ -392,11 +393,13 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
     ngx_http_rl_ctx_t        *ctx;
     ngx_http_cleanup_t       *cln;
     ngx_http_rl_attr_t       *attr;
+    ngx_uint_t                hold;
     ngx_http_rl_pending_t    *p;
     ngx_http_rl_main_conf_t  *rmcf;
     rl_attr                   attrs[RL_ATTRS_MAX];
 
     rmcf = ngx_http_get_module_main_conf(r, ngx_http_rl_module);
+    hold = rlcf->cost_after != NULL || rmcf->in_flight;
 
     if (ngx_http_rl_cost(r, rlcf, &cost) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -447,7 +450,7 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
         rc = rl_config_decide_on_error(rmcf->config, attrs, n, cost,
                                        &ctx->decision);
 
-    } else if (rlcf->cost_after != NULL) {
+    } else if (hold) {
         /* a hold is only had through the agent's loop */
         rc = RL_EAGAIN;
 
@@ -479,7 +482,7 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
         ctx->pending = p;
         ctx->state = NGX_HTTP_RL_PENDING;
 
-        rc = ngx_http_rl_check(r, rlcf, p, attrs, n, cost);
+        rc = ngx_http_rl_check(r, hold, p, attrs, n, cost);
 
         if (rc == RL_OK) {
             ngx_http_rl_run_soon();
@@ -515,17 +518,18 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
 
 
 /*
- * The check that goes to the agent's loop, as rl_check_async returns: with
- * rl_cost_after, one whose charge is held open, and whose hold a pool
- * cleanup ends whatever becomes of the request.
+ * The check that goes to the agent's loop, as rl_check_async returns: when
+ * it holds (rl_cost_after, in_flight rules), one whose charge is held
+ * open, and whose hold a pool cleanup ends whatever becomes of the
+ * request.
  */
 static int
-ngx_http_rl_check(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
+ngx_http_rl_check(ngx_http_request_t *r, ngx_uint_t hold,
     ngx_http_rl_pending_t *p, rl_attr *attrs, size_t n, uint32_t cost)
 {
     ngx_pool_cleanup_t  *cln;
 
-    if (rlcf->cost_after == NULL) {
+    if (!hold) {
         return rl_check_async(ngx_http_rl_agent, attrs, n, cost,
                               ngx_http_rl_decided, p);
     }
@@ -881,8 +885,9 @@ ngx_http_rl_cleanup(void *data)
 
 /*
  * The log phase, once the response is done: the hold ends at the cost
- * rl_cost_after gives, or at its estimate when the value is empty (no
- * upstream answered, it sent no such header) or not a cost.
+ * rl_cost_after gives, or at its estimate when there is no rl_cost_after
+ * (an in_flight rule's hold), or its value is empty (no upstream answered,
+ * it sent no such header) or not a cost.
  */
 static ngx_int_t
 ngx_http_rl_log_handler(ngx_http_request_t *r)
@@ -901,12 +906,15 @@ ngx_http_rl_log_handler(ngx_http_request_t *r)
     rlcf = ngx_http_get_module_loc_conf(r, ngx_http_rl_module);
     actual = ctx->estimate;
 
-    if (rlcf->cost_after == NULL
-        || ngx_http_complex_value(r, rlcf->cost_after, &value) != NGX_OK)
+    if (rlcf->cost_after == NULL) {
+        /* void */
+
+    } else if (ngx_http_complex_value(r, rlcf->cost_after, &value)
+               != NGX_OK)
     {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "rl: rl_cost_after has no value here: the estimate "
-                      "%uD is charged", actual);
+                      "rl: rl_cost_after could not be evaluated: the "
+                      "estimate %uD is charged", actual);
 
     } else if (value.len == 0) {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
@@ -1156,6 +1164,7 @@ ngx_http_rl_config(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     cln->handler = ngx_http_rl_config_free;
     cln->data = rmcf->config;
+    rmcf->in_flight = rl_config_has_in_flight(rmcf->config);
 
     return NGX_CONF_OK;
 }

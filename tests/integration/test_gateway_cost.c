@@ -175,3 +175,89 @@ Test(gateway_cost, a_client_gone_mid_exchange_is_charged_its_estimate)
                  "a hold was left to expire");
     stop(&gw, &up);
 }
+
+/* --- in_flight: a slot held for the upstream exchange. ----------------- */
+
+#define SLOW_MS 400
+
+static void start_in_flight(test_gateway *gw, test_upstream *up)
+{
+    char yaml[1024], url[64];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 2}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream_start(up, SLOW_MS);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up->port);
+    test_gateway_start(gw, test_write_config("gw-in-flight", yaml),
+                       "--upstream", url, NULL);
+}
+
+typedef struct slow_client {
+    uint16_t port;
+    const char *key;
+    int status;
+} slow_client;
+
+static void *send_slow(void *arg)
+{
+    slow_client *c = arg;
+    c->status = test_upstream_call(c->port, "/v1/chat", c->key, NULL);
+    return NULL;
+}
+
+/* Five requests of a key at once, three times over, with in_flight: 2:
+ * never more than two with the upstream, the others refused. */
+Test(gateway_cost, in_flight_admits_at_most_n_at_once_through_the_gateway)
+{
+    test_gateway gw;
+    test_upstream up;
+    start_in_flight(&gw, &up);
+    char key[96];
+    unique(key, sizeof key, "ak_in_flight");
+    int ok = 0, refused = 0;
+    for (int round = 0; round < 3; round++) {
+        slow_client c[5];
+        pthread_t t[5];
+        for (int i = 0; i < 5; i++) {
+            c[i] = (slow_client){.port = gw.port, .key = key};
+            pthread_create(&t[i], NULL, send_slow, &c[i]);
+        }
+        for (int i = 0; i < 5; i++) {
+            pthread_join(t[i], NULL);
+            cr_assert(c[i].status == 200 || c[i].status == 429, "status %d",
+                      c[i].status);
+            ok += c[i].status == 200;
+            refused += c[i].status == 429;
+        }
+    }
+    cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
+                  "with the upstream at once", test_upstream_most(&up));
+    cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
+    cr_assert_gt(refused, 0);
+    stop(&gw, &up);
+}
+
+/* A client gone frees its slot then, not when the upstream would have
+ * answered (400 ms) nor when the hold would expire (1 s). */
+Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
+{
+    test_gateway gw;
+    test_upstream up;
+    start_in_flight(&gw, &up);
+    char key[96];
+    unique(key, sizeof key, "ak_in_flight_gone");
+    test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
+    test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
+    uint64_t gone = test_now_ms();
+    int status = 0;
+    while (status != 200 && test_now_ms() - gone < 250) {
+        test_sleep_ms(20);
+        status = test_upstream_call(gw.port, "/v1/chat", key, NULL);
+    }
+    cr_assert_eq(status, 200, "the gone clients' slots were still held "
+                 "%llu ms later", (unsigned long long)(test_now_ms() - gone));
+    stop(&gw, &up);
+}

@@ -9,7 +9,8 @@
  * the workers' own files: a TLS key only root can read refused at
  * `nginx -t`, a start and a reload, and a worker whose agent cannot open
  * serving by on_error until it can; rl_cost_after charging what a slow
- * upstream's X-Cost says, and a request's estimate when its client goes.
+ * upstream's X-Cost says, and a request's estimate when its client goes;
+ * in_flight slots held while the upstream has a request.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -1051,6 +1052,84 @@ Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
                  3 * 50);
     cr_assert_eq(log_count(&ngx, "hold_expired"), 0,
                  "a hold was left to expire");
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
+/* --- (i) in_flight: a slot held for the request's life. ----------------- */
+
+#define SLOW_MS 400
+
+typedef struct slow_client {
+    uint16_t port;
+    const char *key;
+    int status;
+} slow_client;
+
+static void *send_slow(void *arg)
+{
+    slow_client *c = arg;
+    c->status = test_upstream_call(c->port, "/v1/chat", c->key, NULL);
+    return NULL;
+}
+
+/* in_flight: 2 over two workers: five requests of a key at once, three
+ * times, never more than two with the upstream; two clients gone free
+ * their slots at once (not when the upstream would answer, 400 ms, nor at
+ * the hold's timeout, 1 s). */
+Test(nginx, in_flight_slots_are_held_per_request_and_freed_on_abort)
+{
+    char yaml[1024], server[512];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 2}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream up;
+    test_upstream_start(&up, SLOW_MS);
+    snprintf(server, sizeof server,
+             "        location /v1/ {\n"
+             "            rl on;\n"
+             "            proxy_pass http://127.0.0.1:%u;\n"
+             "        }\n", up.port);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 2, test_write_config("nginx-in-flight", yaml), "",
+                  server);
+    nginx_start(&ngx, 2);
+    char key[96];
+    unique(key, sizeof key, "ak_ngx_in_flight");
+    int ok = 0, refused = 0;
+    for (int round = 0; round < 3; round++) {
+        slow_client c[5];
+        pthread_t t[5];
+        for (int i = 0; i < 5; i++) {
+            c[i] = (slow_client){.port = ngx.port, .key = key};
+            pthread_create(&t[i], NULL, send_slow, &c[i]);
+        }
+        for (int i = 0; i < 5; i++) {
+            pthread_join(t[i], NULL);
+            cr_assert(c[i].status == 200 || c[i].status == 429, "status %d",
+                      c[i].status);
+            ok += c[i].status == 200;
+            refused += c[i].status == 429;
+        }
+    }
+    cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
+                  "with the upstream at once", test_upstream_most(&up));
+    cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
+    cr_assert_gt(refused, 0);
+
+    test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
+    test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
+    uint64_t gone = test_now_ms();
+    int status = 0;
+    while (status != 200 && test_now_ms() - gone < 250) {
+        test_sleep_ms(20);
+        status = test_upstream_call(ngx.port, "/v1/chat", key, NULL);
+    }
+    cr_assert_eq(status, 200, "the gone clients' slots were still held "
+                 "%llu ms later", (unsigned long long)(test_now_ms() - gone));
     nginx_stop(&ngx);
     test_upstream_stop(&up);
 }
