@@ -94,6 +94,7 @@ RLS     = $(BUILD)/bin/rl-rls
 EXAMPLE = $(BUILD)/bin/check-request
 TESTS   = $(BUILD)/tests/rl-tests
 RUNNER  = $(BUILD)/tests/with-redis
+HOLDER  = $(BUILD)/tests/in-flight-holder
 BENCH   = $(BUILD)/bench/bench-exact
 BENCH_SYNCED = $(BUILD)/bench/bench-synced
 BENCH_ACCURACY = $(BUILD)/bench/bench-accuracy
@@ -210,6 +211,11 @@ $(TESTS): $(call obj,$(TEST_SRC) $(RLS_SRC)) $(LIB_A)
 $(RUNNER): $(call obj,$(RUNNER_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lhiredis
+
+# A process that holds in_flight slots until killed (test_in_flight.c).
+$(HOLDER): $(call obj,tests/support/in_flight_holder.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
 BENCH_EXACT_SRC = tests/bench/bench_exact.c tests/bench/bench_pipeline.c \
                   tests/bench/bench_capacity.c \
@@ -346,7 +352,7 @@ TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) RL_TEST_RLS=$(RLS) \
            RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs \
-           RL_TEST_ALONE=tests/run-alone.txt
+           RL_TEST_ALONE=tests/run-alone.txt RL_TEST_HOLDER=$(HOLDER)
 CRITERION_ARGS ?=
 # The tests in tests/run-alone.txt run one at a time, before the others.
 TEST_COMMAND = $(if $(HARNESS_SRC),$(TESTS),bash scripts/criterion-alone.sh $(TESTS))
@@ -356,7 +362,7 @@ RUNNER_ARGS ?= --cluster
 
 # The tests run without make's flags: a `make -j` build's jobserver is
 # not theirs (test_install.c runs make).
-test: all $(TESTS) $(RUNNER) $(NGINX_MOD)
+test: all $(TESTS) $(RUNNER) $(HOLDER) $(NGINX_MOD)
 	@sh scripts/run-tests.sh $(BUILD)/test.log \
 	    env -u MAKEFLAGS -u MFLAGS $(TEST_ENV) \
 	    $(RUNNER) $(RUNNER_ARGS) -- $(TEST_COMMAND) $(CRITERION_ARGS)

@@ -367,6 +367,27 @@ static void fail_in_order(rl_agent *a, rl_request *req, const group *g,
         req->rules[g->index[k++]].outcome = RL_OUTCOME_SKIPPED;
 }
 
+/* The slots the call's in_flight items took: held by the request, or,
+ * when it was decided without them (its deadline passed), let go. */
+static void note_slots(rl_agent *a, rl_request *req, const group *g,
+                       const rl_bucket_reply *replies, int n)
+{
+    bool uncharged = replies != NULL && none_charged(g, replies, n);
+    for (int k = 0; k < g->n && req->takes_slots; k++) {
+        rl_rule_state *rs = &req->rules[g->index[k]];
+        if (!is_slot(rs))
+            continue;
+        const char *key = req->keys + rs->key_offset;
+        bool took = replies != NULL && k < n && replies[k].allowed
+                    && !uncharged;
+        rl_in_flight_taken(&a->in_flight, key, rs->key_len, took);
+        if (took && req->finalized)
+            rl_in_flight_release(&a->in_flight, key, rs->key_len);
+        else
+            rs->slot_taken = took;
+    }
+}
+
 static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
                            const char *error)
 {
@@ -374,6 +395,7 @@ static void on_group_reply(void *arg, const rl_bucket_reply *replies, int n,
     rl_request *req = g->req;
     rl_agent *a = req->agent;
     req->outstanding--;
+    note_slots(a, req, g, replies, n);
     if (req->finalized) {
         free(g);
         maybe_release(req);

@@ -1,17 +1,20 @@
 /*
  * in_flight.c: the slots this agent holds, and their writes (in_flight.h).
  *
- * One write serves releases and renewals alike: it sets the agent's field
- * of each key to the count it holds and a new expiry (rl_6_slots), so it
- * also repairs what a lost answer left wrong. A release marks its key due
- * and the turn's due keys leave together when the loop goes idle; the
- * renewal marks every key due each lease / 4, so a live agent's fields
- * are always at least three quarters of a lease from expiring, and a dead
- * one's go within a lease of its last renewal.
+ * One write (rl_6_slots) serves releases and renewals: each key's field
+ * is given a new expiry and, for a release, its count less the slots let
+ * go ("-D"); for a renewal, the count this agent holds ("=C"), which also
+ * repairs what a lost answer left wrong. A release marks its key due and
+ * the turn's due keys leave together when the loop goes idle; the renewal
+ * marks every key due each lease / 4, so a live agent's fields are always
+ * at least three quarters of a lease from expiring, and a dead one's go
+ * within a lease of its last renewal.
  *
- * A take is counted as held when it is sent, not when it is answered: a
- * write that leaves in between then carries it, and a take that turns out
- * refused is counted off and, if such a write went, written again.
+ * A take is counted as held when it is sent, not when it is answered. A
+ * renewal while one is unanswered cannot know whether the store took it:
+ * it only moves the expiry ("~C": set to C, takes included, if the field
+ * is gone), and the next renewal with none unanswered sets the count.
+ * Releases are relative, so the store's sum is exact meanwhile.
  */
 #include "in_flight.h"
 
@@ -32,8 +35,9 @@ struct rl_in_flight_key {
     uint64_t hash;
     uint64_t held;       /* slots held, takes not yet answered included */
     uint32_t unanswered; /* takes sent, not yet answered */
-    bool written_early;  /* written while a take was unanswered */
+    uint64_t released;   /* slots let go, not yet written */
     bool due;            /* to be written in the next flush */
+    bool renew;          /* ...as a renewal */
     size_t len;
     char key[];
 };
@@ -120,15 +124,7 @@ void rl_in_flight_taken(rl_in_flight *f, const char *key, size_t len,
     if (k == NULL || k->unanswered == 0)
         return;
     k->unanswered--;
-    if (!took) {
-        k->held--;
-        if (k->written_early)
-            schedule(f, k);
-    }
-    if (k->unanswered == 0)
-        k->written_early = false;
-    if (k->held == 0 && !k->due)
-        schedule(f, k); /* forgotten at the next flush */
+    k->held -= !took;
 }
 
 void rl_in_flight_release(rl_in_flight *f, const char *key, size_t len)
@@ -137,6 +133,7 @@ void rl_in_flight_release(rl_in_flight *f, const char *key, size_t len)
     if (k == NULL || k->held == 0)
         return;
     k->held--;
+    k->released++;
     schedule(f, k);
 }
 
@@ -173,6 +170,23 @@ static uint16_t slot_of(const rl_in_flight *f, const rl_in_flight_key *k)
     return rl_store_is_cluster(f->store) ? rl_key_slot(k->key, k->len) : 0;
 }
 
+/* A due key's part of a write (see the top), and it is no longer due. */
+static void write_op(rl_in_flight_key *k, char *op)
+{
+    if (k->renew && k->unanswered == 0) {
+        op[0] = '=';
+        rl_resp_unsigned(op + 1, k->held);
+    } else if (k->released > 0) {
+        op[0] = '-';
+        rl_resp_unsigned(op + 1, k->released);
+    } else {
+        op[0] = '~';
+        rl_resp_unsigned(op + 1, k->held);
+    }
+    k->released = 0;
+    k->due = k->renew = false;
+}
+
 /* What one write's arguments take. */
 typedef struct write_args {
     const char *argv[3 + 2 * KEYS_PER_CALL];
@@ -193,11 +207,9 @@ static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
         for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
             if (!k->due || slot_of(f, k) != slot || n == KEYS_PER_CALL)
                 continue;
-            k->due = false;
-            k->written_early |= k->unanswered > 0;
             argv[1 + n] = k->key;
             lens[1 + n] = k->len;
-            rl_resp_unsigned(counts[n], k->held);
+            write_op(k, counts[n]);
             n++;
         }
     }
@@ -225,7 +237,8 @@ static void forget_idle(rl_in_flight *f)
     for (size_t i = 0; i < f->cap; i++) {
         for (rl_in_flight_key **at = &f->table[i]; *at != NULL;) {
             rl_in_flight_key *k = *at;
-            if (k->held == 0 && k->unanswered == 0 && !k->due) {
+            if (k->held == 0 && k->unanswered == 0 && !k->due
+                && k->released == 0) {
                 *at = k->next;
                 free(k);
                 f->n--;
@@ -271,8 +284,10 @@ static void on_renew(uv_timer_t *timer)
 {
     rl_in_flight *f = timer->data;
     for (size_t i = 0; i < f->cap; i++) {
-        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next)
-            k->due |= k->held > 0;
+        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
+            k->renew = k->held > 0;
+            k->due |= k->renew;
+        }
     }
     flush(f);
 }
@@ -310,8 +325,8 @@ void rl_in_flight_close(rl_in_flight *f, uint32_t timeout_ms,
     uv_idle_stop(&f->flush);
     for (size_t i = 0; i < f->cap; i++) {
         for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
-            k->due |= k->held > 0 || k->written_early;
-            k->held = 0;
+            k->due = k->renew = true;
+            k->held = k->unanswered = 0;
         }
     }
     /* Held while the calls go out: one that fails at once answers inside

@@ -252,14 +252,23 @@
     "  slot_set(key, id, c + 1, now, lease)\n" \
     "end\n"
 
-/* An agent's own slots, set: KEYS its keys (one slot of a cluster),
- * ARGV[1] its id, ARGV[2] the lease (ms), then each key's count. A
- * release and a renewal are the same write, of the count the agent holds,
- * which also repairs any drift (a take whose answer was lost). */
+/* An agent's own slots, written: KEYS its keys (one slot of a cluster),
+ * ARGV[1] its id, ARGV[2] the lease (ms), then one op per key: "=C" sets
+ * its count to C (a renewal, which repairs any drift), "-D" takes D off
+ * (a release), "~C" keeps the count (a renewal while a take is
+ * unanswered) or sets C if the field is gone (expired while the store
+ * was away). Every op moves the field's expiry to now + lease. */
 #define LUA_SLOTS_BODY \
     "  local now, id, lease = now_ms(), ARGV[1], tonumber(ARGV[2])\n" \
     "  for i = 1, #KEYS do\n" \
-    "    slot_set(KEYS[i], id, tonumber(ARGV[i + 2]), now, lease)\n" \
+    "    local key, op = KEYS[i], ARGV[i + 2]\n" \
+    "    local c, n = string.sub(op, 1, 1), tonumber(string.sub(op, 2))\n" \
+    "    if c ~= '=' then\n" \
+    "      local v = redis.call('HGET', key, id)\n" \
+    "      local has = v and tonumber(string.match(v, '^(%d+) '))\n" \
+    "      if c == '-' then n = (has or 0) - n else n = has or n end\n" \
+    "    end\n" \
+    "    slot_set(key, id, n, now, lease)\n" \
     "  end\n" \
     "  return #KEYS\n"
 

@@ -283,6 +283,10 @@ static int load_rate(struct loader *ld, size_t i, const rl_raw_rule *raw,
     int rc, choice;
     if (raw->in_flight != NULL)
         return load_in_flight(ld, i, raw, rule);
+    if (raw->mode != NULL && strcmp(raw->mode, "in_flight") == 0)
+        return bad(ld, FIELD("mode"), "mode: in_flight needs in_flight: N, "
+                   "the requests admitted at once, in place of limit and "
+                   "period");
     if (raw->limit == NULL || raw->period == NULL) {
         snprintf(path, sizeof path, "rules.%zu", i);
         return bad(ld, path, "missing required field '%s': give limit and "
@@ -310,10 +314,6 @@ static int load_rate(struct loader *ld, size_t i, const rl_raw_rule *raw,
     if ((rc = choose(ld, FIELD("mode"), raw->mode, mode_names, &choice)))
         return rc;
     rule->mode = (rl_mode)choice;
-    if (rule->mode == RL_MODE_IN_FLIGHT)
-        return bad(ld, FIELD("mode"), "mode: in_flight needs in_flight: N, "
-                   "the requests admitted at once, in place of limit and "
-                   "period");
     choice = RL_ALGO_TOKEN_BUCKET;
     if ((rc = choose(ld, FIELD("algorithm"), raw->algorithm, algorithm_names,
                      &choice)))

@@ -1,0 +1,519 @@
+/*
+ * in_flight rules (issue 31): at most N requests of a key at once across
+ * the fleet, as slots in one Redis hash per key, a field per agent. Ten
+ * agents never hold more than N at once, sampled where the requests are
+ * served and in Redis, and come near N; nothing stays held after the
+ * load; a gateway killed with SIGKILL frees its slots within the lease,
+ * and not before its last renewal's lease; a request longer than the
+ * lease keeps its slot; a rejected request and an expired hold give
+ * theirs back at once; a plain check takes none.
+ */
+#include "test_agent.h"
+#include "test_env.h"
+#include "test_process.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* A key no earlier run of the suite used (the test Redis is shared). */
+static void fresh(char *out, size_t cap, const char *what)
+{
+    snprintf(out, cap, "%s-%llu", what, (unsigned long long)test_now_us());
+}
+
+/* An agent on the shared Redis with top (top-level YAML lines, may be
+ * "") and rules. */
+static rl_agent *open_agent(rl_config **cfg, const char *top,
+                            const char *rules)
+{
+    char yaml[1024];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
+                     "%srules:\n%s",
+                     test_env("RL_TEST_REDIS"), top, rules);
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", cfg, &err),
+                 RL_OK, "%s", err.message);
+    rl_options o = {.config = *cfg};
+    rl_agent *a;
+    cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+    return a;
+}
+
+static void close_agent(rl_agent *a, rl_config *cfg)
+{
+    rl_agent_close(a);
+    rl_config_free(cfg);
+}
+
+/* One hold's decision, waited for. */
+typedef struct held {
+    sem_t done;
+    rl_decision decision;
+    rl_hold *hold;
+    atomic_int *serving, *peak; /* counted from the callback, if set */
+} held;
+
+static void note_peak(atomic_int *peak, int now)
+{
+    for (int p = atomic_load(peak);
+         now > p && !atomic_compare_exchange_weak(peak, &p, now);)
+        ;
+}
+
+static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    held *h = arg;
+    h->decision = *d;
+    h->hold = hold;
+    if (hold != NULL && h->serving != NULL)
+        note_peak(h->peak, atomic_fetch_add(h->serving, 1) + 1);
+    sem_post(&h->done);
+}
+
+/* rl_check_hold of api_key value, waited for: the hold, or NULL. */
+static rl_hold *hold_counted(rl_agent *a, const char *value,
+                             atomic_int *serving, atomic_int *peak,
+                             rl_decision *d)
+{
+    held h = {.serving = serving, .peak = peak};
+    sem_init(&h.done, 0, 0);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    cr_assert_eq(rl_check_hold(a, &attr, 1, 1, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    sem_destroy(&h.done);
+    if (d != NULL)
+        *d = h.decision;
+    return h.hold;
+}
+
+static rl_hold *hold_of(rl_agent *a, const char *value)
+{
+    return hold_counted(a, value, NULL, NULL, NULL);
+}
+
+/* The slots held in key's hash, live fields summed; -1 when a field is
+ * not "COUNT EXPIRY". */
+static long long slots_in_redis(redisContext *c, const char *key)
+{
+    redisReply *r = test_redis_command(c, "HGETALL %s", key);
+    uint64_t now = test_redis_time_ms(c);
+    long long sum = 0;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        unsigned long long count, expiry;
+        if (sscanf(r->element[i + 1]->str, "%llu %llu", &count, &expiry)
+            != 2) {
+            sum = -1;
+            break;
+        }
+        if (expiry > now)
+            sum += (long long)count;
+    }
+    freeReplyObject(r);
+    return sum;
+}
+
+static bool key_exists(const char *key)
+{
+    redisContext *c = test_redis_connect(NULL);
+    redisReply *r = test_redis_command(c, "EXISTS %s", key);
+    bool exists = r->integer != 0;
+    freeReplyObject(r);
+    redisFree(c);
+    return exists;
+}
+
+/* Waits up to timeout_ms for key to be gone (every slot let go). */
+static bool gone_within(const char *key, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 5) {
+        if (!key_exists(key))
+            return true;
+        test_sleep_ms(5);
+    }
+    return !key_exists(key);
+}
+
+/* --- The fleet: ten agents, in_flight: 20 ---------------------------- */
+
+#define AGENTS 10
+#define N 20
+#define CLIENTS_PER_AGENT 4 /* 40 wanted at once: twice N */
+#define SERVE_MS 200
+#define RUN_MS 2000
+
+typedef struct client {
+    rl_agent *agent;
+    const char *value;
+    atomic_int *serving, *peak;
+    atomic_bool *stop;
+    int served, refused;
+} client;
+
+/* Each client wants one request in flight all the time: a request is
+ * served 200 ms; a refused one tries again 200 ms later, so the fleet
+ * offers twice what N admits. */
+static void *serve_requests(void *arg)
+{
+    client *c = arg;
+    while (!atomic_load(c->stop)) {
+        rl_decision d;
+        rl_hold *h = hold_counted(c->agent, c->value, c->serving, c->peak,
+                                  &d);
+        cr_assert(!d.degraded, "the store did not answer");
+        if (h == NULL) {
+            c->refused++;
+            test_sleep_ms(SERVE_MS);
+            continue;
+        }
+        c->served++;
+        test_sleep_ms(SERVE_MS);
+        atomic_fetch_sub(c->serving, 1);
+        cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    }
+    return NULL;
+}
+
+typedef struct sampler {
+    const char *key;
+    atomic_bool *stop;
+    atomic_int *serving;
+    long long redis_peak;
+    long long samples, serving_sum;
+} sampler;
+
+/* Every 10 ms: the slots Redis holds, and the requests being served. */
+static void *sample(void *arg)
+{
+    sampler *s = arg;
+    redisContext *c = test_redis_connect(NULL);
+    while (!atomic_load(s->stop)) {
+        long long slots = slots_in_redis(c, s->key);
+        if (slots > s->redis_peak || slots < 0)
+            s->redis_peak = slots < 0 ? 1000000 : slots;
+        s->serving_sum += atomic_load(s->serving);
+        s->samples++;
+        test_sleep_ms(10);
+    }
+    redisFree(c);
+    return NULL;
+}
+
+Test(in_flight, ten_agents_hold_at_most_n_at_once)
+{
+    char value[64], key[96];
+    fresh(value, sizeof value, "fleet");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    rl_agent *agents[AGENTS];
+    rl_config *cfgs[AGENTS];
+    for (int i = 0; i < AGENTS; i++)
+        agents[i] = open_agent(&cfgs[i], "in_flight_lease_ms: 1000\n",
+                               "  - {name: f, match: api_key, "
+                               "in_flight: 20}\n");
+    atomic_int serving = 0, peak = 0;
+    atomic_bool stop = false;
+    client clients[AGENTS * CLIENTS_PER_AGENT];
+    pthread_t threads[AGENTS * CLIENTS_PER_AGENT];
+    sampler s = {key, &stop, &serving, 0, 0, 0};
+    pthread_t sampler_thread;
+    cr_assert_eq(pthread_create(&sampler_thread, NULL, sample, &s), 0);
+    for (int i = 0; i < AGENTS * CLIENTS_PER_AGENT; i++) {
+        clients[i] = (client){agents[i / CLIENTS_PER_AGENT], value,
+                              &serving, &peak, &stop, 0, 0};
+        cr_assert_eq(pthread_create(&threads[i], NULL, serve_requests,
+                                    &clients[i]), 0);
+    }
+    test_sleep_ms(RUN_MS);
+    atomic_store(&stop, true);
+    int served = 0, refused = 0;
+    for (int i = 0; i < AGENTS * CLIENTS_PER_AGENT; i++) {
+        pthread_join(threads[i], NULL);
+        served += clients[i].served;
+        refused += clients[i].refused;
+    }
+    pthread_join(sampler_thread, NULL);
+    double mean = (double)s.serving_sum / (double)s.samples;
+    fprintf(stderr, "in_flight fleet: %d served, %d refused, at most %d "
+            "served at once (Redis: %lld), %.1f on average\n", served,
+            refused, atomic_load(&peak), s.redis_peak, mean);
+    cr_assert_leq(atomic_load(&peak), N, "%d requests served at once",
+                  atomic_load(&peak));
+    cr_assert_leq(s.redis_peak, N, "Redis held %lld slots", s.redis_peak);
+    cr_assert_gt(refused, 0, "the load never reached N");
+    /* The fleet comes near N: a slot freed is written in the agent's
+     * next loop turn, and a refused client waits 200 ms to try again. */
+    cr_assert_geq(atomic_load(&peak), N - 1, "at most %d at once",
+                  atomic_load(&peak));
+    cr_assert_geq(mean, 0.7 * N, "%.1f at once on average", mean);
+    cr_assert(gone_within(key, 500), "slots left held after the load");
+    for (int i = 0; i < AGENTS; i++)
+        close_agent(agents[i], cfgs[i]);
+}
+
+/* --- A gateway killed holding slots --------------------------------- */
+
+/* The holder renews every 250 ms with a lease of 1000 ms: killed, its
+ * slots stay at least until 750 ms after the kill (its last renewal's
+ * lease) and are free 1000 ms after it at most. */
+Test(in_flight, a_killed_gateways_slots_are_free_within_the_lease)
+{
+    char value[64], key[96], log[512], count[8];
+    fresh(value, sizeof value, "killed");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    test_log_path(log, sizeof log, "in-flight-holder");
+    snprintf(count, sizeof count, "%d", 3);
+    char *argv[] = {(char *)test_env("RL_TEST_HOLDER"),
+                    (char *)test_env("RL_TEST_REDIS"), value, "3", count,
+                    "1000", NULL};
+    pid_t pid = test_spawn(argv, log);
+    test_wait_for_log(&pid, log, "held 3", 5000);
+    /* Past a renewal or two: the fields are the renewals', not the
+     * takes'. */
+    test_sleep_ms(600);
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "in_flight_lease_ms: 1000\n",
+                             "  - {name: f, match: api_key, "
+                             "in_flight: 3}\n");
+    cr_assert_null(hold_of(a, value), "a slot was free while the holder "
+                   "lived");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t killed = test_now_us();
+    test_sleep_ms(600);
+    cr_assert_null(hold_of(a, value), "the dead gateway's slots went "
+                   "before its last renewal's lease");
+    rl_hold *h = NULL;
+    while (h == NULL && test_now_us() - killed < 2000000) {
+        test_sleep_ms(20);
+        h = hold_of(a, value);
+    }
+    uint64_t free_ms = (test_now_us() - killed) / 1000;
+    fprintf(stderr, "in_flight: a killed gateway's slots free after %llu "
+            "ms (lease 1000)\n", (unsigned long long)free_ms);
+    cr_assert_not_null(h, "the dead gateway's slots were kept");
+    cr_assert_leq(free_ms, 1000 + 60, "free after %llu ms",
+                  (unsigned long long)free_ms);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* --- A long request keeps its slot ----------------------------------- */
+
+/* in_flight: 1 with a lease of 1000 ms: a request of 3 s keeps its slot
+ * (its agent renews it), so another agent is refused throughout. */
+Test(in_flight, a_request_longer_than_the_lease_keeps_its_slot)
+{
+    char value[64];
+    fresh(value, sizeof value, "long");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 1}\n";
+    rl_config *cfg_a, *cfg_b;
+    rl_agent *a = open_agent(&cfg_a, "in_flight_lease_ms: 1000\n", rules);
+    rl_agent *b = open_agent(&cfg_b, "in_flight_lease_ms: 1000\n", rules);
+    rl_hold *h = hold_of(a, value);
+    cr_assert_not_null(h);
+    uint64_t start = test_now_us();
+    while (test_now_us() - start < 3000000) {
+        rl_hold *other = hold_of(b, value);
+        cr_assert_null(other, "another agent took the slot after %llu ms",
+                       (unsigned long long)(test_now_us() - start) / 1000);
+        test_sleep_ms(100);
+    }
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    rl_hold *next = NULL;
+    for (int i = 0; i < 40 && next == NULL; i++) {
+        test_sleep_ms(5);
+        next = hold_of(b, value);
+    }
+    cr_assert_not_null(next, "the slot was not let go at the end");
+    cr_assert_eq(rl_hold_end(next, 1), RL_OK);
+    close_agent(a, cfg_a);
+    close_agent(b, cfg_b);
+}
+
+/* --- Rejection and expiry give slots back ---------------------------- */
+
+/* Two rules: in_flight: 1 per api_key, 1 an hour per ip. A request the
+ * ip rule rejects took the api_key's slot in the same call; it is let go
+ * at once, so a request from another ip passes. */
+Test(in_flight, a_rejected_request_releases_its_slot_at_once)
+{
+    char value[64], key[96];
+    fresh(value, sizeof value, "rejected");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "",
+                             "  - {name: f, match: api_key, in_flight: 1}\n"
+                             "  - {name: r, match: ip, limit: 1, "
+                             "period: 1h}\n");
+    rl_attr attrs[2] = {{"api_key", value, strlen(value)},
+                        {"ip", value, strlen(value)}};
+    held h = {0};
+    sem_init(&h.done, 0, 0);
+    cr_assert_eq(rl_check_hold(a, attrs, 2, 1, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    cr_assert_not_null(h.hold);
+    cr_assert_eq(rl_hold_end(h.hold, 1), RL_OK);
+    cr_assert(gone_within(key, 200));
+    /* The ip's hour is spent: rejected by r, allowed by f. */
+    cr_assert_eq(rl_check_hold(a, attrs, 2, 1, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    cr_assert_null(h.hold);
+    cr_assert_str_eq(h.decision.rule, "r");
+    cr_assert(gone_within(key, 50), "the rejected request kept its slot");
+    char other[80];
+    snprintf(other, sizeof other, "%s-other", value);
+    rl_attr from_other[2] = {attrs[0], {"ip", other, strlen(other)}};
+    cr_assert_eq(rl_check_hold(a, from_other, 2, 1, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    cr_assert_not_null(h.hold, "refused by %s", h.decision.rule);
+    cr_assert_eq(rl_hold_end(h.hold, 1), RL_OK);
+    sem_destroy(&h.done);
+    close_agent(a, cfg);
+}
+
+/* A hold never ended: hold_timeout_ms (1 s) ends it, and its slot is let
+ * go then, not a lease later. */
+Test(in_flight, an_expired_hold_releases_its_slot)
+{
+    char value[64];
+    fresh(value, sizeof value, "expired");
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "hold_timeout_ms: 1000\n"
+                             "in_flight_lease_ms: 10000\n",
+                             "  - {name: f, match: api_key, in_flight: 1}\n");
+    rl_hold *h = hold_of(a, value);
+    cr_assert_not_null(h);
+    uint64_t start = test_now_us();
+    test_sleep_ms(800);
+    cr_assert_null(hold_of(a, value), "the slot went before the hold "
+                   "expired");
+    rl_hold *next = NULL;
+    while (next == NULL && test_now_us() - start < 2000000) {
+        test_sleep_ms(20);
+        next = hold_of(a, value);
+    }
+    cr_assert_not_null(next, "the expired hold kept its slot");
+    cr_assert_leq((test_now_us() - start) / 1000, 1200);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    cr_assert_eq(rl_hold_end(next, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* --- Plain checks and the close -------------------------------------- */
+
+/* rl_check takes no slot: it says whether one is free. */
+Test(in_flight, a_plain_check_takes_no_slot)
+{
+    char value[64], key[96];
+    fresh(value, sizeof value, "plain");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "",
+                             "  - {name: f, match: api_key, in_flight: 1}\n");
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+        cr_assert(d.allowed && !d.degraded);
+    }
+    cr_assert(!key_exists(key), "a plain check took a slot");
+    rl_hold *h = hold_of(a, value);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+    cr_assert(!d.allowed, "a plain check passed with the slot held");
+    cr_assert_str_eq(d.rule, "f");
+    cr_assert_eq(d.limit, 1);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* A close lets go of every slot its agent holds, in its last calls. */
+Test(in_flight, close_releases_every_slot)
+{
+    char value[64], key[96];
+    fresh(value, sizeof value, "close");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "",
+                             "  - {name: f, match: api_key, in_flight: 5}\n");
+    rl_hold *h[3];
+    for (int i = 0; i < 3; i++)
+        cr_assert_not_null(h[i] = hold_of(a, value));
+    redisContext *c = test_redis_connect(NULL);
+    cr_assert_eq(slots_in_redis(c, key), 3);
+    redisFree(c);
+    close_agent(a, cfg);
+    cr_assert(!key_exists(key), "the close left slots held");
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+}
+
+/* An override gives its own N. */
+Test(in_flight, an_override_gives_its_own_n)
+{
+    char value[64], rules[256];
+    fresh(value, sizeof value, "override");
+    snprintf(rules, sizeof rules,
+             "  - {name: f, match: api_key, in_flight: 1, overrides: "
+             "[{values: [%s], in_flight: 2}]}\n", value);
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "", rules);
+    rl_hold *h1 = hold_of(a, value), *h2 = hold_of(a, value);
+    cr_assert_not_null(h1);
+    cr_assert_not_null(h2, "the override's N was not applied");
+    cr_assert_null(hold_of(a, value));
+    cr_assert_eq(rl_hold_end(h1, 1), RL_OK);
+    cr_assert_eq(rl_hold_end(h2, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* --- Config ----------------------------------------------------------- */
+
+static void refused(const char *top, const char *rule, const char *want)
+{
+    char yaml[512];
+    int n = snprintf(yaml, sizeof yaml,
+                     "store:\n  url: redis://127.0.0.1:1\n%srules:\n%s", top,
+                     rule);
+    rl_config *cfg = NULL;
+    rl_error err;
+    cr_assert_neq(rl_config_parse(yaml, (size_t)n, "<test>", &cfg, &err),
+                  RL_OK, "taken: %s%s", top, rule);
+    cr_assert(strstr(err.message, want) != NULL, "%s", err.message);
+}
+
+Test(in_flight, what_cannot_apply_is_refused)
+{
+    const char *f = "  - {name: f, match: k, in_flight: 3";
+    char rule[160];
+    const char *extra[] = {"limit: 1", "period: 1s", "burst: 2",
+                           "algorithm: gcra"};
+    const char *field[] = {"limit", "period", "burst", "algorithm"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(rule, sizeof rule, "%s, %s}\n", f, extra[i]);
+        refused("", rule, field[i]);
+    }
+    snprintf(rule, sizeof rule, "%s, mode: exact}\n", f);
+    refused("", rule, "mode");
+    refused("", "  - {name: f, match: k, mode: in_flight}\n",
+            "needs in_flight");
+    snprintf(rule, sizeof rule, "%s, overrides: [{values: [a], limit: 2}]}"
+             "\n", f);
+    refused("", rule, "limit");
+    refused("", "  - {name: f, match: k, limit: 1, period: 1s, overrides: "
+            "[{values: [a], in_flight: 2}]}\n", "in_flight");
+    snprintf(rule, sizeof rule, "%s}\n", f);
+    refused("in_flight_lease_ms: 999\n", rule, "in_flight_lease_ms");
+    refused("in_flight_lease_ms: 600001\n", rule, "in_flight_lease_ms");
+}
