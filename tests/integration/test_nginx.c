@@ -1077,7 +1077,7 @@ static void *send_slow(void *arg)
  * times, never more than two with the upstream; two clients gone free
  * their slots at once (not when the upstream would answer, 400 ms, nor at
  * the hold's timeout, 1 s). */
-Test(nginx, in_flight_slots_are_held_per_request_and_freed_on_abort)
+Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
 {
     char yaml[1024], server[512];
     snprintf(yaml, sizeof yaml,
