@@ -10,8 +10,6 @@
 #include "test_upstream.h"
 
 #include <criterion/criterion.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,27 +65,6 @@ static int log_count(const test_gateway *gw, const char *text)
 #define CLIENTS 5
 #define EACH 6
 
-typedef struct client {
-    uint16_t port;
-    const char *key;
-    int first;          /* its costs: 100 + 37 * (first + i) */
-    atomic_int ok;
-} client;
-
-static unsigned cost_of(int n) { return 100 + 37 * (unsigned)n; }
-
-static void *send_costs(void *arg)
-{
-    client *c = arg;
-    char cost[16];
-    for (int i = 0; i < EACH; i++) {
-        snprintf(cost, sizeof cost, "%u", cost_of(c->first + i));
-        if (test_upstream_call(c->port, "/v1/chat", c->key, cost) == 200)
-            atomic_fetch_add(&c->ok, 1);
-    }
-    return NULL;
-}
-
 Test(gateway_cost, the_count_is_the_sum_of_the_responses_x_cost)
 {
     test_gateway gw;
@@ -96,20 +73,16 @@ Test(gateway_cost, the_count_is_the_sum_of_the_responses_x_cost)
     char key[96], counted[128];
     unique(key, sizeof key, "ak_cost");
     snprintf(counted, sizeof counted, "rl:key:%s", key);
-    client c[CLIENTS];
-    pthread_t t[CLIENTS];
+    /* Five clients at once, each with six costs of its own. */
+    char text[CLIENTS * EACH][16];
+    const char *costs[CLIENTS * EACH];
     long long sum = 0;
-    for (int i = 0; i < CLIENTS; i++) {
-        c[i] = (client){.port = gw.port, .key = key, .first = i * EACH};
-        for (int j = 0; j < EACH; j++)
-            sum += cost_of(i * EACH + j);
-        pthread_create(&t[i], NULL, send_costs, &c[i]);
+    for (int i = 0; i < CLIENTS * EACH; i++) {
+        snprintf(text[i], sizeof text[i], "%d", 100 + 37 * i);
+        costs[i] = text[i];
+        sum += 100 + 37 * i;
     }
-    int ok = 0;
-    for (int i = 0; i < CLIENTS; i++) {
-        pthread_join(t[i], NULL);
-        ok += atomic_load(&c[i].ok);
-    }
+    int ok = test_upstream_clients(gw.port, key, costs, CLIENTS, EACH);
     cr_assert_eq(ok, CLIENTS * EACH, "%d of %d requests were answered 200",
                  ok, CLIENTS * EACH);
     cr_assert_geq(test_upstream_most(&up), 2, "the requests never were "
@@ -195,19 +168,6 @@ static void start_in_flight(test_gateway *gw, test_upstream *up)
                        "--upstream", url, NULL);
 }
 
-typedef struct slow_client {
-    uint16_t port;
-    const char *key;
-    int status;
-} slow_client;
-
-static void *send_slow(void *arg)
-{
-    slow_client *c = arg;
-    c->status = test_upstream_call(c->port, "/v1/chat", c->key, NULL);
-    return NULL;
-}
-
 /* Five requests of a key at once, three times over, with in_flight: 2:
  * never more than two with the upstream, the others refused. */
 Test(gateway_cost, in_flight_admits_at_most_n_at_once_through_the_gateway)
@@ -218,21 +178,8 @@ Test(gateway_cost, in_flight_admits_at_most_n_at_once_through_the_gateway)
     char key[96];
     unique(key, sizeof key, "ak_in_flight");
     int ok = 0, refused = 0;
-    for (int round = 0; round < 3; round++) {
-        slow_client c[5];
-        pthread_t t[5];
-        for (int i = 0; i < 5; i++) {
-            c[i] = (slow_client){.port = gw.port, .key = key};
-            pthread_create(&t[i], NULL, send_slow, &c[i]);
-        }
-        for (int i = 0; i < 5; i++) {
-            pthread_join(t[i], NULL);
-            cr_assert(c[i].status == 200 || c[i].status == 429, "status %d",
-                      c[i].status);
-            ok += c[i].status == 200;
-            refused += c[i].status == 429;
-        }
-    }
+    for (int round = 0; round < 3; round++)
+        test_upstream_burst(gw.port, key, 5, &ok, &refused);
     cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
                   "with the upstream at once", test_upstream_most(&up));
     cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
@@ -251,13 +198,6 @@ Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
     unique(key, sizeof key, "ak_in_flight_gone");
     test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
     test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
-    uint64_t gone = test_now_ms();
-    int status = 0;
-    while (status != 200 && test_now_ms() - gone < 250) {
-        test_sleep_ms(20);
-        status = test_upstream_call(gw.port, "/v1/chat", key, NULL);
-    }
-    cr_assert_eq(status, 200, "the gone clients' slots were still held "
-                 "%llu ms later", (unsigned long long)(test_now_ms() - gone));
+    test_upstream_expect_room(gw.port, key, 250);
     stop(&gw, &up);
 }

@@ -970,24 +970,6 @@ static void cost_start(test_nginx *ngx, test_upstream *up)
 #define COST_CLIENTS 5
 #define COST_EACH 6
 
-typedef struct cost_client {
-    uint16_t port;
-    const char *key;
-    const char *const *costs;   /* COST_EACH of them */
-    atomic_int ok;
-} cost_client;
-
-static void *send_costs(void *arg)
-{
-    cost_client *c = arg;
-    for (int i = 0; i < COST_EACH; i++) {
-        if (test_upstream_call(c->port, "/v1/chat", c->key, c->costs[i])
-            == 200)
-            atomic_fetch_add(&c->ok, 1);
-    }
-    return NULL;
-}
-
 /* Five clients at once, each with its costs: one with a bad or missing
  * X-Cost in each (charged 50), the others what they say. */
 Test(nginx, rl_cost_after_charges_the_responses_x_cost)
@@ -998,30 +980,20 @@ Test(nginx, rl_cost_after_charges_the_responses_x_cost)
     char key[96], counted[128];
     unique(key, sizeof key, "ak_ngx_cost");
     snprintf(counted, sizeof counted, "rl:key:%s", key);
-    static const char *const costs[COST_CLIENTS][COST_EACH] = {
-        {"100", "1200", "7", "0", "333", NULL},
-        {"2000", "150", "150", "999", "1", "abc"},
-        {"450", "451", "452", "453", "454", "-3"},
-        {"77777", "10", "20", "30", "40", ""},
-        {"5", "6", "7", "8", "9", "4294967296"},
+    static const char *const costs[COST_CLIENTS * COST_EACH] = {
+        "100", "1200", "7", "0", "333", NULL,
+        "2000", "150", "150", "999", "1", "abc",
+        "450", "451", "452", "453", "454", "-3",
+        "77777", "10", "20", "30", "40", "",
+        "5", "6", "7", "8", "9", "4294967296",
     };
     long long want = 5 * 50;
     for (int i = 0; i < COST_CLIENTS; i++) {
         for (int j = 0; j < COST_EACH - 1; j++)
-            want += atoll(costs[i][j]);
+            want += atoll(costs[i * COST_EACH + j]);
     }
-    cost_client c[COST_CLIENTS];
-    pthread_t t[COST_CLIENTS];
-    for (int i = 0; i < COST_CLIENTS; i++) {
-        c[i] = (cost_client){.port = ngx.port, .key = key,
-                             .costs = costs[i]};
-        pthread_create(&t[i], NULL, send_costs, &c[i]);
-    }
-    int ok = 0;
-    for (int i = 0; i < COST_CLIENTS; i++) {
-        pthread_join(t[i], NULL);
-        ok += atomic_load(&c[i].ok);
-    }
+    int ok = test_upstream_clients(ngx.port, key, costs, COST_CLIENTS,
+                                   COST_EACH);
     cr_assert_eq(ok, COST_CLIENTS * COST_EACH, "%d requests answered 200",
                  ok);
     cr_assert_geq(test_upstream_most(&up), 2);
@@ -1060,19 +1032,6 @@ Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
 
 #define SLOW_MS 400
 
-typedef struct slow_client {
-    uint16_t port;
-    const char *key;
-    int status;
-} slow_client;
-
-static void *send_slow(void *arg)
-{
-    slow_client *c = arg;
-    c->status = test_upstream_call(c->port, "/v1/chat", c->key, NULL);
-    return NULL;
-}
-
 /* in_flight: 2 over two workers: five requests of a key at once, three
  * times, never more than two with the upstream; two clients gone free
  * their slots at once (not when the upstream would answer, 400 ms, nor at
@@ -1100,21 +1059,8 @@ Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
     char key[96];
     unique(key, sizeof key, "ak_ngx_in_flight");
     int ok = 0, refused = 0;
-    for (int round = 0; round < 3; round++) {
-        slow_client c[5];
-        pthread_t t[5];
-        for (int i = 0; i < 5; i++) {
-            c[i] = (slow_client){.port = ngx.port, .key = key};
-            pthread_create(&t[i], NULL, send_slow, &c[i]);
-        }
-        for (int i = 0; i < 5; i++) {
-            pthread_join(t[i], NULL);
-            cr_assert(c[i].status == 200 || c[i].status == 429, "status %d",
-                      c[i].status);
-            ok += c[i].status == 200;
-            refused += c[i].status == 429;
-        }
-    }
+    for (int round = 0; round < 3; round++)
+        test_upstream_burst(ngx.port, key, 5, &ok, &refused);
     cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
                   "with the upstream at once", test_upstream_most(&up));
     cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
@@ -1122,14 +1068,7 @@ Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
 
     test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
     test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
-    uint64_t gone = test_now_ms();
-    int status = 0;
-    while (status != 200 && test_now_ms() - gone < 250) {
-        test_sleep_ms(20);
-        status = test_upstream_call(ngx.port, "/v1/chat", key, NULL);
-    }
-    cr_assert_eq(status, 200, "the gone clients' slots were still held "
-                 "%llu ms later", (unsigned long long)(test_now_ms() - gone));
+    test_upstream_expect_room(ngx.port, key, 250);
     nginx_stop(&ngx);
     test_upstream_stop(&up);
 }

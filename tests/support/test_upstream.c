@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct conn_arg {
@@ -160,12 +161,9 @@ static int send_request(uint16_t port, const char *path, const char *key,
     return fd;
 }
 
-int test_upstream_call(uint16_t port, const char *path, const char *key,
-                       const char *cost)
+/* The status of the response on fd, read to its end; closes fd. */
+static int read_status(int fd)
 {
-    int fd = send_request(port, path, key, cost);
-    if (fd < 0)
-        return -1;
     char buf[4096];
     size_t got = 0;
     ssize_t n;
@@ -180,6 +178,13 @@ int test_upstream_call(uint16_t port, const char *path, const char *key,
     return status;
 }
 
+int test_upstream_call(uint16_t port, const char *path, const char *key,
+                       const char *cost)
+{
+    int fd = send_request(port, path, key, cost);
+    return fd < 0 ? -1 : read_status(fd);
+}
+
 void test_upstream_abandon(uint16_t port, const char *path, const char *key,
                            const char *cost, unsigned wait_ms)
 {
@@ -187,4 +192,82 @@ void test_upstream_abandon(uint16_t port, const char *path, const char *key,
     cr_assert_geq(fd, 0, "cannot send a request to port %u", port);
     usleep(wait_ms * 1000);
     close(fd);
+}
+
+int test_upstream_calls(uint16_t port, const char *key,
+                        const char *const *costs, int n)
+{
+    int ok = 0;
+    for (int i = 0; i < n; i++)
+        ok += test_upstream_call(port, "/v1/chat", key, costs[i]) == 200;
+    return ok;
+}
+
+typedef struct client {
+    uint16_t port;
+    const char *key;
+    const char *const *costs;
+    int n, ok;
+} client;
+
+static void *run_client(void *arg)
+{
+    client *c = arg;
+    c->ok = test_upstream_calls(c->port, c->key, c->costs, c->n);
+    return NULL;
+}
+
+int test_upstream_clients(uint16_t port, const char *key,
+                          const char *const *costs, int clients, int each)
+{
+    client c[64];
+    pthread_t t[64];
+    cr_assert_leq(clients, 64);
+    for (int i = 0; i < clients; i++) {
+        c[i] = (client){port, key, costs + i * each, each, 0};
+        cr_assert_eq(pthread_create(&t[i], NULL, run_client, &c[i]), 0);
+    }
+    int ok = 0;
+    for (int i = 0; i < clients; i++) {
+        pthread_join(t[i], NULL);
+        ok += c[i].ok;
+    }
+    return ok;
+}
+
+void test_upstream_burst(uint16_t port, const char *key, int n, int *ok,
+                         int *refused)
+{
+    int fds[64];
+    cr_assert_leq(n, 64);
+    for (int i = 0; i < n; i++) {
+        fds[i] = send_request(port, "/v1/chat", key, NULL);
+        cr_assert_geq(fds[i], 0, "cannot send a request to port %u", port);
+    }
+    for (int i = 0; i < n; i++) {
+        int status = read_status(fds[i]);
+        cr_assert(status == 200 || status == 429, "status %d", status);
+        *ok += status == 200;
+        *refused += status == 429;
+    }
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void test_upstream_expect_room(uint16_t port, const char *key,
+                               unsigned within_ms)
+{
+    uint64_t from = now_ms();
+    int status = 0;
+    while (status != 200 && now_ms() - from < within_ms) {
+        usleep(20 * 1000);
+        status = test_upstream_call(port, "/v1/chat", key, NULL);
+    }
+    cr_assert_eq(status, 200, "no room for %s %llu ms later", key,
+                 (unsigned long long)(now_ms() - from));
 }

@@ -37,6 +37,23 @@ int test_upstream_served(test_upstream *u);
  * cost is not NULL, an X-Test-Cost; the response's status, or -1. */
 int test_upstream_call(uint16_t port, const char *path, const char *key,
                        const char *cost);
+/* Each of costs[0..n-1] (NULL: none) in turn, one request each; how many
+ * were answered 200. */
+int test_upstream_calls(uint16_t port, const char *key,
+                        const char *const *costs, int n);
+/* clients threads at once, each running test_upstream_calls with its own
+ * each costs of costs (clients x each, row by row); how many were
+ * answered 200. */
+int test_upstream_clients(uint16_t port, const char *key,
+                          const char *const *costs, int clients, int each);
+/* n requests of key (no cost) at once: adds the 200s to *ok and the 429s
+ * to *refused, and fails the test on any other status. */
+void test_upstream_burst(uint16_t port, const char *key, int n, int *ok,
+                         int *refused);
+/* Asks every 20 ms until a request of key is answered 200, within_ms at
+ * most; fails the test, saying how long it asked, if none was. */
+void test_upstream_expect_room(uint16_t port, const char *key,
+                               unsigned within_ms);
 /* The same request, and the client gone (closed) after wait_ms. */
 void test_upstream_abandon(uint16_t port, const char *path, const char *key,
                            const char *cost, unsigned wait_ms);
