@@ -7,9 +7,11 @@
 #include "test_agent.h"
 #include "test_env.h"
 #include "test_gateway.h"
+#include "test_process.h"
 #include "test_upstream.h"
 
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,4 +202,40 @@ Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
     test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
     test_upstream_expect_room(gw.port, key, 250);
     stop(&gw, &up);
+}
+
+/* gateway.cost_header is read again on SIGHUP: requests checked after the
+ * reload cost what their response says, those before it 1. */
+Test(gateway_cost, sighup_takes_up_a_new_cost_header)
+{
+    static const char rules[] =
+        "rules:\n"
+        "  - {name: tokens, match: api_key, limit: 100000000, period: 1h, "
+        "algorithm: fixed_window}\n";
+    char yaml[1024], url[64], key[96], counted[128];
+    const char *redis = test_env("RL_TEST_REDIS");
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\n%s", redis, rules);
+    const char *path = test_write_config("gw-cost-reload", yaml);
+    test_upstream up;
+    test_upstream_start(&up, 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, path, "--upstream", url, NULL);
+    unique(key, sizeof key, "ak_cost_reload");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
+    test_expect_window_sum(redis, counted, 1);
+
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\ngateway: {cost_header: X-Cost}\n%s", redis,
+             rules);
+    cr_assert_str_eq(test_write_config("gw-cost-reload", yaml), path);
+    long from = test_log_size(gw.log);
+    kill(gw.pid, SIGHUP);
+    test_wait_for_log_from(&gw.pid, gw.log, from, "event=reloaded", 5000);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
+    test_expect_window_sum(redis, counted, 1 + 700);
+    test_gateway_stop(&gw);
+    test_upstream_stop(&up);
 }

@@ -178,6 +178,20 @@ Test(config, the_gateway_cost_header_and_its_estimate)
                    "out (each request costs 1)");
 }
 
+/* rl_config_has_in_flight: what tells a host to check with holds. */
+Test(config, a_host_learns_whether_a_rule_is_in_flight)
+{
+    rl_config *cfg = load_ok("rules:\n  - {name: r, match: ip, limit: 7, "
+                             "period: 1s}\n");
+    cr_assert_not(rl_config_has_in_flight(cfg));
+    rl_config_free(cfg);
+    cfg = load_ok("rules:\n  - {name: r, match: ip, limit: 7, period: 1s}\n"
+                  "  - {name: c, match: tenant, in_flight: 3}\n");
+    cr_assert(rl_config_has_in_flight(cfg));
+    rl_config_free(cfg);
+    cr_assert_not(rl_config_has_in_flight(NULL));
+}
+
 Test(config, omitted_fields_take_the_documented_defaults)
 {
     rl_config *cfg = load_ok("rules:\n"
