@@ -1072,3 +1072,50 @@ Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
     nginx_stop(&ngx);
     test_upstream_stop(&up);
 }
+
+/* A worker that exits (SIGTERM: at once, requests and all) closes its
+ * agent, which ends its holds and lets their slots go: its respawned
+ * successor finds the key's slot free, not held for the lease (10 s). */
+Test(nginx, a_worker_that_exits_frees_its_in_flight_slots)
+{
+    char yaml[1024], server[512], first[64], now[64];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 1}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream up;
+    test_upstream_start(&up, 1500);
+    snprintf(server, sizeof server,
+             "        location /v1/ {\n"
+             "            rl on;\n"
+             "            proxy_pass http://127.0.0.1:%u;\n"
+             "        }\n", up.port);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, test_write_config("nginx-exit", yaml), "",
+                  server);
+    nginx_start(&ngx, 1);
+    char key[96];
+    unique(key, sizeof key, "ak_ngx_exit");
+    int fd = test_upstream_send(ngx.port, "/v1/chat", key, NULL);
+    for (int waited = 0; waited < 2000 && test_upstream_busy(&up) == 0;
+         waited += 10)
+        test_sleep_ms(10);
+    cr_assert_eq(test_upstream_busy(&up), 1, "the request never reached "
+                 "the upstream");
+    cr_assert_eq(test_upstream_call(ngx.port, "/v1/chat", key, NULL), 429,
+                 "the slot is the held request's");
+
+    worker_pids(&ngx, first, sizeof first);
+    kill(atoi(first), SIGTERM);
+    for (int waited = 0; waited < 5000
+         && log_count(&ngx, "start worker process ") < 2; waited += 20)
+        test_sleep_ms(20);
+    worker_pids(&ngx, now, sizeof now);
+    cr_assert(atoi(now) > 0 && strcmp(now, first) != 0,
+              "no worker in place of %s: %s", first, now);
+    test_upstream_expect_room(ngx.port, key, 500);
+    close(fd);
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}

@@ -131,6 +131,14 @@ int test_upstream_most(test_upstream *u)
     return most;
 }
 
+int test_upstream_busy(test_upstream *u)
+{
+    pthread_mutex_lock(&u->lock);
+    int serving = u->serving;
+    pthread_mutex_unlock(&u->lock);
+    return serving;
+}
+
 int test_upstream_served(test_upstream *u)
 {
     pthread_mutex_lock(&u->lock);
@@ -185,11 +193,18 @@ int test_upstream_call(uint16_t port, const char *path, const char *key,
     return fd < 0 ? -1 : read_status(fd);
 }
 
-void test_upstream_abandon(uint16_t port, const char *path, const char *key,
-                           const char *cost, unsigned wait_ms)
+int test_upstream_send(uint16_t port, const char *path, const char *key,
+                       const char *cost)
 {
     int fd = send_request(port, path, key, cost);
     cr_assert_geq(fd, 0, "cannot send a request to port %u", port);
+    return fd;
+}
+
+void test_upstream_abandon(uint16_t port, const char *path, const char *key,
+                           const char *cost, unsigned wait_ms)
+{
+    int fd = test_upstream_send(port, path, key, cost);
     usleep(wait_ms * 1000);
     close(fd);
 }

@@ -31,6 +31,8 @@ void test_upstream_stop(test_upstream *u);
 /* The most requests it served at once, and how many it answered. */
 int test_upstream_most(test_upstream *u);
 int test_upstream_served(test_upstream *u);
+/* The requests it is serving now. */
+int test_upstream_busy(test_upstream *u);
 
 /* A client of a proxy in front of it, without Criterion asserts (threads
  * may call it): GET path on its own connection with an X-Api-Key and, if
@@ -54,6 +56,9 @@ void test_upstream_burst(uint16_t port, const char *key, int n, int *ok,
  * most; fails the test, saying how long it asked, if none was. */
 void test_upstream_expect_room(uint16_t port, const char *key,
                                unsigned within_ms);
+/* The same request, sent on a connection the caller closes: its fd. */
+int test_upstream_send(uint16_t port, const char *path, const char *key,
+                       const char *cost);
 /* The same request, and the client gone (closed) after wait_ms. */
 void test_upstream_abandon(uint16_t port, const char *path, const char *key,
                            const char *cost, unsigned wait_ms);
