@@ -67,10 +67,6 @@ void rl_bucket_answer(const rl_limit *rate, uint64_t missing, bool allowed,
 
 typedef rl_bucket_pending pending;
 
-/* A rejected in_flight request may pass once a slot is freed, which no
- * one can know in advance: a second is what it is told to wait. */
-#define SLOT_RETRY_MS 1000
-
 /* An in_flight item's answer: the slots held after the call, or
  * -(held + 1) when none was free. */
 static bool parse_slot(const pending *p, const redisReply *r,
@@ -84,7 +80,7 @@ static bool parse_slot(const pending *p, const redisReply *r,
         return false;
     *out = (rl_bucket_reply){.allowed = allowed,
                              .remaining = allowed ? n - (uint64_t)held : 0,
-                             .retry_ms = allowed ? 0 : SLOT_RETRY_MS};
+                             .retry_ms = allowed ? 0 : RL_IN_FLIGHT_RETRY_MS};
     return true;
 }
 

@@ -101,7 +101,7 @@ static void decide_slot(rl_agent *a, rl_request *req, rl_rule_state *rs)
     rs->reply = (rl_bucket_reply){
         .allowed = allowed,
         .remaining = share > held ? share - held : 0,
-        .retry_ms = allowed ? 0 : 1000};
+        .retry_ms = allowed ? 0 : RL_IN_FLIGHT_RETRY_MS};
     rs->fallback = true;
 }
 

@@ -226,7 +226,6 @@ static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
     }
     if (f->closed != NULL)
         f->closing_calls++;
-    atomic_fetch_add_explicit(&f->writes, 1, memory_order_relaxed);
     rl_store_run(f->store, RL_SCRIPT_SLOTS, 3 + 2 * n, argv, lens,
                  on_written, f);
 }

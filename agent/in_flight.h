@@ -13,7 +13,6 @@
 #include "log.h"
 #include "store.h"
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -30,12 +29,10 @@ typedef struct rl_in_flight {
     size_t cap, n;
     uv_timer_t renew;         /* every lease / 4 */
     uv_idle_t flush;          /* the turn's releases, in one write */
-    bool started, flushing;
+    bool started;
     void (*closed)(void *arg); /* rl_in_flight_close's, once answered */
     void *closed_arg;
     int closing_calls;
-    /* For tests and stats: slot writes sent (releases and renewals). */
-    atomic_uint_least64_t writes;
 } rl_in_flight;
 
 /* Sets f up for an agent named id with lease_ms. RL_OK or RL_ENOMEM. */

@@ -177,7 +177,9 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * share of each limit at once. Meanwhile each totals
  * connection ends at its aggregator's next broadcast (within an interval,
  * two at most), and the agent waits for that: Debian's nng 1.5.2 can hang
- * closing a connection a message is arriving on.
+ * closing a connection a message is arriving on. The in_flight slots of
+ * the holds it ended are given back first, in one call per store shard
+ * (one deadline at most), so that no other agent waits a lease for them.
  * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 
@@ -413,6 +415,17 @@ typedef void (*rl_hold_fn)(const rl_decision *decision, rl_hold *hold,
  * Thread-safe. */
 RL_API int rl_check_hold(rl_agent *agent, const rl_attr *attrs, size_t n,
                          uint32_t estimate, rl_hold_fn callback, void *arg);
+
+/* in_flight rules (config `in_flight: N`): only a hold takes a slot, and
+ * holds it until its end (rl_hold_end, its expiry, the close) or its
+ * rejection by another rule, which give it back at once. A plain check
+ * (rl_check, rl_check_async, rl_check_nowait, rl_check_rule_async) takes
+ * none: it is allowed when a slot is free now, and the next request may
+ * find it taken. Such a rule waits for the store as an exact rule does
+ * (rl_check_nowait answers RL_EAGAIN for it). Its decision's limit is N,
+ * remaining the slots free after the call, period_ms 1000 (nothing
+ * refills by time), reset_ms 0, and a rejection's retry_after_ms 1000
+ * (a slot frees when a request ends, which no one knows in advance). */
 
 /* rl_check_rule_hold is rl_check_rule_async with its cost an estimate held
  * open, as rl_check_hold holds it. Errors as rl_check_rule_async's.

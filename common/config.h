@@ -81,6 +81,9 @@ typedef struct rl_limit {
 #define RL_IN_FLIGHT_LEASE_MS 10000
 #define RL_IN_FLIGHT_LEASE_MIN 1000
 #define RL_IN_FLIGHT_LEASE_MAX 600000
+/* What a request an in_flight rule rejects is told to wait: a slot frees
+ * when a request ends, which no one knows in advance. */
+#define RL_IN_FLIGHT_RETRY_MS 1000
 
 typedef enum rl_when_op {
     RL_WHEN_EQUAL,  /* attr: value */

@@ -265,7 +265,18 @@ static void print_view_json(const rlctl_view *v)
     printf(",\"exists\":%s,\"ttl_ms\":%lld,\"limit\":%llu,\"period_ms\":%llu",
            v->exists ? "true" : "false", v->ttl_ms,
            (unsigned long long)r->limit, (unsigned long long)r->period_ms);
-    if (r->algorithm == RL_ALGO_FIXED_WINDOW)
+    if (r->mode == RL_MODE_IN_FLIGHT) {
+        printf(",\"in_flight\":%llu,\"held\":%llu,\"agents\":[",
+               (unsigned long long)r->limit, (unsigned long long)v->held);
+        for (size_t i = 0; i < v->n_holders; i++) {
+            printf("%s{\"agent\":", i > 0 ? "," : "");
+            rlctl_json_string(v->holders[i].agent);
+            printf(",\"slots\":%llu,\"expires_in_ms\":%lld}",
+                   (unsigned long long)v->holders[i].slots,
+                   v->holders[i].expires_in_ms);
+        }
+        printf("],\"agents_count\":%zu}", v->n_agents);
+    } else if (r->algorithm == RL_ALGO_FIXED_WINDOW)
         printf(",\"algorithm\":\"fixed_window\",\"window\":%llu,"
                "\"count\":%llu,\"remaining\":%llu,\"window_ends_in_ms\":%llu}",
                (unsigned long long)v->window,
@@ -286,7 +297,8 @@ static void print_view_json(const rlctl_view *v)
                rl_algorithm_name(r->algorithm),
                (unsigned long long)r->burst, (unsigned long long)v->tokens,
                (unsigned long long)v->full_in_ms);
-    if (r->mode != RL_MODE_SYNCED && r->algorithm != RL_ALGO_FIXED_WINDOW) {
+    if (r->mode != RL_MODE_SYNCED && r->algorithm != RL_ALGO_FIXED_WINDOW
+        && r->mode != RL_MODE_IN_FLIGHT) {
         rlctl_json_string(v->state);
         /* The store cannot tell leased tokens apart from spent ones. */
         if (r->mode == RL_MODE_LEASED)
@@ -295,14 +307,42 @@ static void print_view_json(const rlctl_view *v)
     }
 }
 
+/* An in_flight key's slots, by agent. */
+static void print_slots(const rlctl_view *v)
+{
+    printf("held:        %llu of %llu at once, %llu free\n",
+           (unsigned long long)v->held, (unsigned long long)v->rule->limit,
+           (unsigned long long)v->tokens);
+    for (size_t i = 0; i < v->n_holders; i++) {
+        const rlctl_holder *o = &v->holders[i];
+        if (o->expires_in_ms > 0)
+            printf("agent:       %s holds %llu, expires in %lld ms\n",
+                   o->agent, (unsigned long long)o->slots,
+                   o->expires_in_ms);
+        else
+            printf("agent:       %s held %llu, expired %lld ms ago (free)\n",
+                   o->agent, (unsigned long long)o->slots,
+                   -o->expires_in_ms);
+    }
+    if (v->n_agents > v->n_holders)
+        printf("agents:      %zu more not shown\n",
+               v->n_agents - v->n_holders);
+}
+
 static void print_view(const rlctl_view *v)
 {
     const rl_rule *r = v->rule;
-    printf("rule:        %s (%s, %llu per %llu ms)\n", r->name,
-           rl_mode_name(r->mode), (unsigned long long)r->limit,
-           (unsigned long long)r->period_ms);
+    if (r->mode == RL_MODE_IN_FLIGHT)
+        printf("rule:        %s (in_flight, %llu at once)\n", r->name,
+               (unsigned long long)r->limit);
+    else
+        printf("rule:        %s (%s, %llu per %llu ms)\n", r->name,
+               rl_mode_name(r->mode), (unsigned long long)r->limit,
+               (unsigned long long)r->period_ms);
     printf("key:         %s%s\n", v->key, v->exists ? "" : " (none)");
-    if (r->algorithm == RL_ALGO_FIXED_WINDOW) {
+    if (r->mode == RL_MODE_IN_FLIGHT) {
+        print_slots(v);
+    } else if (r->algorithm == RL_ALGO_FIXED_WINDOW) {
         printf("window:      %llu, ends in %llu ms\n",
                (unsigned long long)v->window,
                (unsigned long long)v->full_in_ms);

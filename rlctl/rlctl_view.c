@@ -4,7 +4,9 @@
  * key's expiry is the time until it is full again; a missing key is a full
  * bucket. A synced rule's estimate is the agent's (wire.h): the counts of
  * the sub-windows of the trailing period, the oldest counted whole. A
- * fixed window's is the count of the window that holds now.
+ * fixed window's is the count of the window that holds now. An in_flight
+ * rule's slots are its hash's fields, one per agent, "COUNT EXPIRY" by
+ * Redis's clock (agent/scripts.c): a field past its expiry holds none.
  */
 #include "rlctl_view.h"
 
@@ -67,6 +69,33 @@ static uint64_t level_now(const rl_rule *r, const char *state,
     return d < cap ? cap - d : 0;
 }
 
+/* HGETALL of the view's key, which it says exists when it has fields: the
+ * reply (the caller frees it), or NULL with a message. */
+static redisReply *read_hash(rlctl_store *s, rlctl_view *v, char *err,
+                             size_t errlen)
+{
+    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
+    if (h == NULL || h->type != REDIS_REPLY_ARRAY) {
+        store_error(c, h, "HGETALL", err, errlen);
+        return NULL;
+    }
+    v->exists = h->elements > 0;
+    return h;
+}
+
+/* PTTL of the view's key. */
+static int read_ttl(rlctl_store *s, rlctl_view *v, char *err, size_t errlen)
+{
+    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
+    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
+    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
+        return store_error(c, t, "PTTL", err, errlen);
+    v->ttl_ms = t->integer;
+    freeReplyObject(t);
+    return 0;
+}
+
 static void window_key(const rlctl_store *s, const rl_rule *rule,
                        const char *value, char *out, size_t cap)
 {
@@ -86,11 +115,9 @@ static int read_synced(rlctl_store *s, const char *value,
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     v->window = now / g;
     window_key(s, r, value, v->key, sizeof v->key);
-    rlctl_conn *c = rlctl_store_for_key(s, v->key, strlen(v->key));
-    redisReply *h = rlctl_command(c, "HGETALL", v->key, NULL);
-    if (h == NULL || h->type != REDIS_REPLY_ARRAY)
-        return store_error(c, h, "HGETALL", err, errlen);
-    v->exists = h->elements > 0;
+    redisReply *h = read_hash(s, v, err, errlen);
+    if (h == NULL)
+        return -1;
     for (size_t f = 0; f + 1 < h->elements; f += 2) {
         char *end;
         uint64_t w = strtoull(h->element[f]->str, &end, 10);
@@ -106,11 +133,8 @@ static int read_synced(rlctl_store *s, const char *value,
                                               : &v->current) += n;
     }
     freeReplyObject(h);
-    redisReply *t = rlctl_command(c, "PTTL", v->key, NULL);
-    if (t == NULL || t->type != REDIS_REPLY_INTEGER)
-        return store_error(c, t, "PTTL", err, errlen);
-    v->ttl_ms = t->integer;
-    freeReplyObject(t);
+    if (read_ttl(s, v, err, errlen) != 0)
+        return -1;
     /* The oldest leaves the span when the next sub-window starts. */
     v->full_in_ms = g - now % g;
     v->estimate = v->current + v->previous;
@@ -133,6 +157,36 @@ static int read_window(rlctl_store *s, unsigned long long now,
     v->current = strtoull(v->state, NULL, 10);
     v->tokens = r->limit > v->current ? r->limit - v->current : 0;
     v->full_in_ms = r->period_ms - now % r->period_ms;
+    return 0;
+}
+
+/* An in_flight key's hash: each agent's field, and the slots of the live
+ * ones summed. */
+static int read_slots(rlctl_store *s, unsigned long long now, rlctl_view *v,
+                      char *err, size_t errlen)
+{
+    redisReply *h = read_hash(s, v, err, errlen);
+    if (h == NULL)
+        return -1;
+    for (size_t f = 0; f + 1 < h->elements; f += 2) {
+        unsigned long long slots, expiry;
+        if (sscanf(h->element[f + 1]->str, "%llu %llu", &slots, &expiry)
+            != 2)
+            continue;
+        long long left = (long long)expiry - (long long)now;
+        if (left > 0)
+            v->held += slots;
+        if (v->n_agents++ >= RLCTL_HOLDERS_MAX)
+            continue;
+        rlctl_holder *o = &v->holders[v->n_holders++];
+        snprintf(o->agent, sizeof o->agent, "%s", h->element[f]->str);
+        o->slots = slots;
+        o->expires_in_ms = left;
+    }
+    freeReplyObject(h);
+    if (read_ttl(s, v, err, errlen) != 0)
+        return -1;
+    v->tokens = v->rule->limit > v->held ? v->rule->limit - v->held : 0;
     return 0;
 }
 
@@ -161,6 +215,8 @@ int rlctl_view_read(rlctl_store *s, const rl_rule *rule, const char *tag,
     }
     if (rule->algorithm == RL_ALGO_FIXED_WINDOW)
         return read_window(s, now_ms, out, err, errlen);
+    if (rule->mode == RL_MODE_IN_FLIGHT)
+        return read_slots(s, now_ms, out, err, errlen);
     if (read_key(s, out->key, out->state, sizeof out->state, &out->ttl_ms,
                  &out->exists, err, errlen) != 0)
         return -1;
@@ -180,6 +236,12 @@ bool rlctl_view_allows(const rlctl_view *v, uint32_t cost, long long *retry)
             return true;
         /* Room comes back as the window slides on. */
         *retry = cost > r->limit ? -1 : (long long)v->full_in_ms;
+        return false;
+    }
+    if (r->mode == RL_MODE_IN_FLIGHT) {
+        if (v->held + 1 <= r->limit)
+            return true;
+        *retry = RL_IN_FLIGHT_RETRY_MS;
         return false;
     }
     if (r->algorithm == RL_ALGO_FIXED_WINDOW) {

@@ -2,7 +2,8 @@
  * rlctl_view.h: what a rule holds for one value, read from the store
  * without changing it: an exact rule's bucket (tokens now, time to full,
  * TTL) or fixed window (its count, time to its end), a synced rule's
- * window counts. Private to rlctl.
+ * window counts, an in_flight rule's slots and the agents holding them.
+ * Private to rlctl.
  */
 #ifndef RL_RLCTL_VIEW_H
 #define RL_RLCTL_VIEW_H
@@ -12,6 +13,18 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* Agents an in_flight view names at most; it counts them all. */
+#define RLCTL_HOLDERS_MAX 32
+
+/* One agent's field of an in_flight hash: its id (rlctl agents names it
+ * alike), the slots it holds and until when (expired: a dead agent's,
+ * free already and dropped at the next take). */
+typedef struct rlctl_holder {
+    char agent[72];
+    uint64_t slots;
+    long long expires_in_ms; /* <= 0: expired */
+} rlctl_holder;
 
 typedef struct rlctl_view {
     const rl_rule *rule;
@@ -30,6 +43,11 @@ typedef struct rlctl_view {
     /* synced (wire.h): the sub-window, recent (w-N+1..w), oldest (w-N),
      * their sum; a fixed window: its number, its count in current */
     uint64_t window, current, previous, estimate;
+    /* in_flight: slots held by live fields, and the fields (the first
+     * RLCTL_HOLDERS_MAX of n_agents) */
+    uint64_t held;
+    rlctl_holder holders[RLCTL_HOLDERS_MAX];
+    size_t n_holders, n_agents;
 } rlctl_view;
 
 /* Reads the view of (rule, value) at Redis time now_ms; tag is the value

@@ -8,6 +8,7 @@
  * lease keeps its slot; a rejected request and an expired hold give
  * theirs back at once; a plain check takes none.
  */
+#include "redis_server.h"
 #include "test_agent.h"
 #include "test_env.h"
 #include "test_process.h"
@@ -21,23 +22,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
-/* A key no earlier run of the suite used (the test Redis is shared). */
-static void fresh(char *out, size_t cap, const char *what)
+/* A value no earlier run of the suite used (the test Redis is shared),
+ * and its key under the rules' match: api_key. */
+static void fresh(char value[64], char key[96], const char *what)
 {
-    snprintf(out, cap, "%s-%llu", what, (unsigned long long)test_now_us());
+    snprintf(value, 64, "%s-%llu", what, (unsigned long long)test_now_us());
+    snprintf(key, 96, "rl:key:%s", value);
 }
 
-/* An agent on the shared Redis with top (top-level YAML lines, may be
+/* An agent on the Redis at addr with top (top-level YAML lines, may be
  * "") and rules. */
-static rl_agent *open_agent(rl_config **cfg, const char *top,
-                            const char *rules)
+static rl_agent *open_agent_on(const char *addr, rl_config **cfg,
+                               const char *top, const char *rules)
 {
     char yaml[1024];
     int n = snprintf(yaml, sizeof yaml,
                      "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
-                     "%srules:\n%s",
-                     test_env("RL_TEST_REDIS"), top, rules);
+                     "%srules:\n%s", addr, top, rules);
     rl_error err;
     cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", cfg, &err),
                  RL_OK, "%s", err.message);
@@ -45,6 +48,13 @@ static rl_agent *open_agent(rl_config **cfg, const char *top,
     rl_agent *a;
     cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
     return a;
+}
+
+/* The same on the shared test Redis. */
+static rl_agent *open_agent(rl_config **cfg, const char *top,
+                            const char *rules)
+{
+    return open_agent_on(test_env("RL_TEST_REDIS"), cfg, top, rules);
 }
 
 static void close_agent(rl_agent *a, rl_config *cfg)
@@ -210,8 +220,7 @@ static void *sample(void *arg)
 Test(in_flight, ten_agents_hold_at_most_n_at_once)
 {
     char value[64], key[96];
-    fresh(value, sizeof value, "fleet");
-    snprintf(key, sizeof key, "rl:key:%s", value);
+    fresh(value, key, "fleet");
     rl_agent *agents[AGENTS];
     rl_config *cfgs[AGENTS];
     for (int i = 0; i < AGENTS; i++)
@@ -266,8 +275,7 @@ Test(in_flight, ten_agents_hold_at_most_n_at_once)
 Test(in_flight, a_killed_gateways_slots_are_free_within_the_lease)
 {
     char value[64], key[96], log[512], count[8];
-    fresh(value, sizeof value, "killed");
-    snprintf(key, sizeof key, "rl:key:%s", value);
+    fresh(value, key, "killed");
     test_log_path(log, sizeof log, "in-flight-holder");
     snprintf(count, sizeof count, "%d", 3);
     char *argv[] = {(char *)test_env("RL_TEST_HOLDER"),
@@ -311,8 +319,8 @@ Test(in_flight, a_killed_gateways_slots_are_free_within_the_lease)
  * (its agent renews it), so another agent is refused throughout. */
 Test(in_flight, a_request_longer_than_the_lease_keeps_its_slot)
 {
-    char value[64];
-    fresh(value, sizeof value, "long");
+    char value[64], key[96];
+    fresh(value, key, "long");
     const char *rules = "  - {name: f, match: api_key, in_flight: 1}\n";
     rl_config *cfg_a, *cfg_b;
     rl_agent *a = open_agent(&cfg_a, "in_flight_lease_ms: 1000\n", rules);
@@ -346,8 +354,7 @@ Test(in_flight, a_request_longer_than_the_lease_keeps_its_slot)
 Test(in_flight, a_rejected_request_releases_its_slot_at_once)
 {
     char value[64], key[96];
-    fresh(value, sizeof value, "rejected");
-    snprintf(key, sizeof key, "rl:key:%s", value);
+    fresh(value, key, "rejected");
     rl_config *cfg;
     rl_agent *a = open_agent(&cfg, "",
                              "  - {name: f, match: api_key, in_flight: 1}\n"
@@ -386,8 +393,8 @@ Test(in_flight, a_rejected_request_releases_its_slot_at_once)
  * go then, not a lease later. */
 Test(in_flight, an_expired_hold_releases_its_slot)
 {
-    char value[64];
-    fresh(value, sizeof value, "expired");
+    char value[64], key[96];
+    fresh(value, key, "expired");
     rl_config *cfg;
     rl_agent *a = open_agent(&cfg, "hold_timeout_ms: 1000\n"
                              "in_flight_lease_ms: 10000\n",
@@ -416,8 +423,7 @@ Test(in_flight, an_expired_hold_releases_its_slot)
 Test(in_flight, a_plain_check_takes_no_slot)
 {
     char value[64], key[96];
-    fresh(value, sizeof value, "plain");
-    snprintf(key, sizeof key, "rl:key:%s", value);
+    fresh(value, key, "plain");
     rl_config *cfg;
     rl_agent *a = open_agent(&cfg, "",
                              "  - {name: f, match: api_key, in_flight: 1}\n");
@@ -442,8 +448,7 @@ Test(in_flight, a_plain_check_takes_no_slot)
 Test(in_flight, close_releases_every_slot)
 {
     char value[64], key[96];
-    fresh(value, sizeof value, "close");
-    snprintf(key, sizeof key, "rl:key:%s", value);
+    fresh(value, key, "close");
     rl_config *cfg;
     rl_agent *a = open_agent(&cfg, "",
                              "  - {name: f, match: api_key, in_flight: 5}\n");
@@ -462,8 +467,8 @@ Test(in_flight, close_releases_every_slot)
 /* An override gives its own N. */
 Test(in_flight, an_override_gives_its_own_n)
 {
-    char value[64], rules[256];
-    fresh(value, sizeof value, "override");
+    char value[64], key[96], rules[256];
+    fresh(value, key, "override");
     snprintf(rules, sizeof rules,
              "  - {name: f, match: api_key, in_flight: 1, overrides: "
              "[{values: [%s], in_flight: 2}]}\n", value);
@@ -516,4 +521,77 @@ Test(in_flight, what_cannot_apply_is_refused)
     snprintf(rule, sizeof rule, "%s}\n", f);
     refused("in_flight_lease_ms: 999\n", rule, "in_flight_lease_ms");
     refused("in_flight_lease_ms: 600001\n", rule, "in_flight_lease_ms");
+}
+
+/* --- rlctl bucket ----------------------------------------------------- */
+
+/* An in_flight rule is a key of the request's multi call: holds on an
+ * exact rule and an in_flight rule cost one call each, as checks of the
+ * exact rule alone do. */
+Test(in_flight, a_check_is_one_call_with_the_exact_rules)
+{
+    test_redis srv;
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    rl_config *cfg;
+    rl_agent *a = open_agent_on(addr, &cfg, "",
+                                "  - {name: f, match: api_key, "
+                                "in_flight: 100}\n"
+                                "  - {name: r, match: ip, limit: 1000, "
+                                "period: 1h}\n");
+    rl_attr attrs[2] = {{"api_key", "one-call", 8}, {"ip", "one-call", 8}};
+    held h = {0};
+    sem_init(&h.done, 0, 0);
+    rl_hold *holds[11];
+    long long before = 0;
+    /* The first loads the library: counted from the second on. */
+    for (int i = 0; i < 11; i++) {
+        if (i == 1)
+            before = test_redis_calls(addr, "fcall");
+        cr_assert_eq(rl_check_hold(a, attrs, 2, 1, on_held, &h), RL_OK);
+        while (sem_wait(&h.done) != 0)
+            ;
+        cr_assert_not_null(holds[i] = h.hold);
+    }
+    long long calls = test_redis_calls(addr, "fcall") - before;
+    cr_assert_eq(calls, 10, "10 holds made %lld calls", calls);
+    for (int i = 0; i < 11; i++)
+        cr_assert_eq(rl_hold_end(holds[i], 1), RL_OK);
+    sem_destroy(&h.done);
+    close_agent(a, cfg);
+    test_redis_stop(&srv);
+}
+
+/* rlctl bucket shows the slots held, by which agent (its id names this
+ * process's pid), and until when. */
+Test(in_flight, rlctl_bucket_shows_the_slots_by_agent)
+{
+    char value[64], key[96], out[4096], pid[32];
+    fresh(value, key, "rlctl");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 5}\n";
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "", rules);
+    rl_hold *h[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_not_null(h[i] = hold_of(a, value));
+    const char *path = test_store_config("in-flight-rlctl", rules);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "bucket f %s", value), 0,
+                 "%s", out);
+    snprintf(pid, sizeof pid, "/%d/", (int)getpid());
+    cr_assert(strstr(out, "rule:        f (in_flight, 5 at once)") != NULL,
+              "%s", out);
+    cr_assert(strstr(out, "held:        2 of 5 at once, 3 free") != NULL,
+              "%s", out);
+    const char *line = strstr(out, "agent:       ");
+    cr_assert(line != NULL && strstr(line, pid) != NULL
+                  && strstr(line, " holds 2, expires in ") != NULL,
+              "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, path, "--json bucket f %s",
+                            value), 0, "%s", out);
+    cr_assert(strstr(out, "\"in_flight\":5,\"held\":2,\"agents\":[{\"agent\":")
+                  != NULL && strstr(out, "\"slots\":2,\"expires_in_ms\":")
+                                 != NULL, "%s", out);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+    close_agent(a, cfg);
 }
