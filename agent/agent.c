@@ -36,14 +36,24 @@ static void finish_close(void *arg)
 
 /* After the in_flight slots are let go: leased tokens go back before
  * the store closes (within one deadline). */
-static void close_leased(void *arg)
+static void give_leases_back(void *arg)
 {
     rl_agent *a = arg;
     if (a->io_leased)
-        rl_leased_close(&a->leased, a->store_config.timeout_ms,
-                        finish_close, a);
+        rl_leased_close(&a->leased, a->store_config.timeout_ms, finish_close,
+                        a);
     else
         finish_close(a);
+}
+
+/* Once the holds' calls are answered: the slots this agent holds are let
+ * go, all of them in one call per cluster slot, before the store closes
+ * (one deadline). */
+static void let_slots_go(void *arg)
+{
+    rl_agent *a = arg;
+    rl_in_flight_close(&a->in_flight, a->store_config.timeout_ms,
+                       give_leases_back, a);
 }
 
 /* The agent whose I/O thread this is, on that thread; NULL elsewhere. */
@@ -89,14 +99,11 @@ static void serve(rl_agent *a)
             return; /* woken again while leases go back */
         a->io_closing = true;
         rl_exact_finalize_all(a);
-        /* Before the leases go back and the store closes: a hold's
-         * difference is a call, or tokens of a hand. */
-        rl_holds_close(a);
         a->closing_sync = sync;
-        /* The slots this agent holds are let go, all of them in one call
-         * per cluster slot, before the store closes (one deadline). */
-        rl_in_flight_close(&a->in_flight, a->store_config.timeout_ms,
-                           close_leased, a);
+        /* Before the slots and the leases go back and the store closes:
+         * a hold's difference may be a call, its slot a release (within
+         * one deadline). */
+        rl_holds_close(a, let_slots_go);
         return;
     }
     if (a->io_leased)

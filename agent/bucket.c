@@ -285,17 +285,9 @@ void rl_bucket_call(rl_store *store, const rl_bucket_args *args,
     call_in(store, p, args, key, key_len);
 }
 
-void rl_bucket_committed(void *arg, const redisReply *r, const char *error)
-{
-    const rl_logger *log = arg;
-    if (r == NULL)
-        rl_log(log, RL_LOG_WARN, "hold_commit_failed", "reason=\"%s\"",
-               error);
-}
-
 void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
                       const char *key, size_t key_len, int64_t delta,
-                      const rl_logger *log)
+                      rl_store_fn fn, void *arg)
 {
     char cost_text[24];
     size_t cost_len = rl_resp_decimal(cost_text, delta);
@@ -303,6 +295,5 @@ void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
                           cost_text, "d"};
     size_t lens[] = {1, key_len, strlen(args->burst), strlen(args->limit),
                      strlen(args->period), cost_len, 1};
-    rl_store_run(store, RL_SCRIPT_BUCKET, 7, argv, lens,
-                 rl_bucket_committed, (void *)log);
+    rl_store_run(store, RL_SCRIPT_BUCKET, 7, argv, lens, fn, arg);
 }

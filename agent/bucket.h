@@ -86,15 +86,11 @@ void rl_bucket_call_in(rl_store *store, rl_bucket_pending *p,
 
 /* rl_bucket_commit takes a hold's difference delta from key's bucket
  * (a negative one gives tokens back, never above capacity): taken whole,
- * into debt past empty (scripts.c). A call nobody waits for; a failure
- * is logged (hold_commit_failed). */
+ * into debt past empty (scripts.c). fn(arg, ...) gets the store's answer
+ * (the bucket's d, not needed) or why there is none. */
 void rl_bucket_commit(rl_store *store, const rl_bucket_args *args,
                       const char *key, size_t key_len, int64_t delta,
-                      const rl_logger *log);
-
-/* The reply of a hold's difference (an rl_store_fn, arg the logger):
- * a failure is logged, hold_commit_failed; the figure is not needed. */
-void rl_bucket_committed(void *arg, const redisReply *r, const char *error);
+                      rl_store_fn fn, void *arg);
 
 /* How a multi call (several buckets of one shard in one function call,
  * scripts.c) charges them: the letter the function reads. */

@@ -98,6 +98,20 @@ static bool took_estimate(const rl_rule_state *rs)
            || rs->rule->algorithm == RL_ALGO_FIXED_WINDOW;
 }
 
+static void close_done(rl_agent *a);
+
+/* A difference's call answered (or failed: logged). At the close, the
+ * last one lets the close go on. */
+static void on_committed(void *arg, const redisReply *r, const char *error)
+{
+    rl_agent *a = arg;
+    if (r == NULL)
+        rl_log(&a->log, RL_LOG_WARN, "hold_commit_failed",
+               "reason=\"%s\"", error);
+    if (--a->holds.commits == 0 && a->holds.then != NULL)
+        close_done(a);
+}
+
 /* The identity of a rule of the request's generation. */
 static rl_ident *ident(const rl_request *req, const rl_rule *rule)
 {
@@ -111,8 +125,9 @@ static void leased_commit(rl_agent *a, const rl_rule_state *rs,
 {
     rl_bucket_args args;
     rl_bucket_args_rate(&args, rs->rule, rate);
+    a->holds.commits++;
     rl_bucket_commit(a->store, &args, rs->req->keys + rs->key_offset,
-                     rs->key_len, delta, &a->log);
+                     rs->key_len, delta, on_committed, a);
 }
 
 /* The end of one rule that took the estimate, by its mode: the one place
@@ -128,13 +143,14 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
     case RL_MODE_EXACT:
         if (delta == 0 || a->store == NULL)
             break;
+        a->holds.commits++;
         if (rs->rule->algorithm == RL_ALGO_FIXED_WINDOW)
             rl_window_add(a->store, key, rs->key_len,
                           req->calls[rs - req->rules].window, rate->period_ms,
-                          delta, &a->log);
+                          delta, on_committed, a);
         else
             rl_bucket_commit(a->store, rs->args, key, rs->key_len, delta,
-                             &a->log);
+                             on_committed, a);
         break;
     case RL_MODE_IN_FLIGHT:
         /* Its slot is let go whatever the cost: the request is over. */
@@ -360,7 +376,22 @@ static void on_timer(uv_timer_t *t)
     arm(hs);
 }
 
-void rl_holds_close(rl_agent *a)
+/* The close goes on: every difference's call is answered, or the
+ * store's timeout passed (those left fail as the store closes). */
+static void close_done(rl_agent *a)
+{
+    void (*then)(void *) = a->holds.then;
+    a->holds.then = NULL;
+    uv_close((uv_handle_t *)&a->holds.timer, NULL);
+    then(a);
+}
+
+static void on_close_timeout(uv_timer_t *t)
+{
+    close_done(t->data);
+}
+
+void rl_holds_close(rl_agent *a, void (*then)(void *agent))
 {
     rl_holds *hs = &a->holds;
     rl_hold *open = NULL;
@@ -380,5 +411,12 @@ void rl_holds_close(rl_agent *a)
     pthread_mutex_unlock(&hs->lock);
     end_queue(a, take_ended(hs));
     end_at_estimates(a, open, false);
-    uv_close((uv_handle_t *)&hs->timer, NULL);
+    hs->then = then;
+    if (hs->commits == 0) {
+        close_done(a);
+        return;
+    }
+    uv_timer_stop(&hs->timer);
+    uv_timer_start(&hs->timer, on_close_timeout, a->store_config.timeout_ms,
+                   0);
 }

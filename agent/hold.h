@@ -33,7 +33,10 @@ typedef struct rl_holds {
     rl_hold *ended;        /* ended by their callers, for the I/O thread */
     bool closed;           /* the agent ended every open hold */
     uint64_t timeout_ns;
-    uv_timer_t timer;      /* the I/O thread's: the first deadline */
+    uv_timer_t timer;      /* the I/O thread's: the first deadline; at
+                            * the close, the calls' */
+    size_t commits;        /* I/O thread: differences' calls unanswered */
+    void (*then)(void *);  /* I/O thread: the close's next step */
     /* rl_agent_counters: open now, ended by callers, ended by expiry. */
     atomic_uint_least64_t open, ended_n, expired;
 } rl_holds;
@@ -62,7 +65,9 @@ void rl_hold_decided(const rl_decision *decision, void *arg);
 /* The I/O thread, each turn: ends the holds their callers ended. */
 void rl_holds_serve(rl_agent *agent);
 /* The I/O thread, at the close: ends every open hold at its estimate and
- * the ended ones at their actual costs, and closes the timer. */
-void rl_holds_close(rl_agent *agent);
+ * the ended ones at their actual costs; then(agent) runs once their calls
+ * are answered, or after the store's timeout_ms (the store must stay open
+ * until then). */
+void rl_holds_close(rl_agent *agent, void (*then)(void *agent));
 
 #endif

@@ -120,7 +120,7 @@ void rl_window_give_back(rl_store *store, const char *key, size_t key_len,
 
 void rl_window_add(rl_store *store, const char *key, size_t key_len,
                    uint64_t window, uint64_t period_ms, int64_t delta,
-                   const rl_logger *log)
+                   rl_store_fn fn, void *arg)
 {
     char k[RL_KEY_MAX + RL_WINDOW_SUFFIX_MAX + 1], delta_text[24],
         period[24];
@@ -129,6 +129,5 @@ void rl_window_add(rl_store *store, const char *key, size_t key_len,
     size_t period_len = rl_resp_decimal(period, (long long)period_ms);
     rl_store_run(store, RL_SCRIPT_WINDOW_ADD, 4,
                  (const char *[]){"1", k, delta_text, period},
-                 (size_t[]){1, len, delta_len, period_len},
-                 rl_bucket_committed, (void *)log);
+                 (size_t[]){1, len, delta_len, period_len}, fn, arg);
 }

@@ -51,10 +51,10 @@ void rl_window_give_back(rl_store *store, const char *key, size_t key_len,
                          const rl_logger *log);
 
 /* rl_window_add adds a hold's difference delta to key's count in window
- * (the one its estimate was counted in), never below 0; a call nobody
- * waits for, a failure logged (hold_commit_failed). */
+ * (the one its estimate was counted in), never below 0; fn(arg, ...)
+ * gets the store's answer (the count) or why there is none. */
 void rl_window_add(rl_store *store, const char *key, size_t key_len,
                    uint64_t window, uint64_t period_ms, int64_t delta,
-                   const rl_logger *log);
+                   rl_store_fn fn, void *arg);
 
 #endif

@@ -71,7 +71,7 @@ Test(fixed_window, twenty_count_down_then_refuse_until_the_window_ends)
                  "retry %lld ms, reset %llu", (long long)d.retry_after_ms,
                  (unsigned long long)d.reset_ms);
     /* Upstream's arithmetic: the refused hit is counted too. */
-    cr_assert_eq(test_redis_window_sum(t.addr, "rl:key:twenty"), 21);
+    cr_assert_eq(test_fixed_window_count(t.addr, "rl:key:twenty"), 21);
     char key[64];
     snprintf(key, sizeof key, "rl:key:twenty:%llu",
              (unsigned long long)(wall_ms() / 60000));
@@ -115,7 +115,7 @@ Test(fixed_window, fifty_threads_admit_exactly_the_limit)
     cr_assert_eq(atomic_load(&c.errors), 0);
     cr_assert_eq(atomic_load(&c.allowed), 100, "1,000 admitted %d",
                  atomic_load(&c.allowed));
-    cr_assert_eq(test_redis_window_sum(t.addr, "rl:key:fifty"), 1000);
+    cr_assert_eq(test_fixed_window_count(t.addr, "rl:key:fifty"), 1000);
     test_agent_close(&t);
 }
 
@@ -172,7 +172,7 @@ static void bucket_and_window(const char *charge, const char *value,
         allowed += test_check(&t, attr, NULL).allowed;
     cr_assert_eq(allowed, 3);
     snprintf(key, sizeof key, "rl:fw:%s", value);
-    test_expect_window_sum(t.addr, key, window_want);
+    test_fixed_window_expect(t.addr, key, window_want);
     test_agent_close(&t);
 }
 
@@ -199,11 +199,11 @@ Test(fixed_window, a_refused_window_gives_its_own_hit_back_under_refund)
             cr_assert_str_eq(d.rule, "w");
     }
     cr_assert_eq(allowed, 2);
-    test_expect_window_sum(t.addr, "rl:fw:own", 2);
+    test_fixed_window_expect(t.addr, "rl:fw:own", 2);
     /* The bucket was given back the three refused requests' tokens. */
     rl_decision d = test_check(&t, "api_key=own", NULL);
     cr_assert(!d.allowed);
-    test_expect_window_sum(t.addr, "rl:fw:own", 2);
+    test_fixed_window_expect(t.addr, "rl:fw:own", 2);
     test_agent_close(&t);
 }
 
@@ -232,7 +232,7 @@ Test(fixed_window, mode_local_counts_windows_in_the_agent)
                   && d.retry_after_ms <= (int64_t)reset + 100,
               "retry %lld ms, the window ends in %llu",
               (long long)d.retry_after_ms, (unsigned long long)reset);
-    cr_assert_eq(test_redis_window_sum(t.addr, "rl:fwl:here"), 0);
+    cr_assert_eq(test_fixed_window_count(t.addr, "rl:fwl:here"), 0);
 
     room_in_window(1000, 300);
     int allowed = 0;

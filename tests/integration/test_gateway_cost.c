@@ -90,7 +90,7 @@ Test(gateway_cost, the_count_is_the_sum_of_the_responses_x_cost)
     cr_assert_geq(test_upstream_most(&up), 2, "the requests never were "
                   "with the upstream at once");
     /* Not the estimates (50 each): the costs the responses gave. */
-    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, sum);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, sum);
     cr_assert_eq(log_count(&gw, "cost_estimate_charged"), 0);
     stop(&gw, &up);
 }
@@ -114,7 +114,7 @@ Test(gateway_cost, a_missing_or_bad_x_cost_charges_the_estimate)
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "0"), 200);
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "4294967295"),
                  200);
-    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted,
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted,
                            50LL * (long long)n + 4294967295LL);
     cr_assert_eq(log_count(&gw, "event=cost_estimate_charged"), (int)n,
                  "one line per estimate charged");
@@ -141,9 +141,9 @@ Test(gateway_cost, a_client_gone_mid_exchange_is_charged_its_estimate)
     for (int i = 0; i < 3; i++)
         test_upstream_abandon(gw.port, "/v1/chat", key, "999",
                               UPSTREAM_SLEEP_MS / 3);
-    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 3 * 50);
     test_sleep_ms(2200);
-    cr_assert_eq(test_redis_window_sum(test_env("RL_TEST_REDIS"), counted),
+    cr_assert_eq(test_fixed_window_count(test_env("RL_TEST_REDIS"), counted),
                  3 * 50);
     cr_assert_eq(log_count(&gw, "event=client_gone"), 3);
     cr_assert_eq(log_count(&gw, "hold_expired"), 0,
@@ -225,7 +225,7 @@ Test(gateway_cost, sighup_takes_up_a_new_cost_header)
     unique(key, sizeof key, "ak_cost_reload");
     snprintf(counted, sizeof counted, "rl:key:%s", key);
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
-    test_expect_window_sum(redis, counted, 1);
+    test_fixed_window_expect(redis, counted, 1);
 
     snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
              "timeout_ms: 1000}\ngateway: {cost_header: X-Cost}\n%s", redis,
@@ -235,7 +235,7 @@ Test(gateway_cost, sighup_takes_up_a_new_cost_header)
     kill(gw.pid, SIGHUP);
     test_wait_for_log_from(&gw.pid, gw.log, from, "event=reloaded", 5000);
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
-    test_expect_window_sum(redis, counted, 1 + 700);
+    test_fixed_window_expect(redis, counted, 1 + 700);
     test_gateway_stop(&gw);
     test_upstream_stop(&up);
 }

@@ -89,24 +89,6 @@ static void fresh(char *out, size_t cap, const char *what)
              (unsigned long long)test_now_us());
 }
 
-/* The sum of key's window counts (key:<window>). */
-static long long window_count(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s",
-                                           keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
 static uint64_t wall_ms(void)
 {
     struct timespec ts;
@@ -210,10 +192,10 @@ Test(holds, ten_agents_count_the_sum_of_actual_costs)
         refused += w[i].refused;
     }
     long long want = atomic_load(&actual_sum);
-    long long got = window_count(agents[0].addr, key);
+    long long got = test_fixed_window_count(agents[0].addr, key);
     for (int i = 0; i < 200 && got != want; i++) {
         test_sleep_ms(10);
-        got = window_count(agents[0].addr, key);
+        got = test_fixed_window_count(agents[0].addr, key);
     }
     cr_assert_eq(got, want, "the window counts %lld, the actual costs sum "
                  "to %lld", got, want);
@@ -305,9 +287,9 @@ Test(holds, a_window_takes_the_difference_back)
     rl_hold *h = hold_on(t.agent, "api_key", value, 10, NULL);
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 3), RL_OK);
-    for (int i = 0; i < 200 && window_count(t.addr, key) != 3; i++)
+    for (int i = 0; i < 200 && test_fixed_window_count(t.addr, key) != 3; i++)
         test_sleep_ms(10);
-    cr_assert_eq(window_count(t.addr, key), 3);
+    cr_assert_eq(test_fixed_window_count(t.addr, key), 3);
     cr_assert(check_cost(t.agent, value, 7).allowed);
     test_agent_close(&t);
 }
@@ -439,10 +421,9 @@ Test(holds, a_leased_rule_is_charged_the_difference)
     rl_hold *h = hold_on(t.agent, "api_key", value, 2, NULL);
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 9), RL_OK);
-    wait_ended(t.agent, 1);
-    test_sleep_ms(50); /* the call's answer */
-    /* The agent's own hand goes back when it closes: a new agent sees
-     * what the bucket holds. */
+    /* The close sends the difference and waits for its answer; the
+     * agent's own hand goes back then too: a new agent sees what the
+     * bucket holds. */
     test_agent_close(&t);
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: b, match: api_key, limit: 10, period: 1h}\n");
@@ -506,4 +487,40 @@ Test(holds, a_synced_rule_reports_the_difference)
     rl_agent_close(a);
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
+}
+
+/* rl_check_rule_hold holds as rl_check_hold does, at the caller's rate
+ * too; an estimate of 0 is a check of room, charged at the end. */
+Test(holds, a_rule_hold_and_a_check_of_room_end_at_the_actual_cost)
+{
+    test_agent t;
+    char value[64];
+    fresh(value, sizeof value, "rule-hold");
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: api_key, match: api_key, limit: 10, "
+                    "period: 1h}\n");
+    held h = {0};
+    sem_init(&h.done, 0, 0);
+    rl_rate rate = {.limit = 20, .period_ms = 7200000};
+    cr_assert_eq(rl_check_rule_hold(t.agent, "api_key", value, strlen(value),
+                                    &rate, 0, on_held, &h),
+                 RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    sem_destroy(&h.done);
+    cr_assert(h.decision.allowed);
+    cr_assert_not_null(h.hold);
+    cr_assert_eq(h.decision.remaining, 20, "a check of room charged %llu",
+                 (unsigned long long)(20 - h.decision.remaining));
+    cr_assert_eq(rl_hold_end(h.hold, 4), RL_OK);
+    wait_ended(t.agent, 1);
+    test_sleep_ms(50);
+    cr_assert(check_cost(t.agent, value, 6).allowed);
+    cr_assert(!check_cost(t.agent, value, 1).allowed,
+              "the actual cost was not charged");
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(t.agent, &attr, 1, 0, &d), RL_EINVAL,
+                 "rl_check took a cost of 0");
+    test_agent_close(&t);
 }

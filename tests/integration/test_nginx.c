@@ -997,7 +997,7 @@ Test(nginx, rl_cost_after_charges_the_responses_x_cost)
     cr_assert_eq(ok, COST_CLIENTS * COST_EACH, "%d requests answered 200",
                  ok);
     cr_assert_geq(test_upstream_most(&up), 2);
-    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, want);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, want);
     cr_assert_eq(log_count(&ngx, "the estimate 50 is charged"), 5,
                  "one warning per estimate charged");
     nginx_stop(&ngx);
@@ -1018,9 +1018,9 @@ Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
     for (int i = 0; i < 3; i++)
         test_upstream_abandon(ngx.port, "/v1/chat", key, "999",
                               COST_SLEEP_MS / 3);
-    test_expect_window_sum(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 3 * 50);
     test_sleep_ms(2200);
-    cr_assert_eq(test_redis_window_sum(test_env("RL_TEST_REDIS"), counted),
+    cr_assert_eq(test_fixed_window_count(test_env("RL_TEST_REDIS"), counted),
                  3 * 50);
     cr_assert_eq(log_count(&ngx, "hold_expired"), 0,
                  "a hold was left to expire");

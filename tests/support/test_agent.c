@@ -258,6 +258,33 @@ rl_decision test_check(test_agent *t, ...)
     return d;
 }
 
+long long test_fixed_window_count(const char *addr, const char *key)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
+    long long sum = 0;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
+        if (v->type == REDIS_REPLY_STRING)
+            sum += atoll(v->str);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return sum;
+}
+
+void test_fixed_window_expect(const char *addr, const char *key,
+                              long long want)
+{
+    long long got = test_fixed_window_count(addr, key);
+    for (int i = 0; i < 200 && got != want; i++) {
+        test_sleep_ms(10);
+        got = test_fixed_window_count(addr, key);
+    }
+    cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
+}
+
 long long test_window_total(const char *addr, const char *prefix_value)
 {
     redisContext *c = test_redis_connect(addr);

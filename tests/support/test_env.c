@@ -128,33 +128,6 @@ long long test_redis_pttl(const char *addr, const char *key)
     return ms;
 }
 
-long long test_redis_window_sum(const char *addr, const char *key)
-{
-    redisContext *c = test_redis_connect(addr);
-    redisReply *keys = test_redis_command(c, "KEYS %s:*", key);
-    long long sum = 0;
-    for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *v = test_redis_command(c, "GET %s", keys->element[i]->str);
-        if (v->type == REDIS_REPLY_STRING)
-            sum += atoll(v->str);
-        freeReplyObject(v);
-    }
-    freeReplyObject(keys);
-    redisFree(c);
-    return sum;
-}
-
-void test_expect_window_sum(const char *addr, const char *key,
-                            long long want)
-{
-    long long got = test_redis_window_sum(addr, key);
-    for (int i = 0; i < 200 && got != want; i++) {
-        usleep(10 * 1000);
-        got = test_redis_window_sum(addr, key);
-    }
-    cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
-}
-
 const char *test_write_config(const char *name, const char *yaml)
 {
     static char path[8][600];

@@ -50,15 +50,6 @@ int test_rlctl(char *out, size_t cap, const char *cfg, const char *fmt, ...)
  * ms until it expires, -2 when there is no such key. */
 long long test_redis_pttl(const char *addr, const char *key);
 
-/* The counts in key's fixed-window keys (key:<window>), summed: what
- * Redis holds for the key, whichever window a test ran in. */
-long long test_redis_window_sum(const char *addr, const char *key);
-/* Waits up to 2 s for that sum to be want (what is charged after a
- * decision, a refund or a hold's end, goes out in a later call), and
- * asserts it is. */
-void test_expect_window_sum(const char *addr, const char *key,
-                            long long want);
-
 /* test_write_config writes yaml to NAME-PID.yaml in RL_TEST_TMPDIR and
  * returns its path, valid until the eighth call after. */
 const char *test_write_config(const char *name, const char *yaml);
