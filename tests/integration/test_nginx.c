@@ -942,29 +942,41 @@ Test(nginx, a_worker_whose_agent_cannot_open_serves_by_on_error_and_recovers)
 
 #define COST_SLEEP_MS 150
 
-/* One instance of two workers proxying /v1/ to up, holding rl_cost (50)
- * until the log phase charges $upstream_http_x_cost (holds that outlive
- * a second are ended by the agent, and say so in the error log). */
-static void cost_start(test_nginx *ngx, test_upstream *up)
+/* One instance of workers proxying /v1/ to up (which sleeps sleep_ms),
+ * with the rule (a line under rules:) and the location's more lines;
+ * holds that outlive a second are ended by the agent, and say so in the
+ * error log. */
+static void proxy_start(test_nginx *ngx, test_upstream *up, int workers,
+                        unsigned sleep_ms, const char *rule,
+                        const char *more)
 {
     char yaml[1024], server[512];
     snprintf(yaml, sizeof yaml,
              "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
              "hold_timeout_ms: 1000\n"
              "rules:\n"
-             "  - {name: tokens, match: api_key, limit: 100000000, "
-             "period: 1h, algorithm: fixed_window}\n",
-             test_env("RL_TEST_REDIS"));
-    test_upstream_start(up, COST_SLEEP_MS);
+             "  - %s\n", test_env("RL_TEST_REDIS"), rule);
+    test_upstream_start(up, sleep_ms);
     snprintf(server, sizeof server,
              "        location /v1/ {\n"
              "            rl on;\n"
-             "            rl_cost 50;\n"
-             "            rl_cost_after $upstream_http_x_cost;\n"
+             "%s"
              "            proxy_pass http://127.0.0.1:%u;\n"
-             "        }\n", up->port);
-    nginx_prepare(ngx, 2, test_write_config("nginx-cost", yaml), "", server);
-    nginx_start(ngx, 2);
+             "        }\n", more, up->port);
+    nginx_prepare(ngx, workers, test_write_config("nginx-proxy", yaml), "",
+                  server);
+    nginx_start(ngx, workers);
+}
+
+/* Two workers holding rl_cost (50) until the log phase charges
+ * $upstream_http_x_cost. */
+static void cost_start(test_nginx *ngx, test_upstream *up)
+{
+    proxy_start(ngx, up, 2, COST_SLEEP_MS,
+                "{name: tokens, match: api_key, limit: 100000000, "
+                "period: 1h, algorithm: fixed_window}",
+                "            rl_cost 50;\n"
+                "            rl_cost_after $upstream_http_x_cost;\n");
 }
 
 #define COST_CLIENTS 5
@@ -1038,24 +1050,10 @@ Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
  * the hold's timeout, 1 s). */
 Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
 {
-    char yaml[1024], server[512];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
-             "hold_timeout_ms: 1000\n"
-             "rules:\n"
-             "  - {name: at-once, match: api_key, in_flight: 2}\n",
-             test_env("RL_TEST_REDIS"));
     test_upstream up;
-    test_upstream_start(&up, SLOW_MS);
-    snprintf(server, sizeof server,
-             "        location /v1/ {\n"
-             "            rl on;\n"
-             "            proxy_pass http://127.0.0.1:%u;\n"
-             "        }\n", up.port);
     test_nginx ngx;
-    nginx_prepare(&ngx, 2, test_write_config("nginx-in-flight", yaml), "",
-                  server);
-    nginx_start(&ngx, 2);
+    proxy_start(&ngx, &up, 2, SLOW_MS,
+                "{name: at-once, match: api_key, in_flight: 2}", "");
     char key[96];
     unique(key, sizeof key, "ak_ngx_in_flight");
     int ok = 0, refused = 0;
@@ -1081,23 +1079,11 @@ Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
  * successor finds the key's slot free, not held for the lease (10 s). */
 Test(nginx, a_worker_that_exits_frees_its_in_flight_slots)
 {
-    char yaml[1024], server[512], first[64], now[64];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
-             "rules:\n"
-             "  - {name: at-once, match: api_key, in_flight: 1}\n",
-             test_env("RL_TEST_REDIS"));
+    char first[64], now[64];
     test_upstream up;
-    test_upstream_start(&up, 1500);
-    snprintf(server, sizeof server,
-             "        location /v1/ {\n"
-             "            rl on;\n"
-             "            proxy_pass http://127.0.0.1:%u;\n"
-             "        }\n", up.port);
     test_nginx ngx;
-    nginx_prepare(&ngx, 1, test_write_config("nginx-exit", yaml), "",
-                  server);
-    nginx_start(&ngx, 1);
+    proxy_start(&ngx, &up, 1, 1500,
+                "{name: at-once, match: api_key, in_flight: 1}", "");
     char key[96];
     unique(key, sizeof key, "ak_ngx_exit");
     int fd = test_upstream_send(ngx.port, "/v1/chat", key, NULL);
