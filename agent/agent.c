@@ -34,8 +34,9 @@ static void finish_close(void *arg)
     uv_close((uv_handle_t *)&a->deadline_timer, NULL);
 }
 
-/* After the in_flight slots are let go: leased tokens go back before
- * the store closes (within one deadline). */
+/* The close, once the holds' calls are answered and the in_flight slots
+ * let go: leased tokens go back before the store closes (within one
+ * deadline). */
 static void give_leases_back(void *arg)
 {
     rl_agent *a = arg;
@@ -46,9 +47,8 @@ static void give_leases_back(void *arg)
         finish_close(a);
 }
 
-/* Once the holds' calls are answered: the slots this agent holds are let
- * go, all of them in one call per cluster slot, before the store closes
- * (one deadline). */
+/* The close, once the holds' calls are answered: the in_flight slots go
+ * back before the leases. */
 static void let_slots_go(void *arg)
 {
     rl_agent *a = arg;
@@ -100,9 +100,10 @@ static void serve(rl_agent *a)
         a->io_closing = true;
         rl_exact_finalize_all(a);
         a->closing_sync = sync;
-        /* Before the slots and the leases go back and the store closes:
-         * a hold's difference may be a call, its slot a release (within
-         * one deadline). */
+        /* Before the leases go back and the store closes: a hold's
+         * difference may be a call (within one deadline), and then the
+         * slots this agent holds are let go, all of them in one call per
+         * cluster slot (one deadline). */
         rl_holds_close(a, let_slots_go);
         return;
     }

@@ -11,10 +11,13 @@
  * within a lease of its last renewal.
  *
  * A take is counted as held when it is sent, not when it is answered. A
- * renewal while one is unanswered cannot know whether the store took it:
- * it only moves the expiry ("~C": set to C, takes included, if the field
- * is gone), and the next renewal with none unanswered sets the count.
- * Releases are relative, so the store's sum is exact meanwhile.
+ * renewal while one is unanswered cannot know whether the store took it,
+ * so it only moves the expiry ("~C"). The takes sent before it have run
+ * when it runs, and one the store took left the field there: a field
+ * gone means they were all refused, and C, the slots answered as taken,
+ * is set (the field had expired while the store was away). The next
+ * renewal with no take unanswered sets the count. Releases are relative,
+ * so the store's sum stays exact.
  */
 #include "in_flight.h"
 
@@ -161,7 +164,15 @@ static void on_written(void *arg, const redisReply *reply, const char *error)
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER)
         rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
                "reason=\"%s\"", reply == NULL ? error : "unexpected reply");
-    closing_answered(f);
+}
+
+/* A write of the close's: only those count towards its end, not one a
+ * release sent before it. */
+static void on_close_written(void *arg, const redisReply *reply,
+                             const char *error)
+{
+    on_written(arg, reply, error);
+    closing_answered(arg);
 }
 
 /* The cluster slot of a key; 0 for every key of one server. */
@@ -181,7 +192,7 @@ static void write_op(rl_in_flight_key *k, char *op)
         rl_resp_unsigned(op + 1, k->released);
     } else {
         op[0] = '~';
-        rl_resp_unsigned(op + 1, k->held);
+        rl_resp_unsigned(op + 1, k->held - k->unanswered);
     }
     k->released = 0;
     k->due = k->renew = false;
@@ -227,7 +238,7 @@ static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
     if (f->closed != NULL)
         f->closing_calls++;
     rl_store_run(f->store, RL_SCRIPT_SLOTS, 3 + 2 * n, argv, lens,
-                 on_written, f);
+                 f->closed != NULL ? on_close_written : on_written, f);
 }
 
 /* Keys held by no request and no take are forgotten once written. */

@@ -177,9 +177,13 @@ RL_API void rl_agent_shutdown(rl_agent *agent);
  * share of each limit at once. Meanwhile each totals
  * connection ends at its aggregator's next broadcast (within an interval,
  * two at most), and the agent waits for that: Debian's nng 1.5.2 can hang
- * closing a connection a message is arriving on. The in_flight slots of
- * the holds it ended are given back first, in one call per store shard
- * (one deadline at most), so that no other agent waits a lease for them.
+ * closing a connection a message is arriving on.
+ * Holds still open (rl_check_hold) are ended at their estimates, and the
+ * differences of holds already ended are sent and answered first (the
+ * store's timeout_ms at most); rl_hold_end after the close only frees.
+ * Then the in_flight slots of every hold are given back, in one call per
+ * store shard (one deadline at most), so that no other agent waits a
+ * lease for them.
  * rl_agent_close(NULL) does nothing. */
 RL_API void rl_agent_close(rl_agent *agent);
 

@@ -256,8 +256,9 @@
  * ARGV[1] its id, ARGV[2] the lease (ms), then one op per key: "=C" sets
  * its count to C (a renewal, which repairs any drift), "-D" takes D off
  * (a release), "~C" keeps the count (a renewal while a take is
- * unanswered) or sets C if the field is gone (expired while the store
- * was away). Every op moves the field's expiry to now + lease. */
+ * unanswered) or sets C, the slots answered as taken, if the field is
+ * gone (expired while the store was away). Every op moves the field's
+ * expiry to now + lease. */
 #define LUA_SLOTS_BODY \
     "  local now, id, lease = now_ms(), ARGV[1], tonumber(ARGV[2])\n" \
     "  for i = 1, #KEYS do\n" \

@@ -358,6 +358,15 @@ static bool override_rate(const rl_rule *rule, const char *limit,
     return rl_config_rate_countable(out, why, cap);
 }
 
+/* The first of an override's rate fields given (limit, period, burst),
+ * or NULL. */
+static const char *rate_field(const rl_raw_override *raw)
+{
+    return raw->limit ? "limit"
+           : raw->period ? "period"
+           : raw->burst ? "burst" : NULL;
+}
+
 /* An in_flight rule's override gives in_flight: M (or unlimited), and
  * only such a rule's does. */
 static int in_flight_fields(struct loader *ld, const char *path,
@@ -372,9 +381,7 @@ static int in_flight_fields(struct loader *ld, const char *path,
                    "and this rule is %s: give limit (and period, burst)",
                    rl_mode_name(rule->mode));
     }
-    const char *extra = raw->limit ? "limit"
-                        : raw->period ? "period"
-                        : raw->burst ? "burst" : NULL;
+    const char *extra = rate_field(raw);
     if (extra != NULL) {
         path_join(field, sizeof field, path, "%s", extra);
         return bad(ld, field, "an in_flight rule's override gives "
@@ -427,10 +434,9 @@ static int load_inline(struct loader *ld, const rl_config *cfg,
     if ((rc = in_flight_fields(ld, path, raw, rule)) != RL_OK)
         return rc;
     if (unlimited) {
-        const char *extra = raw->limit ? "limit"
-                            : raw->period ? "period"
-                            : raw->burst ? "burst"
-                            : raw->in_flight ? "in_flight" : NULL;
+        const char *extra = rate_field(raw);
+        if (extra == NULL && raw->in_flight != NULL)
+            extra = "in_flight";
         if (extra != NULL) {
             path_join(field, sizeof field, path, "%s", extra);
             return bad(ld, field, "an override is either unlimited: true or "

@@ -483,6 +483,80 @@ Test(in_flight, an_override_gives_its_own_n)
     close_agent(a, cfg);
 }
 
+/* A shadow rule takes its slot and never rejects: the second hold of
+ * in_flight: 1 passes, counted as one the rule would have rejected. */
+Test(in_flight, a_shadow_rule_takes_slots_and_never_rejects)
+{
+    char value[64], key[96];
+    fresh(value, key, "shadow");
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "",
+                             "  - {name: f, match: api_key, in_flight: 1, "
+                             "shadow: true}\n");
+    rl_hold *h1 = hold_of(a, value);
+    rl_decision d;
+    rl_hold *h2 = hold_counted(a, value, NULL, NULL, &d);
+    cr_assert_not_null(h1);
+    cr_assert_not_null(h2, "a shadow rule rejected");
+    cr_assert_eq(d.shadow_rejected, 1);
+    redisContext *c = test_redis_connect(NULL);
+    cr_assert_eq(slots_in_redis(c, key), 1);
+    redisFree(c);
+    cr_assert_eq(rl_hold_end(h1, 1), RL_OK);
+    cr_assert_eq(rl_hold_end(h2, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* With the store away, on_error: local admits this agent's share at
+ * once, ceil(5 / 2) = 3, counted in the agent: a slot ended is free
+ * again; deny admits none, allow all. */
+Test(in_flight, on_error_decides_while_the_store_is_away)
+{
+    char yaml[512];
+    const char *policy[] = {"local", "deny", "allow"};
+    int want[] = {3, 0, 6};
+    for (int p = 0; p < 3; p++) {
+        int n = snprintf(yaml, sizeof yaml,
+                         "store:\n  url: redis://127.0.0.1:1\n"
+                         "  timeout_ms: 50\nfleet_size: 2\nrules:\n"
+                         "  - {name: f, match: api_key, in_flight: 5, "
+                         "on_error: %s}\n", policy[p]);
+        rl_config *cfg;
+        rl_error err;
+        cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", &cfg, &err),
+                     RL_OK, "%s", err.message);
+        rl_options o = {.config = cfg};
+        rl_agent *a;
+        cr_assert_eq(rl_agent_open(&a, &o, &err), RL_OK, "%s", err.message);
+        rl_hold *h[6];
+        int admitted = 0;
+        for (int i = 0; i < 6; i++) {
+            rl_decision d;
+            h[i] = hold_counted(a, "away", NULL, NULL, &d);
+            cr_assert(d.degraded);
+            admitted += h[i] != NULL;
+        }
+        cr_assert_eq(admitted, want[p], "on_error: %s admitted %d of 6",
+                     policy[p], admitted);
+        if (p == 0) {
+            cr_assert_eq(rl_hold_end(h[0], 1), RL_OK);
+            rl_hold *again = NULL;
+            for (int i = 0; i < 40 && again == NULL; i++) {
+                test_sleep_ms(5);
+                again = hold_of(a, "away");
+            }
+            cr_assert_not_null(again, "an ended hold's local slot stayed");
+            h[0] = again;
+        }
+        for (int i = 0; i < 6; i++) {
+            if (h[i] != NULL)
+                cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+        }
+        rl_agent_close(a);
+        rl_config_free(cfg);
+    }
+}
+
 /* --- Config ----------------------------------------------------------- */
 
 static void refused(const char *top, const char *rule, const char *want)
