@@ -64,7 +64,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/redis_cluster.c tests/support/test_proxy.c \
              tests/support/no_network.c tests/support/fake_aggregator.c \
              tests/support/test_fleet.c tests/support/test_certs.c \
-             tests/support/test_rls.c \
+             tests/support/test_rls.c tests/support/test_upstream.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 # rl-rls's parts that the unit tests link (rls/, issue 30), and its wire

@@ -455,6 +455,13 @@ RL_API int rl_check_rule_hold(rl_agent *agent, const char *rule,
  * or RL_EINVAL for a NULL hold. */
 RL_API int rl_hold_end(rl_hold *hold, uint32_t actual);
 
+/* rl_config_has_in_flight says whether a rule of config is in_flight: a
+ * host then checks its requests with rl_check_hold and ends each hold when
+ * the request ends, which releases the slot (rl_check_async checks an
+ * in_flight rule's room but takes no slot). false for NULL. Thread-safe
+ * on a config no one frees meanwhile. */
+RL_API bool rl_config_has_in_flight(const rl_config *config);
+
 /* rl_config_decide_on_error decides a request from config alone, as a
  * check decides it when neither the store nor an aggregator answers: each
  * rule that applies is decided by its on_error (allow lets it through,

@@ -87,6 +87,15 @@ const rl_rule *rl_config_synced_rule(const rl_config *cfg, const char *name,
     return NULL;
 }
 
+bool rl_config_has_in_flight(const rl_config *cfg)
+{
+    for (size_t i = 0; cfg != NULL && i < cfg->n_rules; i++) {
+        if (cfg->rules[i].mode == RL_MODE_IN_FLIGHT)
+            return true;
+    }
+    return false;
+}
+
 static int out_of_memory(struct loader *ld)
 {
     return rl_error_set(ld->err, RL_ENOMEM, "%s: out of memory", ld->name);
@@ -1038,16 +1047,46 @@ static int load_routes(struct loader *ld, const rl_raw_gateway *raw,
     return RL_OK;
 }
 
+/* gateway.cost_header and gateway.cost_estimate: an estimate of 0 is a
+ * check of room, the actual cost charged at the end. */
+static int load_cost(struct loader *ld, const rl_raw_gateway *raw,
+                     rl_gateway_config *gw)
+{
+    if (raw->cost_header != NULL) {
+        /* RFC 9110's token: the characters a header name may hold. */
+        if (!is_plain_name(raw->cost_header, "!#$%&'*+-.^_`|~"))
+            return bad(ld, "gateway.cost_header", "'%s' is not a header "
+                       "name (letters, digits and !#$%%&'*+-.^_`|~, not "
+                       "empty)", raw->cost_header);
+        snprintf(gw->cost_header, sizeof gw->cost_header, "%s",
+                 raw->cost_header);
+    }
+    if (raw->cost_estimate == NULL)
+        return RL_OK;
+    if (raw->cost_header == NULL)
+        return bad(ld, "gateway.cost_estimate", "is what a request holds "
+                   "until gateway.cost_header's value is known: set "
+                   "cost_header too, or leave cost_estimate out (each "
+                   "request costs 1)");
+    uint64_t n;
+    int rc = parse_int(ld, "gateway.cost_estimate", raw->cost_estimate, 0,
+                       UINT32_MAX, &n);
+    if (rc == RL_OK)
+        gw->cost_estimate = (uint32_t)n;
+    return rc;
+}
+
 static int load_gateway(struct loader *ld, const rl_raw_gateway *raw,
                         rl_gateway_config *gw)
 {
+    gw->cost_estimate = 1;
     if (raw == NULL)
         return RL_OK;
-    if (raw->routes != NULL) {
-        int rc = load_routes(ld, raw, gw);
-        if (rc != RL_OK)
-            return rc;
-    }
+    int rc;
+    if (raw->routes != NULL && (rc = load_routes(ld, raw, gw)) != RL_OK)
+        return rc;
+    if ((rc = load_cost(ld, raw, gw)) != RL_OK)
+        return rc;
     if (raw->tenant_map == NULL)
         return RL_OK;
     if (raw->tenant_map[0] == '\0')

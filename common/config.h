@@ -277,6 +277,10 @@ typedef struct rl_gateway_config {
                                        * if none */
     rl_route *routes;                 /* longest prefix wins */
     size_t n_routes;
+    /* The upstream response header whose value is the request's actual
+     * cost, committed when the exchange ends; "" if none. */
+    char cost_header[RL_NAME_MAX + 1];
+    uint32_t cost_estimate;           /* what a request holds until then */
 } rl_gateway_config;
 
 /* hold_timeout_ms: ten minutes by default (an LLM response that long is

@@ -209,6 +209,10 @@ static const cyaml_schema_field_t gateway_fields[] = {
     CYAML_FIELD_SEQUENCE("routes", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
                          rl_raw_gateway, routes, &route_schema, 0,
                          RL_ROUTES_MAX),
+    STR_FIELD("cost_header", CYAML_FLAG_OPTIONAL, rl_raw_gateway, cost_header,
+              RL_NAME_MAX),
+    STR_FIELD("cost_estimate", CYAML_FLAG_OPTIONAL, rl_raw_gateway,
+              cost_estimate, 32),
     CYAML_FIELD_END,
 };
 

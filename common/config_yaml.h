@@ -119,6 +119,8 @@ typedef struct rl_raw_gateway {
     char *tenant_map;
     rl_raw_route *routes;
     unsigned routes_count;
+    char *cost_header;
+    char *cost_estimate;
 } rl_raw_gateway;
 
 typedef struct rl_raw_config {

@@ -6,6 +6,10 @@
  * through the server's async handle. The response is written (the
  * gateway's own, or the upstream's), and the next request is parsed.
  *
+ * While the upstream has the request, the client is watched for its going
+ * away (as nginx does, a client's end of sending counts): its exchange is
+ * cancelled, and the request's hold ends at its estimate (cost.c).
+ *
  * A connection is freed once its handles are closed and no check or
  * upstream exchange still refers to it.
  */
@@ -16,7 +20,7 @@
 
 #define READ_CHUNK 65536
 
-typedef enum { READING, DECIDING, RESPONDING } conn_state;
+typedef enum { READING, DECIDING, FORWARDING, RESPONDING } conn_state;
 
 struct gw_conn {
     uv_tcp_t tcp;
@@ -36,6 +40,11 @@ struct gw_conn {
     bool closing;
     int open_handles;
     rl_decision decision;
+    /* The request's charge held open, from its decision to the end of its
+     * upstream exchange (NULL when none), and what it holds. */
+    rl_hold *hold;
+    uint32_t estimate;
+    gw_upstream *upstream;   /* the exchange under way, or NULL */
     gw_buf out;
     uv_write_t write_req;
 };
@@ -77,6 +86,9 @@ static void close_conn(gw_conn *c)
     c->closing = true;
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+    /* Nobody to relay its response to: gw_conn_upstream_done follows. */
+    if (c->upstream != NULL)
+        gw_upstream_cancel(c->upstream, "the client went away");
 }
 
 static void on_idle(uv_timer_t *t)
@@ -109,13 +121,21 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     gw_conn *c = s->data;
     (void)buf;
     if (n < 0) {
-        /* EOF or error: a request being decided is still answered. */
+        /* EOF or error: a request being decided is still answered; one
+         * with the upstream is not (nginx's 499). */
         c->eof = true;
         uv_read_stop(s);
-        if (c->state == READING)
+        if (c->state == FORWARDING)
+            rl_log(&c->srv->log, RL_LOG_INFO, "client_gone",
+                   "peer=%s reason=\"%s\"", c->peer_ip,
+                   n == UV_EOF ? "end of stream" : uv_strerror((int)n));
+        if (c->state == READING || c->state == FORWARDING)
             close_conn(c);
         return;
     }
+    /* A pipelined request waits in the buffer, one chunk at most. */
+    if (c->state != READING)
+        uv_read_stop(s);
     c->in.len += (size_t)n;
     uv_timer_again(&c->idle);
     advance(c);
@@ -185,11 +205,41 @@ static void on_decided(const rl_decision *d, void *arg)
     gw_conn *c = arg;
     gw_server *srv = c->srv;
     c->decision = *d;
+    /* Handed to the loop under the lock, with the decision. */
     pthread_mutex_lock(&srv->decided_lock);
     c->next_decided = srv->decided_head;
     srv->decided_head = c;
     pthread_mutex_unlock(&srv->decided_lock);
     uv_async_send(&srv->decided);
+}
+
+static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    gw_conn *c = arg;
+    c->hold = hold;
+    on_decided(d, arg);
+}
+
+/* The request's check: held open for its exchange when holds are on. */
+static int check_async(gw_conn *c, const gw_attrs *attrs)
+{
+    gw_server *srv = c->srv;
+    c->estimate = gw_cost_estimate(srv);
+    if (gw_holds(srv))
+        return rl_check_hold(srv->agent, attrs->attrs, attrs->n, c->estimate,
+                             on_held, c);
+    return rl_check_async(srv->agent, attrs->attrs, attrs->n, c->estimate,
+                          on_decided, c);
+}
+
+/* The one end of a request's hold: at its response's cost, or (resp
+ * NULL: no exchange, or one that failed or was cancelled) its estimate. */
+static void end_hold(gw_conn *c, const gw_message *resp)
+{
+    if (c->hold == NULL)
+        return;
+    gw_cost_end(c->srv, c->hold, c->estimate, resp, c->peer_ip);
+    c->hold = NULL;
 }
 
 static void check(gw_conn *c)
@@ -208,8 +258,7 @@ static void check(gw_conn *c)
     gw_attrs attrs;
     gw_attrs_of(srv, &c->req, c->peer_ip, &attrs);
     c->busy = true;
-    int rc = rl_check_async(srv->agent, attrs.attrs, attrs.n, 1, on_decided,
-                            c);
+    int rc = check_async(c, &attrs);
     if (rc == RL_OK)
         return;
     c->busy = false;
@@ -268,9 +317,13 @@ static void forward_or_respond(gw_conn *c)
 {
     if (c->decision.allowed && c->srv->has_upstream) {
         c->busy = true;
-        gw_upstream_forward(c);
+        c->state = FORWARDING;
+        if (!c->eof)
+            uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+        c->upstream = gw_upstream_forward(c);
         return;
     }
+    end_hold(c, NULL);
     gw_buf_free(&c->out);
     gw_respond_decision(&c->out, &c->decision, c->keep_alive, c->head);
     respond(c);
@@ -286,10 +339,12 @@ void gw_conn_take_decisions(gw_server *srv)
         gw_conn *next = c->next_decided;
         c->busy = false;
         gw_shadow_note(srv, &c->decision, c->peer_ip);
-        if (c->closing)
+        if (c->closing) {
+            end_hold(c, NULL);
             maybe_free(c);
-        else
+        } else {
             forward_or_respond(c);
+        }
         c = next;
     }
 }
@@ -298,6 +353,8 @@ void gw_conn_upstream_done(gw_conn *c, const gw_message *resp, int status,
                            const char *error)
 {
     c->busy = false;
+    c->upstream = NULL;
+    end_hold(c, resp);
     if (c->closing) {
         maybe_free(c);
         return;

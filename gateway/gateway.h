@@ -220,8 +220,21 @@ void gw_respond_proxied(gw_buf *out, const gw_message *resp, int status,
 
 /* upstream.c: forwards the connection's request; calls
  * gw_conn_upstream_done once, with the response or a status to refuse with
- * (502, 504). */
-void gw_upstream_forward(gw_conn *c);
+ * (502, 504). Returns the exchange, or NULL when it is over already. */
+typedef struct gw_upstream gw_upstream;
+gw_upstream *gw_upstream_forward(gw_conn *c);
+/* Ends the exchange now, for why: gw_conn_upstream_done gets no response
+ * (status 499). */
+void gw_upstream_cancel(gw_upstream *u, const char *why);
+
+/* cost.c: whether requests are checked with rl_check_hold (the config has
+ * gateway.cost_header or an in_flight rule), and what each one holds. */
+bool gw_holds(const gw_server *srv);
+uint32_t gw_cost_estimate(const gw_server *srv);
+/* Ends hold: at the cost resp's gateway.cost_header gives, or at estimate
+ * (resp NULL, or no usable value: logged). */
+void gw_cost_end(gw_server *srv, rl_hold *hold, uint32_t estimate,
+                 const gw_message *resp, const char *peer_ip);
 
 /* conn.c, for upstream.c. */
 typedef struct gw_conn_view {

@@ -1,7 +1,8 @@
 /*
  * main.c: rl-gateway, rl's reference HTTP gateway. Every request is checked
- * against the rules with librl (rl_check_async); allowed requests go to the
- * upstream (or get a small JSON 200), rejected ones a 429.
+ * against the rules with librl (rl_check_async, or rl_check_hold: cost.c);
+ * allowed requests go to the upstream (or get a small JSON 200), rejected
+ * ones a 429.
  *
  * Signals: SIGTERM/SIGINT stop accepting, close idle connections, let the
  * requests in flight be answered (10 s at most), close the agent (which

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-typedef struct gw_upstream {
+struct gw_upstream {
     uv_tcp_t tcp;
     uv_timer_t timer;
     uv_connect_t connect;
@@ -24,7 +24,7 @@ typedef struct gw_upstream {
     char chunk[65536];
     bool finished;
     int open_handles;
-} gw_upstream;
+};
 
 static http_parser_settings settings;
 
@@ -56,6 +56,11 @@ static void fail(gw_upstream *u, int status, const char *error)
     rl_log(&v.srv->log, RL_LOG_WARN, "upstream_failed",
            "peer=%s status=%d reason=\"%s\"", v.peer_ip, status, error);
     finish(u, status, error);
+}
+
+void gw_upstream_cancel(gw_upstream *u, const char *why)
+{
+    finish(u, 499, why);
 }
 
 static void on_timeout(uv_timer_t *t)
@@ -107,7 +112,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static void on_written(uv_write_t *w, int status)
 {
     gw_upstream *u = w->data;
-    if (status < 0)
+    /* Once finished, the write is cancelled by the close, and the client's
+     * connection may be gone. */
+    if (status < 0 && !u->finished)
         fail(u, 502, uv_strerror(status));
 }
 
@@ -162,7 +169,7 @@ static void build(gw_upstream *u, const gw_conn_view *v)
         gw_buf_append(out, req->body.data, req->body.len, SIZE_MAX / 2);
 }
 
-void gw_upstream_forward(gw_conn *c)
+gw_upstream *gw_upstream_forward(gw_conn *c)
 {
     if (settings.on_message_complete == NULL)
         gw_message_settings(&settings);
@@ -170,7 +177,7 @@ void gw_upstream_forward(gw_conn *c)
     gw_upstream *u = calloc(1, sizeof *u);
     if (u == NULL) {
         gw_conn_upstream_done(c, NULL, 502, "out of memory");
-        return;
+        return NULL;
     }
     u->conn = c;
     http_parser_init(&u->parser, HTTP_RESPONSE);
@@ -188,4 +195,5 @@ void gw_upstream_forward(gw_conn *c)
                             on_connect);
     if (rc != 0)
         fail(u, 502, uv_strerror(rc));
+    return u->finished ? NULL : u;
 }

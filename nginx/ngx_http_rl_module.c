@@ -32,6 +32,16 @@
  * redirects internally keeps the decision it had, found again through a
  * request cleanup that survives the redirect (nginx clears module contexts
  * then, not cleanups).
+ *
+ * With rl_cost_after, the check holds its charge open (rl_check_hold): it
+ * holds rl_cost, an estimate, and the log phase ends the hold at the cost
+ * rl_cost_after gives once the response is done ($upstream_http_x_cost,
+ * say). With an in_flight rule, every check holds (its slot), and the log
+ * phase ends the hold at rl_cost unless rl_cost_after says otherwise. Every other end of the request (a client gone, a request nginx
+ * terminates) ends it at its estimate, through a pool cleanup: the pool
+ * is destroyed after the log phase, so the cleanup only ends what the log
+ * phase did not. A worker's exit leaves its holds to rl_agent_close, which
+ * ends them at their estimates.
  */
 
 #include <ngx_config.h>
@@ -71,6 +81,7 @@ typedef struct {
 typedef struct {
     ngx_str_t                  config_path;
     rl_config                 *config;
+    ngx_flag_t                 in_flight;  /* a rule of config is */
     ngx_array_t               *attrs;   /* of ngx_http_rl_attr_t */
 } ngx_http_rl_main_conf_t;
 
@@ -78,6 +89,7 @@ typedef struct {
 typedef struct {
     ngx_flag_t                 enable;
     ngx_http_complex_value_t  *cost;
+    ngx_http_complex_value_t  *cost_after;
     ngx_uint_t                 status;
 } ngx_http_rl_loc_conf_t;
 
@@ -93,6 +105,8 @@ typedef struct ngx_http_rl_pending_s  ngx_http_rl_pending_t;
 struct ngx_http_rl_pending_s {
     ngx_http_request_t        *request;
     rl_decision                decision;
+    rl_hold                   *hold;      /* an allowed rl_check_hold's */
+    uint32_t                   estimate;  /* what the hold holds */
     ngx_http_rl_pending_t     *next;
 };
 
@@ -110,6 +124,8 @@ typedef struct {
     ngx_uint_t                 decided;  /* decision below is valid */
     ngx_http_rl_pending_t     *pending;
     rl_decision                decision;
+    rl_hold                   *hold;     /* open until the request ends */
+    uint32_t                   estimate;
 } ngx_http_rl_ctx_t;
 
 
@@ -118,13 +134,20 @@ static ngx_int_t ngx_http_rl_start(ngx_http_request_t *r,
     ngx_http_rl_loc_conf_t *rlcf);
 static ngx_int_t ngx_http_rl_cost(ngx_http_request_t *r,
     ngx_http_rl_loc_conf_t *rlcf, uint32_t *cost);
-static ngx_int_t ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost);
+static ngx_int_t ngx_http_rl_parse_cost(ngx_str_t *value, ngx_int_t min,
+    uint32_t *cost);
+static int ngx_http_rl_check(ngx_http_request_t *r, ngx_uint_t hold,
+    ngx_http_rl_pending_t *p, rl_attr *attrs, size_t n, uint32_t cost);
 static ngx_int_t ngx_http_rl_act(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
 static ngx_int_t ngx_http_rl_reject(ngx_http_request_t *r,
     ngx_http_rl_ctx_t *ctx, ngx_http_rl_loc_conf_t *rlcf);
 static void ngx_http_rl_wait_handler(ngx_http_request_t *r);
 static void ngx_http_rl_decided(const rl_decision *decision, void *arg);
+static void ngx_http_rl_held(const rl_decision *decision, rl_hold *hold,
+    void *arg);
+static ngx_int_t ngx_http_rl_log_handler(ngx_http_request_t *r);
+static void ngx_http_rl_hold_cleanup(void *data);
 static void ngx_http_rl_loop_handler(ngx_event_t *ev);
 static void ngx_http_rl_run_soon(void);
 static ngx_int_t ngx_http_rl_watch_loop(ngx_cycle_t *cycle);
@@ -197,6 +220,13 @@ static ngx_command_t  ngx_http_rl_commands[] = {
       ngx_http_rl_cost_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_rl_loc_conf_t, cost),
+      NULL },
+
+    { ngx_string("rl_cost_after"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_rl_loc_conf_t, cost_after),
       NULL },
 
     { ngx_string("rl_status"),
@@ -363,11 +393,13 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
     ngx_http_rl_ctx_t        *ctx;
     ngx_http_cleanup_t       *cln;
     ngx_http_rl_attr_t       *attr;
+    ngx_uint_t                hold;
     ngx_http_rl_pending_t    *p;
     ngx_http_rl_main_conf_t  *rmcf;
     rl_attr                   attrs[RL_ATTRS_MAX];
 
     rmcf = ngx_http_get_module_main_conf(r, ngx_http_rl_module);
+    hold = rlcf->cost_after != NULL || rmcf->in_flight;
 
     if (ngx_http_rl_cost(r, rlcf, &cost) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -402,6 +434,7 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
     cln->handler = ngx_http_rl_cleanup;
     cln->data = ctx;
     ngx_http_set_ctx(r, ctx, ngx_http_rl_module);
+    ctx->estimate = cost;
 
     if (n == 0) {
         /* no rule can apply: allowed, without a trip to the agent */
@@ -416,6 +449,10 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
          * tries again): the rules decide as without their store */
         rc = rl_config_decide_on_error(rmcf->config, attrs, n, cost,
                                        &ctx->decision);
+
+    } else if (hold) {
+        /* a hold is only had through the agent's loop */
+        rc = RL_EAGAIN;
 
     } else {
         rc = rl_check_nowait(ngx_http_rl_agent, attrs, n, cost,
@@ -439,12 +476,13 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
         }
 
         p->request = r;
+        p->hold = NULL;
+        p->estimate = cost;
         p->next = NULL;
         ctx->pending = p;
         ctx->state = NGX_HTTP_RL_PENDING;
 
-        rc = rl_check_async(ngx_http_rl_agent, attrs, n, cost,
-                            ngx_http_rl_decided, p);
+        rc = ngx_http_rl_check(r, hold, p, attrs, n, cost);
 
         if (rc == RL_OK) {
             ngx_http_rl_run_soon();
@@ -476,6 +514,36 @@ ngx_http_rl_start(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf)
     ngx_add_timer(r->connection->write, NGX_HTTP_RL_GUARD_MS);
 
     return NGX_AGAIN;
+}
+
+
+/*
+ * The check that goes to the agent's loop, as rl_check_async returns: when
+ * it holds (rl_cost_after, in_flight rules), one whose charge is held
+ * open, and whose hold a pool cleanup ends whatever becomes of the
+ * request.
+ */
+static int
+ngx_http_rl_check(ngx_http_request_t *r, ngx_uint_t hold,
+    ngx_http_rl_pending_t *p, rl_attr *attrs, size_t n, uint32_t cost)
+{
+    ngx_pool_cleanup_t  *cln;
+
+    if (!hold) {
+        return rl_check_async(ngx_http_rl_agent, attrs, n, cost,
+                              ngx_http_rl_decided, p);
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return RL_ENOMEM;
+    }
+
+    cln->handler = ngx_http_rl_hold_cleanup;
+    cln->data = ngx_http_rl_get_ctx(r);
+
+    return rl_check_hold(ngx_http_rl_agent, attrs, n, cost,
+                         ngx_http_rl_held, p);
 }
 
 
@@ -512,7 +580,7 @@ ngx_http_rl_cost(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
         return NGX_ERROR;
     }
 
-    if (ngx_http_rl_parse_cost(&value, cost) != NGX_OK) {
+    if (ngx_http_rl_parse_cost(&value, 1, cost) != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "rl: rl_cost is \"%V\" for this request: it must be "
                       "a whole number from 1 to 4294967295", &value);
@@ -523,15 +591,16 @@ ngx_http_rl_cost(ngx_http_request_t *r, ngx_http_rl_loc_conf_t *rlcf,
 }
 
 
-/* librl takes a cost of 1 to 2^32 - 1 tokens. */
+/* librl takes a cost of 1 to 2^32 - 1 tokens; a hold's actual cost may
+ * be 0. */
 static ngx_int_t
-ngx_http_rl_parse_cost(ngx_str_t *value, uint32_t *cost)
+ngx_http_rl_parse_cost(ngx_str_t *value, ngx_int_t min, uint32_t *cost)
 {
     ngx_int_t  n;
 
     n = ngx_atoi(value->data, value->len);
 
-    if (n <= 0 || (uint64_t) n > UINT32_MAX) {
+    if (n == NGX_ERROR || n < min || (uint64_t) n > UINT32_MAX) {
         return NGX_ERROR;
     }
 
@@ -639,6 +708,17 @@ ngx_http_rl_decided(const rl_decision *decision, void *arg)
 }
 
 
+static void
+ngx_http_rl_held(const rl_decision *decision, rl_hold *hold, void *arg)
+{
+    ngx_http_rl_pending_t  *p;
+
+    p = arg;
+    p->hold = hold;
+    ngx_http_rl_decided(decision, p);
+}
+
+
 /* Takes the queue of decided checks, oldest first. */
 static ngx_http_rl_pending_t *
 ngx_http_rl_take_done(void)
@@ -719,12 +799,18 @@ ngx_http_rl_resume(ngx_http_rl_pending_t *p)
     r = p->request;
 
     if (r == NULL) {
-        /* the request went away while it waited */
+        /* the request went away while it waited: nothing to charge but
+         * its estimate */
+        if (p->hold != NULL) {
+            (void) rl_hold_end(p->hold, p->estimate);
+        }
+
         ngx_free(p);
         return;
     }
 
     ctx = ngx_http_rl_get_ctx(r);
+    ctx->hold = p->hold;
     ctx->decision = p->decision;
     ctx->decided = 1;
     ctx->pending = NULL;
@@ -793,6 +879,73 @@ ngx_http_rl_cleanup(void *data)
         ctx->pending->request = NULL;
         ctx->pending = NULL;
         ctx->state = NGX_HTTP_RL_DONE;
+    }
+}
+
+
+/*
+ * The log phase, once the response is done: the hold ends at the cost
+ * rl_cost_after gives, or at its estimate when there is no rl_cost_after
+ * (an in_flight rule's hold), or its value is empty (no upstream answered,
+ * it sent no such header) or not a cost.
+ */
+static ngx_int_t
+ngx_http_rl_log_handler(ngx_http_request_t *r)
+{
+    uint32_t                 actual;
+    ngx_str_t                value;
+    ngx_http_rl_ctx_t       *ctx;
+    ngx_http_rl_loc_conf_t  *rlcf;
+
+    ctx = ngx_http_rl_get_ctx(r);
+
+    if (ctx == NULL || ctx->hold == NULL) {
+        return NGX_OK;
+    }
+
+    rlcf = ngx_http_get_module_loc_conf(r, ngx_http_rl_module);
+    actual = ctx->estimate;
+
+    if (rlcf->cost_after == NULL) {
+        /* void */
+
+    } else if (ngx_http_complex_value(r, rlcf->cost_after, &value)
+               != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "rl: rl_cost_after could not be evaluated: the "
+                      "estimate %uD is charged", actual);
+
+    } else if (value.len == 0) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "rl: rl_cost_after is empty (no response gave it): "
+                      "the estimate %uD is charged", actual);
+
+    } else if (ngx_http_rl_parse_cost(&value, 0, &actual) != NGX_OK) {
+        actual = ctx->estimate;
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "rl: rl_cost_after is \"%V\", not a whole number "
+                      "from 0 to 4294967295: the estimate %uD is charged",
+                      &value, actual);
+    }
+
+    (void) rl_hold_end(ctx->hold, actual);
+    ctx->hold = NULL;
+
+    return NGX_OK;
+}
+
+
+/* The request's pool goes, after its log phase: a hold still open (the
+ * request ended before it was logged) ends at its estimate. */
+static void
+ngx_http_rl_hold_cleanup(void *data)
+{
+    ngx_http_rl_ctx_t  *ctx = data;
+
+    if (ctx->hold != NULL) {
+        (void) rl_hold_end(ctx->hold, ctx->estimate);
+        ctx->hold = NULL;
     }
 }
 
@@ -1011,6 +1164,7 @@ ngx_http_rl_config(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     cln->handler = ngx_http_rl_config_free;
     cln->data = rmcf->config;
+    rmcf->in_flight = rl_config_has_in_flight(rmcf->config);
 
     return NGX_CONF_OK;
 }
@@ -1242,7 +1396,7 @@ ngx_http_rl_cost_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (rlcf->cost->lengths == NULL) {
         value = cf->args->elts;
 
-        if (ngx_http_rl_parse_cost(&value[1], &cost) != NGX_OK) {
+        if (ngx_http_rl_parse_cost(&value[1], 1, &cost) != NGX_OK) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "rl_cost \"%V\" must be a whole number from "
                                "1 to 4294967295, or a variable", &value[1]);
@@ -1274,6 +1428,7 @@ ngx_http_rl_create_loc_conf(ngx_conf_t *cf)
 
     conf->enable = NGX_CONF_UNSET;
     conf->cost = NGX_CONF_UNSET_PTR;
+    conf->cost_after = NGX_CONF_UNSET_PTR;
     conf->status = NGX_CONF_UNSET_UINT;
 
     return conf;
@@ -1290,6 +1445,7 @@ ngx_http_rl_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_value(conf->enable, prev->enable, 0);
     ngx_conf_merge_ptr_value(conf->cost, prev->cost, NULL);
+    ngx_conf_merge_ptr_value(conf->cost_after, prev->cost_after, NULL);
     ngx_conf_merge_uint_value(conf->status, prev->status,
                               NGX_HTTP_TOO_MANY_REQUESTS);
 
@@ -1339,6 +1495,13 @@ ngx_http_rl_init(ngx_conf_t *cf)
     }
 
     *h = ngx_http_rl_handler;
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_rl_log_handler;
 
     ngx_http_next_header_filter = ngx_http_top_header_filter;
     ngx_http_top_header_filter = ngx_http_rl_header_filter;
@@ -1528,6 +1691,12 @@ ngx_http_rl_exit_process(ngx_cycle_t *cycle)
 
     for (p = ngx_http_rl_take_done(); p != NULL; p = next) {
         next = p->next;
+
+        if (p->hold != NULL) {
+            /* ended by the close at its estimate: this only frees it */
+            (void) rl_hold_end(p->hold, p->estimate);
+        }
+
         ngx_free(p);
     }
 }

@@ -23,17 +23,6 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Waits up to 2 s for the count (refunds are calls nobody waits for). */
-static void expect_count(const char *addr, const char *key, long long want)
-{
-    long long got = test_fixed_window_count(addr, key);
-    for (int i = 0; i < 200 && got != want; i++) {
-        test_sleep_ms(10);
-        got = test_fixed_window_count(addr, key);
-    }
-    cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
-}
-
 /* A check made between t0 and t1 (wall clock) said its window ends
  * reset_ms later: that end must be the first multiple of the period after
  * t0 (give or take the clocks' 20 ms), wherever in the window it came. */
@@ -183,7 +172,7 @@ static void bucket_and_window(const char *charge, const char *value,
         allowed += test_check(&t, attr, NULL).allowed;
     cr_assert_eq(allowed, 3);
     snprintf(key, sizeof key, "rl:fw:%s", value);
-    expect_count(t.addr, key, window_want);
+    test_fixed_window_expect(t.addr, key, window_want);
     test_agent_close(&t);
 }
 
@@ -210,11 +199,11 @@ Test(fixed_window, a_refused_window_gives_its_own_hit_back_under_refund)
             cr_assert_str_eq(d.rule, "w");
     }
     cr_assert_eq(allowed, 2);
-    expect_count(t.addr, "rl:fw:own", 2);
+    test_fixed_window_expect(t.addr, "rl:fw:own", 2);
     /* The bucket was given back the three refused requests' tokens. */
     rl_decision d = test_check(&t, "api_key=own", NULL);
     cr_assert(!d.allowed);
-    expect_count(t.addr, "rl:fw:own", 2);
+    test_fixed_window_expect(t.addr, "rl:fw:own", 2);
     test_agent_close(&t);
 }
 

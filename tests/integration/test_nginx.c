@@ -8,7 +8,9 @@
  * request checked once through internal redirects and subrequests, and
  * the workers' own files: a TLS key only root can read refused at
  * `nginx -t`, a start and a reload, and a worker whose agent cannot open
- * serving by on_error until it can.
+ * serving by on_error until it can; rl_cost_after charging what a slow
+ * upstream's X-Cost says, and a request's estimate when its client goes;
+ * in_flight slots held while the upstream has a request.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -16,6 +18,7 @@
 #include "test_env.h"
 #include "test_gateway.h"
 #include "test_process.h"
+#include "test_upstream.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -933,4 +936,175 @@ Test(nginx, a_worker_whose_agent_cannot_open_serves_by_on_error_and_recovers)
     cr_assert_eq(header_num(&r, "RateLimit-Remaining"), 98);
     cr_assert_eq(log_count(&ngx, "rl: the agent opened at try"), 1);
     nginx_stop(&ngx);
+}
+
+/* --- (h) rl_cost_after: the cost a response names. --------------------- */
+
+#define COST_SLEEP_MS 150
+
+/* One instance of workers proxying /v1/ to up (which sleeps sleep_ms),
+ * with the rule (a line under rules:) and the location's more lines;
+ * holds that outlive a second are ended by the agent, and say so in the
+ * error log. */
+static void proxy_start(test_nginx *ngx, test_upstream *up, int workers,
+                        unsigned sleep_ms, const char *rule,
+                        const char *more)
+{
+    char yaml[1024], server[512];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "rules:\n"
+             "  - %s\n", test_env("RL_TEST_REDIS"), rule);
+    test_upstream_start(up, sleep_ms);
+    snprintf(server, sizeof server,
+             "        location /v1/ {\n"
+             "            rl on;\n"
+             "%s"
+             "            proxy_pass http://127.0.0.1:%u;\n"
+             "        }\n", more, up->port);
+    nginx_prepare(ngx, workers, test_write_config("nginx-proxy", yaml), "",
+                  server);
+    nginx_start(ngx, workers);
+}
+
+/* Two workers holding rl_cost (50) until the log phase charges
+ * $upstream_http_x_cost. */
+static void cost_start(test_nginx *ngx, test_upstream *up)
+{
+    proxy_start(ngx, up, 2, COST_SLEEP_MS,
+                "{name: tokens, match: api_key, limit: 100000000, "
+                "period: 1h, algorithm: fixed_window}",
+                "            rl_cost 50;\n"
+                "            rl_cost_after $upstream_http_x_cost;\n");
+}
+
+#define COST_CLIENTS 5
+#define COST_EACH 6
+
+/* Five clients at once, each with its costs: one with a bad or missing
+ * X-Cost in each (charged 50), the others what they say. */
+Test(nginx, rl_cost_after_charges_the_responses_x_cost)
+{
+    test_nginx ngx;
+    test_upstream up;
+    cost_start(&ngx, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_ngx_cost");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    static const char *const costs[COST_CLIENTS * COST_EACH] = {
+        "100", "1200", "7", "0", "333", NULL,
+        "2000", "150", "150", "999", "1", "abc",
+        "450", "451", "452", "453", "454", "-3",
+        "77777", "10", "20", "30", "40", "",
+        "5", "6", "7", "8", "9", "4294967296",
+    };
+    long long want = 5 * 50;
+    for (int i = 0; i < COST_CLIENTS; i++) {
+        for (int j = 0; j < COST_EACH - 1; j++)
+            want += atoll(costs[i * COST_EACH + j]);
+    }
+    int ok = test_upstream_clients(ngx.port, key, costs, COST_CLIENTS,
+                                   COST_EACH);
+    cr_assert_eq(ok, COST_CLIENTS * COST_EACH, "%d requests answered 200",
+                 ok);
+    cr_assert_geq(test_upstream_most(&up), 2);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, want);
+    cr_assert_eq(log_count(&ngx, "the estimate 50 is charged"), 5,
+                 "one warning per estimate charged");
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
+/* Clients gone while the upstream has their requests: each is charged its
+ * estimate (the upstream would say 999) at the request's end, not left to
+ * expire. */
+Test(nginx, rl_cost_after_charges_a_gone_clients_estimate)
+{
+    test_nginx ngx;
+    test_upstream up;
+    cost_start(&ngx, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_ngx_gone");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    for (int i = 0; i < 3; i++)
+        test_upstream_abandon(ngx.port, "/v1/chat", key, "999",
+                              COST_SLEEP_MS / 3);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_sleep_ms(2200);
+    cr_assert_eq(test_fixed_window_count(test_env("RL_TEST_REDIS"), counted),
+                 3 * 50);
+    cr_assert_eq(log_count(&ngx, "hold_expired"), 0,
+                 "a hold was left to expire");
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
+/* --- (i) in_flight: a slot held for the request's life. ----------------- */
+
+#define SLOW_MS 400
+
+/* in_flight: 2 over two workers: five requests of a key at once, three
+ * times, never more than two with the upstream; two clients gone free
+ * their slots at once (not when the upstream would answer, 400 ms, nor at
+ * the hold's timeout, 1 s). */
+Test(nginx, in_flight_holds_n_at_once_and_a_gone_clients_slot_is_freed)
+{
+    test_upstream up;
+    test_nginx ngx;
+    proxy_start(&ngx, &up, 2, SLOW_MS,
+                "{name: at-once, match: api_key, in_flight: 2}", "");
+    char key[96];
+    unique(key, sizeof key, "ak_ngx_in_flight");
+    int ok = 0, refused = 0;
+    for (int round = 0; round < 3; round++) {
+        /* A slot goes back in a call after its response: let it land. */
+        test_sleep_ms(100);
+        test_upstream_burst(ngx.port, key, 5, &ok, &refused);
+    }
+    cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
+                  "with the upstream at once", test_upstream_most(&up));
+    cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
+    cr_assert_gt(refused, 0);
+
+    test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
+    test_upstream_abandon(ngx.port, "/v1/chat", key, NULL, 50);
+    test_upstream_expect_room(ngx.port, key, 250);
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
+/* A worker that exits (SIGTERM: at once, requests and all) closes its
+ * agent, which ends its holds and lets their slots go: its respawned
+ * successor finds the key's slot free, not held for the lease (10 s). */
+Test(nginx, a_worker_that_exits_frees_its_in_flight_slots)
+{
+    char first[64], now[64];
+    test_upstream up;
+    test_nginx ngx;
+    proxy_start(&ngx, &up, 1, 1500,
+                "{name: at-once, match: api_key, in_flight: 1}", "");
+    char key[96];
+    unique(key, sizeof key, "ak_ngx_exit");
+    int fd = test_upstream_send(ngx.port, "/v1/chat", key, NULL);
+    for (int waited = 0; waited < 2000 && test_upstream_busy(&up) == 0;
+         waited += 10)
+        test_sleep_ms(10);
+    cr_assert_eq(test_upstream_busy(&up), 1, "the request never reached "
+                 "the upstream");
+    cr_assert_eq(test_upstream_call(ngx.port, "/v1/chat", key, NULL), 429,
+                 "the slot is the held request's");
+
+    worker_pids(&ngx, first, sizeof first);
+    kill(atoi(first), SIGTERM);
+    for (int waited = 0; waited < 5000
+         && log_count(&ngx, "start worker process ") < 2; waited += 20)
+        test_sleep_ms(20);
+    worker_pids(&ngx, now, sizeof now);
+    cr_assert(atoi(now) > 0 && strcmp(now, first) != 0,
+              "no worker in place of %s: %s", first, now);
+    test_upstream_expect_room(ngx.port, key, 500);
+    close(fd);
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
 }

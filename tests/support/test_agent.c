@@ -274,6 +274,17 @@ long long test_fixed_window_count(const char *addr, const char *key)
     return sum;
 }
 
+void test_fixed_window_expect(const char *addr, const char *key,
+                              long long want)
+{
+    long long got = test_fixed_window_count(addr, key);
+    for (int i = 0; i < 200 && got != want; i++) {
+        test_sleep_ms(10);
+        got = test_fixed_window_count(addr, key);
+    }
+    cr_assert_eq(got, want, "%s counts %lld, not %lld", key, got, want);
+}
+
 long long test_window_total(const char *addr, const char *prefix_value)
 {
     redisContext *c = test_redis_connect(addr);

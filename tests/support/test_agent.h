@@ -108,6 +108,11 @@ uint64_t test_now_ms(void);
 /* The count in a fixed window key's windows (key:<window>), summed:
  * what the Redis at addr holds for it, whichever window a test ran in. */
 long long test_fixed_window_count(const char *addr, const char *key);
+/* Waits up to 2 s for that count to be want (what is charged after a
+ * decision, a refund or a hold's end, goes out in a later call), and
+ * asserts it is. */
+void test_fixed_window_expect(const char *addr, const char *key,
+                              long long want);
 
 /* The sum of a synced key's window counts (keys prefix_value:w*) in the
  * Redis at addr (NULL: the shared test Redis). */

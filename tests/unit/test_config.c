@@ -129,6 +129,69 @@ Test(config, local_rules_and_the_gateway_section)
     rl_config_free(cfg);
 }
 
+/* gateway.cost_header: a header name (a token); cost_estimate: what a
+ * request holds until the header's value, 0 to 2^32 - 1, only with it. */
+Test(config, the_gateway_cost_header_and_its_estimate)
+{
+    static const char rule[] = "rules:\n  - {name: r, match: ip, limit: 7, "
+                               "period: 1s}\n";
+    char yaml[512];
+    rl_config *cfg = load_ok(rule);
+    cr_assert_str_eq(cfg->gateway.cost_header, "");
+    cr_assert_eq(cfg->gateway.cost_estimate, 1);
+    rl_config_free(cfg);
+
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: X-Cost, "
+             "cost_estimate: 0}\n%s", rule);
+    cfg = load_ok(yaml);
+    cr_assert_str_eq(cfg->gateway.cost_header, "X-Cost");
+    cr_assert_eq(cfg->gateway.cost_estimate, 0);
+    rl_config_free(cfg);
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: x-cost, "
+             "cost_estimate: 4294967295}\n%s", rule);
+    cfg = load_ok(yaml);
+    cr_assert_eq(cfg->gateway.cost_estimate, UINT32_MAX);
+    rl_config_free(cfg);
+
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: \"X Cost\"}\n%s",
+             rule);
+    expect_refused(yaml, "<test>:1:24: gateway.cost_header: 'X Cost' is "
+                   "not a header name (letters, digits and "
+                   "!#$%&'*+-.^_`|~, not empty)");
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: \"X:Cost\"}\n%s",
+             rule);
+    expect_refused(yaml, "<test>:1:24: gateway.cost_header: 'X:Cost' is "
+                   "not a header name (letters, digits and "
+                   "!#$%&'*+-.^_`|~, not empty)");
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: X-Cost, "
+             "cost_estimate: 4294967296}\n%s", rule);
+    expect_refused(yaml, "<test>:1:47: gateway.cost_estimate: must be a "
+                   "whole number from 0 to 4294967295, got '4294967296'");
+    snprintf(yaml, sizeof yaml, "gateway: {cost_header: X-Cost, "
+             "cost_estimate: -1}\n%s", rule);
+    expect_refused(yaml, "<test>:1:47: gateway.cost_estimate: must be a "
+                   "whole number from 0 to 4294967295, got '-1'");
+    snprintf(yaml, sizeof yaml, "gateway: {cost_estimate: 5}\n%s", rule);
+    expect_refused(yaml, "<test>:1:26: gateway.cost_estimate: is what a "
+                   "request holds until gateway.cost_header's value is "
+                   "known: set cost_header too, or leave cost_estimate "
+                   "out (each request costs 1)");
+}
+
+/* rl_config_has_in_flight: what tells a host to check with holds. */
+Test(config, a_host_learns_whether_a_rule_is_in_flight)
+{
+    rl_config *cfg = load_ok("rules:\n  - {name: r, match: ip, limit: 7, "
+                             "period: 1s}\n");
+    cr_assert_not(rl_config_has_in_flight(cfg));
+    rl_config_free(cfg);
+    cfg = load_ok("rules:\n  - {name: r, match: ip, limit: 7, period: 1s}\n"
+                  "  - {name: c, match: tenant, in_flight: 3}\n");
+    cr_assert(rl_config_has_in_flight(cfg));
+    rl_config_free(cfg);
+    cr_assert_not(rl_config_has_in_flight(NULL));
+}
+
 Test(config, omitted_fields_take_the_documented_defaults)
 {
     rl_config *cfg = load_ok("rules:\n"

@@ -1,0 +1,244 @@
+/*
+ * rl-gateway's gateway.cost_header end to end: a request holds its
+ * estimate (rl_check_hold) while a slow upstream answers, and its
+ * response's X-Cost is what is charged in the end. The upstream sleeps
+ * as an LLM backend streams, and several requests are with it at once.
+ */
+#include "test_agent.h"
+#include "test_env.h"
+#include "test_gateway.h"
+#include "test_process.h"
+#include "test_upstream.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define UPSTREAM_SLEEP_MS 150
+
+/* A key no other test (or earlier run) has used. */
+static void unique(char *buf, size_t cap, const char *stem)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(buf, cap, "%s_%d_%ld%09ld", stem, (int)getpid(),
+             (long)ts.tv_sec, ts.tv_nsec);
+}
+
+/* A gateway in front of up whose exact fixed-window rule counts each
+ * API key's costs, with an estimate of 50 held until X-Cost (holds that
+ * outlive a second are ended by the agent, and say so in the log). */
+static void start(test_gateway *gw, test_upstream *up)
+{
+    char yaml[1024], url[64];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "gateway: {cost_header: X-Cost, cost_estimate: 50}\n"
+             "rules:\n"
+             "  - {name: tokens, match: api_key, limit: 100000000, "
+             "period: 1h, algorithm: fixed_window}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream_start(up, UPSTREAM_SLEEP_MS);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up->port);
+    test_gateway_start(gw, test_write_config("gw-cost", yaml), "--upstream",
+                       url, NULL);
+}
+
+static void stop(test_gateway *gw, test_upstream *up)
+{
+    test_gateway_stop(gw);
+    test_upstream_stop(up);
+}
+
+/* How many lines of the gateway's log hold text. */
+static int log_count(const test_gateway *gw, const char *text)
+{
+    char cmd[800], out[32];
+    snprintf(cmd, sizeof cmd, "grep -c '%s' %s", text, gw->log);
+    test_run(cmd, out, sizeof out);
+    return atoi(out);
+}
+
+#define CLIENTS 5
+#define EACH 6
+
+Test(gateway_cost, the_count_is_the_sum_of_the_responses_x_cost)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    /* Five clients at once, each with six costs of its own. */
+    char text[CLIENTS * EACH][16];
+    const char *costs[CLIENTS * EACH];
+    long long sum = 0;
+    for (int i = 0; i < CLIENTS * EACH; i++) {
+        snprintf(text[i], sizeof text[i], "%d", 100 + 37 * i);
+        costs[i] = text[i];
+        sum += 100 + 37 * i;
+    }
+    int ok = test_upstream_clients(gw.port, key, costs, CLIENTS, EACH);
+    cr_assert_eq(ok, CLIENTS * EACH, "%d of %d requests were answered 200",
+                 ok, CLIENTS * EACH);
+    cr_assert_geq(test_upstream_most(&up), 2, "the requests never were "
+                  "with the upstream at once");
+    /* Not the estimates (50 each): the costs the responses gave. */
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, sum);
+    cr_assert_eq(log_count(&gw, "cost_estimate_charged"), 0);
+    stop(&gw, &up);
+}
+
+Test(gateway_cost, a_missing_or_bad_x_cost_charges_the_estimate)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost_bad");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    static const char *const bad[] = {NULL, "", "abc", "-5", "12.5",
+                                      "4294967296"};
+    size_t n = sizeof bad / sizeof bad[0];
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, bad[i]),
+                     200);
+    /* None, and the largest cost there is: both are costs (the key is
+     * over its limit after that one). */
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "0"), 200);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "4294967295"),
+                 200);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted,
+                           50LL * (long long)n + 4294967295LL);
+    cr_assert_eq(log_count(&gw, "event=cost_estimate_charged"), (int)n,
+                 "one line per estimate charged");
+    /* The upstream sends no X-Cost for an empty one. */
+    cr_assert_eq(log_count(&gw, "reason=\"the response has no X-Cost "
+                           "header\""), 2);
+    cr_assert_eq(log_count(&gw, "reason=\"must be a whole number from 0 to "
+                           "4294967295, got .4294967296."), 1);
+    stop(&gw, &up);
+}
+
+/* The client goes away while the upstream has its request: the exchange
+ * is cancelled, and the hold ended then, at its estimate (the upstream's
+ * X-Cost, were it waited for, would be 999). Ended, not left to expire:
+ * no hold_expired line once the hold timeout has passed. */
+Test(gateway_cost, a_client_gone_mid_exchange_is_charged_its_estimate)
+{
+    test_gateway gw;
+    test_upstream up;
+    start(&gw, &up);
+    char key[96], counted[128];
+    unique(key, sizeof key, "ak_cost_gone");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    for (int i = 0; i < 3; i++)
+        test_upstream_abandon(gw.port, "/v1/chat", key, "999",
+                              UPSTREAM_SLEEP_MS / 3);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 3 * 50);
+    test_sleep_ms(2200);
+    cr_assert_eq(test_fixed_window_count(test_env("RL_TEST_REDIS"), counted),
+                 3 * 50);
+    cr_assert_eq(log_count(&gw, "event=client_gone"), 3);
+    cr_assert_eq(log_count(&gw, "hold_expired"), 0,
+                 "a hold was left to expire");
+    stop(&gw, &up);
+}
+
+/* --- in_flight: a slot held for the upstream exchange. ----------------- */
+
+#define SLOW_MS 400
+
+static void start_in_flight(test_gateway *gw, test_upstream *up)
+{
+    char yaml[1024], url[64];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "hold_timeout_ms: 1000\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 2}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream_start(up, SLOW_MS);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up->port);
+    test_gateway_start(gw, test_write_config("gw-in-flight", yaml),
+                       "--upstream", url, NULL);
+}
+
+/* Five requests of a key at once, three times over, with in_flight: 2:
+ * never more than two with the upstream, the others refused. */
+Test(gateway_cost, in_flight_admits_at_most_n_at_once_through_the_gateway)
+{
+    test_gateway gw;
+    test_upstream up;
+    start_in_flight(&gw, &up);
+    char key[96];
+    unique(key, sizeof key, "ak_in_flight");
+    int ok = 0, refused = 0;
+    for (int round = 0; round < 3; round++) {
+        /* A slot goes back in a call after its response: let it land. */
+        test_sleep_ms(100);
+        test_upstream_burst(gw.port, key, 5, &ok, &refused);
+    }
+    cr_assert_leq(test_upstream_most(&up), 2, "%d requests of one key were "
+                  "with the upstream at once", test_upstream_most(&up));
+    cr_assert_geq(ok, 6, "only %d served: slots were not given back", ok);
+    cr_assert_gt(refused, 0);
+    stop(&gw, &up);
+}
+
+/* A client gone frees its slot then, not when the upstream would have
+ * answered (400 ms) nor when the hold would expire (1 s). */
+Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
+{
+    test_gateway gw;
+    test_upstream up;
+    start_in_flight(&gw, &up);
+    char key[96];
+    unique(key, sizeof key, "ak_in_flight_gone");
+    test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
+    test_upstream_abandon(gw.port, "/v1/chat", key, NULL, 50);
+    test_upstream_expect_room(gw.port, key, 250);
+    stop(&gw, &up);
+}
+
+/* gateway.cost_header is read again on SIGHUP: requests checked after the
+ * reload cost what their response says, those before it 1. */
+Test(gateway_cost, sighup_takes_up_a_new_cost_header)
+{
+    static const char rules[] =
+        "rules:\n"
+        "  - {name: tokens, match: api_key, limit: 100000000, period: 1h, "
+        "algorithm: fixed_window}\n";
+    char yaml[1024], url[64], key[96], counted[128];
+    const char *redis = test_env("RL_TEST_REDIS");
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\n%s", redis, rules);
+    const char *path = test_write_config("gw-cost-reload", yaml);
+    test_upstream up;
+    test_upstream_start(&up, 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, path, "--upstream", url, NULL);
+    unique(key, sizeof key, "ak_cost_reload");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
+    test_fixed_window_expect(redis, counted, 1);
+
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\ngateway: {cost_header: X-Cost}\n%s", redis,
+             rules);
+    cr_assert_str_eq(test_write_config("gw-cost-reload", yaml), path);
+    long from = test_log_size(gw.log);
+    kill(gw.pid, SIGHUP);
+    test_wait_for_log_from(&gw.pid, gw.log, from, "event=reloaded", 5000);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
+    test_fixed_window_expect(redis, counted, 1 + 700);
+    test_gateway_stop(&gw);
+    test_upstream_stop(&up);
+}
