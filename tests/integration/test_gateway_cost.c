@@ -242,3 +242,81 @@ Test(gateway_cost, sighup_takes_up_a_new_cost_header)
     test_gateway_stop(&gw);
     test_upstream_stop(&up);
 }
+
+/* configs/ai-gateway.example.yaml with the test's Redis and a tenant map
+ * of its own (written beside it, naming keys for tenant): its path. */
+static const char *example_config(const char *keys[2], const char *tenant)
+{
+    char path[512], map[600];
+    test_path(path, sizeof path, "RL_TEST_EXAMPLES", "ai-gateway.example.yaml");
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "cannot read %s", path);
+    static char yaml[8192];
+    size_t n = fread(yaml, 1, sizeof yaml - 1, f);
+    fclose(f);
+    cr_assert_lt(n, sizeof yaml - 1, "the example outgrew the test's buffer");
+    yaml[n] = '\0';
+    snprintf(map, sizeof map, "%s/ai-tenants-%d.txt",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    f = fopen(map, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "%s %s\n%s %s\n", keys[0], tenant, keys[1], tenant);
+    fclose(f);
+    /* The two lines a deployment changes: where Redis and the map are. */
+    static const char *const from[2] = {"redis://127.0.0.1:6379/0",
+                                        "tenants.txt"};
+    char url[96], out[8192 + 1024];
+    snprintf(url, sizeof url, "redis://%s", test_env("RL_TEST_REDIS"));
+    const char *to[2] = {url, map};
+    const char *in = yaml;
+    size_t o = 0;
+    for (int i = 0; i < 2; i++) {
+        const char *at = strstr(in, from[i]);
+        cr_assert_not_null(at, "the example has no \"%s\"", from[i]);
+        o += (size_t)snprintf(out + o, sizeof out - o, "%.*s%s",
+                              (int)(at - in), in, to[i]);
+        in = at + strlen(from[i]);
+    }
+    snprintf(out + o, sizeof out - o, "%s", in);
+    return test_write_config("ai-gateway", out);
+}
+
+/* The AI gateway example as shipped: a tenant's 25 slow requests at once
+ * get 20 streams (its in_flight), the others 429; a key's tokens are the
+ * responses' X-Cost, and a response over the key's 100,000 takes its
+ * bucket into debt, which refuses the key's next request. */
+Test(gateway_cost, the_ai_gateway_example_limits_tokens_and_streams)
+{
+    char a[96], b[96], tenant[96], counted[128];
+    unique(a, sizeof a, "ak_ai_a");
+    unique(b, sizeof b, "ak_ai_b");
+    unique(tenant, sizeof tenant, "org_ai");
+    const char *keys[2] = {a, b};
+    const char *cfg = example_config(keys, tenant);
+    test_upstream up;
+    test_upstream_start(&up, 300);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, cfg, "--upstream", url, NULL);
+
+    int ok = 0, refused = 0;
+    test_upstream_burst(gw.port, a, 25, &ok, &refused);
+    cr_assert_leq(test_upstream_most(&up), 20, "%d of a tenant's requests "
+                  "streamed at once", test_upstream_most(&up));
+    cr_assert_eq(ok + refused, 25);
+    cr_assert_geq(refused, 5, "only %d of 25 refused", refused);
+
+    /* 30,000 + 30,000 + 50,000 tokens: 110,000 charged, 10,000 of them
+     * debt, 66 s of refill at 100,000 a minute (less what refilled since). */
+    static const char *const costs[] = {"30000", "30000", "50000"};
+    cr_assert_eq(test_upstream_calls(gw.port, b, costs, 3), 3);
+    snprintf(counted, sizeof counted, "rl:key:%s", b);
+    long long pttl = test_redis_pttl(NULL, counted);
+    cr_assert(pttl > 63000 && pttl <= 66000, "the bucket refills in %lld "
+              "ms, not the 66,000 of 110,000 tokens", pttl);
+    cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", b, "10"), 429,
+                 "a key in debt was served");
+    test_gateway_stop(&gw);
+    test_upstream_stop(&up);
+}
