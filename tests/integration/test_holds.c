@@ -433,17 +433,6 @@ Test(holds, a_leased_rule_is_charged_the_difference)
     test_agent_close(&t);
 }
 
-/* Bucket calls this agent sent, over every node. */
-static uint64_t store_calls(rl_agent *a)
-{
-    rl_shard_counters s[64];
-    size_t n = rl_agent_shards(a, s, 64);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        calls += s[i].calls;
-    return calls;
-}
-
 #define LEASED_HOLDS 200
 
 /* A leased rule's differences are settled in the key's hand, with no
@@ -463,7 +452,7 @@ Test(holds, a_leased_rule_settles_in_the_hand_with_no_call)
                     "period: 10000s, mode: leased}\n");
     snprintf(addr, sizeof addr, "%s", t.addr);
     uint64_t start_ms = wall_ms();
-    uint64_t calls = store_calls(t.agent);
+    uint64_t calls = test_store_calls(t.agent);
     long long sum = 0;
     for (int i = 0; i < LEASED_HOLDS; i++) {
         rl_decision d;
@@ -477,7 +466,7 @@ Test(holds, a_leased_rule_settles_in_the_hand_with_no_call)
     wait_ended(t.agent, LEASED_HOLDS);
     rl_agent_counters c;
     cr_assert_eq(rl_agent_stats(t.agent, &c, NULL, 0), RL_OK);
-    calls = store_calls(t.agent) - calls;
+    calls = test_store_calls(t.agent) - calls;
     /* A lease may still be out: sent, not yet counted as taken. */
     cr_assert(calls <= c.leases_taken + 1 && calls <= LEASED_HOLDS / 4,
               "%llu calls for %d holds and %llu leases: not the leases "
