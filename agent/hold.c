@@ -158,10 +158,14 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
         rl_in_flight_release(&a->in_flight, key, rs->key_len);
         break;
     case RL_MODE_LEASED:
-        /* The hand's tokens are the bucket's: the difference goes to the
-         * bucket, in debt as an exact rule's, which the next lease finds
-         * dry until the debt is paid. */
-        if (delta != 0 && a->store != NULL)
+        /* Settled in the key's hand, with no call (leased.c); a key whose
+         * hand is gone (idle, a reload, the close, the cap) has only the
+         * bucket left: the difference goes there, in debt as an exact
+         * rule's, which the next lease finds dry until it is paid. */
+        if (delta != 0
+            && !rl_leased_settle(&a->leased, ident(req, rs->rule), rate,
+                                 key + prefix, rs->key_len - prefix, delta)
+            && a->store != NULL)
             leased_commit(a, rs, rate, delta);
         break;
     case RL_MODE_LOCAL:

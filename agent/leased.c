@@ -432,11 +432,35 @@ static uint64_t counted_of_lease(uint64_t held, uint64_t sent_ns, uint64_t d,
     return held < counted ? held : counted;
 }
 
+static void on_debt_paid(void *arg, const redisReply *reply,
+                         const char *error)
+{
+    rl_leased *l = arg;
+    if (reply == NULL)
+        rl_log(l->log, RL_LOG_WARN, "hold_commit_failed", "reason=\"%s\"",
+               error);
+    l->giving_back--;
+    closing_step(l);
+}
+
+/* A debt outlives the hand that owed it only as one call of its own. */
+static void pay_debt(rl_leased *l, rl_leased_entry *e)
+{
+    uint64_t debt = e->debt;
+    e->debt = 0;
+    if (debt == 0 || l->store == NULL)
+        return;
+    l->giving_back++;
+    rl_bucket_commit(l->store, &e->args, e->key, e->key_len, (int64_t)debt,
+                     on_debt_paid, l);
+}
+
 /* The hand goes back to the bucket, at the rate it was leased at: only
  * what the bucket still counts (the rest it has refilled already, and
- * would refill twice). */
+ * would refill twice). A debt goes with it. */
 static void give_back(rl_leased *l, rl_leased_entry *e)
 {
+    pay_debt(l, e);
     uint64_t held = hand_of(atomic_fetch_and(&e->tokens, ~HAND_MASK));
     uint64_t counted = counted_at(e, uv_hrtime());
     uint64_t n = held < counted ? held : counted;
@@ -595,6 +619,12 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
         return;
     }
     e->taken += n;
+    bool dry = n < c.want;
+    /* A hold's excess the hand could not pay comes out of this lease
+     * before the hand admits again. */
+    uint64_t paid = n < e->debt ? n : e->debt;
+    e->debt -= paid;
+    n -= paid;
     uint64_t lease = ((atomic_load(&e->tokens) >> HAND_BITS) + 1) % LEASES;
     atomic_store_explicit(&e->remaining[lease % 2],
                           (lease << HAND_BITS) | (cap - d) / rate->period_ms,
@@ -603,7 +633,6 @@ static void on_lease(void *arg, const redisReply *reply, const char *error)
                           memory_order_relaxed);
     atomic_store_explicit(&e->avail, cap - d, memory_order_relaxed);
     atomic_store_explicit(&e->low, e->target / 2, memory_order_relaxed);
-    bool dry = n < c.want;
     if (dry) {
         /* Try again once a lease's worth (or the cost waiting) can have
          * refilled, if checks keep coming (tick). */
@@ -723,6 +752,7 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
     uint64_t want = e->target > hand ? e->target - hand : 0;
     if (want < waiting)
         want = waiting;
+    want += e->debt;
     if (want == 0)
         return;
     lease_call *c = malloc(sizeof *c);
@@ -741,6 +771,76 @@ static void send_lease(rl_leased *l, rl_leased_entry *e, uint64_t waiting)
     for (int i = 0; i < 6; i++)
         lens[i] = i == 1 ? e->key_len : strlen(argv[i]);
     rl_store_run(l->store, RL_SCRIPT_LEASE, 6, argv, lens, on_lease, c);
+}
+
+/* n tokens a hold did not use come back to the hand, after any debt:
+ * only as many as keep the hand within its count line (the rest the
+ * bucket has refilled since they were leased). The line does not move,
+ * so the hand need not leave it: whole_until_ns comes down first, and a
+ * check that sees the new hand sees it (release). */
+static void settle_give_back(rl_leased *l, rl_leased_entry *e, uint64_t n)
+{
+    uint64_t paid = n < e->debt ? n : e->debt;
+    e->debt -= paid;
+    n -= paid;
+    uint64_t now = uv_hrtime();
+    uint64_t hand = hand_of(atomic_load(&e->tokens));
+    uint64_t counted = counted_at(e, now);
+    uint64_t room = counted > hand ? counted - hand : 0;
+    uint64_t back = n < room ? n : room;
+    e->taken += n;
+    if (n > back)
+        expire(l, e, n - back);
+    if (back == 0)
+        return;
+    uint64_t zero = atomic_load(&e->zero_ns);
+    unsigned __int128 whole_ns = (unsigned __int128)(hand + back)
+                                 * atomic_load(&e->token_ns);
+    uint64_t whole = whole_ns < zero ? zero - (uint64_t)whole_ns : 0;
+    if (whole < atomic_load(&e->whole_until_ns))
+        atomic_store_explicit(&e->whole_until_ns, whole,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->tokens, back, memory_order_release);
+}
+
+/* n tokens a hold used past its estimate are taken from the hand, as a
+ * check takes its cost (tokens past the line leave first); what it lacks
+ * is owed. Taking the hand below low asks for the next lease, as a
+ * check's spend does. */
+static void settle_excess(rl_leased *l, rl_leased_entry *e, uint64_t n)
+{
+    uint64_t counted = counted_at(e, uv_hrtime());
+    uint64_t t = atomic_load_explicit(&e->tokens, memory_order_acquire);
+    uint64_t hand, left, take;
+    do {
+        hand = hand_of(t);
+        left = hand < counted ? hand : counted;
+        take = left < n ? left : n;
+    } while (!atomic_compare_exchange_weak_explicit(
+        &e->tokens, &t, t - (hand - left) - take, memory_order_acquire,
+        memory_order_acquire));
+    if (left < hand)
+        expire(l, e, hand - left);
+    e->debt += n - take;
+    uint64_t low = atomic_load_explicit(&e->low, memory_order_relaxed);
+    if (hand >= low && left - take < low && !e->in_flight)
+        send_lease(l, e, 0);
+}
+
+bool rl_leased_settle(rl_leased *l, rl_ident *id, const rl_limit *rate,
+                      const char *value, size_t value_len, int64_t delta)
+{
+    size_t unused;
+    rl_leased_entry *e = probe(atomic_load(&l->table),
+                               rl_key_hash((uintptr_t)id, value, value_len),
+                               id, value, value_len, &unused);
+    if (e == NULL || e->gone || !same_rate(e, rate))
+        return false;
+    if (delta < 0)
+        settle_give_back(l, e, (uint64_t)-delta);
+    else if (delta > 0)
+        settle_excess(l, e, (uint64_t)delta);
+    return true;
 }
 
 static void set_rate(rl_leased_entry *e, const rl_rule *rule,

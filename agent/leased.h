@@ -65,6 +65,8 @@ typedef struct rl_leased_entry {
     /* I/O thread only. */
     rl_bucket_args args;         /* the rate leased at, formatted */
     uint64_t taken;              /* tokens leased, ever */
+    uint64_t debt;               /* holds' excess the hand could not pay:
+                                  * the next lease pays it first */
     uint64_t used_snap;          /* used (taken - hand + refused) at ... */
     uint64_t snap_ns;            /* ... this uv_hrtime() */
     uint64_t target;             /* tokens a lease aims to leave in hand */
@@ -160,6 +162,17 @@ void rl_leased_wait(rl_leased *l, const rl_rule *rule, rl_ident *id,
 
 /* I/O thread: take the entries checks asked to refill. */
 void rl_leased_drain(rl_leased *l);
+
+/* I/O thread: a hold's difference delta (its actual cost less the
+ * estimate it spent) for (id, value) at rate, settled in the key's hand
+ * with no call: a give-back returns tokens to the hand (only those the
+ * bucket still counts), an excess is taken from it and, past its tokens,
+ * owed: the next lease takes the debt first, so the bucket is charged the
+ * actual costs. false when the key has no hand at rate (given back idle,
+ * on a reload or a change of rate, at the close, or never made over the
+ * cap): the caller sends the difference to the bucket. */
+bool rl_leased_settle(rl_leased *l, rl_ident *id, const rl_limit *rate,
+                      const char *value, size_t value_len, int64_t delta);
 
 /* I/O thread, after a reload was applied (idents' io_rule and io_changed
  * set): keys of rules removed or whose rate changed give their tokens

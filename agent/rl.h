@@ -444,13 +444,15 @@ RL_API int rl_check_rule_hold(rl_agent *agent, const char *rule,
  * given back estimate - actual. A bucket may go into debt by the excess,
  * which the next requests wait out; a window counts it; so what the
  * fleet charged is the sum of the actual costs. Its in_flight slots are
- * released. Exact and leased rules' differences go to the store in the
- * I/O thread's next batch (a leased rule's to its bucket); local rules'
- * are settled in the agent, synced rules' in the next report (an excess
- * only: a synced rule keeps a give-back, see design.md). A rule the store
- * did not answer takes no difference. Never blocks and never waits for
- * the store: the caller may call it from any thread, a decision's
- * callback included. After rl_agent_close, or once the hold expired, it
+ * released. Exact rules' differences go to the store in the I/O
+ * thread's next batch; leased rules' are settled in the agent's hand for
+ * the key, with no call (an excess it cannot pay goes in its next lease;
+ * a key whose hand is gone sends it to the bucket in the next batch);
+ * local rules' are settled in the agent, synced rules' in the next report
+ * (an excess only: a synced rule keeps a give-back, see design.md). A
+ * rule the store did not answer takes no difference. Never blocks and
+ * never waits for the store: the caller may call it from any thread, a
+ * decision's callback included. After rl_agent_close, or once the hold expired, it
  * only frees the hold (the agent ended it at its estimate). Returns RL_OK,
  * or RL_EINVAL for a NULL hold. */
 RL_API int rl_hold_end(rl_hold *hold, uint32_t actual);

@@ -66,8 +66,8 @@ static rl_decision check_cost(rl_agent *a, const char *value, uint32_t cost)
 }
 
 /* Waits (up to 2 s) until the agent has ended n holds its callers
- * ended: a local or synced rule's difference is settled then, an exact
- * or leased rule's sent to the store. */
+ * ended: a local, synced or leased rule's difference is settled then,
+ * an exact rule's sent to the store. */
 static void wait_ended(rl_agent *a, uint64_t n)
 {
     rl_agent_counters c = {0};
@@ -431,6 +431,53 @@ Test(holds, a_leased_rule_is_charged_the_difference)
     cr_assert(!check_cost(t.agent, value, 1).allowed,
               "the difference was not charged");
     test_agent_close(&t);
+}
+
+#define LEASED_HOLDS 200
+
+/* A leased rule's differences are settled in the key's hand, with no
+ * call: over holds of 500 that cost 100 to 2,000, the agent's calls are
+ * its leases, far fewer than the holds, and once the close has given the
+ * hand back (and paid any debt) the bucket is charged the sum of the
+ * actual costs. A million per 10,000 s refills 100 a second: the bucket's
+ * PTTL is 10 ms a token short, less the time since the first charge. */
+Test(holds, a_leased_rule_settles_in_the_hand_with_no_call)
+{
+    test_agent t;
+    char value[64], key[96], addr[64];
+    fresh(value, sizeof value, "leased-run");
+    snprintf(key, sizeof key, "rl:key:%s", value);
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: b, match: api_key, limit: 1000000, "
+                    "period: 10000s, mode: leased}\n");
+    snprintf(addr, sizeof addr, "%s", t.addr);
+    uint64_t start_ms = wall_ms();
+    uint64_t calls = test_store_calls(t.agent);
+    long long sum = 0;
+    for (int i = 0; i < LEASED_HOLDS; i++) {
+        rl_decision d;
+        rl_hold *h = hold_on(t.agent, "api_key", value, ESTIMATE, &d);
+        cr_assert(d.allowed && !d.degraded, "hold %d refused", i);
+        uint32_t actual = COST_MIN
+                          + (uint32_t)(i * 733) % (COST_MAX - COST_MIN + 1);
+        sum += actual;
+        cr_assert_eq(rl_hold_end(h, actual), RL_OK);
+    }
+    wait_ended(t.agent, LEASED_HOLDS);
+    rl_agent_counters c;
+    cr_assert_eq(rl_agent_stats(t.agent, &c, NULL, 0), RL_OK);
+    calls = test_store_calls(t.agent) - calls;
+    /* A lease may still be out: sent, not yet counted as taken. */
+    cr_assert(calls <= c.leases_taken + 1 && calls <= LEASED_HOLDS / 4,
+              "%llu calls for %d holds and %llu leases: not the leases "
+              "only", (unsigned long long)calls, LEASED_HOLDS,
+              (unsigned long long)c.leases_taken);
+    test_agent_close(&t);
+    long long refilled = (long long)(wall_ms() - start_ms) / 10 + 1;
+    long long charged = test_redis_pttl(addr, key) / 10;
+    cr_assert(charged <= sum && charged >= sum - refilled,
+              "the bucket is %lld short, the actual costs are %lld "
+              "(%lld refilled meanwhile)", charged, sum, refilled);
 }
 
 /* A local bucket of 10 a second: a hold of 2 that cost 15 puts it 5

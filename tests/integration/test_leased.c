@@ -28,17 +28,6 @@ static rl_agent_counters counters(rl_agent *a)
     return c;
 }
 
-/* Bucket calls this agent sent, over every node. */
-static uint64_t store_calls(rl_agent *a)
-{
-    rl_shard_counters s[64];
-    size_t n = rl_agent_shards(a, s, 64);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        calls += s[i].calls;
-    return calls;
-}
-
 /* Tokens refilled in elapsed_ms at limit per period_ms, rounded up. */
 static uint64_t refill(uint64_t elapsed_ms, uint64_t limit, uint64_t period)
 {
@@ -262,7 +251,7 @@ Test(leased, ten_agents_at_ten_times_the_limit_admit_the_limit)
     uint64_t elapsed = test_now_ms() - start;
     uint64_t calls = 0, checks = 0;
     for (int i = 0; i < 10; i++) {
-        calls += store_calls(t[i].agent);
+        calls += test_store_calls(t[i].agent);
         checks += counters(t[i].agent).requests;
         test_agent_close(&t[i]);
     }
@@ -539,7 +528,7 @@ Test(leased, a_hot_key_costs_under_one_call_per_hundred_checks)
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: per-key, match: api_key, limit: 100000000, "
                     "period: 1s, mode: leased}\n");
-    uint64_t calls_before = store_calls(t.agent);
+    uint64_t calls_before = test_store_calls(t.agent);
     atomic_uint_least64_t checks = 0;
     struct hammer h = {t.agent, test_now_ms() + 1000, &checks};
     pthread_t threads[4];
@@ -547,7 +536,7 @@ Test(leased, a_hot_key_costs_under_one_call_per_hundred_checks)
         cr_assert_eq(pthread_create(&threads[i], NULL, hammer, &h), 0);
     for (int i = 0; i < 4; i++)
         pthread_join(threads[i], NULL);
-    uint64_t calls = store_calls(t.agent) - calls_before;
+    uint64_t calls = test_store_calls(t.agent) - calls_before;
     uint64_t n = atomic_load(&checks);
     cr_assert_geq(n, 100000, "only %llu checks in a second",
                   (unsigned long long)n);

@@ -319,16 +319,6 @@ Test(rules, value_overrides_on_synced_and_local_rules)
 
 /* --- Unlimited: no round trip, even with Redis paused. ------------------ */
 
-static uint64_t store_calls(rl_agent *a)
-{
-    rl_shard_counters shards[8];
-    size_t n = rl_agent_shards(a, shards, 8);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 8; i++)
-        calls += shards[i].calls;
-    return calls;
-}
-
 Test(rules, unlimited_values_make_no_round_trip)
 {
     test_redis srv;
@@ -353,7 +343,7 @@ Test(rules, unlimited_values_make_no_round_trip)
                     "      - {when: {api_key: ak_monitor}, unlimited: true}\n");
     cr_assert(!check_on(t.agent, "api_key=ak_other", NULL, NULL, NULL)
                    .degraded);
-    uint64_t calls = store_calls(t.agent);
+    uint64_t calls = test_store_calls(t.agent);
     cr_assert_gt(calls, 0);
     for (int i = 0; i < 100; i++) {
         rl_decision d = check_on(t.agent, "api_key=ak_monitor", "ip=10.0.0.1",
@@ -361,7 +351,7 @@ Test(rules, unlimited_values_make_no_round_trip)
         cr_assert(d.allowed && !d.degraded);
         cr_assert_str_eq(d.rule, "");
     }
-    cr_assert_eq(store_calls(t.agent), calls,
+    cr_assert_eq(test_store_calls(t.agent), calls,
                  "unlimited checks called the store");
 
     /* Redis stops answering: an unlimited check does not wait for it. */
@@ -380,7 +370,7 @@ Test(rules, unlimited_values_make_no_round_trip)
                  (unsigned long long)slowest);
     cr_assert(check_on(t.agent, "api_key=ak_other", NULL, NULL, NULL)
                   .degraded, "Redis is paused: a counted rule degrades");
-    cr_assert_eq(store_calls(t.agent), calls + 1);
+    cr_assert_eq(test_store_calls(t.agent), calls + 1);
     test_redis_resume(&srv);
     test_agent_close(&t);
     test_redis_stop(&srv);

@@ -128,5 +128,7 @@ uint64_t test_now_us(void);
  * test_now_ms's ms; past it the test fails), then runs it. */
 void test_host_turn(rl_agent *a, uint64_t deadline);
 void test_sleep_ms(unsigned ms);
+/* Store calls agent a sent, over every node (rl_agent_shards). */
+uint64_t test_store_calls(rl_agent *a);
 
 #endif
