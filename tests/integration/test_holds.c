@@ -466,17 +466,25 @@ Test(holds, a_local_rule_goes_into_debt_and_gives_back)
     test_agent_close(&t);
 }
 
+/* An agent of a synced rule of 1000 a minute, through an aggregator
+ * that syncs every interval_ms. */
+static rl_agent *synced_agent(test_aggregator *agg, rl_config **cfg,
+                              unsigned interval_ms)
+{
+    test_aggregator_start(agg, NULL,
+                          "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000, period: 1m, mode: synced}\n",
+                          interval_ms, NULL);
+    return test_synced_agent(agg, cfg);
+}
+
 /* A synced rule's excess goes into the next report: the aggregator's
  * count ends at the actual cost. */
 Test(holds, a_synced_rule_reports_the_difference)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL,
-                          "  - {name: per-tenant, match: tenant, "
-                          "limit: 1000, period: 1m, mode: synced}\n",
-                          100, NULL);
     rl_config *cfg;
-    rl_agent *a = test_synced_agent(&agg, &cfg);
+    rl_agent *a = synced_agent(&agg, &cfg, 100);
     char value[64], key[96];
     fresh(value, sizeof value, "synced");
     snprintf(key, sizeof key, "rl:tenant:%s", value);
@@ -498,12 +506,8 @@ Test(holds, a_synced_rule_reports_the_difference)
 Test(holds, a_synced_rule_gives_back_before_its_report)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL,
-                          "  - {name: per-tenant, match: tenant, "
-                          "limit: 1000, period: 1m, mode: synced}\n",
-                          1000, NULL);
     rl_config *cfg;
-    rl_agent *a = test_synced_agent(&agg, &cfg);
+    rl_agent *a = synced_agent(&agg, &cfg, 1000);
     char value[64], key[96];
     fresh(value, sizeof value, "synced-back");
     snprintf(key, sizeof key, "rl:tenant:%s", value);
