@@ -29,6 +29,7 @@ struct rl_hold {
     rl_request *req;      /* a reference, while the agent holds the hold */
     rl_hold_fn fn;
     void *arg;
+    uint64_t checked_ns;  /* uv_hrtime once its checks counted */
     uint64_t deadline_ns;
     uint32_t actual;      /* written by the caller before it queues */
     atomic_int state;
@@ -133,9 +134,10 @@ static void leased_commit(rl_agent *a, const rl_rule_state *rs,
 /* The end of one rule that took the estimate, by its mode: the one place
  * a rule's hold ends, whoever ends it (delta is 0 when the agent ends it
  * at its estimate). */
-static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
+static void end_rule(rl_agent *a, const rl_hold *h, rl_rule_state *rs,
                      int64_t delta)
 {
+    rl_request *req = h->req;
     const char *key = req->keys + rs->key_offset;
     size_t prefix = strlen(rs->rule->key_prefix);
     const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
@@ -177,7 +179,7 @@ static void end_rule(rl_agent *a, rl_request *req, rl_rule_state *rs,
     case RL_MODE_SYNCED:
         if (delta != 0)
             rl_synced_settle(&a->synced, ident(req, rs->rule), key + prefix,
-                             rs->key_len - prefix, delta);
+                             rs->key_len - prefix, delta, h->checked_ns);
         break;
     }
 }
@@ -190,7 +192,7 @@ static void end(rl_agent *a, rl_hold *h, uint32_t actual)
     int64_t delta = (int64_t)actual - (int64_t)req->cost;
     for (int i = 0; i < req->n_rules; i++) {
         if (took_estimate(&req->rules[i]))
-            end_rule(a, req, &req->rules[i], delta);
+            end_rule(a, h, &req->rules[i], delta);
     }
     h->req = NULL;
     rl_request_release(req);
@@ -266,7 +268,8 @@ void rl_hold_decided(const rl_decision *decision, void *arg)
     atomic_fetch_add(&req->refs, 1);
     note_local_windows(req);
     rl_holds *hs = &a->holds;
-    h->deadline_ns = uv_hrtime() + hs->timeout_ns;
+    h->checked_ns = uv_hrtime();
+    h->deadline_ns = h->checked_ns + hs->timeout_ns;
     pthread_mutex_lock(&hs->lock);
     h->prev = hs->tail;
     if (hs->tail != NULL)

@@ -67,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <uv.h>
 
 /* A 64-bit mix (splitmix64's finaliser): the share's coin. */
 static uint64_t mix(uint64_t x)
@@ -331,9 +332,10 @@ check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
     }
     rl_slot_add(e->counts, rl_thread_slot(), cost);
     uint64_t room = atomic_load_explicit(&e->room, memory_order_relaxed);
-    uint64_t since = counted + cost
-                     - atomic_load_explicit(&e->counted_at_mark,
+    /* A hold's give-back can take the count below the mark's. */
+    uint64_t at_mark = atomic_load_explicit(&e->counted_at_mark,
                                             memory_order_relaxed);
+    uint64_t since = counted + cost > at_mark ? counted + cost - at_mark : 0;
     out->allowed = true;
     out->remaining = room > since ? room - since : 0;
     out->retry_ms = 0;
@@ -361,15 +363,36 @@ int rl_synced_check_hashed(rl_synced *s, const rl_rule *rule, rl_ident *id,
                  verdict);
 }
 
-void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
-                      size_t value_len, int64_t delta)
+/* How much of a give-back the counts not yet recorded nor reported can
+ * take: the estimate is among them only if its check came after the last
+ * record began reading them. */
+static uint64_t unrecorded_room(const rl_synced_entry *e, uint64_t checked_ns,
+                                uint64_t want)
 {
-    if (delta <= 0)
-        return;
+    if (checked_ns <= e->recorded_ns)
+        return 0;
+    uint64_t counted = rl_synced_counted(e);
+    uint64_t taken = e->own.counted > e->reported ? e->own.counted
+                                                  : e->reported;
+    uint64_t left = counted > taken ? counted - taken : 0;
+    return left < want ? left : want;
+}
+
+void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
+                      size_t value_len, int64_t delta, uint64_t checked_ns)
+{
     /* The I/O thread alone forgets entries: this one stays. */
     rl_synced_entry *e = rl_synced_find(s, id, value, value_len);
-    if (e != NULL)
+    if (e == NULL || delta == 0)
+        return;
+    if (delta > 0) {
         rl_slot_add(e->counts, rl_thread_slot(), (uint64_t)delta);
+        return;
+    }
+    /* The counters sum modulo 2^64: this thread's slot going below 0
+     * leaves the key's count exact. */
+    uint64_t back = unrecorded_room(e, checked_ns, (uint64_t)-delta);
+    rl_slot_add(e->counts, rl_thread_slot(), (uint64_t)0 - back);
 }
 
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)
@@ -491,6 +514,7 @@ void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
         return;
     uint64_t g = rl_wire_subwindow_ms(r->period_ms);
     uint64_t at = at_ms != 0 ? at_ms : counting_now(s, loop_ms);
+    e->recorded_ns = uv_hrtime();
     /* Lengths are whole ms: an odd basis is Redis's clock. */
     uint64_t basis = 2 * g + (s->server_ms != 0);
     rl_own_record(&e->own, at / g, basis, rl_synced_counted(e));

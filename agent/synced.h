@@ -49,6 +49,8 @@ typedef struct rl_synced_entry {
                           * last TOTALS: they may miss reports others
                           * made at the same moment */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
+    uint64_t recorded_ns; /* uv_hrtime just before the last record read
+                           * the counts: a check after it is unrecorded */
     /* Counted, answered and not counted by the fleet: its aggregator has
      * no such synced rule (a reload removed it there); refused says the
      * last answer for the key was so. Degraded while it is. */
@@ -232,12 +234,17 @@ uint64_t rl_synced_counted(const rl_synced_entry *e);
  * what earlier rebuilds retired. */
 void rl_synced_sweep(rl_synced *s, uint64_t loop_ms);
 
-/* I/O thread: a hold's difference delta for (id, value). An excess is
- * counted as a check's cost is, so the next report carries it and the
- * fleet's count holds the actual cost. A give-back (delta < 0) is not:
- * reports carry counts that only grow, and the aggregator's windows add
- * them; the fleet counts the estimate, admitting less (design.md). */
+/* I/O thread: a hold's difference delta for (id, value), its estimate
+ * counted by a check at checked_ns (uv_hrtime). An excess is counted as a
+ * check's cost is, so the next report carries it and the fleet's count
+ * holds the actual cost. A give-back (delta < 0) comes off the counts
+ * while the estimate is still unrecorded (checked after the last record),
+ * never below what is unrecorded: the next report carries the actual
+ * cost, in the sub-window the estimate would have gone to, and this
+ * agent's checks see it at once. A give-back of an estimate already
+ * recorded is not taken: reports carry counts that only grow; the fleet
+ * keeps counting the estimate, admitting less (design.md). */
 void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
-                      size_t value_len, int64_t delta);
+                      size_t value_len, int64_t delta, uint64_t checked_ns);
 
 #endif

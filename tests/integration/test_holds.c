@@ -513,17 +513,25 @@ Test(holds, a_local_rule_goes_into_debt_and_gives_back)
     test_agent_close(&t);
 }
 
+/* An agent of a synced rule of 1000 a minute, through an aggregator
+ * that syncs every interval_ms. */
+static rl_agent *synced_agent(test_aggregator *agg, rl_config **cfg,
+                              unsigned interval_ms)
+{
+    test_aggregator_start(agg, NULL,
+                          "  - {name: per-tenant, match: tenant, "
+                          "limit: 1000, period: 1m, mode: synced}\n",
+                          interval_ms, NULL);
+    return test_synced_agent(agg, cfg);
+}
+
 /* A synced rule's excess goes into the next report: the aggregator's
  * count ends at the actual cost. */
 Test(holds, a_synced_rule_reports_the_difference)
 {
     test_aggregator agg;
-    test_aggregator_start(&agg, NULL,
-                          "  - {name: per-tenant, match: tenant, "
-                          "limit: 1000, period: 1m, mode: synced}\n",
-                          100, NULL);
     rl_config *cfg;
-    rl_agent *a = test_synced_agent(&agg, &cfg);
+    rl_agent *a = synced_agent(&agg, &cfg, 100);
     char value[64], key[96];
     fresh(value, sizeof value, "synced");
     snprintf(key, sizeof key, "rl:tenant:%s", value);
@@ -531,6 +539,45 @@ Test(holds, a_synced_rule_reports_the_difference)
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 12), RL_OK);
     test_expect_window_total(key, 12, 5000);
+    rl_agent_close(a);
+    rl_config_free(cfg);
+    test_aggregator_stop(&agg);
+}
+
+/* Holds of an estimate of 500 whose actual costs fall below and above
+ * it, each ended before the report that would carry its estimate: the
+ * give-backs come off the unreported count, the agent admits at once
+ * what they free, and the aggregator's count ends at the sum of the
+ * actual costs, and stays there. A 1 s interval keeps the ticks away
+ * from the moment a hold lasts. */
+Test(holds, a_synced_rule_gives_back_before_its_report)
+{
+    test_aggregator agg;
+    rl_config *cfg;
+    rl_agent *a = synced_agent(&agg, &cfg, 1000);
+    char value[64], key[96];
+    fresh(value, sizeof value, "synced-back");
+    snprintf(key, sizeof key, "rl:tenant:%s", value);
+    /* The agent's first share, once the aggregator has answered. */
+    rl_hold *h = hold_on(a, "tenant", value, 1, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    test_expect_window_total(key, 1, 5000);
+    const uint32_t actual[] = {120, 50, 30, 700};
+    long long sum = 1;
+    for (size_t i = 0; i < sizeof actual / sizeof actual[0]; i++) {
+        rl_decision d;
+        h = hold_on(a, "tenant", value, 500, &d);
+        cr_assert_not_null(h, "hold %zu refused: the give-backs before "
+                              "it were not taken", i);
+        cr_assert_eq(rl_hold_end(h, actual[i]), RL_OK);
+        wait_ended(a, i + 2);
+        sum += actual[i];
+    }
+    test_expect_window_total(key, sum, 5000);
+    test_sleep_ms(2200);
+    cr_assert_eq(test_window_total(NULL, key), sum,
+                 "the count moved off the sum of the actual costs");
     rl_agent_close(a);
     rl_config_free(cfg);
     test_aggregator_stop(&agg);
