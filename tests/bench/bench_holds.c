@@ -173,16 +173,6 @@ static void depth_submit(depth_run *r)
     }
 }
 
-static uint64_t store_calls(rl_agent *a)
-{
-    rl_shard_counters s[64];
-    size_t n = rl_agent_shards(a, s, 64);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        calls += s[i].calls;
-    return calls;
-}
-
 typedef struct rate_result {
     double per_s, calls_per_request;
     size_t failed;
@@ -191,7 +181,7 @@ typedef struct rate_result {
 static rate_result depth_once(rl_agent *agent, const char *attr, double secs)
 {
     depth_run r = {.agent = agent, .attr = attr};
-    uint64_t calls = store_calls(agent);
+    uint64_t calls = bench_store_calls(agent);
     double start = bench_now_s();
     r.end = start + secs;
     atomic_store(&r.in_flight, DEPTH);
@@ -205,8 +195,8 @@ static rate_result depth_once(rl_agent *agent, const char *attr, double secs)
     size_t done = atomic_load(&r.done);
     return (rate_result){
         .per_s = (double)done / took,
-        .calls_per_request =
-            (double)(store_calls(agent) - calls) / (double)(done ? done : 1),
+        .calls_per_request = (double)(bench_store_calls(agent) - calls)
+                             / (double)(done ? done : 1),
         .failed = atomic_load(&r.failed),
     };
 }
