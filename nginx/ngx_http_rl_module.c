@@ -897,6 +897,13 @@ ngx_http_rl_log_handler(ngx_http_request_t *r)
     ngx_http_rl_ctx_t       *ctx;
     ngx_http_rl_loc_conf_t  *rlcf;
 
+    /* A subrequest shares the main request's ctx, and with
+     * log_subrequest on (mirror, auth_request, SSI) it is logged first,
+     * without the response's cost: the hold is the main request's. */
+    if (r != r->main) {
+        return NGX_OK;
+    }
+
     ctx = ngx_http_rl_get_ctx(r);
 
     if (ctx == NULL || ctx->hold == NULL) {

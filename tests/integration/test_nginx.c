@@ -1016,6 +1016,48 @@ Test(nginx, rl_cost_after_charges_the_responses_x_cost)
     test_upstream_stop(&up);
 }
 
+/* A subrequest (mirror's, logged with log_subrequest on) is not the
+ * request: its log phase, with no $upstream_http_x_cost of its own, must
+ * not end the request's hold at the estimate before the response says
+ * what it cost. */
+Test(nginx, a_logged_subrequest_does_not_end_the_hold)
+{
+    char yaml[512], server[1024], key[96], counted[128];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "rules:\n"
+             "  - {name: tokens, match: api_key, limit: 100000000, "
+             "period: 1h, algorithm: fixed_window}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream up;
+    test_upstream_start(&up, COST_SLEEP_MS);
+    snprintf(server, sizeof server,
+             "        location /v1/ {\n"
+             "            rl on;\n"
+             "            rl_cost 50;\n"
+             "            rl_cost_after $upstream_http_x_cost;\n"
+             "            log_subrequest on;\n"
+             "            mirror /sink;\n"
+             "            proxy_pass http://127.0.0.1:%u;\n"
+             "        }\n"
+             "        location = /sink {\n"
+             "            internal;\n"
+             "            log_subrequest on;\n"
+             "            return 204;\n"
+             "        }\n", up.port);
+    test_nginx ngx;
+    nginx_prepare(&ngx, 1, test_write_config("nginx-mirror", yaml), "",
+                  server);
+    nginx_start(&ngx, 1);
+    unique(key, sizeof key, "ak_ngx_mirror");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    cr_assert_eq(test_upstream_call(ngx.port, "/v1/chat", key, "700"), 200);
+    cr_assert_eq(test_upstream_call(ngx.port, "/v1/chat", key, "300"), 200);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 1000);
+    nginx_stop(&ngx);
+    test_upstream_stop(&up);
+}
+
 /* Clients gone while the upstream has their requests: each is charged its
  * estimate (the upstream would say 999) at the request's end, not left to
  * expire. */
