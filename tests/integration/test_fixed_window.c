@@ -16,13 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* A check made between t0 and t1 (wall clock) said its window ends
  * reset_ms later: that end must be the first multiple of the period after
  * t0 (give or take the clocks' 20 ms), wherever in the window it came. */
@@ -40,29 +33,20 @@ static void expect_end_on_boundary(uint64_t t0, uint64_t t1, uint64_t reset,
               (unsigned long long)t0);
 }
 
-/* Sleeps until ms into the next window of period_ms (by the wall clock),
- * unless the current one has at least need ms left. */
-static void room_in_window(uint64_t period_ms, uint64_t need)
-{
-    uint64_t into = wall_ms() % period_ms;
-    if (period_ms - into < need)
-        test_sleep_ms((unsigned)(period_ms - into + 20));
-}
-
 Test(fixed_window, twenty_count_down_then_refuse_until_the_window_ends)
 {
     test_agent t;
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: w, match: api_key, limit: 20, period: 1m, "
                     "algorithm: fixed_window}\n");
-    room_in_window(60000, 5000);
+    test_away_from_window_edge(60000, 5000);
     for (int i = 0; i < 20; i++) {
-        uint64_t t0 = wall_ms();
+        uint64_t t0 = test_wall_ms();
         rl_decision d = test_check(&t, "api_key=twenty", NULL);
         cr_assert(d.allowed, "check %d refused", i + 1);
         cr_assert_eq(d.remaining, (uint64_t)(19 - i));
         cr_assert_eq(d.limit, 20);
-        expect_end_on_boundary(t0, wall_ms(), d.reset_ms, 60000);
+        expect_end_on_boundary(t0, test_wall_ms(), d.reset_ms, 60000);
     }
     rl_decision d = test_check(&t, "api_key=twenty", NULL);
     cr_assert(!d.allowed);
@@ -74,7 +58,7 @@ Test(fixed_window, twenty_count_down_then_refuse_until_the_window_ends)
     cr_assert_eq(test_fixed_window_count(t.addr, "rl:key:twenty"), 21);
     char key[64];
     snprintf(key, sizeof key, "rl:key:twenty:%llu",
-             (unsigned long long)(wall_ms() / 60000));
+             (unsigned long long)(test_wall_ms() / 60000));
     long long ttl = test_redis_pttl(t.addr, key);
     cr_assert(ttl > 55000 && ttl <= 60000, "%s: PTTL %lld", key, ttl);
     test_agent_close(&t);
@@ -105,7 +89,7 @@ Test(fixed_window, fifty_threads_admit_exactly_the_limit)
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: w, match: api_key, limit: 100, period: 1h, "
                     "algorithm: fixed_window}\n");
-    room_in_window(3600000, 30000);
+    test_away_from_window_edge(3600000, 30000);
     struct contender c = {.t = &t};
     pthread_t threads[50];
     for (int i = 0; i < 50; i++)
@@ -131,12 +115,12 @@ Test(fixed_window, the_next_window_starts_at_the_periods_boundary)
     for (int i = 0; i < 12; i++) {
         char attr[32];
         snprintf(attr, sizeof attr, "api_key=tick-%d", i);
-        uint64_t t0 = wall_ms();
+        uint64_t t0 = test_wall_ms();
         rl_decision d = test_check(&t, attr, NULL);
-        expect_end_on_boundary(t0, wall_ms(), d.reset_ms, 1000);
+        expect_end_on_boundary(t0, test_wall_ms(), d.reset_ms, 1000);
         test_sleep_ms(90);
     }
-    room_in_window(1000, 400);
+    test_away_from_window_edge(1000, 400);
     int allowed = 0;
     for (int i = 0; i < 8; i++)
         allowed += test_check(&t, "api_key=second", NULL).allowed;
@@ -164,7 +148,7 @@ static void bucket_and_window(const char *charge, const char *value,
                     "  - {name: w, match: api_key, limit: 10, period: 1h, "
                     "algorithm: fixed_window, key_prefix: 'rl:fw:'}\n"
                     "  - {name: b, match: api_key, limit: 3, period: 1h}\n");
-    room_in_window(3600000, 30000);
+    test_away_from_window_edge(3600000, 30000);
     char attr[64], key[64];
     snprintf(attr, sizeof attr, "api_key=%s", value);
     int allowed = 0;
@@ -190,7 +174,7 @@ Test(fixed_window, a_refused_window_gives_its_own_hit_back_under_refund)
                     "  - {name: w, match: api_key, limit: 2, period: 1h, "
                     "algorithm: fixed_window, key_prefix: 'rl:fw:'}\n"
                     "  - {name: b, match: api_key, limit: 100, period: 1h}\n");
-    room_in_window(3600000, 30000);
+    test_away_from_window_edge(3600000, 30000);
     int allowed = 0;
     for (int i = 0; i < 5; i++) {
         rl_decision d = test_check(&t, "api_key=own", NULL);
@@ -219,7 +203,7 @@ Test(fixed_window, mode_local_counts_windows_in_the_agent)
                     "  - {name: s, match: user, limit: 2, period: 1s, "
                     "algorithm: fixed_window, mode: local, "
                     "key_prefix: 'rl:fws:'}\n");
-    room_in_window(3600000, 30000);
+    test_away_from_window_edge(3600000, 30000);
     for (int i = 0; i < 5; i++) {
         rl_decision d = test_check(&t, "api_key=here", NULL);
         cr_assert(d.allowed);
@@ -227,19 +211,19 @@ Test(fixed_window, mode_local_counts_windows_in_the_agent)
     }
     rl_decision d = test_check(&t, "api_key=here", NULL);
     cr_assert(!d.allowed);
-    uint64_t reset = 3600000 - wall_ms() % 3600000;
+    uint64_t reset = 3600000 - test_wall_ms() % 3600000;
     cr_assert(d.retry_after_ms + 100 >= (int64_t)reset
                   && d.retry_after_ms <= (int64_t)reset + 100,
               "retry %lld ms, the window ends in %llu",
               (long long)d.retry_after_ms, (unsigned long long)reset);
     cr_assert_eq(test_fixed_window_count(t.addr, "rl:fwl:here"), 0);
 
-    room_in_window(1000, 300);
+    test_away_from_window_edge(1000, 300);
     int allowed = 0;
     for (int i = 0; i < 4; i++)
         allowed += test_check(&t, "user=u", NULL).allowed;
     cr_assert_eq(allowed, 2);
-    room_in_window(1000, 1000);
+    test_away_from_window_edge(1000, 1000);
     allowed = 0;
     for (int i = 0; i < 4; i++)
         allowed += test_check(&t, "user=u", NULL).allowed;

@@ -89,13 +89,6 @@ static void fresh(char *out, size_t cap, const char *what)
              (unsigned long long)test_now_us());
 }
 
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* --- Tokens: ten agents, the count is the sum of actual costs -------- */
 
 #define AGENTS 10
@@ -168,9 +161,7 @@ Test(holds, ten_agents_count_the_sum_of_actual_costs)
     fresh(value, sizeof value, "tokens");
     snprintf(key, sizeof key, "rl:key:%s", value);
     /* Room for the test in one window. */
-    uint64_t into = wall_ms() % 60000;
-    if (60000 - into < 15000)
-        test_sleep_ms((unsigned)(60000 - into + 20));
+    test_away_from_window_edge(60000, 15000);
     for (int i = 0; i < AGENTS; i++)
         test_agent_open(&agents[i], NULL, TEST_FCALL, NULL, "refund",
                         "  - {name: w, match: api_key, limit: 10000, "
@@ -451,7 +442,7 @@ Test(holds, a_leased_rule_settles_in_the_hand_with_no_call)
                     "  - {name: b, match: api_key, limit: 1000000, "
                     "period: 10000s, mode: leased}\n");
     snprintf(addr, sizeof addr, "%s", t.addr);
-    uint64_t start_ms = wall_ms();
+    uint64_t start_ms = test_wall_ms();
     uint64_t calls = test_store_calls(t.agent);
     long long sum = 0;
     for (int i = 0; i < LEASED_HOLDS; i++) {
@@ -473,7 +464,7 @@ Test(holds, a_leased_rule_settles_in_the_hand_with_no_call)
               "only", (unsigned long long)calls, LEASED_HOLDS,
               (unsigned long long)c.leases_taken);
     test_agent_close(&t);
-    long long refilled = (long long)(wall_ms() - start_ms) / 10 + 1;
+    long long refilled = (long long)(test_wall_ms() - start_ms) / 10 + 1;
     long long charged = test_redis_pttl(addr, key) / 10;
     cr_assert(charged <= sum && charged >= sum - refilled,
               "the bucket is %lld short, the actual costs are %lld "

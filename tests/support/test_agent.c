@@ -68,6 +68,20 @@ void test_sleep_ms(unsigned ms)
         ;
 }
 
+uint64_t test_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void test_away_from_window_edge(uint64_t period_ms, uint64_t need_ms)
+{
+    uint64_t left = period_ms - test_wall_ms() % period_ms;
+    if (left < need_ms)
+        test_sleep_ms((unsigned)left + 20);
+}
+
 uint64_t test_store_calls(rl_agent *a)
 {
     rl_shard_counters s[64];

@@ -128,6 +128,14 @@ uint64_t test_now_us(void);
  * test_now_ms's ms; past it the test fails), then runs it. */
 void test_host_turn(rl_agent *a, uint64_t deadline);
 void test_sleep_ms(unsigned ms);
+/* Milliseconds on the wall clock, which the test Redis's TIME (and so its
+ * fixed windows) follows. */
+uint64_t test_wall_ms(void);
+/* Returns once at least need_ms are left before the next multiple of
+ * period_ms on the wall clock, sleeping past that edge if they are not: a
+ * test that counts in one fixed window (a minute, an hour) must not see
+ * it end half-way. */
+void test_away_from_window_edge(uint64_t period_ms, uint64_t need_ms);
 /* Store calls agent a sent, over every node (rl_agent_shards). */
 uint64_t test_store_calls(rl_agent *a);
 
