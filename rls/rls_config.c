@@ -520,9 +520,8 @@ static void rl_mode_checks(loading *ld, rls_limit *l, const char *algorithm,
         fail(ld, "rl: unknown on_error '%s' (allow or deny)", on_error);
 }
 
-/* rl: {hold: {id, estimate}}: on exact descriptors, whose count in Redis
- * is the sum of the actual costs (librl settles the other modes' ends
- * too; rl-rls has no test of them yet). */
+/* rl: {hold: {id, estimate}}: in every mode, librl settles the hold's
+ * end as the mode counts (docs/design.md, holds). */
 static void rl_hold(loading *ld, yaml_node_t *hold, rls_limit *l)
 {
     if (hold == NULL || hold->type != YAML_MAPPING_NODE)
@@ -535,9 +534,6 @@ static void rl_hold(loading *ld, yaml_node_t *hold, rls_limit *l)
         fail(ld, "rl: hold needs the id's key: the descriptor entry that "
              "names the request (hold: {id: request_id}, with Envoy's "
              "request_headers action on x-request-id)");
-    else if (l->local || l->synced || l->leased)
-        fail(ld, "rl: rl-rls keeps holds on exact descriptors only, for "
-             "now: leave mode out");
     else if ((l->hold_id = strdup(id)) == NULL)
         fail(ld, "out of memory");
 }
