@@ -371,7 +371,8 @@ static bool build_report(rl_sync *s, agg_link *l)
     stream *st = &l->own;
     bool windows = windows_read(s);
     size_t n = pick_report(s, l, windows);
-    if (n == 0 && s->n_presence == 0)
+    /* Stopping, presence alone is not sent (finish_stopping). */
+    if (n == 0 && (s->n_presence == 0 || s->stopping))
         return false;
     st->in_report = calloc(n + 1, sizeof *st->in_report);
     if (st->in_report == NULL) {
@@ -1461,7 +1462,11 @@ static void finish_stopping(rl_sync *s)
     for (size_t i = 0; i < s->n_links; i++) {
         stream *st = &s->links[i].own;
         agg_link *l = stop_carrier(s, &s->links[i]);
-        bool pending = has_pending(st);
+        /* A report of presence alone is not worth a wait: the agent is
+         * leaving (its GOODBYE says so where it is heard), and with no
+         * aggregator up every close (rlctl check's, each nginx worker's
+         * at a reload) would wait its two intervals for nothing. */
+        bool pending = has_pending(st) && st->n_in_report > 0;
         /* At most two: a report cancelled at the stop, then one with what
          * was counted since; none after a report sent at the stop went
          * unanswered (it is still pending), as no aggregator takes them. */

@@ -192,3 +192,36 @@ Test(synced_close, an_agent_closes_while_totals_arrive, .timeout = 30)
     }
     flood_stop(&f, thread);
 }
+
+/* An agent with nothing counted closes at once though no aggregator
+ * answers: a report of its presence alone is not resent at the stop and
+ * given its two intervals (2 s here), which every rlctl check and every
+ * nginx worker's close at a reload paid while the aggregators were
+ * away. What was counted still goes (synced::*loses_no_count). */
+Test(synced_close, an_agent_with_nothing_counted_closes_at_once)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator:\n"
+             "  reports: \"tcp://127.0.0.1:%u\"\n"
+             "  totals: \"tcp://127.0.0.1:%u\"\n"
+             "  sync_interval_ms: 1000\n"
+             "rules:\n"
+             "  - {name: " RULE ", match: tenant, limit: 100, "
+             "period: 1s, mode: synced}\n",
+             test_env("RL_TEST_REDIS"), test_free_port(), test_free_port());
+    const char *path = test_write_config("synced-close-idle", yaml);
+    rl_config *config;
+    rl_agent *agent = test_agent_on(path, &config, NULL);
+    /* Past a tick: its presence report is out, unanswered. */
+    test_sleep_ms(1200);
+    uint64_t start = test_now_ms();
+    rl_agent_close(agent);
+    uint64_t took = test_now_ms() - start;
+    rl_config_free(config);
+    fprintf(stderr, "synced close: nothing counted, no aggregator: closed "
+            "in %llu ms (two intervals: 2000)\n", (unsigned long long)took);
+    cr_assert_lt(took, 1000, "the close waited %llu ms for a report of "
+                 "presence alone", (unsigned long long)took);
+}
