@@ -158,6 +158,26 @@ static void flood_stop(flood *f, pthread_t thread)
     pthread_mutex_destroy(&f->lock);
 }
 
+/* A config of one synced rule whose reports go where nothing listens and
+ * whose totals come from totals_port; returns its path. */
+static const char *closing_config(const char *name, uint16_t totals_port,
+                                  unsigned interval_ms)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\"}\n"
+             "aggregator:\n"
+             "  reports: \"tcp://127.0.0.1:%u\"\n"
+             "  totals: \"tcp://127.0.0.1:%u\"\n"
+             "  sync_interval_ms: %u\n"
+             "rules:\n"
+             "  - {name: " RULE ", match: tenant, limit: 100, "
+             "period: 1s, mode: synced}\n",
+             test_env("RL_TEST_REDIS"), test_free_port(), totals_port,
+             interval_ms);
+    return test_write_config(name, yaml);
+}
+
 /* A close that hangs is the failure (nng 1.5.2's nng_close): the closes
  * stop after BUDGET_MS, so 30 s is a hang, and make mutants waits for it. */
 Test(synced_close, an_agent_closes_while_totals_arrive, .timeout = 30)
@@ -165,19 +185,7 @@ Test(synced_close, an_agent_closes_while_totals_arrive, .timeout = 30)
     flood f;
     pthread_t thread;
     flood_start(&f, &thread);
-    /* Reports go where nothing listens. */
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
-             "aggregator:\n"
-             "  reports: \"tcp://127.0.0.1:%u\"\n"
-             "  totals: \"tcp://127.0.0.1:%u\"\n"
-             "  sync_interval_ms: 10\n"
-             "rules:\n"
-             "  - {name: " RULE ", match: tenant, limit: 100, "
-             "period: 1s, mode: synced}\n",
-             test_env("RL_TEST_REDIS"), test_free_port(), f.port);
-    const char *path = test_write_config("synced-close", yaml);
+    const char *path = closing_config("synced-close", f.port, 10);
     /* As many as fit in BUDGET_MS: about 4 s for all under ASan; a TSan
      * build takes about a second for each. */
     uint64_t start = test_now_ms();
@@ -200,18 +208,8 @@ Test(synced_close, an_agent_closes_while_totals_arrive, .timeout = 30)
  * away. What was counted still goes (synced::*loses_no_count). */
 Test(synced_close, an_agent_with_nothing_counted_closes_at_once)
 {
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml,
-             "store: {url: \"redis://%s\"}\n"
-             "aggregator:\n"
-             "  reports: \"tcp://127.0.0.1:%u\"\n"
-             "  totals: \"tcp://127.0.0.1:%u\"\n"
-             "  sync_interval_ms: 1000\n"
-             "rules:\n"
-             "  - {name: " RULE ", match: tenant, limit: 100, "
-             "period: 1s, mode: synced}\n",
-             test_env("RL_TEST_REDIS"), test_free_port(), test_free_port());
-    const char *path = test_write_config("synced-close-idle", yaml);
+    const char *path = closing_config("synced-close-idle", test_free_port(),
+                                      1000);
     rl_config *config;
     rl_agent *agent = test_agent_on(path, &config, NULL);
     /* Past a tick: its presence report is out, unanswered. */
