@@ -346,6 +346,40 @@ Test(in_flight, a_request_longer_than_the_lease_keeps_its_slot)
     close_agent(b, cfg_b);
 }
 
+/* Agents with leases of their own: one of 10 s holds a slot (renewed
+ * every 2.5 s); one of 1 s takes and lets go of another. Its write must
+ * not shorten the hash's expiry to its own 1.25 s, or the hash, the long
+ * lease's live field with it, would expire before that agent's next
+ * renewal. */
+Test(in_flight, a_shorter_lease_keeps_the_longer_leases_slots)
+{
+    char value[64], key[96];
+    fresh(value, key, "leases");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 2}\n";
+    rl_config *cfg_long, *cfg_short;
+    rl_agent *slow = open_agent(&cfg_long, "in_flight_lease_ms: 10000\n",
+                                rules);
+    rl_agent *fast = open_agent(&cfg_short, "in_flight_lease_ms: 1000\n",
+                                rules);
+    rl_hold *kept = hold_of(slow, value);
+    cr_assert_not_null(kept);
+    rl_hold *brief = hold_of(fast, value);
+    cr_assert_not_null(brief);
+    cr_assert_eq(rl_hold_end(brief, 1), RL_OK);
+    test_sleep_ms(1400);
+    redisContext *c = test_redis_connect(NULL);
+    cr_assert_eq(slots_in_redis(c, key), 1, "the long lease's slot went "
+                 "with the short lease's expiry");
+    redisFree(c);
+    rl_hold *one = hold_of(fast, value);
+    cr_assert_not_null(one);
+    cr_assert_null(hold_of(fast, value), "a third slot of two was taken");
+    cr_assert_eq(rl_hold_end(one, 1), RL_OK);
+    cr_assert_eq(rl_hold_end(kept, 1), RL_OK);
+    close_agent(slow, cfg_long);
+    close_agent(fast, cfg_short);
+}
+
 /* --- Rejection and expiry give slots back ---------------------------- */
 
 /* Two rules: in_flight: 1 per api_key, 1 an hour per ip. A request the
