@@ -43,7 +43,7 @@ struct gw_conn {
     /* The request's charge held open, from its decision to the end of its
      * upstream exchange (NULL when none), and what it holds. */
     rl_hold *hold;
-    uint32_t estimate;
+    gw_cost cost;
     gw_upstream *upstream;   /* the exchange under way, or NULL */
     gw_buf out;
     uv_write_t write_req;
@@ -224,12 +224,12 @@ static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
 static int check_async(gw_conn *c, const gw_attrs *attrs)
 {
     gw_server *srv = c->srv;
-    c->estimate = gw_cost_estimate(srv);
+    gw_cost_of(srv, &c->cost);
     if (gw_holds(srv))
-        return rl_check_hold(srv->agent, attrs->attrs, attrs->n, c->estimate,
-                             on_held, c);
-    return rl_check_async(srv->agent, attrs->attrs, attrs->n, c->estimate,
-                          on_decided, c);
+        return rl_check_hold(srv->agent, attrs->attrs, attrs->n,
+                             c->cost.estimate, on_held, c);
+    return rl_check_async(srv->agent, attrs->attrs, attrs->n,
+                          c->cost.estimate, on_decided, c);
 }
 
 /* The one end of a request's hold: at its response's cost, or (resp
@@ -238,7 +238,7 @@ static void end_hold(gw_conn *c, const gw_message *resp)
 {
     if (c->hold == NULL)
         return;
-    gw_cost_end(c->srv, c->hold, c->estimate, resp, c->peer_ip);
+    gw_cost_end(c->srv, c->hold, &c->cost, resp, c->peer_ip);
     c->hold = NULL;
 }
 

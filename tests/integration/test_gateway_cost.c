@@ -243,6 +243,46 @@ Test(gateway_cost, sighup_takes_up_a_new_cost_header)
     test_upstream_stop(&up);
 }
 
+/* A request is charged by the cost_header in force at its check: a
+ * reload that drops the header while the upstream has the request does
+ * not make it charged its estimate (50) instead of its X-Cost (700). */
+Test(gateway_cost, a_reload_mid_exchange_keeps_the_checks_cost_header)
+{
+    static const char rules[] =
+        "rules:\n"
+        "  - {name: tokens, match: api_key, limit: 100000000, period: 1h, "
+        "algorithm: fixed_window}\n";
+    char yaml[1024], url[64], key[96], counted[128];
+    const char *redis = test_env("RL_TEST_REDIS");
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\ngateway: {cost_header: X-Cost, "
+             "cost_estimate: 50}\n%s", redis, rules);
+    const char *path = test_write_config("gw-cost-reload-mid", yaml);
+    test_upstream up;
+    test_upstream_start(&up, 500);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, path, "--upstream", url, NULL);
+    unique(key, sizeof key, "ak_cost_reload_mid");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    int fd = test_upstream_send(gw.port, "/v1/chat", key, "700");
+    for (int i = 0; i < 100 && test_upstream_busy(&up) == 0; i++)
+        test_sleep_ms(5);
+    cr_assert_eq(test_upstream_busy(&up), 1);
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\n%s", redis, rules);
+    cr_assert_str_eq(test_write_config("gw-cost-reload-mid", yaml), path);
+    long from = test_log_size(gw.log);
+    kill(gw.pid, SIGHUP);
+    test_wait_for_log_from(&gw.pid, gw.log, from, "event=reloaded", 5000);
+    cr_assert_eq(test_upstream_busy(&up), 1, "the reload came after the "
+                 "exchange");
+    cr_assert_eq(test_upstream_read_status(fd), 200);
+    test_fixed_window_expect(redis, counted, 700);
+    test_gateway_stop(&gw);
+    test_upstream_stop(&up);
+}
+
 /* configs/ai-gateway.example.yaml with the test's Redis and a tenant map
  * of its own (written beside it, naming keys for tenant): its path. */
 static const char *example_config(const char *keys[2], const char *tenant)
