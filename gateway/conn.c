@@ -8,7 +8,9 @@
  *
  * While the upstream has the request, the client is watched for its going
  * away (as nginx does, a client's end of sending counts): its exchange is
- * cancelled, and the request's hold ends at its estimate (cost.c).
+ * cancelled, and the request's hold ends at its estimate (cost.c). It is
+ * read on meanwhile, so a client that sent more (a pipelined request)
+ * before it went is seen too, up to READ_CHUNK bytes buffered.
  *
  * A connection is freed once its handles are closed and no check or
  * upstream exchange still refers to it.
@@ -133,10 +135,13 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
             close_conn(c);
         return;
     }
-    /* A pipelined request waits in the buffer, one chunk at most. */
-    if (c->state != READING)
-        uv_read_stop(s);
     c->in.len += (size_t)n;
+    /* Past a request, the client is read on to see it go (above) while
+     * its exchange lasts; what it pipelines meanwhile waits in the
+     * buffer, READ_CHUNK bytes at most: beyond, reading stops until the
+     * response is written, and a client gone is seen only then. */
+    if (c->state != READING && c->in.len - c->in_off >= READ_CHUNK)
+        uv_read_stop(s);
     uv_timer_again(&c->idle);
     advance(c);
 }

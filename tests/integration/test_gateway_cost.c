@@ -207,6 +207,49 @@ Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
     stop(&gw, &up);
 }
 
+/* The same when the client sent more (the start of a pipelined request)
+ * while the upstream had its request, then went: seen then, not when the
+ * upstream would answer (2 s), so its slot is free within 250 ms. */
+Test(gateway_cost, a_client_gone_after_sending_more_frees_its_slot)
+{
+    char yaml[1024], url[64], key[96], slots[128];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 1}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream up;
+    test_upstream_start(&up, 2000);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, test_write_config("gw-gone-more", yaml),
+                       "--upstream", url, NULL);
+    unique(key, sizeof key, "ak_gone_more");
+    snprintf(slots, sizeof slots, "rl:key:%s", key);
+    int fd = test_upstream_send(gw.port, "/v1/chat", key, NULL);
+    for (int i = 0; i < 100 && test_upstream_busy(&up) == 0; i++)
+        test_sleep_ms(5);
+    cr_assert_eq(test_upstream_busy(&up), 1);
+    cr_assert_eq(write(fd, "GET /next", 9), 9);
+    test_sleep_ms(20);
+    close(fd);
+    uint64_t gone = test_now_us();
+    redisContext *c = test_redis_connect(NULL);
+    bool held = true;
+    while (held && test_now_us() - gone < 250000) {
+        redisReply *r = test_redis_command(c, "EXISTS %s", slots);
+        held = r->integer != 0;
+        freeReplyObject(r);
+        if (held)
+            test_sleep_ms(5);
+    }
+    redisFree(c);
+    cr_assert(!held, "the slot was still held %llu ms after the client went",
+              (unsigned long long)(test_now_us() - gone) / 1000);
+    cr_assert_eq(log_count(&gw, "event=client_gone"), 1);
+    stop(&gw, &up);
+}
+
 /* gateway.cost_header is read again on SIGHUP: requests checked after the
  * reload cost what their response says, those before it 1. */
 Test(gateway_cost, sighup_takes_up_a_new_cost_header)
