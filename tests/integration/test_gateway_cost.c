@@ -225,7 +225,7 @@ Test(gateway_cost, a_client_gone_after_sending_more_frees_its_slot)
     test_gateway_start(&gw, test_write_config("gw-gone-more", yaml),
                        "--upstream", url, NULL);
     unique(key, sizeof key, "ak_gone_more");
-    snprintf(slots, sizeof slots, "rl:key:%s", key);
+    snprintf(slots, sizeof slots, "rl:in_flight:key:%s", key);
     int fd = test_upstream_send(gw.port, "/v1/chat", key, NULL);
     for (int i = 0; i < 100 && test_upstream_busy(&up) == 0; i++)
         test_sleep_ms(5);
