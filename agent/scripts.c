@@ -218,11 +218,11 @@
  * until when by Redis's clock (ms). A field past its expiry is an agent
  * that stopped renewing (it died): it is dropped as it is read, so its
  * slots are free a lease after its last renewal at most. The hash itself
- * expires a quarter lease after the last write, past every field's
- * expiry. Agents may have leases of their own (in_flight_lease_ms), so a
- * write only ever lengthens the hash's expiry: one with a short lease
- * setting it would drop a longer-leased agent's live fields with the
- * hash. SLOTS_HELD sums the live fields; SLOT_SET writes ours (none at
+ * expires a quarter of its writer's lease past the latest field expiry
+ * written, so past every field's. Agents may have leases of their own
+ * (in_flight_lease_ms), so a write only ever lengthens the hash's
+ * expiry: one with a short lease setting it would drop a longer-leased
+ * agent's live fields with the hash. SLOTS_HELD sums the live fields; SLOT_SET writes ours (none at
  * a count of 0). */
 #define LUA_SLOTS \
     "local function now_ms()\n" \
