@@ -222,8 +222,8 @@
  * written, so past every field's. Agents may have leases of their own
  * (in_flight_lease_ms), so a write only ever lengthens the hash's
  * expiry: one with a short lease setting it would drop a longer-leased
- * agent's live fields with the hash. SLOTS_HELD sums the live fields; SLOT_SET writes ours (none at
- * a count of 0). */
+ * agent's live fields with the hash. SLOTS_HELD sums the live fields;
+ * SLOT_SET writes ours (none at a count of 0). */
 #define LUA_SLOTS \
     "local function now_ms()\n" \
     "  local t = redis.call('TIME')\n" \
