@@ -92,6 +92,9 @@ struct rl_request {
     rl_check_fn callback;         /* async checks only */
     void *callback_arg;
     uint64_t deadline_ns;         /* uv_hrtime() clock */
+    /* uv_hrtime() just before its synced and local rules counted (a
+     * hold's end weighs a synced give-back against it; check.c). */
+    uint64_t checked_ns;
     uint32_t cost;
     /* A hold: its in_flight rules take a slot each; a plain check's only
      * see whether one is free. */

@@ -21,6 +21,7 @@
 #include "error.h"
 #include "keys.h"
 #include "rules.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -182,6 +183,28 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
     return rc;
 }
 
+/* What a hold's end needs of the moment its synced and local rules count
+ * the estimate, stamped just before they do: each local fixed window's
+ * number (an exact window's call keeps its own) and the time a synced
+ * give-back is weighed against (rl_synced_settle). Before, not at the
+ * decision, which waits for the store: a count that crosses a window's
+ * end or a record's start meets a stamp from before it and the
+ * give-back finds nothing to take back (admitting less), where a later
+ * stamp would give it to a window, or counts, that never held the
+ * estimate. The deadline reads the same time. */
+static void stamp_check(rl_request *req)
+{
+    req->checked_ns = uv_hrtime();
+    for (int i = 0; i < req->n_rules; i++) {
+        const rl_rule_state *rs = &req->rules[i];
+        const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
+        if (rs->rule->mode == RL_MODE_LOCAL
+            && rs->rule->algorithm == RL_ALGO_FIXED_WINDOW)
+            req->calls[i].window = rl_window_of(rl_window_wall_ms(),
+                                                rate->period_ms);
+    }
+}
+
 /* With charge: first_reject or atomic, a rejection here means no exact
  * rule is charged (this rule's own count stays: synced and local counts
  * are never taken back); a shadow rule's is not the request's. The value
@@ -191,6 +214,7 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
 static int decide_synced(rl_agent *a, const rl_gen *g, rl_request *req)
 {
     bool rejected = false;
+    stamp_check(req);
     for (int i = 0; i < req->n_rules; i++) {
         rl_rule_state *rs = &req->rules[i];
         if (rl_mode_stored(rs->rule->mode))
@@ -325,7 +349,7 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
         free(req);
         return rc;
     }
-    req->deadline_ns = uv_hrtime()
+    req->deadline_ns = req->checked_ns
                        + (uint64_t)a->store_config.timeout_ms * 1000000ULL;
     *out = req;
     return RL_OK;
@@ -942,7 +966,7 @@ static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
         free(req);
         return rc;
     }
-    req->deadline_ns = uv_hrtime()
+    req->deadline_ns = req->checked_ns
                        + (uint64_t)a->store_config.timeout_ms * 1000000ULL;
     *out = req;
     return RL_OK;

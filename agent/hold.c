@@ -29,7 +29,6 @@ struct rl_hold {
     rl_request *req;      /* a reference, while the agent holds the hold */
     rl_hold_fn fn;
     void *arg;
-    uint64_t checked_ns;  /* uv_hrtime once its checks counted */
     uint64_t deadline_ns;
     uint32_t actual;      /* written by the caller before it queues */
     atomic_int state;
@@ -179,7 +178,7 @@ static void end_rule(rl_agent *a, const rl_hold *h, rl_rule_state *rs,
     case RL_MODE_SYNCED:
         if (delta != 0)
             rl_synced_settle(&a->synced, ident(req, rs->rule), key + prefix,
-                             rs->key_len - prefix, delta, h->checked_ns);
+                             rs->key_len - prefix, delta, req->checked_ns);
         break;
     }
 }
@@ -239,21 +238,6 @@ static void arm(rl_holds *hs)
                    due > now ? (due - now + 999999) / 1000000 : 0, 0);
 }
 
-/* A local fixed window counted the estimate in the wall clock's window
- * of its check, a moment ago: its number, where an exact window's call
- * keeps it, for the end. */
-static void note_local_windows(rl_request *req)
-{
-    for (int i = 0; i < req->n_rules; i++) {
-        const rl_rule_state *rs = &req->rules[i];
-        const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
-        if (rs->rule->mode == RL_MODE_LOCAL
-            && rs->rule->algorithm == RL_ALGO_FIXED_WINDOW)
-            req->calls[i].window = rl_window_of(rl_window_wall_ms(),
-                                                rate->period_ms);
-    }
-}
-
 void rl_hold_decided(const rl_decision *decision, void *arg)
 {
     rl_hold *h = arg;
@@ -266,10 +250,8 @@ void rl_hold_decided(const rl_decision *decision, void *arg)
         return;
     }
     atomic_fetch_add(&req->refs, 1);
-    note_local_windows(req);
     rl_holds *hs = &a->holds;
-    h->checked_ns = uv_hrtime();
-    h->deadline_ns = h->checked_ns + hs->timeout_ns;
+    h->deadline_ns = uv_hrtime() + hs->timeout_ns;
     pthread_mutex_lock(&hs->lock);
     h->prev = hs->tail;
     if (hs->tail != NULL)

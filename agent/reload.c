@@ -223,11 +223,43 @@ static int hand_to_io(rl_agent *a, rl_gen *g)
     return RL_OK;
 }
 
+/* A key_prefix that stays while the keys under it change kind: an
+ * in_flight rule's are hashes, other rules' strings, and each would
+ * meet the other's (Redis's WRONGTYPE, a degraded answer) until they
+ * expire. The default prefixes differ (config.c); only given ones can
+ * meet so. */
+static int check_key_kinds(const rl_config *old, const rl_config *cfg,
+                           rl_error *err)
+{
+    for (size_t i = 0; i < cfg->n_rules; i++) {
+        const rl_rule *r = &cfg->rules[i];
+        for (size_t j = 0; j < old->n_rules; j++) {
+            const rl_rule *o = &old->rules[j];
+            if ((r->mode == RL_MODE_IN_FLIGHT)
+                    != (o->mode == RL_MODE_IN_FLIGHT)
+                && strcmp(r->key_prefix, o->key_prefix) == 0)
+                return rl_error_set(
+                    err, RL_ECONFIG, "rl_agent_reload: rule \"%s\" (%s) "
+                    "would use key_prefix '%s' of rule \"%s\" (%s): the "
+                    "in_flight slots and the buckets under it are keys of "
+                    "two kinds, and each would meet the other's; give it "
+                    "another key_prefix, or remove the rule and add it back "
+                    "once its keys have expired", r->name,
+                    rl_mode_name(r->mode), r->key_prefix, o->name,
+                    rl_mode_name(o->mode));
+        }
+    }
+    return RL_OK;
+}
+
 static int reload_locked(rl_agent *a, rl_config *cfg, rl_error *err)
 {
     if (atomic_load(&a->closing))
         return rl_error_set(err, RL_ECLOSED, "rl_agent_reload: the agent is "
                             "shut down");
+    int kinds = check_key_kinds(atomic_load(&a->gen)->config, cfg, err);
+    if (kinds != RL_OK)
+        return kinds;
     rl_gen *g;
     if (rl_gen_new(cfg, cfg, &a->idents, &g) != RL_OK) {
         rl_idents_sweep(&a->idents, false);

@@ -233,7 +233,10 @@ RL_API int rl_agent_run(rl_agent *agent);
  * opened with (restart to change them).
  *
  * An invalid config is refused with the same messages as at open (RL_EIO,
- * RL_ECONFIG) and the old rules stay; RL_ENOTSUP, RL_ENOMEM, RL_ESYS as
+ * RL_ECONFIG) and the old rules stay, as is one that would put an
+ * in_flight rule's slots under a key_prefix a rule of another mode used,
+ * or the reverse (RL_ECONFIG: the keys are of two kinds; the default
+ * prefixes never meet so); RL_ENOTSUP, RL_ENOMEM, RL_ESYS as
  * for rl_agent_open; RL_ECLOSED after shutdown. Thread-safe: may run while
  * any number of threads check; reloads of one agent are serialised. */
 RL_API int rl_agent_reload(rl_agent *agent, const char *config_path,

@@ -218,9 +218,12 @@
  * until when by Redis's clock (ms). A field past its expiry is an agent
  * that stopped renewing (it died): it is dropped as it is read, so its
  * slots are free a lease after its last renewal at most. The hash itself
- * expires a quarter lease after the last write, past every field's
- * expiry. SLOTS_HELD sums the live fields; SLOT_SET writes ours (none at
- * a count of 0). */
+ * expires a quarter of its writer's lease past the latest field expiry
+ * written, so past every field's. Agents may have leases of their own
+ * (in_flight_lease_ms), so a write only ever lengthens the hash's
+ * expiry: one with a short lease setting it would drop a longer-leased
+ * agent's live fields with the hash. SLOTS_HELD sums the live fields;
+ * SLOT_SET writes ours (none at a count of 0). */
 #define LUA_SLOTS \
     "local function now_ms()\n" \
     "  local t = redis.call('TIME')\n" \
@@ -244,7 +247,10 @@
     "    return\n" \
     "  end\n" \
     "  redis.call('HSET', key, id, string.format('%d %d', count, now + lease))\n" \
-    "  redis.call('PEXPIRE', key, string.format('%d', lease + lease / 4))\n" \
+    "  local ttl = lease + math.floor(lease / 4)\n" \
+    "  if redis.call('PTTL', key) < ttl then\n" \
+    "    redis.call('PEXPIRE', key, string.format('%d', ttl))\n" \
+    "  end\n" \
     "end\n" \
     "local function slot_take(key, id, now, lease)\n" \
     "  local v = redis.call('HGET', key, id)\n" \

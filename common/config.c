@@ -211,11 +211,17 @@ static bool is_printable_word(const char *s)
 }
 
 /* The seed's keys: rl:ip:..., rl:key:..., rl:tenant:...; a composite
- * key's prefix names its parts: rl:key_route:... Returns false when that
- * is longer than a key prefix may be. */
+ * key's prefix names its parts: rl:key_route:...; an in_flight rule's
+ * are rl:in_flight:key:... Returns false when that is longer than a key
+ * prefix may be. */
 static bool default_prefix(const rl_rule *rule, char *out, size_t cap)
 {
-    size_t n = (size_t)snprintf(out, cap, "rl:");
+    /* An in_flight rule's keys are hashes, a bucket's strings: apart, a
+     * reload that turns a rule from one to the other never finds the
+     * other's key (Redis's WRONGTYPE until it expired). */
+    size_t n = (size_t)snprintf(out, cap, "%s",
+                                rule->mode == RL_MODE_IN_FLIGHT
+                                    ? "rl:in_flight:" : "rl:");
     for (size_t i = 0; i < rule->n_parts && n < cap; i++) {
         const char *part = rule->parts[i];
         const char *short_name = strcmp(part, "api_key") == 0 ? "key" : part;
@@ -380,8 +386,9 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
 
     if (raw->key_prefix == NULL) {
         if (!default_prefix(rule, rule->key_prefix, sizeof rule->key_prefix))
-            return bad(ld, FIELD("match"), "the default key prefix (rl: and "
-                       "the attributes' names) would be over %d bytes: give "
+            return bad(ld, FIELD("match"), "the default key prefix (rl:, "
+                       "in_flight: for an in_flight rule, and the "
+                       "attributes' names) would be over %d bytes: give "
                        "the rule a shorter key_prefix", RL_PREFIX_MAX);
     } else if (!is_printable_word(raw->key_prefix)) {
         return bad(ld, FIELD("key_prefix"), "'%s' is not a valid key prefix "

@@ -8,7 +8,9 @@
  *
  * While the upstream has the request, the client is watched for its going
  * away (as nginx does, a client's end of sending counts): its exchange is
- * cancelled, and the request's hold ends at its estimate (cost.c).
+ * cancelled, and the request's hold ends at its estimate (cost.c). It is
+ * read on meanwhile, so a client that sent more (a pipelined request)
+ * before it went is seen too, up to READ_CHUNK bytes buffered.
  *
  * A connection is freed once its handles are closed and no check or
  * upstream exchange still refers to it.
@@ -43,7 +45,7 @@ struct gw_conn {
     /* The request's charge held open, from its decision to the end of its
      * upstream exchange (NULL when none), and what it holds. */
     rl_hold *hold;
-    uint32_t estimate;
+    gw_cost cost;
     gw_upstream *upstream;   /* the exchange under way, or NULL */
     gw_buf out;
     uv_write_t write_req;
@@ -133,10 +135,13 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
             close_conn(c);
         return;
     }
-    /* A pipelined request waits in the buffer, one chunk at most. */
-    if (c->state != READING)
-        uv_read_stop(s);
     c->in.len += (size_t)n;
+    /* Past a request, the client is read on to see it go (above) while
+     * its exchange lasts; what it pipelines meanwhile waits in the
+     * buffer, READ_CHUNK bytes at most: beyond, reading stops until the
+     * response is written, and a client gone is seen only then. */
+    if (c->state != READING && c->in.len - c->in_off >= READ_CHUNK)
+        uv_read_stop(s);
     uv_timer_again(&c->idle);
     advance(c);
 }
@@ -224,12 +229,12 @@ static void on_held(const rl_decision *d, rl_hold *hold, void *arg)
 static int check_async(gw_conn *c, const gw_attrs *attrs)
 {
     gw_server *srv = c->srv;
-    c->estimate = gw_cost_estimate(srv);
+    gw_cost_of(srv, &c->cost);
     if (gw_holds(srv))
-        return rl_check_hold(srv->agent, attrs->attrs, attrs->n, c->estimate,
-                             on_held, c);
-    return rl_check_async(srv->agent, attrs->attrs, attrs->n, c->estimate,
-                          on_decided, c);
+        return rl_check_hold(srv->agent, attrs->attrs, attrs->n,
+                             c->cost.estimate, on_held, c);
+    return rl_check_async(srv->agent, attrs->attrs, attrs->n,
+                          c->cost.estimate, on_decided, c);
 }
 
 /* The one end of a request's hold: at its response's cost, or (resp
@@ -238,7 +243,7 @@ static void end_hold(gw_conn *c, const gw_message *resp)
 {
     if (c->hold == NULL)
         return;
-    gw_cost_end(c->srv, c->hold, c->estimate, resp, c->peer_ip);
+    gw_cost_end(c->srv, c->hold, &c->cost, resp, c->peer_ip);
     c->hold = NULL;
 }
 

@@ -6,6 +6,8 @@
  * in_flight rule, the hold is the request's slot, released at that end. An exchange
  * that ends without a usable value (no response, no header, a value that
  * is not a cost) is charged its estimate: never nothing, never forgotten.
+ * The header and the estimate are those in force at the request's check:
+ * a reload during its exchange does not change what it is charged by.
  */
 #include "gateway.h"
 
@@ -19,19 +21,20 @@ bool gw_holds(const gw_server *srv)
            || rl_config_has_in_flight(srv->config);
 }
 
-uint32_t gw_cost_estimate(const gw_server *srv)
+void gw_cost_of(const gw_server *srv, gw_cost *out)
 {
     const rl_gateway_config *gw = &srv->config->gateway;
-    return gw->cost_header[0] != '\0' ? gw->cost_estimate : 1;
+    out->estimate = gw->cost_header[0] != '\0' ? gw->cost_estimate : 1;
+    snprintf(out->header, sizeof out->header, "%s", gw->cost_header);
 }
 
 /* The cost resp's header names, or the estimate, logged with why. */
 static uint32_t actual_cost(gw_server *srv, const gw_message *resp,
-                           uint32_t estimate, const char *peer_ip)
+                           const gw_cost *cost, const char *peer_ip)
 {
-    const char *name = srv->config->gateway.cost_header;
+    const char *name = cost->header;
     if (resp == NULL || name[0] == '\0')
-        return estimate;
+        return cost->estimate;
     const char *value = gw_message_header(resp, name);
     char why[160];
     uint64_t n;
@@ -42,12 +45,12 @@ static uint32_t actual_cost(gw_server *srv, const gw_message *resp,
     /* A value is the upstream's: only its start goes to the log. */
     rl_log(&srv->log, RL_LOG_WARN, "cost_estimate_charged",
            "peer=%s header=%s estimate=%u reason=\"%.120s\"", peer_ip, name,
-           estimate, why);
-    return estimate;
+           cost->estimate, why);
+    return cost->estimate;
 }
 
-void gw_cost_end(gw_server *srv, rl_hold *hold, uint32_t estimate,
+void gw_cost_end(gw_server *srv, rl_hold *hold, const gw_cost *cost,
                  const gw_message *resp, const char *peer_ip)
 {
-    rl_hold_end(hold, actual_cost(srv, resp, estimate, peer_ip));
+    rl_hold_end(hold, actual_cost(srv, resp, cost, peer_ip));
 }

@@ -230,10 +230,17 @@ void gw_upstream_cancel(gw_upstream *u, const char *why);
 /* cost.c: whether requests are checked with rl_check_hold (the config has
  * gateway.cost_header or an in_flight rule), and what each one holds. */
 bool gw_holds(const gw_server *srv);
-uint32_t gw_cost_estimate(const gw_server *srv);
-/* Ends hold: at the cost resp's gateway.cost_header gives, or at estimate
+/* What a request's check has in force for its cost, kept by the request
+ * to its end: a reload meanwhile applies to the requests checked after
+ * it. header is gateway.cost_header ("" for none). */
+typedef struct gw_cost {
+    uint32_t estimate;
+    char header[RL_NAME_MAX + 1];
+} gw_cost;
+void gw_cost_of(const gw_server *srv, gw_cost *out);
+/* Ends hold: at the cost resp's cost->header gives, or at its estimate
  * (resp NULL, or no usable value: logged). */
-void gw_cost_end(gw_server *srv, rl_hold *hold, uint32_t estimate,
+void gw_cost_end(gw_server *srv, rl_hold *hold, const gw_cost *cost,
                  const gw_message *resp, const char *peer_ip);
 
 /* conn.c, for upstream.c. */

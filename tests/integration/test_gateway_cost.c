@@ -64,6 +64,14 @@ static int log_count(const test_gateway *gw, const char *text)
     return atoi(out);
 }
 
+/* Waits (500 ms at most) until up has the one request sent. */
+static void wait_busy(test_upstream *up)
+{
+    for (int i = 0; i < 100 && test_upstream_busy(up) == 0; i++)
+        test_sleep_ms(5);
+    cr_assert_eq(test_upstream_busy(up), 1);
+}
+
 #define CLIENTS 5
 #define EACH 6
 
@@ -207,40 +215,123 @@ Test(gateway_cost, a_client_gone_frees_its_in_flight_slot)
     stop(&gw, &up);
 }
 
+/* The same when the client sent more (the start of a pipelined request)
+ * while the upstream had its request, then went: seen then, not when the
+ * upstream would answer (2 s), so its slot is free within 250 ms. */
+Test(gateway_cost, a_client_gone_after_sending_more_frees_its_slot)
+{
+    char yaml[1024], url[64], key[96], slots[128];
+    snprintf(yaml, sizeof yaml,
+             "store: {url: \"redis://%s\", timeout_ms: 1000}\n"
+             "rules:\n"
+             "  - {name: at-once, match: api_key, in_flight: 1}\n",
+             test_env("RL_TEST_REDIS"));
+    test_upstream up;
+    test_upstream_start(&up, 2000);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
+    test_gateway gw;
+    test_gateway_start(&gw, test_write_config("gw-gone-more", yaml),
+                       "--upstream", url, NULL);
+    unique(key, sizeof key, "ak_gone_more");
+    snprintf(slots, sizeof slots, "rl:in_flight:key:%s", key);
+    int fd = test_upstream_send(gw.port, "/v1/chat", key, NULL);
+    wait_busy(&up);
+    cr_assert_eq(write(fd, "GET /next", 9), 9);
+    test_sleep_ms(20);
+    close(fd);
+    uint64_t gone = test_now_us();
+    redisContext *c = test_redis_connect(NULL);
+    bool held = true;
+    while (held && test_now_us() - gone < 250000) {
+        redisReply *r = test_redis_command(c, "EXISTS %s", slots);
+        held = r->integer != 0;
+        freeReplyObject(r);
+        if (held)
+            test_sleep_ms(5);
+    }
+    redisFree(c);
+    cr_assert(!held, "the slot was still held %llu ms after the client went",
+              (unsigned long long)(test_now_us() - gone) / 1000);
+    cr_assert_eq(log_count(&gw, "event=client_gone"), 1);
+    stop(&gw, &up);
+}
+
+/* The config of a gateway reloaded by its tests (name): an exact fixed
+ * window per API key, and gateway, a "gateway:" line or "". Its path. */
+static const char *reloadable_config(const char *name, const char *gateway)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
+             "timeout_ms: 1000}\n%s"
+             "rules:\n"
+             "  - {name: tokens, match: api_key, limit: 100000000, "
+             "period: 1h, algorithm: fixed_window}\n",
+             test_env("RL_TEST_REDIS"), gateway);
+    return test_write_config(name, yaml);
+}
+
+/* The gateway of reloadable_config(name, gateway) in front of up, which
+ * sleeps sleep_ms. */
+static void start_reloadable(test_gateway *gw, test_upstream *up,
+                             unsigned sleep_ms, const char *name,
+                             const char *gateway)
+{
+    char url[64];
+    test_upstream_start(up, sleep_ms);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", up->port);
+    test_gateway_start(gw, reloadable_config(name, gateway), "--upstream",
+                       url, NULL);
+}
+
+/* Rewrites the config with gateway and waits for the SIGHUP's reload. */
+static void reload_with(test_gateway *gw, const char *name,
+                        const char *gateway)
+{
+    reloadable_config(name, gateway);
+    long from = test_log_size(gw->log);
+    kill(gw->pid, SIGHUP);
+    test_wait_for_log_from(&gw->pid, gw->log, from, "event=reloaded", 5000);
+}
+
 /* gateway.cost_header is read again on SIGHUP: requests checked after the
  * reload cost what their response says, those before it 1. */
 Test(gateway_cost, sighup_takes_up_a_new_cost_header)
 {
-    static const char rules[] =
-        "rules:\n"
-        "  - {name: tokens, match: api_key, limit: 100000000, period: 1h, "
-        "algorithm: fixed_window}\n";
-    char yaml[1024], url[64], key[96], counted[128];
+    char key[96], counted[128];
     const char *redis = test_env("RL_TEST_REDIS");
-    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
-             "timeout_ms: 1000}\n%s", redis, rules);
-    const char *path = test_write_config("gw-cost-reload", yaml);
     test_upstream up;
-    test_upstream_start(&up, 0);
-    snprintf(url, sizeof url, "http://127.0.0.1:%u", up.port);
     test_gateway gw;
-    test_gateway_start(&gw, path, "--upstream", url, NULL);
+    start_reloadable(&gw, &up, 0, "gw-cost-reload", "");
     unique(key, sizeof key, "ak_cost_reload");
     snprintf(counted, sizeof counted, "rl:key:%s", key);
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
     test_fixed_window_expect(redis, counted, 1);
-
-    snprintf(yaml, sizeof yaml, "store: {url: \"redis://%s\", "
-             "timeout_ms: 1000}\ngateway: {cost_header: X-Cost}\n%s", redis,
-             rules);
-    cr_assert_str_eq(test_write_config("gw-cost-reload", yaml), path);
-    long from = test_log_size(gw.log);
-    kill(gw.pid, SIGHUP);
-    test_wait_for_log_from(&gw.pid, gw.log, from, "event=reloaded", 5000);
+    reload_with(&gw, "gw-cost-reload", "gateway: {cost_header: X-Cost}\n");
     cr_assert_eq(test_upstream_call(gw.port, "/v1/chat", key, "700"), 200);
     test_fixed_window_expect(redis, counted, 1 + 700);
-    test_gateway_stop(&gw);
-    test_upstream_stop(&up);
+    stop(&gw, &up);
+}
+
+/* A request is charged by the cost_header in force at its check: a
+ * reload that drops the header while the upstream has the request does
+ * not make it charged its estimate (50) instead of its X-Cost (700). */
+Test(gateway_cost, a_reload_mid_exchange_keeps_the_checks_cost_header)
+{
+    char key[96], counted[128];
+    test_upstream up;
+    test_gateway gw;
+    start_reloadable(&gw, &up, 500, "gw-cost-reload-mid",
+                     "gateway: {cost_header: X-Cost, cost_estimate: 50}\n");
+    unique(key, sizeof key, "ak_cost_reload_mid");
+    snprintf(counted, sizeof counted, "rl:key:%s", key);
+    int fd = test_upstream_send(gw.port, "/v1/chat", key, "700");
+    wait_busy(&up);
+    reload_with(&gw, "gw-cost-reload-mid", "");
+    cr_assert_eq(test_upstream_busy(&up), 1, "the reload came after the "
+                 "exchange");
+    cr_assert_eq(test_upstream_read_status(fd), 200);
+    test_fixed_window_expect(test_env("RL_TEST_REDIS"), counted, 700);
+    stop(&gw, &up);
 }
 
 /* configs/ai-gateway.example.yaml with the test's Redis and a tenant map

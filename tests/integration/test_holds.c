@@ -504,6 +504,62 @@ Test(holds, a_local_rule_goes_into_debt_and_gives_back)
     test_agent_close(&t);
 }
 
+/* A hold whose callback keeps the I/O thread until the wall clock's
+ * next second is 20 ms old: the decisions queued behind it come after a
+ * window's end. */
+static void on_held_late(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    uint64_t until = (wall_ms() / 1000 + 1) * 1000 + 20;
+    while (wall_ms() < until)
+        test_sleep_ms(1);
+    on_held(d, hold, arg);
+}
+
+/* A local window of 2 a second. A hold of 2 counts in the second it is
+ * checked, 100 ms before its end; its decision comes in the next (the
+ * I/O thread is kept). Ended at 0 after that second's own 2, its
+ * give-back goes to the window that counted it, not to the next, which
+ * still admits no third. */
+Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
+{
+    test_agent t;
+    test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
+                    "  - {name: w, match: api_key, limit: 2, period: 1s, "
+                    "algorithm: fixed_window, mode: local}\n");
+    while (wall_ms() % 1000 < 850 || wall_ms() % 1000 >= 900)
+        test_sleep_ms(1);
+    held late = {0}, h = {0};
+    sem_init(&late.done, 0, 0);
+    sem_init(&h.done, 0, 0);
+    rl_attr other = {"api_key", "late", 4}, attr = {"api_key", "edge", 4};
+    cr_assert_eq(rl_check_hold(t.agent, &other, 1, 1, on_held_late, &late),
+                 RL_OK);
+    uint64_t checked = wall_ms();
+    cr_assert_eq(rl_check_hold(t.agent, &attr, 1, 2, on_held, &h), RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    while (sem_wait(&late.done) != 0)
+        ;
+    cr_assert_not_null(h.hold);
+    cr_assert_not_null(late.hold);
+    uint64_t decided = wall_ms();
+    cr_assert_eq(decided / 1000, checked / 1000 + 1, "checked at %llu, "
+                 "decided at %llu: not across one window's end",
+                 (unsigned long long)checked, (unsigned long long)decided);
+    for (int i = 0; i < 2; i++)
+        cr_assert(check_cost(t.agent, "edge", 1).allowed);
+    cr_assert_eq(rl_hold_end(h.hold, 0), RL_OK);
+    cr_assert_eq(rl_hold_end(late.hold, 1), RL_OK);
+    wait_ended(t.agent, 2);
+    cr_assert(!check_cost(t.agent, "edge", 1).allowed, "the give-back went "
+              "to the window after its check's");
+    cr_assert_eq(wall_ms() / 1000, decided / 1000, "too slow: the test "
+                 "ran into the next window");
+    sem_destroy(&late.done);
+    sem_destroy(&h.done);
+    test_agent_close(&t);
+}
+
 /* An agent of a synced rule of 1000 a minute, through an aggregator
  * that syncs every interval_ms. */
 static rl_agent *synced_agent(test_aggregator *agg, rl_config **cfg,

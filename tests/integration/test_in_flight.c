@@ -29,7 +29,7 @@
 static void fresh(char value[64], char key[96], const char *what)
 {
     snprintf(value, 64, "%s-%llu", what, (unsigned long long)test_now_us());
-    snprintf(key, 96, "rl:key:%s", value);
+    snprintf(key, 96, "rl:in_flight:key:%s", value);
 }
 
 /* An agent on the Redis at addr with top (top-level YAML lines, may be
@@ -344,6 +344,121 @@ Test(in_flight, a_request_longer_than_the_lease_keeps_its_slot)
     cr_assert_eq(rl_hold_end(next, 1), RL_OK);
     close_agent(a, cfg_a);
     close_agent(b, cfg_b);
+}
+
+/* Agents with leases of their own: one of 10 s holds a slot (renewed
+ * every 2.5 s); one of 1 s takes and lets go of another. Its write must
+ * not shorten the hash's expiry to its own 1.25 s, or the hash, the long
+ * lease's live field with it, would expire before that agent's next
+ * renewal. */
+Test(in_flight, a_shorter_lease_keeps_the_longer_leases_slots)
+{
+    char value[64], key[96];
+    fresh(value, key, "leases");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 2}\n";
+    rl_config *cfg_long, *cfg_short;
+    rl_agent *slow = open_agent(&cfg_long, "in_flight_lease_ms: 10000\n",
+                                rules);
+    rl_agent *fast = open_agent(&cfg_short, "in_flight_lease_ms: 1000\n",
+                                rules);
+    rl_hold *kept = hold_of(slow, value);
+    cr_assert_not_null(kept);
+    rl_hold *brief = hold_of(fast, value);
+    cr_assert_not_null(brief);
+    cr_assert_eq(rl_hold_end(brief, 1), RL_OK);
+    test_sleep_ms(1400);
+    redisContext *c = test_redis_connect(NULL);
+    cr_assert_eq(slots_in_redis(c, key), 1, "the long lease's slot went "
+                 "with the short lease's expiry");
+    redisFree(c);
+    rl_hold *one = hold_of(fast, value);
+    cr_assert_not_null(one);
+    cr_assert_null(hold_of(fast, value), "a third slot of two was taken");
+    cr_assert_eq(rl_hold_end(one, 1), RL_OK);
+    cr_assert_eq(rl_hold_end(kept, 1), RL_OK);
+    close_agent(slow, cfg_long);
+    close_agent(fast, cfg_short);
+}
+
+/* A reload of the agent opened by open_agent onto rules (its store the
+ * test Redis's); the agent owns the new config. */
+static void reload_rules(rl_agent *a, const char *rules)
+{
+    char yaml[1024];
+    int n = snprintf(yaml, sizeof yaml, "store:\n  url: redis://%s\n"
+                     "  timeout_ms: 1000\nrules:\n%s",
+                     test_env("RL_TEST_REDIS"), rules);
+    rl_config *cfg;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", &cfg, &err),
+                 RL_OK, "%s", err.message);
+    cr_assert_eq(rl_agent_reload_config(a, cfg, &err), RL_OK, "%s",
+                 err.message);
+}
+
+/* A rule reloaded from exact to in_flight and back, by the same default
+ * prefix: its slots are a hash, its buckets a string, and each must not
+ * find the other's key (Redis's WRONGTYPE: a degraded answer until the
+ * key expired). With a slot held across the reload back, and a bucket
+ * spent before the one to in_flight. */
+Test(in_flight, a_reload_between_exact_and_in_flight_keeps_answering)
+{
+    char value[64], key[96];
+    fresh(value, key, "kind");
+    static const char exact[] =
+        "  - {name: f, match: api_key, limit: 100, period: 1h}\n";
+    static const char slots[] =
+        "  - {name: f, match: api_key, in_flight: 1}\n";
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "", exact);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    reload_rules(a, slots);
+    rl_hold *h = hold_counted(a, value, NULL, NULL, &d);
+    cr_assert_not_null(h, "the in_flight rule refused: %s",
+                       d.degraded ? "degraded" : "rejected");
+    cr_assert(!d.degraded, "the in_flight rule found the bucket's key");
+    reload_rules(a, exact);
+    cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded, "the exact rule found the slots' "
+              "key");
+    cr_assert_eq(d.remaining, 98, "the bucket was not the same");
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* A given key_prefix is the user's: a reload that would turn its keys
+ * from buckets to slots is refused, saying why, and the old rule stays. */
+Test(in_flight, a_reload_that_gives_a_buckets_prefix_to_slots_is_refused)
+{
+    char value[64], key[96], yaml[1024];
+    fresh(value, key, "kind-given");
+    rl_config *cfg;
+    rl_agent *a = open_agent(&cfg, "", "  - {name: f, match: api_key, "
+                             "limit: 100, period: 1h, key_prefix: \"t:k:\"}\n");
+    int n = snprintf(yaml, sizeof yaml, "store:\n  url: redis://%s\n"
+                     "rules:\n  - {name: g, match: api_key, in_flight: 1, "
+                     "key_prefix: \"t:k:\"}\n", test_env("RL_TEST_REDIS"));
+    rl_config *next;
+    rl_error err;
+    cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", &next, &err),
+                 RL_OK, "%s", err.message);
+    cr_assert_eq(rl_agent_reload_config(a, next, &err), RL_ECONFIG);
+    cr_assert_str_eq(err.message, "rl_agent_reload: rule \"g\" (in_flight) "
+                     "would use key_prefix 't:k:' of rule \"f\" (exact): "
+                     "the in_flight slots and the buckets under it are keys "
+                     "of two kinds, and each would meet the other's; give it "
+                     "another key_prefix, or remove the rule and add it back "
+                     "once its keys have expired");
+    rl_config_free(next);
+    rl_attr attr = {"api_key", value, strlen(value)};
+    rl_decision d;
+    cr_assert_eq(rl_check(a, &attr, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed && !d.degraded);
+    cr_assert_str_eq(d.rule, "f");
+    close_agent(a, cfg);
 }
 
 /* --- Rejection and expiry give slots back ---------------------------- */

@@ -170,7 +170,7 @@ static int send_request(uint16_t port, const char *path, const char *key,
 }
 
 /* The status of the response on fd, read to its end; closes fd. */
-static int read_status(int fd)
+int test_upstream_read_status(int fd)
 {
     char buf[4096];
     size_t got = 0;
@@ -190,7 +190,7 @@ int test_upstream_call(uint16_t port, const char *path, const char *key,
                        const char *cost)
 {
     int fd = send_request(port, path, key, cost);
-    return fd < 0 ? -1 : read_status(fd);
+    return fd < 0 ? -1 : test_upstream_read_status(fd);
 }
 
 int test_upstream_send(uint16_t port, const char *path, const char *key,
@@ -260,7 +260,7 @@ void test_upstream_burst(uint16_t port, const char *key, int n, int *ok,
         cr_assert_geq(fds[i], 0, "cannot send a request to port %u", port);
     }
     for (int i = 0; i < n; i++) {
-        int status = read_status(fds[i]);
+        int status = test_upstream_read_status(fds[i]);
         cr_assert(status == 200 || status == 429, "status %d", status);
         *ok += status == 200;
         *refused += status == 429;

@@ -59,6 +59,9 @@ void test_upstream_expect_room(uint16_t port, const char *key,
 /* The same request, sent on a connection the caller closes: its fd. */
 int test_upstream_send(uint16_t port, const char *path, const char *key,
                        const char *cost);
+/* The response to a request test_upstream_send sent, read to its end:
+ * its status, or -1. Closes fd. */
+int test_upstream_read_status(int fd);
 /* The same request, and the client gone (closed) after wait_ms. */
 void test_upstream_abandon(uint16_t port, const char *path, const char *key,
                            const char *cost, unsigned wait_ms);
