@@ -509,8 +509,8 @@ Test(holds, a_local_rule_goes_into_debt_and_gives_back)
  * window's end. */
 static void on_held_late(const rl_decision *d, rl_hold *hold, void *arg)
 {
-    uint64_t until = (wall_ms() / 1000 + 1) * 1000 + 20;
-    while (wall_ms() < until)
+    uint64_t until = (test_wall_ms() / 1000 + 1) * 1000 + 20;
+    while (test_wall_ms() < until)
         test_sleep_ms(1);
     on_held(d, hold, arg);
 }
@@ -526,7 +526,7 @@ Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
     test_agent_open(&t, NULL, TEST_FCALL, NULL, NULL,
                     "  - {name: w, match: api_key, limit: 2, period: 1s, "
                     "algorithm: fixed_window, mode: local}\n");
-    while (wall_ms() % 1000 < 850 || wall_ms() % 1000 >= 900)
+    while (test_wall_ms() % 1000 < 850 || test_wall_ms() % 1000 >= 900)
         test_sleep_ms(1);
     held late = {0}, h = {0};
     sem_init(&late.done, 0, 0);
@@ -534,7 +534,7 @@ Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
     rl_attr other = {"api_key", "late", 4}, attr = {"api_key", "edge", 4};
     cr_assert_eq(rl_check_hold(t.agent, &other, 1, 1, on_held_late, &late),
                  RL_OK);
-    uint64_t checked = wall_ms();
+    uint64_t checked = test_wall_ms();
     cr_assert_eq(rl_check_hold(t.agent, &attr, 1, 2, on_held, &h), RL_OK);
     while (sem_wait(&h.done) != 0)
         ;
@@ -542,7 +542,7 @@ Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
         ;
     cr_assert_not_null(h.hold);
     cr_assert_not_null(late.hold);
-    uint64_t decided = wall_ms();
+    uint64_t decided = test_wall_ms();
     cr_assert_eq(decided / 1000, checked / 1000 + 1, "checked at %llu, "
                  "decided at %llu: not across one window's end",
                  (unsigned long long)checked, (unsigned long long)decided);
@@ -553,7 +553,7 @@ Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
     wait_ended(t.agent, 2);
     cr_assert(!check_cost(t.agent, "edge", 1).allowed, "the give-back went "
               "to the window after its check's");
-    cr_assert_eq(wall_ms() / 1000, decided / 1000, "too slow: the test "
+    cr_assert_eq(test_wall_ms() / 1000, decided / 1000, "too slow: the test "
                  "ran into the next window");
     sem_destroy(&late.done);
     sem_destroy(&h.done);
