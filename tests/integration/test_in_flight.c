@@ -6,7 +6,9 @@
  * load; a gateway killed with SIGKILL frees its slots within the lease,
  * and not before its last renewal's lease; a request longer than the
  * lease keeps its slot; a rejected request and an expired hold give
- * theirs back at once; a plain check takes none.
+ * theirs back at once; a plain check takes none. On a Redis Cluster
+ * (the runner's), the same bounds hold over keys of several slots, and a
+ * renewal is one call per slot, one write per primary.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -844,4 +846,58 @@ Test(in_flight_cluster, agents_hold_at_most_n_of_each_key_at_once)
     }
     for (int i = 0; i < FLEET_AGENTS; i++)
         close_agent(agents[i], cfgs[i]);
+}
+
+/* A holder on the cluster with one slot of each of eight keys in eight
+ * slots, in_flight: 1, lease 1000 ms, killed: every key stays held until
+ * its last renewal's lease (750 ms after the kill at least) and each is
+ * free 1000 ms after the kill at most. */
+Test(in_flight_cluster, a_killed_holders_slots_free_within_the_lease)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    static spread sp;
+    spread_keys(&sp, "killed");
+    char values[GROUPS * 64] = "", log[512];
+    for (int i = 0; i < GROUPS; i++)
+        snprintf(values + strlen(values), sizeof values - strlen(values),
+                 "%s%s", i > 0 ? "," : "", sp.values[i]);
+    test_log_path(log, sizeof log, "in-flight-holder-cluster");
+    char *argv[] = {(char *)test_env("RL_TEST_HOLDER"), (char *)seeds,
+                    values, "1", "1", "1000", NULL};
+    pid_t pid = test_spawn(argv, log);
+    test_wait_for_log(&pid, log, "held 8", 5000);
+    test_sleep_ms(600);
+    rl_config *cfg;
+    rl_agent *a = open_agent_on(seeds, &cfg, "in_flight_lease_ms: 1000\n",
+                                "  - {name: f, match: api_key, "
+                                "in_flight: 1}\n");
+    for (int i = 0; i < GROUPS; i++)
+        cr_assert_null(hold_of(a, sp.values[i]), "%s was free while the "
+                       "holder lived", sp.values[i]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t killed = test_now_us();
+    test_sleep_ms(600);
+    for (int i = 0; i < GROUPS; i++)
+        cr_assert_null(hold_of(a, sp.values[i]), "%s went before its last "
+                       "renewal's lease", sp.values[i]);
+    rl_hold *h[GROUPS] = {0};
+    int freed = 0;
+    while (freed < GROUPS && test_now_us() - killed < 2000000) {
+        test_sleep_ms(20);
+        for (int i = 0; i < GROUPS; i++) {
+            if (h[i] == NULL && (h[i] = hold_of(a, sp.values[i])) != NULL)
+                freed++;
+        }
+    }
+    uint64_t free_ms = (test_now_us() - killed) / 1000;
+    fprintf(stderr, "in_flight on a cluster: a killed holder's %d keys "
+            "free after %llu ms (lease 1000)\n", freed,
+            (unsigned long long)free_ms);
+    cr_assert_eq(freed, GROUPS, "%d of %d keys freed", freed, GROUPS);
+    cr_assert_leq(free_ms, 1000 + 80, "free after %llu ms",
+                  (unsigned long long)free_ms);
+    for (int i = 0; i < GROUPS; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+    close_agent(a, cfg);
 }
