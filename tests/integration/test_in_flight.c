@@ -708,9 +708,11 @@ static void spread_keys(spread *sp, const char *what)
 {
     unsigned long long now = (unsigned long long)test_now_us();
     for (int i = 0; i < CLUSTER_KEYS; i++) {
-        snprintf(sp->values[i], 64, "{%s-%llu-%d}-%d", what, now,
+        char value[64];
+        snprintf(value, sizeof value, "{%s-%llu-%d}-%d", what, now,
                  i % GROUPS, i / GROUPS);
-        snprintf(sp->keys[i], 96, "rl:key:%s", sp->values[i]);
+        memcpy(sp->values[i], value, sizeof value);
+        snprintf(sp->keys[i], 96, "rl:key:%s", value);
     }
 }
 
