@@ -104,6 +104,7 @@ BENCH_OVERRIDES = $(BUILD)/bench/bench-overrides
 BENCH_LEASED = $(BUILD)/bench/bench-leased
 BENCH_RULE_ASYNC = $(BUILD)/bench/bench-rule-async
 BENCH_HOLDS = $(BUILD)/bench/bench-holds
+BENCH_IN_FLIGHT = $(BUILD)/bench/bench-in-flight
 PROFILE = $(BUILD)/bench/profile
 NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
@@ -267,6 +268,10 @@ $(BENCH_HOLDS): $(call obj,tests/bench/bench_holds.c) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
 
+$(BENCH_IN_FLIGHT): $(call obj,tests/bench/bench_in_flight.c) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIB_DEPS)
+
 $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
             $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -279,7 +284,8 @@ $(PROFILE): $(call obj,tests/bench/profile.c tests/bench/bench_pipeline.c) \
 # RL_BENCH_QUICK=1 for a short try-out run (its figures are not for quoting).
 bench: all $(BENCH) $(BENCH_SYNCED) $(BENCH_ACCURACY) $(BENCH_CLUSTER) \
        $(BENCH_ALONE) $(BENCH_OVERRIDES) $(BENCH_LEASED) $(RUNNER) $(TESTS) \
-       $(NGINX_MOD) $(RLS) $(BENCH_RULE_ASYNC) $(BENCH_HOLDS)
+       $(NGINX_MOD) $(RLS) $(BENCH_RULE_ASYNC) $(BENCH_HOLDS) \
+       $(BENCH_IN_FLIGHT)
 	@sh scripts/bench.sh $(BUILD) $(TEST_ENV)
 
 # Instruction counts with callgrind (valgrind is installed for this target

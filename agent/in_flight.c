@@ -18,6 +18,14 @@
  * is set (the field had expired while the store was away). The next
  * renewal with no take unanswered sets the count. Releases are relative,
  * so the store's sum stays exact.
+ *
+ * On a cluster a script's keys must share a hash slot, so a write is one
+ * call per slot due (and per KEYS_PER_CALL keys). Each key's slot is
+ * computed once, when it is first held, and the due keys wait in a list
+ * that a flush sorts by slot in linear time: a renewal of K keys costs
+ * O(K) here however many slots they span. The store sends the calls of a
+ * turn to each primary in one pipelined write (node.c), so a renewal is
+ * one write per primary, with one call per slot in it.
  */
 #include "in_flight.h"
 
@@ -35,7 +43,9 @@
 
 struct rl_in_flight_key {
     rl_in_flight_key *next;
+    rl_in_flight_key *due_next; /* in f->due, while due */
     uint64_t hash;
+    uint16_t slot;       /* its cluster slot, computed once */
     uint64_t held;       /* slots held, takes not yet answered included */
     uint32_t unanswered; /* takes sent, not yet answered */
     uint64_t released;   /* slots let go, not yet written */
@@ -93,9 +103,20 @@ static rl_in_flight_key *lookup(const rl_in_flight *f, const char *key,
 
 static void on_flush(uv_idle_t *idle);
 
+/* Puts k in the next flush, once. */
+static void make_due(rl_in_flight *f, rl_in_flight_key *k)
+{
+    if (k->due)
+        return;
+    k->due = true;
+    k->due_next = f->due;
+    f->due = k;
+    f->n_due++;
+}
+
 static void schedule(rl_in_flight *f, rl_in_flight_key *k)
 {
-    k->due = true;
+    make_due(f, k);
     if (f->started)
         uv_idle_start(&f->flush, on_flush);
 }
@@ -110,6 +131,7 @@ void rl_in_flight_taking(rl_in_flight *f, const char *key, size_t len)
         if (k == NULL)
             return; /* uncounted: the take's answer finds no key */
         k->hash = hash;
+        k->slot = rl_key_slot(key, len);
         k->len = len;
         memcpy(k->key, key, len);
         *at = k;
@@ -120,6 +142,22 @@ void rl_in_flight_taking(rl_in_flight *f, const char *key, size_t len)
     k->unanswered++;
 }
 
+/* Whether k is held by no request and no take, with nothing to write:
+ * then it is forgotten. */
+static bool idle(const rl_in_flight_key *k)
+{
+    return k->held == 0 && k->unanswered == 0 && !k->due
+           && k->released == 0;
+}
+
+static void forget(rl_in_flight *f, rl_in_flight_key *k)
+{
+    rl_in_flight_key **at = find(f, k->key, k->len, k->hash);
+    *at = k->next;
+    free(k);
+    f->n--;
+}
+
 void rl_in_flight_taken(rl_in_flight *f, const char *key, size_t len,
                         bool took)
 {
@@ -128,6 +166,8 @@ void rl_in_flight_taken(rl_in_flight *f, const char *key, size_t len,
         return;
     k->unanswered--;
     k->held -= !took;
+    if (idle(k))
+        forget(f, k);
 }
 
 void rl_in_flight_release(rl_in_flight *f, const char *key, size_t len)
@@ -175,12 +215,6 @@ static void on_close_written(void *arg, const redisReply *reply,
     closing_answered(arg);
 }
 
-/* The cluster slot of a key; 0 for every key of one server. */
-static uint16_t slot_of(const rl_in_flight *f, const rl_in_flight_key *k)
-{
-    return rl_store_is_cluster(f->store) ? rl_key_slot(k->key, k->len) : 0;
-}
-
 /* A due key's part of a write (see the top), and it is no longer due. */
 static void write_op(rl_in_flight_key *k, char *op)
 {
@@ -205,24 +239,18 @@ typedef struct write_args {
     char counts[KEYS_PER_CALL][24];
 } write_args;
 
-/* One write of up to KEYS_PER_CALL due keys of first's cluster slot. */
-static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
-                       write_args *w)
+/* One write of keys[0..n), n <= KEYS_PER_CALL, all of one cluster slot
+ * on a cluster. */
+static void write_keys(rl_in_flight *f, rl_in_flight_key *const *keys,
+                       int n, write_args *w)
 {
     const char **argv = w->argv;
     size_t *lens = w->lens;
     char (*counts)[24] = w->counts;
-    uint16_t slot = slot_of(f, first);
-    int n = 0;
-    for (size_t i = 0; i < f->cap && n < KEYS_PER_CALL; i++) {
-        for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
-            if (!k->due || slot_of(f, k) != slot || n == KEYS_PER_CALL)
-                continue;
-            argv[1 + n] = k->key;
-            lens[1 + n] = k->len;
-            write_op(k, counts[n]);
-            n++;
-        }
+    for (int i = 0; i < n; i++) {
+        argv[1 + i] = keys[i]->key;
+        lens[1 + i] = keys[i]->len;
+        write_op(keys[i], counts[i]);
     }
     char numkeys[24];
     argv[0] = numkeys;
@@ -241,47 +269,70 @@ static void write_slot(rl_in_flight *f, rl_in_flight_key *first,
                  f->closed != NULL ? on_close_written : on_written, f);
 }
 
-/* Keys held by no request and no take are forgotten once written. */
-static void forget_idle(rl_in_flight *f)
+/* Sorts keys[0..n) by slot, stably, in two counting passes of 7 bits
+ * (slots have 14), through tmp[0..n): linear in n, where a scan of the
+ * table per slot was n x slots. */
+static void sort_by_slot(rl_in_flight_key **keys, rl_in_flight_key **tmp,
+                         size_t n)
 {
-    for (size_t i = 0; i < f->cap; i++) {
-        for (rl_in_flight_key **at = &f->table[i]; *at != NULL;) {
-            rl_in_flight_key *k = *at;
-            if (k->held == 0 && k->unanswered == 0 && !k->due
-                && k->released == 0) {
-                *at = k->next;
-                free(k);
-                f->n--;
-            } else {
-                at = &k->next;
-            }
-        }
+    for (int shift = 0; shift < 14; shift += 7) {
+        size_t at[129] = {0};
+        for (size_t i = 0; i < n; i++)
+            at[((keys[i]->slot >> shift) & 127) + 1]++;
+        for (int b = 0; b < 128; b++)
+            at[b + 1] += at[b];
+        for (size_t i = 0; i < n; i++)
+            tmp[at[(keys[i]->slot >> shift) & 127]++] = keys[i];
+        memcpy(keys, tmp, n * sizeof *keys);
     }
 }
 
+/* How many of keys[0..n) go in the first write: up to KEYS_PER_CALL, of
+ * the first one's slot on a cluster. */
+static int call_size(const rl_in_flight *f, rl_in_flight_key *const *keys,
+                     size_t n)
+{
+    bool cluster = rl_store_is_cluster(f->store);
+    size_t i = 1;
+    while (i < n && i < KEYS_PER_CALL
+           && (!cluster || keys[i]->slot == keys[0]->slot))
+        i++;
+    return (int)i;
+}
+
 /* Writes every due key, one call per cluster slot (and per
- * KEYS_PER_CALL keys). */
+ * KEYS_PER_CALL keys); a key its write leaves idle is forgotten. */
 static void flush(rl_in_flight *f)
 {
-    if (f->store == NULL)
+    if (f->store == NULL || f->due == NULL)
         return;
-    write_args *w = NULL;
-    for (size_t i = 0; i < f->cap; i++) {
-        for (rl_in_flight_key *k = f->table[i]; k != NULL;) {
-            if (!k->due) {
-                k = k->next;
-                continue;
-            }
-            if (w == NULL && (w = malloc(sizeof *w)) == NULL) {
-                rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
-                       "reason=\"%s\"", "out of memory");
-                return; /* still due: the next flush tries again */
-            }
-            write_slot(f, k, w); /* k is no longer due: the chain goes on */
-        }
+    write_args *w = malloc(sizeof *w);
+    rl_in_flight_key **keys = malloc(2 * f->n_due * sizeof *keys);
+    if (w == NULL || keys == NULL) {
+        free(w);
+        free(keys);
+        rl_log(f->log, RL_LOG_WARN, "in_flight_write_failed",
+               "reason=\"%s\"", "out of memory");
+        return; /* still due: the next flush tries again */
     }
+    size_t n = 0;
+    for (rl_in_flight_key *k = f->due; k != NULL; k = k->due_next)
+        keys[n++] = k;
+    f->due = NULL;
+    f->n_due = 0;
+    if (rl_store_is_cluster(f->store))
+        sort_by_slot(keys, keys + n, n);
+    for (size_t i = 0; i < n;) {
+        int size = call_size(f, keys + i, n - i);
+        write_keys(f, keys + i, size, w);
+        for (int j = 0; j < size; j++) {
+            if (idle(keys[i + j]))
+                forget(f, keys[i + j]);
+        }
+        i += (size_t)size;
+    }
+    free(keys);
     free(w);
-    forget_idle(f);
 }
 
 static void on_flush(uv_idle_t *idle)
@@ -296,7 +347,8 @@ static void on_renew(uv_timer_t *timer)
     for (size_t i = 0; i < f->cap; i++) {
         for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
             k->renew = k->held > 0;
-            k->due |= k->renew;
+            if (k->renew)
+                make_due(f, k);
         }
     }
     flush(f);
@@ -335,7 +387,8 @@ void rl_in_flight_close(rl_in_flight *f, uint32_t timeout_ms,
     uv_idle_stop(&f->flush);
     for (size_t i = 0; i < f->cap; i++) {
         for (rl_in_flight_key *k = f->table[i]; k != NULL; k = k->next) {
-            k->due = k->renew = true;
+            make_due(f, k);
+            k->renew = true;
             k->held = k->unanswered = 0;
         }
     }

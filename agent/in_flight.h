@@ -4,7 +4,8 @@
  * (scripts.c); a hold takes one in its request's multi call (exact.c),
  * and the agent keeps here how many of each key it holds, so that a
  * release and the renewal every lease/4 write that count back: one call
- * per cluster slot for every key due, batched on the I/O thread. Private
+ * per cluster slot for every key due (up to 512 keys a call), sent in one
+ * pipelined write per primary, in time linear in the keys due. Private
  * to librl; everything here runs on the I/O thread.
  */
 #ifndef RL_AGENT_IN_FLIGHT_H
@@ -27,6 +28,8 @@ typedef struct rl_in_flight {
     const rl_logger *log;
     rl_in_flight_key **table; /* by key hash, chained */
     size_t cap, n;
+    rl_in_flight_key *due;    /* the keys the next flush writes */
+    size_t n_due;
     uv_timer_t renew;         /* every lease / 4 */
     uv_idle_t flush;          /* the turn's releases, in one write */
     bool started;

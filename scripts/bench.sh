@@ -121,6 +121,8 @@ fi
 
 echo "bench: Redis Cluster"
 section cluster "$runner" --cluster -- "$build/bench/bench-cluster"
+echo "bench: in_flight renewal on a Redis Cluster, by keys held"
+section in_flight "$runner" --cluster -- "$build/bench/bench-in-flight"
 
 # Targets: measured (a median) against wanted, judged here.
 targets() {
@@ -175,7 +177,8 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced accuracy leased overrides nginx rls fleet cluster; do
+    for name in exact synced accuracy leased overrides nginx rls fleet cluster \
+        in_flight; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo

@@ -6,7 +6,9 @@
  * load; a gateway killed with SIGKILL frees its slots within the lease,
  * and not before its last renewal's lease; a request longer than the
  * lease keeps its slot; a rejected request and an expired hold give
- * theirs back at once; a plain check takes none.
+ * theirs back at once; a plain check takes none. On a Redis Cluster
+ * (the runner's), the same bounds hold over keys of several slots, and a
+ * renewal is one call per slot, one write per primary.
  */
 #include "redis_server.h"
 #include "test_agent.h"
@@ -32,15 +34,19 @@ static void fresh(char value[64], char key[96], const char *what)
     snprintf(key, 96, "rl:in_flight:key:%s", value);
 }
 
-/* An agent on the Redis at addr with top (top-level YAML lines, may be
- * "") and rules. */
+/* An agent on the store at addr (host:port, or a cluster's seeds
+ * separated by commas) with top (top-level YAML lines, may be "") and
+ * rules. */
 static rl_agent *open_agent_on(const char *addr, rl_config **cfg,
                                const char *top, const char *rules)
 {
-    char yaml[1024];
+    char yaml[2048];
     int n = snprintf(yaml, sizeof yaml,
-                     "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
-                     "%srules:\n%s", addr, top, rules);
+                     strchr(addr, ',') != NULL
+                         ? "store: {cluster: [%s], timeout_ms: 1000}\n"
+                           "%srules:\n%s"
+                         : "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
+                           "%srules:\n%s", addr, top, rules);
     rl_error err;
     cr_assert_eq(rl_config_parse(yaml, (size_t)n, "<test>", cfg, &err),
                  RL_OK, "%s", err.message);
@@ -131,9 +137,11 @@ static long long slots_in_redis(redisContext *c, const char *key)
     return sum;
 }
 
-static bool key_exists(const char *key)
+/* Whether key is on the store at addr (as open_agent_on's). */
+static bool key_exists_on(const char *addr, const char *key)
 {
-    redisContext *c = test_redis_connect(NULL);
+    redisContext *c = test_redis_connect_holding(addr, key);
+    cr_assert_not_null(c, "no node of %s serves %s", addr, key);
     redisReply *r = test_redis_command(c, "EXISTS %s", key);
     bool exists = r->integer != 0;
     freeReplyObject(r);
@@ -141,15 +149,27 @@ static bool key_exists(const char *key)
     return exists;
 }
 
-/* Waits up to timeout_ms for key to be gone (every slot let go). */
-static bool gone_within(const char *key, int timeout_ms)
+static bool key_exists(const char *key)
+{
+    return key_exists_on(test_env("RL_TEST_REDIS"), key);
+}
+
+/* Waits up to timeout_ms for key to be gone from the store at addr
+ * (every slot let go). */
+static bool gone_from_within(const char *addr, const char *key,
+                             int timeout_ms)
 {
     for (int waited = 0; waited < timeout_ms; waited += 5) {
-        if (!key_exists(key))
+        if (!key_exists_on(addr, key))
             return true;
         test_sleep_ms(5);
     }
-    return !key_exists(key);
+    return !key_exists_on(addr, key);
+}
+
+static bool gone_within(const char *key, int timeout_ms)
+{
+    return gone_from_within(test_env("RL_TEST_REDIS"), key, timeout_ms);
 }
 
 /* --- The fleet: ten agents, in_flight: 20 ---------------------------- */
@@ -781,6 +801,220 @@ Test(in_flight, rlctl_bucket_shows_the_slots_by_agent)
                   != NULL && strstr(out, "\"slots\":2,\"expires_in_ms\":")
                                  != NULL, "%s", out);
     for (int i = 0; i < 2; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+    close_agent(a, cfg);
+}
+
+/* --- On a Redis Cluster ------------------------------------------------ */
+
+/* Keys spread over the runner's cluster (RL_TEST_CLUSTER): GROUPS hash
+ * tags, so GROUPS slots, PER_GROUP keys in each. */
+#define GROUPS 8
+#define PER_GROUP 5
+#define CLUSTER_KEYS (GROUPS * PER_GROUP)
+
+typedef struct spread {
+    char values[CLUSTER_KEYS][64], keys[CLUSTER_KEYS][96];
+} spread;
+
+/* Value i is in group i % GROUPS: taken in that order, neighbours in the
+ * agent's list of due keys are of different slots. */
+static void spread_keys(spread *sp, const char *what)
+{
+    unsigned long long now = (unsigned long long)test_now_us();
+    for (int i = 0; i < CLUSTER_KEYS; i++) {
+        char value[64];
+        snprintf(value, sizeof value, "{%s-%llu-%d}-%d", what, now,
+                 i % GROUPS, i / GROUPS);
+        memcpy(sp->values[i], value, sizeof value);
+        snprintf(sp->keys[i], 96, "rl:key:%s", value);
+    }
+}
+
+/* The calls and writes (batches) an agent has sent to the cluster. */
+static void sent(rl_agent *a, uint64_t *calls, uint64_t *batches)
+{
+    rl_shard_counters shards[8];
+    size_t n = rl_agent_shards(a, shards, 8);
+    *calls = *batches = 0;
+    for (size_t i = 0; i < n; i++) {
+        *calls += shards[i].calls;
+        *batches += shards[i].batches;
+    }
+}
+
+/* in_flight: 1 on 40 keys in 8 slots, held by one agent past the lease
+ * (1 s): every renewal writes each slot's keys in one call, sent in one
+ * write per primary (so calls = slots x renewals, writes = primaries x
+ * renewals), and keeps every key's slot (another agent is refused on
+ * each throughout, and Redis holds one of each); ended, every key is
+ * let go. */
+Test(in_flight_cluster, a_renewal_is_one_call_per_slot_and_keeps_every_key)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    static spread sp;
+    spread_keys(&sp, "renew");
+    const char *rules = "  - {name: f, match: api_key, in_flight: 1}\n";
+    rl_config *cfg_a, *cfg_b;
+    uint64_t opened = test_now_us();
+    rl_agent *a = open_agent_on(seeds, &cfg_a, "in_flight_lease_ms: 1000\n",
+                                rules);
+    rl_agent *b = open_agent_on(seeds, &cfg_b, "in_flight_lease_ms: 1000\n",
+                                rules);
+    rl_hold *h[CLUSTER_KEYS];
+    for (int i = 0; i < CLUSTER_KEYS; i++)
+        cr_assert_not_null(h[i] = hold_of(a, sp.values[i]), "%s",
+                           sp.values[i]);
+    /* Counted once the store has read the slot map again (500 ms after
+     * it first did, as not every primary was connected then): the
+     * calls are the renewals' only. */
+    uint64_t calls0, batches0, calls1, batches1;
+    test_sleep_ms(600 - (int)((test_now_us() - opened) / 1000));
+    sent(a, &calls0, &batches0);
+    rl_shard_counters shards[8];
+    size_t primaries = rl_agent_shards(a, shards, 8);
+    uint64_t start = test_now_us();
+    while (test_now_us() - start < 1300000) {
+        for (int i = 0; i < CLUSTER_KEYS; i += GROUPS + 1)
+            cr_assert_null(hold_of(b, sp.values[i]), "%s was taken after "
+                           "%llu ms", sp.values[i], (unsigned long long)
+                           (test_now_us() - start) / 1000);
+        test_sleep_ms(50);
+    }
+    /* b's refusals went through b: a sent renewals only. */
+    sent(a, &calls1, &batches1);
+    uint64_t calls = calls1 - calls0, batches = batches1 - batches0;
+    uint64_t renewals = batches / primaries;
+    fprintf(stderr, "in_flight on a cluster: %d keys in %d slots on %zu "
+            "primaries: %llu calls in %llu writes in 1300 ms\n",
+            CLUSTER_KEYS, GROUPS, primaries, (unsigned long long)calls,
+            (unsigned long long)batches);
+    cr_assert_geq(renewals, 4, "%llu writes on %zu primaries in 1300 ms, "
+                  "renewing every 250 ms", (unsigned long long)batches,
+                  primaries);
+    cr_assert_eq(batches, renewals * primaries, "%llu writes",
+                 (unsigned long long)batches);
+    cr_assert_eq(calls, renewals * GROUPS, "%llu renewals made %llu calls "
+                 "for %d slots", (unsigned long long)renewals,
+                 (unsigned long long)calls, GROUPS);
+    for (int i = 0; i < CLUSTER_KEYS; i++) {
+        redisContext *c = test_redis_connect_holding(seeds, sp.keys[i]);
+        cr_assert_not_null(c);
+        cr_assert_eq(slots_in_redis(c, sp.keys[i]), 1, "%s", sp.keys[i]);
+        redisFree(c);
+    }
+    for (int i = 0; i < CLUSTER_KEYS; i++)
+        cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
+    for (int i = 0; i < CLUSTER_KEYS; i++)
+        cr_assert(gone_from_within(seeds, sp.keys[i], 200),
+                  "%s kept its slot", sp.keys[i]);
+    close_agent(a, cfg_a);
+    close_agent(b, cfg_b);
+}
+
+/* Three agents on the cluster, in_flight: 3 on four keys of four slots,
+ * each key wanted by six clients at once (twice N): at most 3 of each key
+ * served at once, near 3, and nothing left held after the load. */
+#define FLEET_KEYS 4
+#define FLEET_AGENTS 3
+#define FLEET_N 3
+
+Test(in_flight_cluster, agents_hold_at_most_n_of_each_key_at_once)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    static spread sp;
+    spread_keys(&sp, "fleet");
+    rl_agent *agents[FLEET_AGENTS];
+    rl_config *cfgs[FLEET_AGENTS];
+    for (int i = 0; i < FLEET_AGENTS; i++)
+        agents[i] = open_agent_on(seeds, &cfgs[i],
+                                  "in_flight_lease_ms: 1000\n",
+                                  "  - {name: f, match: api_key, "
+                                  "in_flight: 3}\n");
+    atomic_int serving[FLEET_KEYS] = {0}, peak[FLEET_KEYS] = {0};
+    atomic_bool stop = false;
+    enum { CLIENTS = FLEET_KEYS * FLEET_AGENTS * 2 };
+    client clients[CLIENTS];
+    pthread_t threads[CLIENTS];
+    for (int i = 0; i < CLIENTS; i++) {
+        int k = i % FLEET_KEYS;
+        clients[i] = (client){agents[i / (2 * FLEET_KEYS)], sp.values[k],
+                              &serving[k], &peak[k], &stop, 0, 0};
+        cr_assert_eq(pthread_create(&threads[i], NULL, serve_requests,
+                                    &clients[i]), 0);
+    }
+    test_sleep_ms(1500);
+    atomic_store(&stop, true);
+    int refused = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(threads[i], NULL);
+        refused += clients[i].refused;
+    }
+    cr_assert_gt(refused, 0, "the load never reached N");
+    for (int k = 0; k < FLEET_KEYS; k++) {
+        int p = atomic_load(&peak[k]);
+        fprintf(stderr, "in_flight on a cluster: %s: at most %d at once\n",
+                sp.values[k], p);
+        cr_assert_leq(p, FLEET_N, "%s: %d served at once", sp.values[k], p);
+        cr_assert_geq(p, FLEET_N - 1, "%s: at most %d at once",
+                      sp.values[k], p);
+        cr_assert(gone_from_within(seeds, sp.keys[k], 500),
+                  "%s: slots left held after the load", sp.keys[k]);
+    }
+    for (int i = 0; i < FLEET_AGENTS; i++)
+        close_agent(agents[i], cfgs[i]);
+}
+
+/* A holder on the cluster with one slot of each of eight keys in eight
+ * slots, in_flight: 1, lease 1000 ms, killed: every key stays held until
+ * its last renewal's lease (750 ms after the kill at least) and each is
+ * free 1000 ms after the kill at most. */
+Test(in_flight_cluster, a_killed_holders_slots_free_within_the_lease)
+{
+    const char *seeds = test_env("RL_TEST_CLUSTER");
+    static spread sp;
+    spread_keys(&sp, "killed");
+    char values[GROUPS * 64] = "", log[512];
+    for (int i = 0; i < GROUPS; i++)
+        snprintf(values + strlen(values), sizeof values - strlen(values),
+                 "%s%s", i > 0 ? "," : "", sp.values[i]);
+    test_log_path(log, sizeof log, "in-flight-holder-cluster");
+    char *argv[] = {(char *)test_env("RL_TEST_HOLDER"), (char *)seeds,
+                    values, "1", "1", "1000", NULL};
+    pid_t pid = test_spawn(argv, log);
+    test_wait_for_log(&pid, log, "held 8", 5000);
+    test_sleep_ms(600);
+    rl_config *cfg;
+    rl_agent *a = open_agent_on(seeds, &cfg, "in_flight_lease_ms: 1000\n",
+                                "  - {name: f, match: api_key, "
+                                "in_flight: 1}\n");
+    for (int i = 0; i < GROUPS; i++)
+        cr_assert_null(hold_of(a, sp.values[i]), "%s was free while the "
+                       "holder lived", sp.values[i]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t killed = test_now_us();
+    test_sleep_ms(600);
+    for (int i = 0; i < GROUPS; i++)
+        cr_assert_null(hold_of(a, sp.values[i]), "%s went before its last "
+                       "renewal's lease", sp.values[i]);
+    rl_hold *h[GROUPS] = {0};
+    int freed = 0;
+    while (freed < GROUPS && test_now_us() - killed < 2000000) {
+        test_sleep_ms(20);
+        for (int i = 0; i < GROUPS; i++) {
+            if (h[i] == NULL && (h[i] = hold_of(a, sp.values[i])) != NULL)
+                freed++;
+        }
+    }
+    uint64_t free_ms = (test_now_us() - killed) / 1000;
+    fprintf(stderr, "in_flight on a cluster: a killed holder's %d keys "
+            "free after %llu ms (lease 1000)\n", freed,
+            (unsigned long long)free_ms);
+    cr_assert_eq(freed, GROUPS, "%d of %d keys freed", freed, GROUPS);
+    cr_assert_leq(free_ms, 1000 + 80, "free after %llu ms",
+                  (unsigned long long)free_ms);
+    for (int i = 0; i < GROUPS; i++)
         cr_assert_eq(rl_hold_end(h[i], 1), RL_OK);
     close_agent(a, cfg);
 }

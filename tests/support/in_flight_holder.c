@@ -1,9 +1,11 @@
 /*
  * in_flight_holder: a gateway that holds in_flight slots and is then
- * killed (test_in_flight.c): it opens an agent on Redis ADDR with one
+ * killed (test_in_flight.c): it opens an agent on Redis ADDR (a
+ * cluster's seeds when it lists several, separated by commas) with one
  * rule, in_flight: N on api_key, and in_flight_lease_ms LEASE, takes
- * COUNT holds of api_key VALUE, says "held COUNT" on stderr and waits to
- * be killed, renewing its slots meanwhile.
+ * COUNT holds of api_key VALUE (of each, when it lists several separated
+ * by commas), says "held" and how many it holds on stderr and waits to be
+ * killed, renewing its slots meanwhile.
  *
  *     in-flight-holder ADDR VALUE N COUNT LEASE
  */
@@ -31,12 +33,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: in-flight-holder ADDR VALUE N COUNT LEASE\n");
         return 2;
     }
-    char yaml[512];
+    char yaml[1024];
     int n = snprintf(yaml, sizeof yaml,
-                     "store:\n  url: redis://%s\n  timeout_ms: 1000\n"
-                     "in_flight_lease_ms: %s\n"
-                     "rules:\n  - {name: f, match: api_key, in_flight: %s}\n",
-                     argv[1], argv[5], argv[3]);
+                     strchr(argv[1], ',') != NULL
+                         ? "store: {cluster: [%s], timeout_ms: 1000}\n"
+                         : "store:\n  url: redis://%s\n  timeout_ms: 1000\n",
+                     argv[1]);
+    n += snprintf(yaml + n, sizeof yaml - (size_t)n,
+                  "in_flight_lease_ms: %s\n"
+                  "rules:\n  - {name: f, match: api_key, in_flight: %s}\n",
+                  argv[5], argv[3]);
     rl_config *cfg;
     rl_agent *a;
     rl_error err;
@@ -48,12 +54,15 @@ int main(int argc, char **argv)
     }
     sem_init(&decided, 0, 0);
     int count = atoi(argv[4]);
-    rl_attr attr = {"api_key", argv[2], strlen(argv[2])};
-    for (int i = 0; i < count; i++) {
-        if (rl_check_hold(a, &attr, 1, 1, on_hold, NULL) != RL_OK)
-            return 1;
-        while (sem_wait(&decided) != 0)
-            ;
+    for (char *value = strtok(argv[2], ","); value != NULL;
+         value = strtok(NULL, ",")) {
+        rl_attr attr = {"api_key", value, strlen(value)};
+        for (int i = 0; i < count; i++) {
+            if (rl_check_hold(a, &attr, 1, 1, on_hold, NULL) != RL_OK)
+                return 1;
+            while (sem_wait(&decided) != 0)
+                ;
+        }
     }
     fprintf(stderr, "held %d\n", held);
     for (;;)
