@@ -26,12 +26,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* The key of value under the rules' match: api_key. */
+static void key_of(char key[96], const char *value)
+{
+    snprintf(key, 96, "rl:in_flight:key:%s", value);
+}
+
 /* A value no earlier run of the suite used (the test Redis is shared),
  * and its key under the rules' match: api_key. */
 static void fresh(char value[64], char key[96], const char *what)
 {
     snprintf(value, 64, "%s-%llu", what, (unsigned long long)test_now_us());
-    snprintf(key, 96, "rl:in_flight:key:%s", value);
+    key_of(key, value);
 }
 
 /* An agent on the store at addr (host:port, or a cluster's seeds
@@ -827,7 +833,7 @@ static void spread_keys(spread *sp, const char *what)
         snprintf(value, sizeof value, "{%s-%llu-%d}-%d", what, now,
                  i % GROUPS, i / GROUPS);
         memcpy(sp->values[i], value, sizeof value);
-        snprintf(sp->keys[i], 96, "rl:key:%s", value);
+        key_of(sp->keys[i], value);
     }
 }
 
