@@ -399,10 +399,9 @@ static size_t pick_report(rl_sync *s, agg_link *l, bool windows,
 }
 
 /* Puts the give-backs pick_report chose for e after its counts, from
- * entry k of the report on (answered
- * as entries of no count), or, to aggregators that do not read them,
- * drops what it owes: the fleet keeps counting those estimates. Returns
- * the entries put. */
+ * entry k of the report on (answered as entries of no count), or, to
+ * aggregators that do not read them, drops what it owes: the fleet keeps
+ * counting those estimates. Returns the entries put. */
 static size_t put_givebacks(stream *st, size_t k, rl_synced_entry *e,
                             bool givebacks)
 {

@@ -415,12 +415,19 @@ void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
         msgpack_pack_uint64(&w->pk, w->stream);
 }
 
+/* A report entry of n fields, up to its count. */
+static void begin_entry(rl_wire_writer *w, size_t n, const char *rule,
+                        const char *value, size_t value_len)
+{
+    msgpack_pack_array(&w->pk, n);
+    put_str(w, rule, strlen(rule));
+    put_bin(w, value, value_len);
+}
+
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
                        size_t value_len, uint64_t count)
 {
-    msgpack_pack_array(&w->pk, 3);
-    put_str(w, rule, strlen(rule));
-    put_bin(w, value, value_len);
+    begin_entry(w, 3, rule, value, value_len);
     msgpack_pack_uint64(&w->pk, count);
 }
 
@@ -428,9 +435,7 @@ void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
                           const char *value, size_t value_len,
                           uint64_t count, uint64_t at_ms)
 {
-    msgpack_pack_array(&w->pk, 4);
-    put_str(w, rule, strlen(rule));
-    put_bin(w, value, value_len);
+    begin_entry(w, 4, rule, value, value_len);
     msgpack_pack_uint64(&w->pk, count);
     msgpack_pack_uint64(&w->pk, at_ms);
 }
@@ -439,9 +444,7 @@ void rl_wire_put_giveback_at(rl_wire_writer *w, const char *rule,
                              const char *value, size_t value_len,
                              uint64_t back, uint64_t at_ms)
 {
-    msgpack_pack_array(&w->pk, 4);
-    put_str(w, rule, strlen(rule));
-    put_bin(w, value, value_len);
+    begin_entry(w, 4, rule, value, value_len);
     msgpack_pack_int64(&w->pk, -(int64_t)back);
     msgpack_pack_uint64(&w->pk, at_ms);
 }

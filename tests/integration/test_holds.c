@@ -563,11 +563,10 @@ static bool tenant_allowed(rl_agent *a, const char *value, uint32_t cost)
 /* A hold whose estimate is reported before it ends: its give-back goes
  * in a later report, off the sub-window the estimate was counted in.
  * Redis's count ends at the actual cost, and the agent gets the room it
- * frees once the fleet's totals hold it (an agent takes a key's totals
- * of one sub-window only as they grow: those of the next, 500 ms here,
- * bring it), and not one more. The rule is its own (the fleet's agents
- * of a rule are counted in Redis, which the suite shares): this agent is
- * its only one. */
+ * frees once the fleet's totals hold it (the TOTALS after the give-back's
+ * ack, though lower than the sub-window's totals before), and not one
+ * more. The rule is its own (the fleet's agents of a rule are counted in
+ * Redis, which the suite shares): this agent is its only one. */
 Test(holds, a_synced_rule_gives_back_after_its_report)
 {
     test_aggregator agg;
