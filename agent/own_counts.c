@@ -49,7 +49,9 @@ void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t basis,
         for (uint64_t w = o->newest + 1;
              w <= window && w - o->newest <= RL_OWN_WINDOWS; w++) {
             *slot(o, w) = 0;
-            o->recorded_ns[w % RL_OWN_WINDOWS] = 0;
+            uint64_t *gone_ns = &o->recorded_ns[w % RL_OWN_WINDOWS];
+            o->left_ns = *gone_ns > o->left_ns ? *gone_ns : o->left_ns;
+            *gone_ns = 0;
             o->back[w % RL_OWN_WINDOWS] = 0;
         }
         o->newest = window;
@@ -89,6 +91,8 @@ void rl_own_recorded_at(rl_own_counts *o, uint64_t ns)
 uint64_t rl_own_window_of(const rl_own_counts *o, uint64_t ns)
 {
     /* Records come in time order into sub-windows that only grow. */
+    if (ns <= o->left_ns)
+        return 0;
     for (uint64_t w = oldest(o) > 0 ? oldest(o) : 1;
          o->newest > 0 && w <= o->newest; w++) {
         uint64_t at_ns = o->recorded_ns[w % RL_OWN_WINDOWS];

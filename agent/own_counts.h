@@ -38,6 +38,7 @@ typedef struct rl_own_counts {
      * and the give-backs owed to it, not yet reported. */
     uint64_t recorded_ns[RL_OWN_WINDOWS];
     uint64_t back[RL_OWN_WINDOWS];
+    uint64_t left_ns; /* the last record into a sub-window the ring left */
 } rl_own_counts;
 
 /* One part of a split: count counts made in sub-window window. */
