@@ -702,7 +702,8 @@ Test(synced, a_give_back_comes_off_its_sub_window_never_below_zero)
     /* w: the aggregator's sub-window; at: the count's. */
     static const struct {
         uint64_t w, at;
-        long long count, recent, left_at_w, left_at_next;
+        long long count, recent;
+        unsigned long long left_at_w, left_at_next; /* the fields after */
     } steps[] = {
         {W, W, 5, 5, 5, 0},
         {W + 1, W + 1, 3, 8, 5, 3},
