@@ -35,6 +35,8 @@ void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t basis,
     if (o->basis != basis) {
         uint64_t kept = total(o);
         memset(o->by_window, 0, sizeof o->by_window);
+        memset(o->recorded_ns, 0, sizeof o->recorded_ns);
+        rl_own_backs_clear(o);
         o->newest = window;
         o->basis = basis;
         *slot(o, window) = kept;
@@ -45,8 +47,13 @@ void rl_own_record(rl_own_counts *o, uint64_t window, uint64_t basis,
         /* The sub-windows skipped held nothing; at most a ring's worth to
          * clear. */
         for (uint64_t w = o->newest + 1;
-             w <= window && w - o->newest <= RL_OWN_WINDOWS; w++)
+             w <= window && w - o->newest <= RL_OWN_WINDOWS; w++) {
             *slot(o, w) = 0;
+            uint64_t *gone_ns = &o->recorded_ns[w % RL_OWN_WINDOWS];
+            o->left_ns = *gone_ns > o->left_ns ? *gone_ns : o->left_ns;
+            *gone_ns = 0;
+            o->back[w % RL_OWN_WINDOWS] = 0;
+        }
         o->newest = window;
     }
     if (counted > o->counted)
@@ -73,6 +80,49 @@ size_t rl_own_split(const rl_own_counts *o, uint64_t upto,
     if (left > 0)
         parts[n++] = (rl_own_part){oldest(o) > 0 ? oldest(o) - 1 : 0, left};
     return n;
+}
+
+void rl_own_recorded_at(rl_own_counts *o, uint64_t ns)
+{
+    if (o->newest > 0)
+        o->recorded_ns[o->newest % RL_OWN_WINDOWS] = ns;
+}
+
+uint64_t rl_own_window_of(const rl_own_counts *o, uint64_t ns)
+{
+    /* Records come in time order into sub-windows that only grow. */
+    if (ns <= o->left_ns)
+        return 0;
+    for (uint64_t w = oldest(o) > 0 ? oldest(o) : 1;
+         o->newest > 0 && w <= o->newest; w++) {
+        uint64_t at_ns = o->recorded_ns[w % RL_OWN_WINDOWS];
+        if (at_ns != 0 && at_ns >= ns)
+            return w;
+    }
+    return 0;
+}
+
+void rl_own_give_back(rl_own_counts *o, uint64_t window, uint64_t n)
+{
+    if (window > 0 && window <= o->newest && window >= oldest(o))
+        o->back[window % RL_OWN_WINDOWS] += n;
+}
+
+size_t rl_own_backs(const rl_own_counts *o,
+                    rl_own_part parts[RL_OWN_WINDOWS + 1])
+{
+    size_t n = 0;
+    for (uint64_t w = o->newest; o->newest > 0 && w >= oldest(o) && w > 0;
+         w--) {
+        if (o->back[w % RL_OWN_WINDOWS] > 0)
+            parts[n++] = (rl_own_part){w, o->back[w % RL_OWN_WINDOWS]};
+    }
+    return n;
+}
+
+void rl_own_backs_clear(rl_own_counts *o)
+{
+    memset(o->back, 0, sizeof o->back);
 }
 
 uint64_t rl_own_since(const rl_own_counts *o, uint64_t lo)

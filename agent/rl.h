@@ -452,7 +452,10 @@ RL_API int rl_check_rule_hold(rl_agent *agent, const char *rule,
  * the key, with no call (an excess it cannot pay goes in its next lease;
  * a key whose hand is gone sends it to the bucket in the next batch);
  * local rules' are settled in the agent, synced rules' in the next report
- * (an excess only: a synced rule keeps a give-back, see design.md). A
+ * (a give-back too, in the sub-window its estimate was counted in, while
+ * that is within the rule's period; an aggregator of an older version
+ * reads none, and then the fleet keeps counting the estimate: see
+ * design.md, Holds). A
  * rule the store did not answer takes no difference. Never blocks and
  * never waits for the store: the caller may call it from any thread, a
  * decision's callback included. After rl_agent_close, or once the hold expired, it

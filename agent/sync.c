@@ -82,6 +82,7 @@
 typedef struct reported {
     rl_synced_entry *entry;
     uint64_t count;
+    bool back;          /* a give-back's entry (count 0) */
 } reported;
 
 typedef enum req_state { REQ_IDLE, REQ_SENDING, REQ_WAITING } req_state;
@@ -268,6 +269,9 @@ static void on_sub(void *arg)
 static bool to_report(const rl_synced_entry *e)
 {
     uint64_t counted = rl_synced_counted(e);
+    rl_own_part backs[RL_OWN_WINDOWS + 1];
+    if (rl_own_backs(&e->own, backs) > 0)
+        return true;
     /* A refused key asks too: under on_error: deny it counts nothing, and
      * would never hear that its rule is taken again. */
     return counted > e->reported
@@ -309,6 +313,32 @@ static bool windows_read(const rl_sync *s)
     return true;
 }
 
+/* Whether every aggregator of the config reads give-backs (negative
+ * counts): an aggregator that does not refuses the whole report. */
+static bool givebacks_read(const rl_sync *s)
+{
+    for (size_t i = 0; i < s->n_links; i++) {
+        if (!(s->links[i].features & RL_WIRE_FEATURE_GIVEBACK))
+            return false;
+    }
+    return true;
+}
+
+/* The give-backs a key's report entries take off their sub-windows
+ * (newest first; none when the report names no sub-window). Only once
+ * no other report holds the key's counts: the one whose estimate a
+ * give-back takes back is then applied, or in this report, before it
+ * (a give-back applied first would find nothing to take, and be lost to
+ * the floor at 0). */
+static size_t giveback_parts(const rl_synced_entry *e, bool windows,
+                             rl_own_part *parts)
+{
+    if (!windows || e->ident->io_rule == NULL || !rl_synced_by_redis(e)
+        || e->in_report > 0)
+        return 0;
+    return rl_own_backs(&e->own, parts);
+}
+
 /* The entries a key's unreported counts go out in: one per sub-window
  * they were made in (newest first) when the aggregators read it, else
  * one (window 0: counted where it arrives); at most `most`, the oldest
@@ -339,7 +369,8 @@ static size_t report_parts(const rl_synced_entry *e, bool windows,
  * each entry's rule name, value and counts, with room for msgpack's
  * framing, after the presence names), their counts recorded by sub-window
  * first; the rest go in the next report. Returns its entries. */
-static size_t pick_report(rl_sync *s, agg_link *l, bool windows)
+static size_t pick_report(rl_sync *s, agg_link *l, bool windows,
+                          bool givebacks)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
     const rl_aggregator_config *agg = &s->config->aggregator;
@@ -354,13 +385,42 @@ static size_t pick_report(rl_sync *s, agg_link *l, bool windows)
             continue;
         rl_synced_record(s->synced, e, loop_ms, 0);
         size_t k = report_parts(e, windows, agg->max_entries - n, parts);
-        bytes += k * (strlen(e->ident->name) + e->value_len + 40);
+        size_t b = givebacks ? giveback_parts(e, windows, parts) : 0;
+        if (b > agg->max_entries - n - k)
+            b = 0; /* the next report takes them */
+        bytes += (k + b) * (strlen(e->ident->name) + e->value_len + 40);
         if (bytes > agg->max_message_bytes)
             break;
         e->report_parts = (uint8_t)k;
-        n += k;
+        e->report_backs = (uint8_t)b;
+        n += k + b;
     }
     return n;
+}
+
+/* Puts the give-backs pick_report chose for e after its counts, from
+ * entry k of the report on (answered as entries of no count), or, to
+ * aggregators that do not read them, drops what it owes: the fleet keeps
+ * counting those estimates. Returns the entries put. */
+static size_t put_givebacks(stream *st, size_t k, rl_synced_entry *e,
+                            bool givebacks)
+{
+    rl_own_part backs[RL_OWN_WINDOWS + 1];
+    size_t b = e->report_backs;
+    e->report_backs = 0;
+    /* Not yet: they wait for a later report (a rule reloaded away has
+     * none to wait for). */
+    if (givebacks && b == 0 && e->ident->io_rule != NULL)
+        return 0;
+    rl_own_backs(&e->own, backs);
+    for (size_t i = 0; i < b; i++) {
+        rl_wire_put_giveback_at(st->pending, e->ident->name, e->value,
+                                e->value_len, backs[i].count,
+                                rl_synced_window_start(e, backs[i].window));
+        st->in_report[k + i] = (reported){e, 0, true};
+    }
+    rl_own_backs_clear(&e->own);
+    return b;
 }
 
 /* Builds the next report of l's stream from what l's keys counted since
@@ -370,7 +430,8 @@ static bool build_report(rl_sync *s, agg_link *l)
     rl_synced_table *t = atomic_load(&s->synced->table);
     stream *st = &l->own;
     bool windows = windows_read(s);
-    size_t n = pick_report(s, l, windows);
+    bool givebacks = windows && givebacks_read(s);
+    size_t n = pick_report(s, l, windows, givebacks);
     /* Stopping, presence alone is not sent (finish_stopping). */
     if (n == 0 && (s->n_presence == 0 || s->stopping))
         return false;
@@ -379,7 +440,7 @@ static bool build_report(rl_sync *s, agg_link *l)
         for (size_t i = 0; i < t->cap; i++) {
             rl_synced_entry *e = atomic_load(&t->slots[i]);
             if (e != NULL)
-                e->report_parts = 0;
+                e->report_parts = e->report_backs = 0;
         }
         return false;
     }
@@ -408,8 +469,9 @@ static bool build_report(rl_sync *s, agg_link *l)
                                   e->value_len, parts[p].count);
             e->reported += parts[p].count;
             e->in_report += parts[p].count;
-            st->in_report[k++] = (reported){e, parts[p].count};
+            st->in_report[k++] = (reported){e, parts[p].count, false};
         }
+        k += put_givebacks(st, k, e, givebacks);
     }
     rl_wire_put_presence(st->pending, s->presence, s->n_presence);
     st->n_in_report = k;
@@ -633,6 +695,8 @@ static void acknowledged(rl_sync *s, agg_link *l, stream *st,
             log_refused(s, l, e, st->in_report[i].count);
         } else {
             e->acked += st->in_report[i].count;
+            if (st->in_report[i].back && ack->now_ms != 0)
+                e->back_ms = ack->now_ms;
         }
         e->in_report -= st->in_report[i].count;
     }

@@ -391,8 +391,14 @@ void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
     }
     /* The counters sum modulo 2^64: this thread's slot going below 0
      * leaves the key's count exact. */
-    uint64_t back = unrecorded_room(e, checked_ns, (uint64_t)-delta);
+    uint64_t want = (uint64_t)-delta;
+    uint64_t back = unrecorded_room(e, checked_ns, want);
     rl_slot_add(e->counts, rl_thread_slot(), (uint64_t)0 - back);
+    /* The rest was recorded, in the sub-window the next report takes it
+     * off (sync.c), if the aggregators read give-backs. */
+    if (back < want)
+        rl_own_give_back(&e->own, rl_own_window_of(&e->own, checked_ns),
+                         want - back);
 }
 
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms)
@@ -456,13 +462,19 @@ bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
             return false;
         renumber(e, g, now_ms);
     }
-    if (window > e->window) {
+    /* A reading after this agent's give-back was applied, and after the
+     * totals held: it holds the give-back, and may be lower. */
+    bool after_back = e->back_ms != 0 && now_ms >= e->back_ms
+                      && now_ms >= e->totals_ms;
+    if (window > e->window || (window == e->window && after_back)) {
         e->window = window;
         e->current = current;
         e->previous = previous;
+        e->totals_ms = now_ms;
     } else if (window == e->window) {
         e->current = current > e->current ? current : e->current;
         e->previous = previous > e->previous ? previous : e->previous;
+        e->totals_ms = now_ms > e->totals_ms ? now_ms : e->totals_ms;
     }
     /* Older totals say nothing the newer ones do not. */
     return true;
@@ -518,6 +530,7 @@ void rl_synced_record(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     /* Lengths are whole ms: an odd basis is Redis's clock. */
     uint64_t basis = 2 * g + (s->server_ms != 0);
     rl_own_record(&e->own, at / g, basis, rl_synced_counted(e));
+    rl_own_recorded_at(&e->own, e->recorded_ns);
 }
 
 bool rl_synced_by_redis(const rl_synced_entry *e)
@@ -693,7 +706,8 @@ static void free_buried(void *owner, void *table, void *entry, bool all)
 static bool is_idle(const rl_synced_entry *e, uint64_t loop_ms)
 {
     const rl_rule *r = e->ident->io_rule;
-    return e->in_report == 0
+    rl_own_part backs[RL_OWN_WINDOWS + 1];
+    return e->in_report == 0 && rl_own_backs(&e->own, backs) == 0
            && rl_synced_counted(e) == e->acked + e->refused_counts
            && e->active_ms != 0
            && (r == NULL || loop_ms - e->active_ms > 2 * r->period_ms);

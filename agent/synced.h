@@ -42,6 +42,9 @@ typedef struct rl_synced_entry {
     uint8_t owner;       /* the aggregator it is reported to, as the last
                           * tick (or stop) assigned it */
     uint64_t window;     /* the sub-window the totals below were read in */
+    uint64_t totals_ms;  /* the Redis ms of the message that brought them */
+    uint64_t back_ms;    /* the Redis ms of the ack of this agent's last
+                          * give-back: totals read after it may be lower */
     uint64_t window_g;   /* its length in ms, the period's it is of */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;   /* oldest: fleet total of sub-window w-N */
@@ -71,6 +74,7 @@ typedef struct rl_synced_entry {
     uint64_t seed_counted; /* what this agent counted that they hold */
     uint64_t degraded_counted; /* counted by the last degraded tick */
     uint8_t report_parts; /* in the report being built: its entries */
+    uint8_t report_backs; /* and its give-backs' (after them) */
     uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
                           * saw new counts */
     /* Counted so far, ever: one counter per thread slot, each written by
@@ -184,7 +188,9 @@ rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,
 /* I/O thread: new totals for an entry (wire.h: the sub-window they were
  * read in, recent, oldest, and now_ms, the clock of the message that
  * brought them; the newest sub-window wins, and within one the largest
- * counts: totals only grow). False, and nothing noted, when their
+ * counts: totals only grow, but for this agent's give-backs, which totals
+ * read after their ack hold, and the newest such reading wins). False,
+ * and nothing noted, when their
  * sub-window is not one of the rule's period here (synced.c). */
 bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
                            uint64_t now_ms, uint64_t current,
@@ -241,9 +247,12 @@ void rl_synced_sweep(rl_synced *s, uint64_t loop_ms);
  * while the estimate is still unrecorded (checked after the last record),
  * never below what is unrecorded: the next report carries the actual
  * cost, in the sub-window the estimate would have gone to, and this
- * agent's checks see it at once. A give-back of an estimate already
- * recorded is not taken: reports carry counts that only grow; the fleet
- * keeps counting the estimate, admitting less (design.md). */
+ * agent's checks see it at once. The rest, of an estimate already
+ * recorded, is owed to the sub-window it was recorded in (own_counts.h):
+ * the next report takes it off there, if every aggregator reads
+ * give-backs (sync.c), and the agent's room grows once the fleet's totals
+ * hold it; else it is dropped and the fleet keeps counting the estimate,
+ * admitting less (design.md). */
 void rl_synced_settle(rl_synced *s, rl_ident *id, const char *value,
                       size_t value_len, int64_t delta, uint64_t checked_ns);
 

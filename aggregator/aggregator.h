@@ -153,10 +153,14 @@ void rl_ingest_drain_ready(rl_aggregator *agg);
 /* broadcast.c */
 rl_broadcast *rl_broadcast_new(void);
 void rl_broadcast_free(rl_broadcast *b);
-/* Remembers the latest totals of a key, to publish at the next interval. */
+/* Remembers the latest totals of a key, to publish at the next interval:
+ * within a sub-window the largest, as answers may come out of order, but
+ * for those of a call that applied a give-back (given_back), which may be
+ * lower and are the newest. */
 void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
                        const char *value, size_t value_len, uint64_t window,
-                       uint64_t current, uint64_t previous, uint64_t agents);
+                       uint64_t current, uint64_t previous, uint64_t agents,
+                       bool given_back);
 /* After a reload (agg->config is the new config, agg->broadcast new and
  * empty): each rule kept by name keeps the agent count from `from`, the
  * broadcast under `old`, so that the next heartbeat does not say 0 agents

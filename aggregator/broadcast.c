@@ -97,7 +97,8 @@ static bool grow(rule_changes *c)
 
 void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
                        const char *value, size_t value_len, uint64_t window,
-                       uint64_t current, uint64_t previous, uint64_t agents)
+                       uint64_t current, uint64_t previous, uint64_t agents,
+                       bool given_back)
 {
     rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
     if (c == NULL || value_len > RL_WIRE_VALUE_MAX)
@@ -124,7 +125,8 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
         n->value_len = (uint16_t)value_len;
         memcpy(n->value, value, value_len);
     } else if (n->window > window
-               || (n->window == window && n->current > current)) {
+               || (n->window == window && n->current > current
+                   && !given_back)) {
         return; /* an older answer than the one kept */
     }
     n->window = window;
@@ -182,7 +184,8 @@ static void publish_features(rl_aggregator *agg, rl_wire_writer *w)
 {
     rl_wire_writer_reset(w);
     rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS
-                                  | RL_WIRE_FEATURE_GOODBYE);
+                                  | RL_WIRE_FEATURE_GOODBYE
+                                  | RL_WIRE_FEATURE_GIVEBACK);
     int rv = publish(agg, w);
     if (rv != 0)
         rl_log(&agg->log, RL_LOG_WARN, "features_not_sent",

@@ -205,7 +205,8 @@ static void on_applied(void *arg, bool duplicate,
         rl_broadcast_note(agg, rule, entries[i].value.ptr,
                           entries[i].value.len, totals[i].window,
                           totals[i].current, totals[i].previous,
-                          totals[i].agents);
+                          totals[i].agents,
+                          !duplicate && entries[i].back > 0);
     }
     for (size_t i = 0; i < w->n_presence; i++)
         rl_broadcast_agents(agg, w->presence[i], presence_agents[i]);

@@ -27,6 +27,7 @@
 #include "window_args.h"
 #include "wire.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +81,13 @@
  * limit admits less, never more), and m is worked out afresh. Two aggregators
  * whose configs differ for a moment renumber a hash back and forth; each
  * time moves counts later, never earlier. An m of three numbers (written
- * by rl_agg_6) is taken as numbered in the call's g. */
+ * by rl_agg_6) is taken as numbered in the call's g.
+ *
+ * A hash's count may be negative: give-backs (wire.h) beyond the call's
+ * other counts of it. It comes off its sub-window's field, never below 0
+ * (the estimate it gives back may have been counted elsewhere: a report
+ * that the aggregator's clock put in another sub-window), and off r or o
+ * as a count adds to them, so that they still equal the fields. */
 #define LUA_APPLY_BODY \
     "  local started = redis.call('TIME')\n" \
     "  local nparts, nsets = tonumber(ARGV[1]), tonumber(ARGV[2])\n" \
@@ -215,12 +222,17 @@
     "  end\n" \
     "  local function entry(key, counted, w, ws, cw, cs, ttl)\n" \
     "    local count = tonumber(counted)\n" \
-    "    if count > 0 then\n" \
-    "      local hs, r, o, from = head(head_of(key))\n" \
-    "      if from ~= nil and from ~= '' and from ~= sub then\n" \
-    "        hs, r, o = renumber(key, tonumber(from), w, ws)\n" \
-    "      end\n" \
-    "      local now = redis.call('HINCRBY', key, cs, counted)\n" \
+    "    local hs, r, o, from = head(head_of(key))\n" \
+    "    if from ~= nil and from ~= '' and from ~= sub then\n" \
+    "      hs, r, o = renumber(key, tonumber(from), w, ws)\n" \
+    "    end\n" \
+    "    if count < 0 then\n" \
+    "      count = math.max(count, -tonumber(redis.call('HGET', key, cs)\n" \
+    "                                        or 0))\n" \
+    "    end\n" \
+    "    if count ~= 0 then\n" \
+    "      local now = redis.call('HINCRBY', key, cs,\n" \
+    "                             string.format('%.0f', count))\n" \
     "      if cs ~= ws then now = nil end\n" \
     "      if now ~= nil and (hs == ws or tonumber(hs) == w) then\n" \
     "        return tonumber(r) + now, tonumber(o)\n" \
@@ -230,11 +242,6 @@
     "        return move_head(key, hs, r, h, w, ws, ttl, now)\n" \
     "      end\n" \
     "      return before_head(key, hs, r, o, cw, count, w, ttl)\n" \
-    "    end\n" \
-    "    local hs, r, o, from = head(head_of(key))\n" \
-    "    if from ~= nil and from ~= '' and from ~= sub then\n" \
-    "      local _, r, o, now = renumber(key, tonumber(from), w, ws)\n" \
-    "      return r + now, o\n" \
     "    end\n" \
     "    if hs == ws or tonumber(hs) == w then\n" \
     "      return tonumber(r) + tonumber(redis.call('HGET', key, ws) or 0),\n" \
@@ -335,7 +342,7 @@ typedef struct merge {
     size_t *group_first, *group_filled;      /* their places */
     const rl_window_count **key_first; /* per distinct hash, in order met */
     size_t *key_group, *key_slot, *by_slot, n_keys;
-    uint64_t *key_sum;
+    int64_t *key_sum;                  /* counts less give-backs */
     size_t *table, mask;               /* distinct hash + 1; 0: empty */
     const rl_window_set **sets;
     size_t n_sets;
@@ -458,11 +465,19 @@ static size_t set_of(merge *g, const rl_window_set *s)
     return k;
 }
 
+/* count added to sum, which stops at +-RL_WIRE_COUNT_MAX, as one count
+ * does: past 2^53 the script's numbers would not be exact. */
+static int64_t sum_within(int64_t sum, int64_t count)
+{
+    const int64_t most = (int64_t)RL_WIRE_COUNT_MAX;
+    int64_t s = sum + count; /* both within 2^53: no overflow */
+    return s > most ? most : s < -most ? -most : s;
+}
+
 /* Finds the distinct hashes and set rules; a count's slot becomes its
  * hash's place in the call (hashes ordered by group), a set's its rule's.
- * The counts of parts known to be duplicates are left out of the sums.
- * A sum stops at RL_WIRE_COUNT_MAX, as one count does: past 2^53 the
- * script's numbers would not be exact. */
+ * The counts of parts known to be duplicates are left out of the sums; a
+ * give-back comes off its hash's sum (the script floors the field at 0). */
 static void merge_parts(merge *g, rl_window_part *parts)
 {
     for (rl_window_part *p = live(parts); p != NULL; p = live(p->next)) {
@@ -473,9 +488,9 @@ static void merge_parts(merge *g, rl_window_part *parts)
             size_t d = key_of(g, c, group_of(g, c));
             c->slot = d;
             if (!p->duplicate)
-                g->key_sum[d] = c->count < RL_WIRE_COUNT_MAX - g->key_sum[d]
-                                    ? g->key_sum[d] + c->count
-                                    : RL_WIRE_COUNT_MAX;
+                g->key_sum[d] = sum_within(g->key_sum[d],
+                                           (int64_t)c->count
+                                               - (int64_t)c->back);
         }
     }
     /* Each group's hashes after the groups before it. */
@@ -550,7 +565,7 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
         rl_args_add_u64(a, g->group_g[k]);
     }
     for (size_t s = 0; s < g->n_keys; s++)
-        rl_args_add_u64(a, g->key_sum[g->by_slot[s]]);
+        rl_args_addf(a, "%" PRId64, g->key_sum[g->by_slot[s]]);
 }
 
 static bool all_integers(const redisReply *r)

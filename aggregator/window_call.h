@@ -36,6 +36,7 @@ typedef struct rl_window_count {
     const char *key;
     size_t key_len;
     uint64_t ttl_ms, window, count_window, count;
+    uint64_t back;           /* a give-back: taken off count_window's */
     uint64_t g_ms;           /* the sub-windows' length: the rule's */
     uint64_t recent, oldest; /* the answer */
     size_t slot;             /* its place in the call */

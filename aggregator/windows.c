@@ -365,17 +365,19 @@ static size_t keys_cap(const report_view *v, const part *pt)
  * period of the rule, g), but not after now's (the agent's clock ahead),
  * and none (a count of 0: its totals are only read) once more than N
  * sub-windows before now's, where no span read from now on has it even as
- * its oldest. Without a time, now's. */
+ * its oldest: a give-back too, as its estimate no longer counts. Without a
+ * time, now's. */
 static void place_count(rl_window_count *c, const rl_wire_entry *e,
                         uint64_t g)
 {
     c->count_window = c->window;
     c->count = e->count;
+    c->back = e->back;
     uint64_t made = e->at_ms / g;
     if (e->at_ms == 0 || made >= c->window)
         return;
     if (c->window - made > RL_WIRE_SUBWINDOWS)
-        c->count = 0;
+        c->count = c->back = 0;
     else
         c->count_window = made;
 }

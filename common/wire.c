@@ -135,8 +135,41 @@ static bool rd_fields(struct reader *r, size_t want)
     return n == want || fail(r, "wrong number of fields");
 }
 
+/* A negative integer's magnitude (msgpack's negative fixint, int 8 to
+ * int 64), at most max. */
+static bool rd_negative(struct reader *r, uint64_t max, uint64_t *v)
+{
+    uint8_t b = *r->p++;
+    if (b >= 0xe0) {
+        *v = 0x100u - b;
+        return true;
+    }
+    static const size_t widths[] = {1, 2, 4, 8};
+    uint64_t x;
+    if (b < 0xd0 || b > 0xd3 || !rd_be(r, widths[b - 0xd0], &x))
+        return fail(r, "expected an integer");
+    size_t bits = 8 * widths[b - 0xd0];
+    /* Two's complement of `bits` bits: its sign bit must be set. */
+    if (!(x >> (bits - 1) & 1))
+        return fail(r, "a signed integer that is not negative");
+    *v = (bits < 64 ? (1ULL << bits) : 0) - x;
+    return *v <= max || fail(r, "number out of range");
+}
+
+/* A report entry's count: a give-back's when negative (wire.h), whose
+ * magnitude goes to back. */
+static bool rd_count(struct reader *r, rl_wire_entry *e)
+{
+    if (left(r) < 1)
+        return fail(r, "message cut short");
+    if (*r->p >= 0xe0 || (*r->p >= 0xd0 && *r->p <= 0xd3))
+        return rd_negative(r, RL_WIRE_COUNT_MAX, &e->back);
+    return rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count);
+}
+
 /* [rule, value, count] or, with a time in the sub-window the count was
- * made in, [rule, value, count, at] (at > 0). */
+ * made in, [rule, value, count, at] (at > 0); a give-back (a negative
+ * count) always names its sub-window. */
 static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
 {
     size_t n;
@@ -144,8 +177,9 @@ static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
         return false;
     return (n == 3 || n == 4 || fail(r, "wrong number of fields"))
            && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
-           && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
-           && rd_bounded(r, RL_WIRE_COUNT_MAX, &e->count)
+           && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value) && rd_count(r, e)
+           && (e->back == 0 || n == 4
+               || fail(r, "a give-back without its sub-window"))
            && (n == 3 || (rd_uint(r, &e->at_ms)
                           && (e->at_ms > 0 || fail(r, "at 0"))));
 }
@@ -381,12 +415,19 @@ void rl_wire_put_presence(rl_wire_writer *w, const char *const *rules,
         msgpack_pack_uint64(&w->pk, w->stream);
 }
 
+/* A report entry of n fields, up to its count. */
+static void begin_entry(rl_wire_writer *w, size_t n, const char *rule,
+                        const char *value, size_t value_len)
+{
+    msgpack_pack_array(&w->pk, n);
+    put_str(w, rule, strlen(rule));
+    put_bin(w, value, value_len);
+}
+
 void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
                        size_t value_len, uint64_t count)
 {
-    msgpack_pack_array(&w->pk, 3);
-    put_str(w, rule, strlen(rule));
-    put_bin(w, value, value_len);
+    begin_entry(w, 3, rule, value, value_len);
     msgpack_pack_uint64(&w->pk, count);
 }
 
@@ -394,10 +435,17 @@ void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
                           const char *value, size_t value_len,
                           uint64_t count, uint64_t at_ms)
 {
-    msgpack_pack_array(&w->pk, 4);
-    put_str(w, rule, strlen(rule));
-    put_bin(w, value, value_len);
+    begin_entry(w, 4, rule, value, value_len);
     msgpack_pack_uint64(&w->pk, count);
+    msgpack_pack_uint64(&w->pk, at_ms);
+}
+
+void rl_wire_put_giveback_at(rl_wire_writer *w, const char *rule,
+                             const char *value, size_t value_len,
+                             uint64_t back, uint64_t at_ms)
+{
+    begin_entry(w, 4, rule, value, value_len);
+    msgpack_pack_int64(&w->pk, -(int64_t)back);
     msgpack_pack_uint64(&w->pk, at_ms);
 }
 

@@ -27,6 +27,13 @@
  *           sub-window it arrives in. Agents send it only to aggregators
  *           that said they read it (FEATURES): an older aggregator refuses
  *           an entry of four fields.
+ *           A negative count (with its at, always) is a give-back: a
+ *           hold's estimate counted in that sub-window and already
+ *           reported, less its actual cost. It is taken off that
+ *           sub-window's count, never below 0, and dropped once the
+ *           sub-window has left every span. Agents send one only to
+ *           aggregators that said they read it (FEATURES): an older one
+ *           refuses the whole report.
  *   ACK     aggregator -> agent (REP), once the report is in Redis
  *           [1, 2, seq, status, now_ms, [[rule, value, window, current,
  *            previous, agents], ...]]
@@ -87,6 +94,7 @@
 /* FEATURES bits. */
 #define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' at */
 #define RL_WIRE_FEATURE_GOODBYE 2u   /* GOODBYE */
+#define RL_WIRE_FEATURE_GIVEBACK 4u  /* REPORT entries' negative counts */
 /* The topic FEATURES messages come under, and its length. */
 #define RL_WIRE_FEATURES_TOPIC ""
 #define RL_WIRE_FEATURES_TOPIC_LEN 1
@@ -134,6 +142,8 @@ typedef struct rl_wire_entry {
     rl_wire_bytes rule;   /* REPORT, ACK */
     rl_wire_bytes value;
     uint64_t count;       /* REPORT */
+    uint64_t back;        /* REPORT: a give-back's (a negative count's)
+                           * magnitude; count is 0 then */
     uint64_t at_ms;       /* REPORT: a time in its count's sub-window, 0
                            * when the entry has none (count it now) */
     uint64_t window;      /* ACK, TOTALS */
@@ -188,6 +198,12 @@ void rl_wire_put_count(rl_wire_writer *w, const char *rule, const char *value,
 void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
                           const char *value, size_t value_len,
                           uint64_t count, uint64_t at_ms);
+/* A give-back of back (> 0) in the sub-window of at_ms (> 0), written as
+ * a negative count, for an aggregator that reads it
+ * (RL_WIRE_FEATURE_GIVEBACK). */
+void rl_wire_put_giveback_at(rl_wire_writer *w, const char *rule,
+                             const char *value, size_t value_len,
+                             uint64_t back, uint64_t at_ms);
 /* A REPORT with the presence field: begin, put n_entries counts, then
  * rl_wire_put_presence once with its names. */
 void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,

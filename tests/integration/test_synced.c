@@ -512,19 +512,21 @@ Test(synced, a_long_report_is_applied_in_pieces_each_once)
  * a duplicate: then the function writes nothing and says so, and, as the
  * aggregator does, the report is sent again marked as one, to be
  * answered. */
-static bool apply_at(redisContext *c, uint64_t seq, uint64_t w, uint64_t at,
-                     uint64_t count, long long *recent, long long *oldest)
+static bool apply_at(redisContext *c, const char *hash, uint64_t seq,
+                     uint64_t w, uint64_t at, long long count,
+                     long long *recent, long long *oldest)
 {
-    char seq_s[24], w_s[24], at_s[24], count_s[24], n_s[8];
+    char seq_s[24], w_s[24], at_s[24], count_s[24], n_s[8], seq_key[96];
+    /* Each hash's reports their own sequence. */
+    snprintf(seq_key, sizeof seq_key, "%s:seq", hash);
     snprintf(seq_s, sizeof seq_s, "%llu", (unsigned long long)seq);
     snprintf(w_s, sizeof w_s, "%llu", (unsigned long long)w);
     snprintf(at_s, sizeof at_s, "%llu", (unsigned long long)at);
-    snprintf(count_s, sizeof count_s, "%llu", (unsigned long long)count);
+    snprintf(count_s, sizeof count_s, "%lld", count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
     /* The rule's period is 30 s (a ttl of two): sub-windows of 1.5 s. */
     const char *argv[] = {"FCALL", "rl_agg_7_apply", "3",
-                          "rl:agg:seq:late-sums", "rl:agg:live:late",
-                          "rl:tenant:org_late_sums:w", "1", "1", n_s, seq_s,
+                          seq_key, "rl:agg:live:late", hash, "1", "1", n_s, seq_s,
                           "late-sums", "0", "1", "1", "1", "60000", "1",
                           "60000", w_s, at_s, "1", "1500", count_s};
     enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 11 };
@@ -628,8 +630,7 @@ Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
     rl_wire_msg_free(&ack);
     nng_close(s);
     redisContext *c = test_redis_connect(NULL);
-    freeReplyObject(test_redis_command(c, "DEL rl:tenant:org_late_sums:w "
-                                       "rl:agg:seq:late-sums"));
+    freeReplyObject(test_redis_command(c, "DEL %s %s:seq", key, key));
     /* w: the aggregator's sub-window; at: the count's. */
     static const struct {
         uint64_t w, at, count;
@@ -660,7 +661,7 @@ Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
         long long recent, oldest;
         if (steps[i].at < steps[i].w)
             freeReplyObject(test_redis_command(c, "PERSIST %s", key));
-        cr_assert_not(apply_at(c, i + 1, steps[i].w, steps[i].at,
+        cr_assert_not(apply_at(c, key, i + 1, steps[i].w, steps[i].at,
                                steps[i].count, &recent, &oldest),
                       "step %zu a duplicate", i);
         cr_expect_eq(recent, steps[i].recent, "step %zu: recent %lld", i,
@@ -677,11 +678,60 @@ Test(synced, the_sums_beside_the_sub_windows_stay_equal_to_them)
     }
     /* Sent again, the last is a duplicate with the same answer. */
     long long recent, oldest;
-    cr_assert(apply_at(c, STEPS, steps[STEPS - 1].w, steps[STEPS - 1].at,
+    cr_assert(apply_at(c, key, STEPS, steps[STEPS - 1].w, steps[STEPS - 1].at,
                        steps[STEPS - 1].count, &recent, &oldest));
     cr_expect_eq(recent, steps[STEPS - 1].recent);
     cr_expect_eq(oldest, steps[STEPS - 1].oldest);
     expect_sums_match_fields(c, key);
+    redisFree(c);
+    test_aggregator_stop(&agg);
+}
+
+/* A give-back (a negative count, wire.h) comes off its sub-window's
+ * field, at the head or before it, never below 0, and the sums beside
+ * the fields stay equal to them. */
+Test(synced, a_give_back_comes_off_its_sub_window_never_below_zero)
+{
+    enum { W = 1000 };
+    static const char key[] = "rl:tenant:org_give_back:w";
+    test_aggregator agg;
+    test_aggregator_start(&agg, NULL, tenant_rule, 1000, NULL);
+    test_aggregator_wait_ready(&agg);
+    redisContext *c = test_redis_connect(NULL);
+    freeReplyObject(test_redis_command(c, "DEL %s %s:seq", key, key));
+    /* w: the aggregator's sub-window; at: the count's. */
+    static const struct {
+        uint64_t w, at;
+        long long count, recent;
+        unsigned long long left_at_w, left_at_next; /* the fields after */
+    } steps[] = {
+        {W, W, 5, 5, 5, 0},
+        {W + 1, W + 1, 3, 8, 5, 3},
+        {W + 1, W, -2, 6, 3, 3},     /* before the head: off r */
+        {W + 1, W + 1, -10, 3, 3, 0}, /* at the head, floored */
+        {W + 1, W, -4, 0, 0, 0},     /* before it, floored */
+        {W + 1, W + 1, 2, 2, 0, 2},
+    };
+    enum { STEPS = sizeof steps / sizeof steps[0] };
+    for (size_t i = 0; i < STEPS; i++) {
+        long long recent, oldest;
+        cr_assert_not(apply_at(c, key, i + 1, steps[i].w, steps[i].at,
+                               steps[i].count, &recent, &oldest),
+                      "step %zu a duplicate", i);
+        cr_expect_eq(recent, steps[i].recent, "step %zu: recent %lld", i,
+                     recent);
+        cr_expect_eq(oldest, 0, "step %zu: oldest %lld", i, oldest);
+        cr_assert_eq(expect_sums_match_fields(c, key), W + 1 - (i == 0),
+                     "step %zu: head", i);
+        window_hash h;
+        read_window_hash(c, key, &h);
+        cr_expect_eq(window_count(&h, W), steps[i].left_at_w,
+                     "step %zu: sub-window %d holds %llu", i, W,
+                     window_count(&h, W));
+        cr_expect_eq(window_count(&h, W + 1), steps[i].left_at_next,
+                     "step %zu: sub-window %d holds %llu", i, W + 1,
+                     window_count(&h, W + 1));
+    }
     redisFree(c);
     test_aggregator_stop(&agg);
 }

@@ -197,6 +197,89 @@ Test(synced_ack, an_ack_gives_no_fresh_share_only_the_next_totals_do)
     fake_stop(&f);
 }
 
+/* --- Give-backs (a hold's, after its estimate's report) ------------- */
+
+/* An agent on a fake aggregator that reads `features`, holding an
+ * estimate of 5 whose report is acknowledged; the hold then ends at 1.
+ * Returns the sub-window the estimate was reported in (as its entry's at
+ * says, by the rule's sub-windows). */
+static uint64_t give_back_after_report(fake_agg *f, test_agent *t,
+                                       uint64_t features)
+{
+    fake_start(f, RULE, PERIOD_MS, 1, FIRST_WINDOW);
+    open_agent(f, 1, t);
+    fake_publish_features_of(f, features);
+    fake_held r = fake_receive(f);
+    fake_ack(f, &r);
+    rl_hold *h = test_hold_on(t->agent, "tenant", TENANT, 5, NULL);
+    cr_assert_not_null(h);
+    r = fake_receive(f);
+    cr_assert_eq(r.count, 5, "the estimate is not in the report");
+    cr_assert_eq(r.report.n_entries, 1);
+    uint64_t at = r.report.entries[0].at_ms;
+    cr_assert_gt(at, 0, "the estimate's report names no sub-window");
+    fake_ack(f, &r);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    return at / rl_wire_subwindow_ms(PERIOD_MS);
+}
+
+/* The give-back entries of a report: their sum, and whether all are in
+ * sub-window w. */
+static uint64_t given_back(const fake_held *r, uint64_t w, bool *all_in_w)
+{
+    uint64_t back = 0;
+    *all_in_w = true;
+    for (size_t i = 0; i < r->report.n_entries; i++) {
+        const rl_wire_entry *e = &r->report.entries[i];
+        back += e->back;
+        if (e->back > 0
+            && e->at_ms / rl_wire_subwindow_ms(PERIOD_MS) != w)
+            *all_in_w = false;
+    }
+    return back;
+}
+
+/* An aggregator that reads give-backs gets the hold's in the next
+ * report, off the sub-window the estimate was reported in. */
+Test(synced_ack, a_give_back_after_the_report_goes_to_its_sub_window)
+{
+    fake_agg f = {0};
+    test_agent t;
+    uint64_t w = give_back_after_report(&f, &t, RL_WIRE_FEATURE_WINDOWS
+                                                    | RL_WIRE_FEATURE_GIVEBACK);
+    fake_held r = fake_receive(&f);
+    bool in_w;
+    cr_assert_eq(given_back(&r, w, &in_w), 4, "the give-back is not 4");
+    cr_assert(in_w, "the give-back names another sub-window");
+    fake_ack(&f, &r);
+    /* Once: the next report gives nothing back. */
+    r = fake_receive(&f);
+    cr_assert_eq(given_back(&r, w, &in_w), 0, "given back twice");
+    fake_ack(&f, &r);
+    test_agent_close(&t);
+    fake_stop(&f);
+}
+
+/* An aggregator of the version before give-backs (it reads sub-windows,
+ * not negative counts, and would refuse the whole report) never gets
+ * one: the give-back is dropped. */
+Test(synced_ack, no_give_back_goes_to_an_aggregator_that_does_not_read_them)
+{
+    fake_agg f = {0};
+    test_agent t;
+    uint64_t w = give_back_after_report(&f, &t, RL_WIRE_FEATURE_WINDOWS);
+    for (int i = 0; i < 2; i++) {
+        fake_held r = fake_receive(&f);
+        bool in_w;
+        cr_assert_eq(given_back(&r, w, &in_w), 0,
+                     "a give-back went to an aggregator that does not "
+                     "read them");
+        fake_ack(&f, &r);
+    }
+    test_agent_close(&t);
+    fake_stop(&f);
+}
+
 /* --- Several aggregators: a TOTALS message is a snapshot of what its
  * sender applied, so it gives a fresh share only to the keys this agent
  * reports there (docs/design.md, "Several aggregators"). Here the agent

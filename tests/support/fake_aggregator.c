@@ -181,8 +181,13 @@ void fake_publish_stale(fake_agg *f)
 
 void fake_publish_features(fake_agg *f)
 {
+    fake_publish_features_of(f, RL_WIRE_FEATURE_WINDOWS);
+}
+
+void fake_publish_features_of(fake_agg *f, uint64_t features)
+{
     rl_wire_writer *w = rl_wire_writer_new();
-    rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS);
+    rl_wire_begin_features(w, features);
     size_t len;
     const void *data = rl_wire_writer_data(w, &len);
     cr_assert_eq(nng_send(f->pub, (void *)data, len, 0), 0);

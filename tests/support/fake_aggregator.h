@@ -78,5 +78,7 @@ void fake_publish_stale(fake_agg *f);
  * sub-window of report entries (FEATURES); until then the fake is one
  * of an older version. */
 void fake_publish_features(fake_agg *f);
+/* Says it reads those of the RL_WIRE_FEATURE_* bits. */
+void fake_publish_features_of(fake_agg *f, uint64_t features);
 
 #endif

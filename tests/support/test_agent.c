@@ -357,3 +357,31 @@ void test_host_turn(rl_agent *a, uint64_t deadline)
     poll(&p, 1, timeout < 0 || timeout > left ? left : timeout);
     cr_assert_eq(rl_agent_run(a), RL_OK);
 }
+
+void test_on_held(const rl_decision *d, rl_hold *hold, void *arg)
+{
+    test_held *h = arg;
+    h->decision = *d;
+    h->hold = hold;
+    h->null_when_rejected = d->allowed || hold == NULL;
+    sem_post(&h->done);
+}
+
+rl_hold *test_hold_on(rl_agent *a, const char *name, const char *value,
+                      uint32_t estimate, rl_decision *d)
+{
+    test_held h = {0};
+    sem_init(&h.done, 0, 0);
+    rl_attr attr = {name, value, strlen(value)};
+    cr_assert_eq(rl_check_hold(a, &attr, 1, estimate, test_on_held, &h),
+                 RL_OK);
+    while (sem_wait(&h.done) != 0)
+        ;
+    sem_destroy(&h.done);
+    cr_assert(h.null_when_rejected, "a refused request got a hold");
+    cr_assert(!h.decision.allowed || h.hold != NULL,
+              "an allowed request got no hold");
+    if (d != NULL)
+        *d = h.decision;
+    return h.hold;
+}

@@ -9,6 +9,7 @@
 #include "rl.h"
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -123,6 +124,19 @@ long long test_window_total(const char *addr, const char *prefix_value);
 void test_expect_window_total(const char *prefix_value, long long want,
                               unsigned timeout_ms);
 uint64_t test_now_us(void);
+/* One hold's decision, waited for: test_on_held is the rl_hold_fn that
+ * fills it in and posts done. */
+typedef struct test_held {
+    sem_t done;
+    rl_decision decision;
+    rl_hold *hold;
+    bool null_when_rejected;
+} test_held;
+void test_on_held(const rl_decision *d, rl_hold *hold, void *arg);
+/* rl_check_hold of one attribute, its decision waited for: the hold, or
+ * NULL when refused (*d says why, when d is not NULL). */
+rl_hold *test_hold_on(rl_agent *a, const char *name, const char *value,
+                      uint32_t estimate, rl_decision *d);
 /* One turn of a host's loop (rl_options.host_loop): waits for the agent's
  * descriptor at most its own timeout (or what is left until deadline, in
  * test_now_ms's ms; past it the test fails), then runs it. */

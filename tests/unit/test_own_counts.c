@@ -85,3 +85,45 @@ Test(own_counts, a_new_basis_keeps_every_count_in_the_sub_window_now)
     cr_assert_eq(p[0].window, 700);
     cr_assert_eq(p[0].count, 9);
 }
+
+/* A count made at a time (ns) was recorded by the first record that began
+ * at or after it: its give-back is owed to that record's sub-window, and
+ * leaves with it when the ring moves past it, or when a new basis
+ * renumbers the sub-windows. */
+Test(own_counts, a_give_back_is_owed_to_the_sub_window_its_count_was_recorded_in)
+{
+    rl_own_counts o = {0};
+    cr_assert_eq(rl_own_window_of(&o, 1), 0, "nothing recorded yet");
+    rl_own_record(&o, 1000, G, 5);
+    rl_own_recorded_at(&o, 100);
+    rl_own_record(&o, 1000, G, 6);
+    rl_own_recorded_at(&o, 200);
+    rl_own_record(&o, 1003, G, 9);
+    rl_own_recorded_at(&o, 300);
+    cr_assert_eq(rl_own_window_of(&o, 150), 1000);
+    cr_assert_eq(rl_own_window_of(&o, 200), 1000);
+    cr_assert_eq(rl_own_window_of(&o, 201), 1003);
+    cr_assert_eq(rl_own_window_of(&o, 301), 0, "not recorded yet");
+    rl_own_give_back(&o, 1000, 2);
+    rl_own_give_back(&o, 1003, 1);
+    rl_own_give_back(&o, 1000, 1);
+    rl_own_part p[RL_OWN_WINDOWS + 1];
+    cr_assert_eq(rl_own_backs(&o, p), 2);
+    cr_assert_eq(p[0].window, 1003);
+    cr_assert_eq(p[0].count, 1);
+    cr_assert_eq(p[1].window, 1000);
+    cr_assert_eq(p[1].count, 3);
+    /* 1000 leaves the ring: its give-back is dropped, 1003's kept. */
+    rl_own_record(&o, 1000 + RL_OWN_WINDOWS, G, 9);
+    cr_assert_eq(rl_own_backs(&o, p), 1);
+    cr_assert_eq(p[0].window, 1003);
+    cr_assert_eq(rl_own_window_of(&o, 150), 0, "a sub-window gone");
+    rl_own_backs_clear(&o);
+    cr_assert_eq(rl_own_backs(&o, p), 0);
+    /* A new basis drops what is owed. */
+    rl_own_give_back(&o, 1003, 4);
+    rl_own_record(&o, 500, 2 * G + 1, 9);
+    cr_assert_eq(rl_own_backs(&o, p), 0);
+    rl_own_give_back(&o, 1003, 4);
+    cr_assert_eq(rl_own_backs(&o, p), 0, "owed to a sub-window not kept");
+}

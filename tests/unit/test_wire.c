@@ -105,6 +105,62 @@ Test(wire, a_report_entry_at_0_or_of_five_fields_is_refused)
                      "expected an unsigned integer");
 }
 
+/* A give-back is a negative count, read as its magnitude (back), in every
+ * width msgpack writes it, down to -(2^53 - 1). */
+Test(wire, a_give_back_reads_back_as_a_negative_count)
+{
+    static const uint64_t backs[] = {1, 32, 33, 128, 129, 32768, 32769,
+                                     2147483648ULL, 2147483649ULL,
+                                     9007199254740991ULL};
+    enum { N = sizeof backs / sizeof backs[0] };
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, "agent-1", 7, N);
+    for (size_t i = 0; i < N; i++)
+        rl_wire_put_giveback_at(w, "per-tenant", "org", 3, backs[i],
+                                89800 + i);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.n_entries, N);
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(m.entries[i].back, backs[i], "entry %zu: %llu", i,
+                     (unsigned long long)m.entries[i].back);
+        cr_assert_eq(m.entries[i].count, 0);
+        cr_assert_eq(m.entries[i].at_ms, 89800 + i);
+    }
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+/* A negative count is refused past -(2^53 - 1), in a signed width that
+ * holds a number that is not negative, and without its sub-window. */
+Test(wire, a_give_back_out_of_range_or_without_its_window_is_refused)
+{
+    /* [1, 1, "a", 1, [["r", "v", -2^53, 5]]] (int 64) */
+    static const unsigned char big[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
+                                        0xa1, 'r', 0xa1, 'v', 0xd3, 0xff,
+                                        0xe0, 0, 0, 0, 0, 0, 0, 5};
+    cr_assert_str_eq(refusal(big, sizeof big), "number out of range");
+    /* The same of -2^63, whose magnitude does not fit int 64. */
+    static const unsigned char min[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
+                                        0xa1, 'r', 0xa1, 'v', 0xd3, 0x80,
+                                        0, 0, 0, 0, 0, 0, 0, 5};
+    cr_assert_str_eq(refusal(min, sizeof min), "number out of range");
+    /* int 8 of 5: signed, not negative. */
+    static const unsigned char positive[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91,
+                                             0x94, 0xa1, 'r', 0xa1, 'v',
+                                             0xd0, 5, 5};
+    cr_assert_str_eq(refusal(positive, sizeof positive),
+                     "a signed integer that is not negative");
+    /* [1, 1, "a", 1, [["r", "v", -1]]]: no sub-window. */
+    static const unsigned char bare[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x93,
+                                         0xa1, 'r', 0xa1, 'v', 0xff};
+    cr_assert_str_eq(refusal(bare, sizeof bare),
+                     "a give-back without its sub-window");
+    /* int 16 cut short. */
+    static const unsigned char cut[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
+                                        0xa1, 'r', 0xa1, 'v', 0xd1, 0xff};
+    cr_assert_str_eq(refusal(cut, sizeof cut), "message cut short");
+}
+
 /* FEATURES goes out behind a topic of one NUL byte, which no rule's topic
  * starts with, and carries its bits. */
 Test(wire, features_read_back_the_same_after_their_topic)
