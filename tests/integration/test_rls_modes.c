@@ -306,6 +306,59 @@ Test(rls_modes, leased_descriptor_never_admits_more_than_the_bucket)
     test_rls_stop(&b);
 }
 
+/* A synced descriptor's hold: opened at the estimate (300), ended by the
+ * stream-done call at the actual cost, after the agent has reported the
+ * estimate (a sync every 50 ms, the end 300 ms later): the aggregator's
+ * count ends at the actual costs' sum, 100 + 900, not at the estimates'
+ * (600) nor with the give-back lost (1,200). */
+Test(rls_modes, a_synced_descriptors_hold_counts_its_actual_cost)
+{
+    static const char limits[] =
+        "domain: ai\n"
+        "descriptors:\n"
+        "  - key: tenant\n"
+        "    descriptors:\n"
+        "      - key: request_id\n"
+        "        rate_limit: {unit: hour, requests_per_unit: 10000}\n"
+        "        rl: {mode: synced, hold: {id: request_id, "
+        "estimate: 300}}\n";
+    char yaml[512], out_path[300], log[600];
+    rl_yaml(yaml, sizeof yaml, true);
+    snprintf(out_path, sizeof out_path, "%s/rls-modes-hold-agg-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    print_rl_config(yaml, NULL, out_path);
+    pid_t agg = start_aggregator(out_path, log, sizeof log);
+    test_rls r;
+    test_rls_start_workers(&r, limits, yaml, NULL, 1);
+    char value[64], call[2][512], keys[128];
+    snprintf(value, sizeof value, "h%d-%ld", (int)getpid(), (long)time(NULL));
+    static const struct {
+        const char *id;
+        int hits;
+    } steps[2][2] = {{{"a", 0}, {"b", 0}}, {{"a", 100}, {"b", 900}}};
+    static char out[1 << 12];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 2; i++)
+            snprintf(call[i], sizeof call[i],
+                     "{\"domain\": \"ai\", \"descriptors\": [{\"entries\": "
+                     "[[\"tenant\", \"%s\"], [\"request_id\", \"%s\"]], "
+                     "\"hits_addend\": %d}]}", value, steps[pass][i].id,
+                     steps[pass][i].hits);
+        test_rls_call(&r, out, sizeof out, call[0], call[1], NULL);
+        cr_assert(strncmp(out, "OK OK OK:", 9) == 0, "%s", out);
+        if (pass == 0) {
+            snprintf(keys, sizeof keys, "rls-synced-hour:*%s*", value);
+            test_expect_window_total(keys, 600, 3000);
+            test_sleep_ms(300);
+        }
+    }
+    test_expect_window_total(keys, 1000, 3000);
+    test_sleep_ms(300);
+    cr_assert_eq(test_window_total(NULL, keys), 1000);
+    test_rls_stop(&r);
+    test_stop(agg, log, 30000);
+}
+
 /* Writes limits over r's file and waits for the reload's refusal, whose
  * reason must start with want. */
 static void refused(test_rls *r, const char *ext, const char *want)
