@@ -824,14 +824,17 @@ typedef struct spread {
 } spread;
 
 /* Value i is in group i % GROUPS: taken in that order, neighbours in the
- * agent's list of due keys are of different slots. */
+ * agent's list of due keys are of different slots. A renewal lists them
+ * in its table's order, a hash of the whole key: with the group's number
+ * at the key's end ("{renew-T-g}-j"), that order came out grouped by slot
+ * (8 calls a renewal unsorted, against 40 with j first). */
 static void spread_keys(spread *sp, const char *what)
 {
     unsigned long long now = (unsigned long long)test_now_us();
     for (int i = 0; i < CLUSTER_KEYS; i++) {
         char value[64];
-        snprintf(value, sizeof value, "{%s-%llu-%d}-%d", what, now,
-                 i % GROUPS, i / GROUPS);
+        snprintf(value, sizeof value, "%d-{%s-%llu-%d}", i / GROUPS, what,
+                 now, i % GROUPS);
         memcpy(sp->values[i], value, sizeof value);
         key_of(sp->keys[i], value);
     }
