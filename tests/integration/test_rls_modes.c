@@ -103,6 +103,19 @@ static pid_t start_aggregator(const char *path, char *log, size_t cap)
     return pid;
 }
 
+/* rl-rls's settings with an aggregator into yaml (512 bytes), and that
+ * aggregator started on the config rl-rls prints for it (its log in
+ * log). */
+static pid_t start_synced(char *yaml, char *log, size_t cap)
+{
+    char path[300];
+    rl_yaml(yaml, 512, true);
+    snprintf(path, sizeof path, "%s/rls-modes-agg-%d.yaml",
+             test_env("RL_TEST_TMPDIR"), (int)getpid());
+    print_rl_config(yaml, NULL, path);
+    return start_aggregator(path, log, cap);
+}
+
 static int by_value(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -224,12 +237,8 @@ Test(rls_modes, synced_descriptor_is_shared_by_the_instances)
         "  - key: tenant\n"
         "    rate_limit: {unit: second, requests_per_unit: 100}\n"
         "    rl: {mode: synced}\n";
-    char yaml[512], out_path[300], log[600];
-    rl_yaml(yaml, sizeof yaml, true);
-    snprintf(out_path, sizeof out_path, "%s/rls-modes-agg-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    print_rl_config(yaml, NULL, out_path);
-    pid_t agg = start_aggregator(out_path, log, sizeof log);
+    char yaml[512], log[600];
+    pid_t agg = start_synced(yaml, log, sizeof log);
     test_rls a, b;
     test_rls_start_workers(&a, limits, yaml, NULL, 1);
     test_rls_start_workers(&b, limits, yaml, NULL, 1);
@@ -322,12 +331,8 @@ Test(rls_modes, a_synced_descriptors_hold_counts_its_actual_cost)
         "        rate_limit: {unit: hour, requests_per_unit: 10000}\n"
         "        rl: {mode: synced, hold: {id: request_id, "
         "estimate: 300}}\n";
-    char yaml[512], out_path[300], log[600];
-    rl_yaml(yaml, sizeof yaml, true);
-    snprintf(out_path, sizeof out_path, "%s/rls-modes-hold-agg-%d.yaml",
-             test_env("RL_TEST_TMPDIR"), (int)getpid());
-    print_rl_config(yaml, NULL, out_path);
-    pid_t agg = start_aggregator(out_path, log, sizeof log);
+    char yaml[512], log[600];
+    pid_t agg = start_synced(yaml, log, sizeof log);
     test_rls r;
     test_rls_start_workers(&r, limits, yaml, NULL, 1);
     char value[64], call[2][512], keys[128];
