@@ -6,6 +6,7 @@
 #define RL_BENCH_AGENT_H
 
 #include "rl.h"
+#include "store_calls.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -23,17 +24,6 @@ static inline rl_agent *bench_open_agent(const char *yaml, size_t len,
         exit(1);
     }
     return agent;
-}
-
-/* Calls the agent has sent to its store nodes, over all of them. */
-static inline uint64_t bench_store_calls(rl_agent *a)
-{
-    rl_shard_counters s[64];
-    size_t n = rl_agent_shards(a, s, 64);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        calls += s[i].calls;
-    return calls;
 }
 
 #endif

@@ -181,7 +181,7 @@ typedef struct rate_result {
 static rate_result depth_once(rl_agent *agent, const char *attr, double secs)
 {
     depth_run r = {.agent = agent, .attr = attr};
-    uint64_t calls = bench_store_calls(agent);
+    uint64_t calls = test_store_calls(agent);
     double start = bench_now_s();
     r.end = start + secs;
     atomic_store(&r.in_flight, DEPTH);
@@ -195,7 +195,7 @@ static rate_result depth_once(rl_agent *agent, const char *attr, double secs)
     size_t done = atomic_load(&r.done);
     return (rate_result){
         .per_s = (double)done / took,
-        .calls_per_request = (double)(bench_store_calls(agent) - calls)
+        .calls_per_request = (double)(test_store_calls(agent) - calls)
                              / (double)(done ? done : 1),
         .failed = atomic_load(&r.failed),
     };

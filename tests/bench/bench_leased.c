@@ -77,7 +77,7 @@ static run one_run(const char *addr, const char *mode, int threads,
     rl_attr warm = {"api_key", "warm-up", 7};
     rl_decision d;
     rl_check(agent, &warm, 1, 1, &d);
-    uint64_t calls_before = bench_store_calls(agent);
+    uint64_t calls_before = test_store_calls(agent);
     pthread_t t[64];
     double start = bench_now_s();
     hammer h = {.agent = agent, .key = key, .until = start + seconds};
@@ -86,7 +86,7 @@ static run one_run(const char *addr, const char *mode, int threads,
     for (int i = 0; i < threads; i++)
         pthread_join(t[i], NULL);
     double elapsed = bench_now_s() - start;
-    uint64_t calls = bench_store_calls(agent) - calls_before;
+    uint64_t calls = test_store_calls(agent) - calls_before;
     rl_agent_close(agent);
     rl_config_free(cfg);
     double checks = (double)atomic_load(&h.checks);

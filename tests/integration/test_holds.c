@@ -523,42 +523,56 @@ Test(holds, a_local_window_gives_back_to_the_window_of_the_check)
     test_agent_close(&t);
 }
 
-/* An agent of the synced rules (yaml), through an aggregator that syncs
- * every interval_ms. */
-static rl_agent *synced_rule_agent(test_aggregator *agg, rl_config **cfg,
-                                   const char *rules, unsigned interval_ms)
+/* One agent of a synced rule (yaml), through an aggregator that syncs
+ * every interval_ms, and a tenant no earlier run used, with its key. */
+typedef struct synced_world {
+    test_aggregator agg;
+    rl_config *cfg;
+    rl_agent *a;
+    char value[64], key[96];
+} synced_world;
+
+static void synced_open(synced_world *w, const char *rules,
+                        unsigned interval_ms, const char *what)
 {
-    test_aggregator_start(agg, NULL, rules, interval_ms, NULL);
-    return test_synced_agent(agg, cfg);
+    test_aggregator_start(&w->agg, NULL, rules, interval_ms, NULL);
+    w->a = test_synced_agent(&w->agg, &w->cfg);
+    fresh(w->value, sizeof w->value, what);
+    snprintf(w->key, sizeof w->key, "rl:tenant:%s", w->value);
 }
 
-/* An agent of a synced rule of 1000 a minute. */
-static rl_agent *synced_agent(test_aggregator *agg, rl_config **cfg,
-                              unsigned interval_ms)
+/* A synced rule of 1000 a minute. */
+#define PER_TENANT "  - {name: per-tenant, match: tenant, limit: 1000, " \
+                   "period: 1m, mode: synced}\n"
+
+/* The agent's first share, once the aggregator has answered: a hold of
+ * 1, ended at 1, is in Redis within timeout_ms. */
+static void synced_first_share(synced_world *w, unsigned timeout_ms)
 {
-    return synced_rule_agent(agg, cfg,
-                             "  - {name: per-tenant, match: tenant, "
-                             "limit: 1000, period: 1m, mode: synced}\n",
-                             interval_ms);
+    rl_hold *h = test_hold_on(w->a, "tenant", w->value, 1, NULL);
+    cr_assert_not_null(h);
+    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
+    test_expect_window_total(w->key, 1, timeout_ms);
+}
+
+static void synced_close(synced_world *w)
+{
+    rl_agent_close(w->a);
+    rl_config_free(w->cfg);
+    test_aggregator_stop(&w->agg);
 }
 
 /* A synced rule's excess goes into the next report: the aggregator's
  * count ends at the actual cost. */
 Test(holds, a_synced_rule_reports_the_difference)
 {
-    test_aggregator agg;
-    rl_config *cfg;
-    rl_agent *a = synced_agent(&agg, &cfg, 100);
-    char value[64], key[96];
-    fresh(value, sizeof value, "synced");
-    snprintf(key, sizeof key, "rl:tenant:%s", value);
-    rl_hold *h = test_hold_on(a, "tenant", value, 5, NULL);
+    synced_world w;
+    synced_open(&w, PER_TENANT, 100, "synced");
+    rl_hold *h = test_hold_on(w.a, "tenant", w.value, 5, NULL);
     cr_assert_not_null(h);
     cr_assert_eq(rl_hold_end(h, 12), RL_OK);
-    test_expect_window_total(key, 12, 5000);
-    rl_agent_close(a);
-    rl_config_free(cfg);
-    test_aggregator_stop(&agg);
+    test_expect_window_total(w.key, 12, 5000);
+    synced_close(&w);
 }
 
 /* Holds of an estimate of 500 whose actual costs fall below and above
@@ -569,35 +583,25 @@ Test(holds, a_synced_rule_reports_the_difference)
  * from the moment a hold lasts. */
 Test(holds, a_synced_rule_gives_back_before_its_report)
 {
-    test_aggregator agg;
-    rl_config *cfg;
-    rl_agent *a = synced_agent(&agg, &cfg, 1000);
-    char value[64], key[96];
-    fresh(value, sizeof value, "synced-back");
-    snprintf(key, sizeof key, "rl:tenant:%s", value);
-    /* The agent's first share, once the aggregator has answered. */
-    rl_hold *h = test_hold_on(a, "tenant", value, 1, NULL);
-    cr_assert_not_null(h);
-    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
-    test_expect_window_total(key, 1, 5000);
+    synced_world w;
+    synced_open(&w, PER_TENANT, 1000, "synced-back");
+    synced_first_share(&w, 5000);
     const uint32_t actual[] = {120, 50, 30, 700};
     long long sum = 1;
     for (size_t i = 0; i < sizeof actual / sizeof actual[0]; i++) {
         rl_decision d;
-        h = test_hold_on(a, "tenant", value, 500, &d);
+        rl_hold *h = test_hold_on(w.a, "tenant", w.value, 500, &d);
         cr_assert_not_null(h, "hold %zu refused: the give-backs before "
                               "it were not taken", i);
         cr_assert_eq(rl_hold_end(h, actual[i]), RL_OK);
-        wait_ended(a, i + 2);
+        wait_ended(w.a, i + 2);
         sum += actual[i];
     }
-    test_expect_window_total(key, sum, 5000);
+    test_expect_window_total(w.key, sum, 5000);
     test_sleep_ms(2200);
-    cr_assert_eq(test_window_total(NULL, key), sum,
+    cr_assert_eq(test_window_total(NULL, w.key), sum,
                  "the count moved off the sum of the actual costs");
-    rl_agent_close(a);
-    rl_config_free(cfg);
-    test_aggregator_stop(&agg);
+    synced_close(&w);
 }
 
 static bool tenant_allowed(rl_agent *a, const char *value, uint32_t cost)
@@ -617,40 +621,28 @@ static bool tenant_allowed(rl_agent *a, const char *value, uint32_t cost)
  * Redis, which the suite shares): this agent is its only one. */
 Test(holds, a_synced_rule_gives_back_after_its_report)
 {
-    test_aggregator agg;
-    rl_config *cfg;
-    rl_agent *a = synced_rule_agent(&agg, &cfg,
-                                    "  - {name: gives-back, match: tenant, "
-                                    "limit: 1000, period: 10s, "
-                                    "mode: synced}\n", 100);
-    char value[64], key[96];
-    fresh(value, sizeof value, "after-report");
-    snprintf(key, sizeof key, "rl:tenant:%s", value);
-    /* The agent's first share, once the aggregator has answered. */
-    rl_hold *h = test_hold_on(a, "tenant", value, 1, NULL);
+    synced_world w;
+    synced_open(&w, "  - {name: gives-back, match: tenant, limit: 1000, "
+                "period: 10s, mode: synced}\n", 100, "after-report");
+    synced_first_share(&w, 3000);
+    rl_hold *h = test_hold_on(w.a, "tenant", w.value, 900, NULL);
     cr_assert_not_null(h);
-    cr_assert_eq(rl_hold_end(h, 1), RL_OK);
-    test_expect_window_total(key, 1, 3000);
-    h = test_hold_on(a, "tenant", value, 900, NULL);
-    cr_assert_not_null(h);
-    test_expect_window_total(key, 901, 2000);
+    test_expect_window_total(w.key, 901, 2000);
     test_sleep_ms(250); /* acknowledged, two intervals on */
     cr_assert_eq(rl_hold_end(h, 100), RL_OK);
-    wait_ended(a, 2);
-    test_expect_window_total(key, 101, 2000);
+    wait_ended(w.a, 2);
+    test_expect_window_total(w.key, 101, 2000);
     /* 899 are left: the agent admits them once its totals say so. */
     uint64_t start = test_now_ms();
-    while (!tenant_allowed(a, value, 899)) {
+    while (!tenant_allowed(w.a, w.value, 899)) {
         cr_assert_lt(test_now_ms() - start, 1000,
                      "the room given back never came to the agent");
         test_sleep_ms(10);
     }
-    cr_assert_not(tenant_allowed(a, value, 1),
+    cr_assert_not(tenant_allowed(w.a, w.value, 1),
                   "the give-back admitted more than it gave back");
-    test_expect_window_total(key, 1000, 2000);
-    rl_agent_close(a);
-    rl_config_free(cfg);
-    test_aggregator_stop(&agg);
+    test_expect_window_total(w.key, 1000, 2000);
+    synced_close(&w);
 }
 
 /* A give-back whose estimate's sub-window has left the trailing period
@@ -659,27 +651,19 @@ Test(holds, a_synced_rule_gives_back_after_its_report)
  * the hash expires. */
 Test(holds, a_synced_give_back_after_its_sub_window_left_is_dropped)
 {
-    test_aggregator agg;
-    rl_config *cfg;
-    rl_agent *a = synced_rule_agent(&agg, &cfg,
-                                    "  - {name: gives-back-late, "
-                                    "match: tenant, limit: 1000, "
-                                    "period: 1s, mode: synced}\n", 100);
-    char value[64], key[96];
-    fresh(value, sizeof value, "left");
-    snprintf(key, sizeof key, "rl:tenant:%s", value);
-    rl_hold *h = test_hold_on(a, "tenant", value, 5, NULL);
+    synced_world w;
+    synced_open(&w, "  - {name: gives-back-late, match: tenant, "
+                "limit: 1000, period: 1s, mode: synced}\n", 100, "left");
+    rl_hold *h = test_hold_on(w.a, "tenant", w.value, 5, NULL);
     cr_assert_not_null(h);
-    test_expect_window_total(key, 5, 3000);
+    test_expect_window_total(w.key, 5, 3000);
     test_sleep_ms(1150);
     cr_assert_eq(rl_hold_end(h, 1), RL_OK);
-    wait_ended(a, 1);
+    wait_ended(w.a, 1);
     test_sleep_ms(300); /* three reports */
-    cr_assert_eq(test_window_total(NULL, key), 5,
+    cr_assert_eq(test_window_total(NULL, w.key), 5,
                  "a give-back went to a sub-window that had left");
-    rl_agent_close(a);
-    rl_config_free(cfg);
-    test_aggregator_stop(&agg);
+    synced_close(&w);
 }
 
 /* rl_check_rule_hold holds as rl_check_hold does, at the caller's rate

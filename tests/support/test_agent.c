@@ -82,16 +82,6 @@ void test_away_from_window_edge(uint64_t period_ms, uint64_t need_ms)
         test_sleep_ms((unsigned)left + 20);
 }
 
-uint64_t test_store_calls(rl_agent *a)
-{
-    rl_shard_counters s[64];
-    size_t n = rl_agent_shards(a, s, 64);
-    uint64_t calls = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        calls += s[i].calls;
-    return calls;
-}
-
 void test_log_init(test_log *l)
 {
     pthread_mutex_init(&l->lock, NULL);

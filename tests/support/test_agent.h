@@ -7,6 +7,7 @@
 #define RL_TEST_AGENT_H
 
 #include "rl.h"
+#include "store_calls.h"
 
 #include <pthread.h>
 #include <semaphore.h>
@@ -150,7 +151,5 @@ uint64_t test_wall_ms(void);
  * test that counts in one fixed window (a minute, an hour) must not see
  * it end half-way. */
 void test_away_from_window_edge(uint64_t period_ms, uint64_t need_ms);
-/* Store calls agent a sent, over every node (rl_agent_shards). */
-uint64_t test_store_calls(rl_agent *a);
 
 #endif
