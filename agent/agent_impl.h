@@ -96,8 +96,9 @@ struct rl_request {
      * hold's end weighs a synced give-back against it; check.c). */
     uint64_t checked_ns;
     uint32_t cost;
-    /* A hold: its in_flight rules take a slot each; a plain check's only
-     * see whether one is free. */
+    /* A hold (known as it is built): its in_flight rules take a slot
+     * each, where a plain check's only see whether one is free, and its
+     * local windows are stamped for its end (check.c). */
     bool takes_slots;
     int n_rules;
     int outstanding;              /* store calls not yet answered */

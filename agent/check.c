@@ -195,7 +195,8 @@ static int decide_here(rl_agent *a, const rl_gen *g, const char *value,
 static void stamp_check(rl_request *req)
 {
     req->checked_ns = uv_hrtime();
-    for (int i = 0; i < req->n_rules; i++) {
+    /* A plain check's end needs no window: no clock read for it. */
+    for (int i = 0; req->takes_slots && i < req->n_rules; i++) {
         const rl_rule_state *rs = &req->rules[i];
         const rl_limit *rate = rs->rate != NULL ? rs->rate : &rs->rule->own;
         if (rs->rule->mode == RL_MODE_LOCAL
@@ -281,7 +282,7 @@ static int key_bytes_of(const rl_gen *g, const rl_rule *r,
  * twice, to size and then to fill the allocation: the exact path waits a
  * round trip, a second lookup is nothing beside it. */
 static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
-                 uint32_t cost, rl_request **out)
+                 uint32_t cost, bool hold, rl_request **out)
 {
     const rl_config *cfg = g->config;
     int n_rules = 0, n_args = 0;
@@ -317,6 +318,7 @@ static int build(rl_agent *a, rl_gen *g, const rl_attr *attrs, size_t n,
     req->agent = a;
     req->gen = g;
     req->cost = cost;
+    req->takes_slots = hold;
     req->n_rules = n_rules;
     req->calls = (rl_bucket_pending *)&req->rules[n_rules];
     rl_bucket_args *args = (rl_bucket_args *)&req->calls[n_rules];
@@ -390,7 +392,7 @@ static int begin(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
     if (rc != RL_OK)
         return rc;
     *g = rl_agent_rules(a);
-    rc = build(a, *g, attrs, n, cost, req);
+    rc = build(a, *g, attrs, n, cost, hold, req);
     if (rc != RL_OK)
         leave(a);
     return rc;
@@ -763,7 +765,7 @@ int rl_check(rl_agent *a, const rl_attr *attrs, size_t n, uint32_t cost,
         return RL_EAGAIN;
     }
     rl_request *req;
-    rc = build(a, g, attrs, n, cost, &req);
+    rc = build(a, g, attrs, n, cost, false, &req);
     if (rc != RL_OK) {
         leave(a);
         return rc;
@@ -874,7 +876,6 @@ static int submit_hold(rl_agent *a, rl_gen *g, rl_request *req,
         return RL_ENOMEM;
     }
     rl_hold_bind(h, req);
-    req->takes_slots = true;
     int rc = submit_async(a, g, req, rl_hold_decided, h);
     if (rc != RL_OK)
         rl_hold_discard(h);
@@ -933,7 +934,7 @@ static int caller_rate(const rl_rule *r, const rl_rate *in, rl_limit *out)
  * an exact rule, and the key, in one allocation. */
 static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
                       size_t len, const rl_rate *rate, uint32_t cost,
-                      rl_request **out)
+                      bool hold, rl_request **out)
 {
     const rl_rule *r = &g->config->rules[index];
     rl_limit limit;
@@ -946,7 +947,8 @@ static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
                                     + sizeof(rl_bucket_args) + key_bytes);
     if (req == NULL)
         return RL_ENOMEM;
-    *req = (rl_request){.agent = a, .gen = g, .cost = cost, .n_rules = 1};
+    *req = (rl_request){.agent = a, .gen = g, .cost = cost,
+                        .takes_slots = hold, .n_rules = 1};
     req->calls = (rl_bucket_pending *)&req->rules[1];
     rl_limit *own = (rl_limit *)&req->calls[1];
     rl_bucket_args *args = (rl_bucket_args *)&own[1];
@@ -976,7 +978,7 @@ static int build_rule(rl_agent *a, rl_gen *g, int index, const char *value,
  * the caller counts as active until it calls leave(). */
 static int begin_rule(rl_agent *a, const char *rule, const char *value,
                       size_t len, const rl_rate *rate, uint32_t cost,
-                      rl_request **req, rl_gen **g)
+                      bool hold, rl_request **req, rl_gen **g)
 {
     if (a == NULL || rule == NULL || value == NULL)
         return RL_EINVAL;
@@ -990,7 +992,7 @@ static int begin_rule(rl_agent *a, const char *rule, const char *value,
     int rc = index < 0 ? RL_EINVAL : check_value(*g, &attr);
     *req = NULL;
     if (rc == RL_OK)
-        rc = build_rule(a, *g, index, value, len, rate, cost, req);
+        rc = build_rule(a, *g, index, value, len, rate, cost, hold, req);
     if (rc != RL_OK)
         leave(a);
     return rc;
@@ -1003,7 +1005,8 @@ int rl_check_rule_async(rl_agent *a, const char *rule, const char *value,
     rl_request *req;
     rl_gen *g;
     int rc = callback != NULL
-                 ? begin_rule(a, rule, value, len, rate, cost, &req, &g)
+                 ? begin_rule(a, rule, value, len, rate, cost, false, &req,
+                              &g)
                  : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
@@ -1017,7 +1020,8 @@ int rl_check_rule_hold(rl_agent *a, const char *rule, const char *value,
     rl_request *req;
     rl_gen *g;
     int rc = callback != NULL
-                 ? begin_rule(a, rule, value, len, rate, estimate, &req, &g)
+                 ? begin_rule(a, rule, value, len, rate, estimate, true,
+                              &req, &g)
                  : RL_EINVAL;
     if (rc != RL_OK)
         return rc;
