@@ -340,6 +340,33 @@ static int load_rate(struct loader *ld, size_t i, const rl_raw_rule *raw,
     return RL_OK;
 }
 
+/* scope: global is one limit over every region, kept by exchanging
+ * counts between the regions' aggregators every interval: only a synced
+ * rule's counts are exchanged so, as an exact or leased rule needs a store
+ * round trip per check, too slow across regions. */
+static int load_scope(struct loader *ld, size_t i, const rl_raw_rule *raw,
+                      const rl_config *cfg, rl_rule *rule)
+{
+    static const char *const scope_names[] = {"region", "global", NULL};
+    char path[64];
+    int choice = 0, rc;
+    snprintf(path, sizeof path, "rules.%zu.scope", i);
+    if ((rc = choose(ld, path, raw->scope, scope_names, &choice)) != RL_OK)
+        return rc;
+    rule->global = choice == 1;
+    if (!rule->global)
+        return RL_OK;
+    if (rule->mode != RL_MODE_SYNCED)
+        return bad(ld, path, "a rule of mode %s stays in its region (each "
+                   "check waits on its region's store, and a round trip "
+                   "between regions is too slow for that): only a synced "
+                   "rule can be global", rl_mode_name(rule->mode));
+    if (cfg->regions.n == 0)
+        return bad(ld, path, "global needs the regions: give `region` (this "
+                   "config's) and `regions` (every region's peers)");
+    return RL_OK;
+}
+
 static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                      const rl_config *cfg, rl_rule *rule)
 {
@@ -414,6 +441,8 @@ static int load_rule(struct loader *ld, size_t i, const rl_raw_rule *raw,
                    "no key an agent calls: use mode exact or leased, or drop "
                    "hash_tag", rule->tag_attr, rl_mode_name(rule->mode));
 
+    if ((rc = load_scope(ld, i, raw, cfg, rule)) != RL_OK)
+        return rc;
     rule->shadow = cfg->shadow;
     if ((rc = rl_config_parse_bool(ld, FIELD("shadow"), raw->shadow,
                                    &rule->shadow)) != RL_OK)
@@ -748,7 +777,7 @@ static int load_store(struct loader *ld, const char *where,
     return load_password(ld, where, raw, store);
 }
 
-static bool is_nng_url(const char *url)
+bool rl_config_nng_url(const char *url)
 {
     static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://",
                                           "ipc://", "inproc://", "ws://",
@@ -764,7 +793,7 @@ static bool is_nng_url(const char *url)
 static int load_nng_url(struct loader *ld, const char *path, const char *text,
                         const char *fallback, char *out)
 {
-    if (text != NULL && !is_nng_url(text))
+    if (text != NULL && !rl_config_nng_url(text))
         return bad(ld, path, "'%s' is not an nng URL such as "
                    "tcp://127.0.0.1:7301 or ipc:///run/rl/reports", text);
     snprintf(out, RL_NNG_URL_MAX, "%s", text != NULL ? text : fallback);
@@ -1129,6 +1158,7 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
     if ((rc = load_store(ld, "store", raw->store, &cfg->store)) != RL_OK
         || (rc = load_aggregator(ld, raw, &cfg->aggregator))
                != RL_OK
+        || (rc = rl_config_load_regions(ld, raw, cfg)) != RL_OK
         || (rc = load_local(ld, raw->local, cfg)) != RL_OK
         || (rc = load_gateway(ld, raw->gateway, &cfg->gateway)) != RL_OK
         || (rc = choose(ld, "charge", raw->charge, charge_names, &choice))

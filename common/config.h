@@ -159,6 +159,9 @@ typedef struct rl_rule {
     uint32_t fleet_size; /* agents sharing the rule, for on_error: local
                           * when no aggregator has said; 0: not given */
     bool shadow;         /* counted and charged, never rejects */
+    /* scope: global: one limit over every region (synced rules only);
+     * false for the default, scope: region. */
+    bool global;
     rl_when when;        /* the requests it applies to */
     /* Overrides in first-match order: the `when` ones (few, tried in
      * order), and every values override, found through values. */
@@ -290,9 +293,30 @@ typedef struct rl_gateway_config {
 #define RL_HOLD_TIMEOUT_MIN_MS 1000u
 #define RL_HOLD_TIMEOUT_MAX_MS 86400000u
 
+/* Regions: each runs its own Redis, aggregators and agents; a synced rule
+ * of scope: global is one limit over all of them, kept by the regions'
+ * aggregators exchanging their counts (docs/regions.md). */
+#define RL_REGIONS_MAX 8
+#define RL_REGION_NAME_MAX 32
+
+typedef struct rl_region {
+    char name[RL_REGION_NAME_MAX + 1];
+    /* Where this region's aggregators take the other regions' exchanges:
+     * entry i is the aggregator of --index i's. */
+    char peers[RL_AGGREGATORS_MAX][RL_NNG_URL_MAX];
+    size_t n_peers;
+} rl_region;
+
+typedef struct rl_regions_config {
+    rl_region regions[RL_REGIONS_MAX]; /* as the config lists them */
+    size_t n;          /* 0: no regions (every rule is regional) */
+    size_t self;       /* `region`: this config's, an index into regions */
+} rl_regions_config;
+
 struct rl_config {
     rl_store_config store;
     rl_aggregator_config aggregator;
+    rl_regions_config regions;
     uint32_t local_max_keys;      /* local buckets one agent keeps at most */
     rl_log_level log_level;       /* the daemons' level unless --log-level */
     uint32_t max_value_bytes;     /* an attribute value, at most */

@@ -338,6 +338,9 @@ static int diff_rule(rl_config_diff *d, const rl_config *ca,
         rc = diff_u64(d, b, "fleet_size", a->fleet_size, b->fleet_size,
                       false);
     if (rc == RL_OK)
+        rc = diff_word(d, b, "scope", a->global ? "global" : "region",
+                       b->global ? "global" : "region");
+    if (rc == RL_OK)
         rc = diff_word(d, b, "shadow", is_shadow(ca, a) ? "true" : "false",
                        is_shadow(cb, b) ? "true" : "false");
     if (rc == RL_OK && !same_when(&a->when, &b->when)) {

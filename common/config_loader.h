@@ -77,6 +77,14 @@ static inline int bad_node(struct loader *ld, const yaml_node_t *node,
 
 int rl_config_oom(struct loader *ld);
 
+/* Whether url is one nng can listen on or dial (tcp://, tls+tcp://...). */
+bool rl_config_nng_url(const char *url);
+
+/* config_regions.c: `region` and `regions`, after the aggregators (a
+ * region's peers are one per aggregator) and before the rules (scope). */
+int rl_config_load_regions(struct loader *ld, const rl_raw_config *raw,
+                           rl_config *cfg);
+
 /* rl_config_parse_u64 reads a decimal integer from min to max (digits
  * only); on a bad number writes why and returns false. */
 bool rl_config_parse_u64(const char *text, uint64_t min, uint64_t max,

@@ -70,6 +70,7 @@ static const cyaml_schema_field_t rule_fields[] = {
     STR_FIELD("hash_tag", CYAML_FLAG_OPTIONAL, rl_raw_rule, hash_tag,
               RL_NAME_MAX),
     STR_FIELD("shadow", CYAML_FLAG_OPTIONAL, rl_raw_rule, shadow, 32),
+    STR_FIELD("scope", CYAML_FLAG_OPTIONAL, rl_raw_rule, scope, 32),
     STR_FIELD("overrides_file", CYAML_FLAG_OPTIONAL, rl_raw_rule,
               overrides_file, RL_PATH_MAX),
     CYAML_FIELD_SEQUENCE("overrides", CYAML_FLAG_POINTER | CYAML_FLAG_OPTIONAL,
@@ -244,6 +245,11 @@ static const cyaml_schema_field_t top_fields[] = {
                          rl_raw_config, attributes, &name_schema, 0,
                          RL_ATTRS_MAX),
     STR_FIELD("log_level", CYAML_FLAG_OPTIONAL, rl_raw_config, log_level, 32),
+    STR_FIELD("region", CYAML_FLAG_OPTIONAL, rl_raw_config, region,
+              RL_REGION_NAME_MAX),
+    /* A mapping of the user's region names: config_regions.c reads it
+     * from the YAML document. */
+    CYAML_FIELD_IGNORE("regions", CYAML_FLAG_OPTIONAL),
     STR_FIELD("max_value_bytes", CYAML_FLAG_OPTIONAL, rl_raw_config,
               max_value_bytes, 32),
     STR_FIELD("hold_timeout_ms", CYAML_FLAG_OPTIONAL, rl_raw_config,

@@ -41,6 +41,7 @@ typedef struct rl_raw_rule {
     char *shadow;
     char *overrides_file;
     char *in_flight;
+    char *scope;
     rl_raw_override *overrides;
     unsigned overrides_count;
 } rl_raw_rule;
@@ -131,6 +132,7 @@ typedef struct rl_raw_config {
     rl_raw_local *local;
     rl_raw_gateway *gateway;
     char *log_level;
+    char *region;
     char *max_value_bytes;
     char *hold_timeout_ms;
     char *charge;
