@@ -168,20 +168,22 @@ static bool rd_count(struct reader *r, rl_wire_entry *e)
 }
 
 /* [rule, value, count] or, with a time in the sub-window the count was
- * made in, [rule, value, count, at] (at > 0); a give-back (a negative
- * count) always names its sub-window. */
+ * made in, [rule, value, count, at] (at > 0), and with the requests
+ * refused there, [rule, value, count, at, refused]; a give-back (a
+ * negative count) always names its sub-window. */
 static bool rd_report_entry(struct reader *r, rl_wire_entry *e)
 {
     size_t n;
     if (!rd_array(r, &n))
         return false;
-    return (n == 3 || n == 4 || fail(r, "wrong number of fields"))
+    return (n == 3 || n == 4 || n == 5 || fail(r, "wrong number of fields"))
            && rd_bytes(r, RL_WIRE_NAME_MAX, &e->rule)
            && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value) && rd_count(r, e)
-           && (e->back == 0 || n == 4
+           && (e->back == 0 || n >= 4
                || fail(r, "a give-back without its sub-window"))
            && (n == 3 || (rd_uint(r, &e->at_ms)
-                          && (e->at_ms > 0 || fail(r, "at 0"))));
+                          && (e->at_ms > 0 || fail(r, "at 0"))))
+           && (n < 5 || rd_bounded(r, RL_WIRE_COUNT_MAX, &e->refused));
 }
 
 static bool rd_totals(struct reader *r, rl_wire_entry *e)
@@ -198,10 +200,19 @@ static bool rd_ack_entry(struct reader *r, rl_wire_entry *e)
            && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value) && rd_totals(r, e);
 }
 
+/* [value, window, current, previous, agents] or, for a global rule's
+ * key, with the region's share of its room and whether a region is cut
+ * off: [..., share, cut]. */
 static bool rd_totals_entry(struct reader *r, rl_wire_entry *e)
 {
-    return rd_fields(r, 5) && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
-           && rd_totals(r, e);
+    size_t n;
+    e->share = RL_WIRE_SHARE_WHOLE;
+    return rd_array(r, &n)
+           && (n == 5 || n == 7 || fail(r, "wrong number of fields"))
+           && rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value) && rd_totals(r, e)
+           && (n == 5
+               || (rd_bounded(r, RL_WIRE_SHARE_WHOLE, &e->share)
+                   && rd_bool(r, &e->cut)));
 }
 
 static bool rd_entries(struct reader *r, rl_wire_msg *m,
@@ -276,6 +287,11 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
         return (fields == 4 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
                && rd_presence(r, m);
+    case RL_WIRE_EXCHANGE:
+        return (fields == 6 || fail(r, "wrong number of fields"))
+               && rd_bytes(r, RL_WIRE_REGION_MAX, &m->region)
+               && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
+               && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry);
     default:
         return fail(r, "unknown message type");
     }
@@ -295,7 +311,7 @@ int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
          && (version == RL_WIRE_VERSION || fail(&r, "unknown version"))
          && rd_uint(&r, &type);
     if (ok) {
-        out->type = type <= RL_WIRE_GOODBYE ? (int)type : -1;
+        out->type = type <= RL_WIRE_EXCHANGE ? (int)type : -1;
         ok = rd_body(&r, fields, out)
              && (left(&r) == 0 || fail(&r, "bytes after the message"));
     }
@@ -440,6 +456,31 @@ void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
     msgpack_pack_uint64(&w->pk, at_ms);
 }
 
+void rl_wire_put_demand_at(rl_wire_writer *w, const char *rule,
+                           const char *value, size_t value_len,
+                           uint64_t count, uint64_t back, uint64_t at_ms,
+                           uint64_t refused)
+{
+    begin_entry(w, 5, rule, value, value_len);
+    if (back > 0)
+        msgpack_pack_int64(&w->pk, -(int64_t)back);
+    else
+        msgpack_pack_uint64(&w->pk, count);
+    msgpack_pack_uint64(&w->pk, at_ms);
+    msgpack_pack_uint64(&w->pk, refused);
+}
+
+void rl_wire_begin_exchange(rl_wire_writer *w, const char *region,
+                            const char *sender, uint64_t seq,
+                            size_t n_entries)
+{
+    put_header(w, 6, RL_WIRE_EXCHANGE);
+    put_str(w, region, strlen(region));
+    put_str(w, sender, strlen(sender));
+    msgpack_pack_uint64(&w->pk, seq);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
 void rl_wire_put_giveback_at(rl_wire_writer *w, const char *rule,
                              const char *value, size_t value_len,
                              uint64_t back, uint64_t at_ms)
@@ -511,6 +552,21 @@ void rl_wire_put_total(rl_wire_writer *w, const char *value,
     msgpack_pack_array(&w->pk, 5);
     put_bin(w, value, value_len);
     put_totals(w, window, current, previous, agents);
+}
+
+void rl_wire_put_total_share(rl_wire_writer *w, const char *value,
+                             size_t value_len, uint64_t window,
+                             uint64_t current, uint64_t previous,
+                             uint64_t agents, uint64_t share, bool cut)
+{
+    msgpack_pack_array(&w->pk, 7);
+    put_bin(w, value, value_len);
+    put_totals(w, window, current, previous, agents);
+    msgpack_pack_uint64(&w->pk, share);
+    if (cut)
+        msgpack_pack_true(&w->pk);
+    else
+        msgpack_pack_false(&w->pk);
 }
 
 void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,

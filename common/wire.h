@@ -40,10 +40,21 @@
  *           One entry per report entry, in order. window 0 (no sub-window
  *           has it) says the entry's count was refused, not counted: the
  *           aggregator has no such synced rule (a reload removed it).
+ *           An entry of five fields, [rule, value, count, at, refused],
+ *           also says how many requests of the key its agent refused in
+ *           that sub-window: a global rule's (scope: global), for its
+ *           region's demand. Agents send it only to aggregators that said
+ *           they read it (FEATURES).
  *   TOTALS  aggregator -> agents (PUB), one per rule and interval, after a
  *           topic prefix "rule\0"
  *           [1, 3, rule, now_ms, stale, agents, [[value, window, current,
  *            previous, agents], ...]]
+ *           A global rule's entries have two more fields, [..., share,
+ *           cut]: the region's part of the key's room, in millionths
+ *           (RL_WIRE_SHARE_WHOLE is all of it), which the region's agents
+ *           split among them; and whether a region has not been heard
+ *           for a while (its last demand keeps its part: decisions on the
+ *           key are marked degraded).
  *
  *   FEATURES aggregator -> agents (PUB), once per interval, after a topic
  *           of one NUL byte (no rule's topic starts so: agents that do not
@@ -57,6 +68,18 @@
  *           counts of those rules (its presence names) at once, rather
  *           than when it has not reported for a while. Answered with an
  *           ACK of seq 0 and no entries.
+ *   EXCHANGE aggregator -> another region's aggregators (REQ, on that
+ *           region's peers), every interval
+ *           [1, 6, region, sender, seq, [[rule, value, count, at,
+ *            refused], ...]]
+ *           What the sending region's agents counted (and refused) of
+ *           its global rules' keys since the sender's last exchange that
+ *           was acknowledged, per sub-window of the sender's Redis clock
+ *           (at); a negative count is a give-back. sender names the
+ *           sending aggregator and its start, as an agent id does: each
+ *           sender numbers its exchanges 1, 2, 3..., and resends one
+ *           whole until acknowledged (an ACK with no entries); the
+ *           receiving region applies each (sender, seq) once.
  *
  * agents is how many agents are live in the rule: they reported it
  * (counts or presence) within the last RL_WIRE_LIVE_INTERVALS sync
@@ -90,11 +113,13 @@
 #define RL_WIRE_TOTALS 3
 #define RL_WIRE_FEATURES 4
 #define RL_WIRE_GOODBYE 5
+#define RL_WIRE_EXCHANGE 6
 
 /* FEATURES bits. */
 #define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' at */
 #define RL_WIRE_FEATURE_GOODBYE 2u   /* GOODBYE */
 #define RL_WIRE_FEATURE_GIVEBACK 4u  /* REPORT entries' negative counts */
+#define RL_WIRE_FEATURE_DEMAND 8u    /* REPORT entries' refused */
 /* The topic FEATURES messages come under, and its length. */
 #define RL_WIRE_FEATURES_TOPIC ""
 #define RL_WIRE_FEATURES_TOPIC_LEN 1
@@ -108,6 +133,9 @@
 #define RL_WIRE_COUNT_MAX ((1ULL << 53) - 1)
 #define RL_WIRE_PRESENCE_MAX 4096   /* rule names in one REPORT */
 #define RL_WIRE_STREAMS_MAX 16      /* report streams of one agent */
+#define RL_WIRE_REGION_MAX 32       /* a region's name */
+/* A TOTALS entry's share when the region has all of the key's room. */
+#define RL_WIRE_SHARE_WHOLE 1000000u
 
 /* An agent that has not reported for this many sync intervals leaves its
  * rules' agent counts: a few, so that a report late by an interval or two
@@ -146,17 +174,22 @@ typedef struct rl_wire_entry {
                            * magnitude; count is 0 then */
     uint64_t at_ms;       /* REPORT: a time in its count's sub-window, 0
                            * when the entry has none (count it now) */
+    uint64_t refused;     /* REPORT, EXCHANGE: requests refused there */
     uint64_t window;      /* ACK, TOTALS */
     uint64_t current;     /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;    /* oldest: fleet total of sub-window w-N */
     uint64_t agents;      /* agents that reported the rule lately */
+    uint64_t share;       /* TOTALS: the region's millionths of the room
+                           * (RL_WIRE_SHARE_WHOLE unless a global rule's) */
+    bool cut;             /* TOTALS: a region has not been heard */
 } rl_wire_entry;
 
 typedef struct rl_wire_msg {
     int type;
-    rl_wire_bytes agent_id; /* REPORT, GOODBYE */
+    rl_wire_bytes agent_id; /* REPORT, GOODBYE; EXCHANGE: its sender */
+    rl_wire_bytes region;   /* EXCHANGE: the sending region */
     rl_wire_bytes rule;     /* TOTALS */
-    uint64_t seq;           /* REPORT, ACK */
+    uint64_t seq;           /* REPORT, ACK, EXCHANGE */
     uint64_t stream;        /* REPORT: 0 when the field is absent */
     uint64_t status;        /* ACK */
     uint64_t now_ms;        /* ACK, TOTALS */
@@ -204,6 +237,17 @@ void rl_wire_put_count_at(rl_wire_writer *w, const char *rule,
 void rl_wire_put_giveback_at(rl_wire_writer *w, const char *rule,
                              const char *value, size_t value_len,
                              uint64_t back, uint64_t at_ms);
+/* An entry of five fields: a count (or a give-back, back > 0) in the
+ * sub-window of at_ms, and the requests refused there, for an aggregator
+ * that reads them (RL_WIRE_FEATURE_DEMAND), or in an EXCHANGE. */
+void rl_wire_put_demand_at(rl_wire_writer *w, const char *rule,
+                           const char *value, size_t value_len,
+                           uint64_t count, uint64_t back, uint64_t at_ms,
+                           uint64_t refused);
+/* An EXCHANGE: begin, then n_entries rl_wire_put_demand_at. */
+void rl_wire_begin_exchange(rl_wire_writer *w, const char *region,
+                            const char *sender, uint64_t seq,
+                            size_t n_entries);
 /* A REPORT with the presence field: begin, put n_entries counts, then
  * rl_wire_put_presence once with its names. */
 void rl_wire_begin_report_presence(rl_wire_writer *w, const char *agent_id,
@@ -231,6 +275,13 @@ void rl_wire_begin_totals(rl_wire_writer *w, const char *rule,
 void rl_wire_put_total(rl_wire_writer *w, const char *value,
                        size_t value_len, uint64_t window, uint64_t current,
                        uint64_t previous, uint64_t agents);
+
+/* A global rule's TOTALS entry: with the region's share (millionths of
+ * the room) and whether a region is cut off. */
+void rl_wire_put_total_share(rl_wire_writer *w, const char *value,
+                             size_t value_len, uint64_t window,
+                             uint64_t current, uint64_t previous,
+                             uint64_t agents, uint64_t share, bool cut);
 
 /* GOODBYE of agent_id from the n rules it named as present. */
 void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,

@@ -83,16 +83,20 @@ Test(wire, a_report_entry_reads_back_with_or_without_its_window)
 
 /* An entry's time is never 0 (which would say "now" in a shape older
  * aggregators refuse), and an entry has four fields at most. */
-Test(wire, a_report_entry_at_0_or_of_five_fields_is_refused)
+Test(wire, a_report_entry_at_0_or_of_six_fields_is_refused)
 {
     /* [1, 1, "a", 1, [["r", "v", 1, 0]]] */
     static const unsigned char zero[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x94,
                                          0xa1, 'r', 0xa1, 'v', 1, 0};
     cr_assert_str_eq(refusal(zero, sizeof zero), "at 0");
-    /* [1, 1, "a", 1, [["r", "v", 1, 2, 3]]] */
+    /* [1, 1, "a", 1, [["r", "v", 1, 2, 3, 4]]] */
+    static const unsigned char six[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x96,
+                                        0xa1, 'r', 0xa1, 'v', 1, 2, 3, 4};
+    cr_assert_str_eq(refusal(six, sizeof six), "wrong number of fields");
+    /* [1, 1, "a", 1, [["r", "v", 1, 0, 3]]]: refused needs its at */
     static const unsigned char five[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x95,
-                                         0xa1, 'r', 0xa1, 'v', 1, 2, 3};
-    cr_assert_str_eq(refusal(five, sizeof five), "wrong number of fields");
+                                         0xa1, 'r', 0xa1, 'v', 1, 0, 3};
+    cr_assert_str_eq(refusal(five, sizeof five), "at 0");
     /* [1, 1, "a", 1, [["r", "v"]]] */
     static const unsigned char two[] = {0x95, 1, 1, 0xa1, 'a', 1, 0x91, 0x92,
                                         0xa1, 'r', 0xa1, 'v'};
@@ -217,6 +221,59 @@ Test(wire, acks_and_totals_read_back_the_same)
     cr_assert_eq(m.agents, 9);
     cr_assert_eq(m.entries[0].agents, 4);
     rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+}
+
+/* A global rule's entries: a report's refusals, an exchange between
+ * regions, and TOTALS with the region's share. */
+Test(wire, demand_exchanges_and_shares_read_back_the_same)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, "agent-1", 3, 2);
+    rl_wire_put_demand_at(w, "g", "k", 1, 7, 0, 5000, 40);
+    rl_wire_put_demand_at(w, "g", "k", 1, 0, 2, 4500, 0);
+    rl_wire_msg m = decode_ok(w, 0);
+    cr_assert_eq(m.entries[0].count, 7);
+    cr_assert_eq(m.entries[0].at_ms, 5000);
+    cr_assert_eq(m.entries[0].refused, 40);
+    cr_assert_eq(m.entries[1].back, 2);
+    cr_assert_eq(m.entries[1].refused, 0);
+    rl_wire_msg_free(&m);
+
+    rl_wire_writer_reset(w);
+    rl_wire_begin_exchange(w, "eu", "region:eu/0/x", 9, 1);
+    rl_wire_put_demand_at(w, "g", "k", 1, 12, 0, 6000, 1);
+    m = decode_ok(w, 0);
+    cr_assert_eq(m.type, RL_WIRE_EXCHANGE);
+    cr_assert_eq(m.region.len, 2);
+    cr_assert_eq(memcmp(m.region.ptr, "eu", 2), 0);
+    cr_assert_eq(memcmp(m.agent_id.ptr, "region:eu/0/x", 13), 0);
+    cr_assert_eq(m.seq, 9);
+    cr_assert_eq(m.entries[0].count, 12);
+    cr_assert_eq(m.entries[0].refused, 1);
+    rl_wire_msg_free(&m);
+
+    rl_wire_writer_reset(w);
+    rl_wire_begin_totals(w, "g", 5000, false, 3, 2);
+    rl_wire_put_total_share(w, "k", 1, 1, 2, 3, 4, 700000, true);
+    rl_wire_put_total(w, "j", 1, 1, 2, 3, 4);
+    size_t len;
+    rl_wire_writer_data(w, &len);
+    m = decode_ok(w, 2);
+    cr_assert_eq(m.entries[0].share, 700000);
+    cr_assert(m.entries[0].cut);
+    cr_assert_eq(m.entries[1].share, RL_WIRE_SHARE_WHOLE,
+                 "a regional key's room is all its region's");
+    cr_assert_not(m.entries[1].cut);
+    rl_wire_msg_free(&m);
+
+    /* A share over the whole is refused. */
+    rl_wire_writer_reset(w);
+    rl_wire_begin_totals(w, "g", 5000, false, 3, 1);
+    rl_wire_put_total_share(w, "k", 1, 1, 2, 3, 4, RL_WIRE_SHARE_WHOLE + 1,
+                            false);
+    const char *data = rl_wire_writer_data(w, &len);
+    cr_assert_str_eq(refusal(data + 2, len - 2), "number out of range");
     rl_wire_writer_free(w);
 }
 
