@@ -56,7 +56,8 @@ RLCTL_SRC  = $(wildcard rlctl/*.c)
 AGG_SRC    = aggregator/main.c aggregator/ingest.c aggregator/broadcast.c \
              aggregator/windows.c aggregator/service.c aggregator/metrics.c \
              aggregator/agents.c aggregator/window_call.c \
-             aggregator/window_args.c
+             aggregator/window_args.c aggregator/demand.c \
+             aggregator/exchange.c aggregator/regions.c
 TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/test_env.c tests/support/redis_server.c \
              tests/support/test_agent.c tests/support/test_aggregator.c \
@@ -65,6 +66,7 @@ TEST_SRC   = $(wildcard tests/unit/*.c) $(wildcard tests/integration/*.c) \
              tests/support/no_network.c tests/support/fake_aggregator.c \
              tests/support/test_fleet.c tests/support/test_certs.c \
              tests/support/test_rls.c tests/support/test_upstream.c \
+             tests/support/test_regions.c aggregator/demand.c \
              $(HARNESS_SRC)
 GW_SRC     = $(wildcard gateway/*.c)
 # rl-rls's parts that the unit tests link (rls/, issue 30), and its wire

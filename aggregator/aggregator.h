@@ -21,6 +21,8 @@
 
 /* Reports handled at once. */
 #define RL_INGEST_WORKERS 32
+/* Other regions' exchanges handled at once (one per sender at a time). */
+#define RL_EXCHANGE_WORKERS 8
 
 typedef struct rl_aggregator rl_aggregator;
 
@@ -42,6 +44,8 @@ typedef struct rl_ingest_worker {
     size_t *kept_of, n_kept;
     char peer[160];
     uint64_t sent_at_us;           /* to Redis, for the latency metric */
+    bool exchange;                 /* on the peers socket: another
+                                    * region's exchanges, not reports */
 } rl_ingest_worker;
 
 /* Why a report was refused. */
@@ -67,6 +71,7 @@ typedef struct rl_aggregator_stats {
 } rl_aggregator_stats;
 
 typedef struct rl_broadcast rl_broadcast;
+typedef struct rl_exchange rl_exchange;
 
 /* Peers whose bad reports were logged this interval: one line per peer per
  * interval, however many they send. */
@@ -92,6 +97,13 @@ struct rl_aggregator {
     nng_socket reports;
     nng_socket totals;
     rl_ingest_worker workers[RL_INGEST_WORKERS];
+    /* Regions (docs/regions.md): the other regions' exchanges come in on
+     * peers, this region's counts go out through exchange, and demand
+     * splits a global key's room among the regions. */
+    nng_socket peers;
+    rl_ingest_worker exchange_workers[RL_EXCHANGE_WORKERS];
+    rl_exchange *exchange;         /* NULL without regions */
+    struct rl_demand *demand;      /* NULL without regions */
 
     pthread_mutex_t ready_lock;    /* nng threads -> loop */
     rl_ingest_worker *ready;

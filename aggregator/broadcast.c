@@ -17,6 +17,8 @@
  */
 #include "aggregator.h"
 
+#include "regions.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,7 +187,8 @@ static void publish_features(rl_aggregator *agg, rl_wire_writer *w)
     rl_wire_writer_reset(w);
     rl_wire_begin_features(w, RL_WIRE_FEATURE_WINDOWS
                                   | RL_WIRE_FEATURE_GOODBYE
-                                  | RL_WIRE_FEATURE_GIVEBACK);
+                                  | RL_WIRE_FEATURE_GIVEBACK
+                                  | RL_WIRE_FEATURE_DEMAND);
     int rv = publish(agg, w);
     if (rv != 0)
         rl_log(&agg->log, RL_LOG_WARN, "features_not_sent",
@@ -203,8 +206,8 @@ static size_t chunk(const rl_aggregator *agg, const rule_changes *c,
         const noted *n = &c->slots[j];
         if (n->hash == 0)
             continue;
-        /* A value, three counts and msgpack's framing. */
-        size_t need = n->value_len + 48;
+        /* A value, three counts, a share and msgpack's framing. */
+        size_t need = n->value_len + 64;
         if (count > 0 && bytes + need > budget)
             break;
         bytes += need;
@@ -231,9 +234,19 @@ static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
                              count);
         for (; i < end; i++) {
             const noted *n = &c->slots[i];
-            if (n->hash != 0)
+            if (n->hash == 0)
+                continue;
+            if (!rule->global) {
                 rl_wire_put_total(w, n->value, n->value_len, n->window,
                                   n->current, n->previous, c->agents);
+                continue;
+            }
+            bool cut;
+            uint64_t share = rl_regions_share(agg, rule, n->value,
+                                              n->value_len, now, &cut);
+            rl_wire_put_total_share(w, n->value, n->value_len, n->window,
+                                    n->current, n->previous, c->agents,
+                                    share, cut);
         }
         send_totals(agg, rule, w);
         sent = true;

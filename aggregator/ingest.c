@@ -22,7 +22,9 @@
 
 #include "nng_tls.h"
 
+#include "exchange.h"
 #include "nng_handoff.h"
+#include "regions.h"
 #include "windows.h"
 
 #include <arpa/inet.h>
@@ -200,6 +202,7 @@ static void on_applied(void *arg, bool duplicate,
         agg->stats.reports_applied++;
         agg->stats.entries_applied += n;
     }
+    uint64_t now = rl_store_now_ms(agg->store);
     for (size_t i = 0; i < n; i++) {
         const rl_rule *rule = rl_aggregator_rule(agg, entries[i].rule);
         rl_broadcast_note(agg, rule, entries[i].value.ptr,
@@ -207,6 +210,16 @@ static void on_applied(void *arg, bool duplicate,
                           totals[i].current, totals[i].previous,
                           totals[i].agents,
                           !duplicate && entries[i].back > 0);
+        /* This region's counts of a global rule go to the others, once:
+         * a duplicate went when it was applied. */
+        if (!duplicate && !w->exchange && rule != NULL && rule->global)
+            rl_regions_local_count(agg, rule, &entries[i], now);
+    }
+    if (w->exchange) {
+        /* Another region's aggregator: an ACK of no entries says its
+         * exchange is in this region's Redis. */
+        send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, NULL);
+        return;
     }
     for (size_t i = 0; i < w->n_presence; i++)
         rl_broadcast_agents(agg, w->presence[i], presence_agents[i]);
@@ -322,6 +335,64 @@ static void handle_goodbye(rl_ingest_worker *w, uint32_t pipe)
                      w->n_presence, at, on_left, w);
 }
 
+/* Another region's exchange: its counts go into this region's Redis,
+ * each (sender, seq) once, its demand to this aggregator's table the
+ * first time it sees that seq (every peer of a region gets every
+ * exchange). Entries of rules not global here (a reload on one side) are
+ * passed over: the sender would send them again forever. */
+static void handle_exchange(rl_ingest_worker *w)
+{
+    rl_aggregator *agg = w->agg;
+    const rl_wire_msg *m = &w->report;
+    if (m->type != RL_WIRE_EXCHANGE) {
+        refuse(w, RL_REJECT_MALFORMED, "not an exchange");
+        return;
+    }
+    int r = rl_exchange_region(agg, m->region);
+    if (r < 0) {
+        refuse(w, RL_REJECT_UNKNOWN_RULE, "an exchange from a region that "
+               "is not in regions");
+        return;
+    }
+    const rl_rule **rules = calloc(m->n_entries + 1, sizeof *rules);
+    w->kept = calloc(m->n_entries + 1, sizeof *w->kept);
+    w->kept_of = calloc(m->n_entries + 1, sizeof *w->kept_of);
+    if (rules == NULL || w->kept == NULL || w->kept_of == NULL) {
+        free(rules);
+        refuse(w, RL_REJECT_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    bool fresh = rl_exchange_heard(agg, (size_t)r, m->agent_id, m->seq);
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_entries; i++) {
+        const rl_rule *rule = rl_aggregator_rule(agg, m->entries[i].rule);
+        if (rule == NULL || !rule->global)
+            continue;
+        if (fresh)
+            rl_regions_note_demand(agg, rule, &m->entries[i], (size_t)r);
+        w->kept[n] = m->entries[i];
+        w->kept_of[n] = i;
+        rules[n++] = rule;
+    }
+    w->n_kept = n;
+    uint64_t now = rl_store_now_ms(agg->store);
+    if (n == 0 || now == 0) {
+        free(rules);
+        /* A heartbeat (or nothing global here) writes nothing; without
+         * Redis's clock, the sender sends it again. */
+        send_ack(w, now == 0 ? RL_ACK_RETRY : RL_ACK_APPLIED, NULL);
+        return;
+    }
+    rl_wire_msg applied = *m;
+    applied.entries = w->kept;
+    applied.n_entries = n;
+    agg->in_flight++;
+    w->sent_at_us = uv_hrtime() / 1000;
+    rl_windows_apply(agg->windows, &applied, rules, NULL, 0, now, on_applied,
+                     w);
+    free(rules);
+}
+
 static void handle_report(rl_ingest_worker *w)
 {
     rl_aggregator *agg = w->agg;
@@ -331,6 +402,10 @@ static void handle_report(rl_ingest_worker *w)
     if (rl_wire_decode(nng_msg_body(w->msg), nng_msg_len(w->msg), &w->report,
                        &why) != 0) {
         refuse(w, RL_REJECT_MALFORMED, why);
+        return;
+    }
+    if (w->exchange) {
+        handle_exchange(w);
         return;
     }
     if (w->report.type == RL_WIRE_GOODBYE) {
@@ -459,6 +534,51 @@ void rl_ingest_drain_ready(rl_aggregator *agg)
     }
 }
 
+static int start_workers(rl_aggregator *agg, nng_socket sock,
+                         rl_ingest_worker *workers, int n, char *err,
+                         size_t errlen)
+{
+    for (int i = 0; i < n; i++) {
+        rl_ingest_worker *w = &workers[i];
+        int rv;
+        w->agg = agg;
+        w->exchange = workers == agg->exchange_workers;
+        if ((rv = nng_ctx_open(&w->ctx, sock)) != 0
+            || (rv = nng_aio_alloc(&w->aio, on_aio, w)) != 0) {
+            snprintf(err, errlen, "cannot set up report workers: %s",
+                     nng_strerror(rv));
+            return -1;
+        }
+        receive(w);
+    }
+    return 0;
+}
+
+/* The other regions' exchanges, on this aggregator's own peer address
+ * (its region's peers, at its index), with aggregator.tls as reports. */
+static int start_peers(rl_aggregator *agg, char *err, size_t errlen)
+{
+    const rl_regions_config *rc = &agg->boot_config->regions;
+    if (rc->n == 0)
+        return 0;
+    const rl_aggregator_config *c = &agg->boot_config->aggregator;
+    size_t index = (size_t)(agg->endpoint - c->endpoints);
+    const char *url = rc->regions[rc->self].peers[index];
+    int rv = nng_rep0_open(&agg->peers);
+    if (rv == 0)
+        rv = nng_socket_set_size(agg->peers, NNG_OPT_RECVMAXSZ,
+                                 c->max_message_bytes);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot open the peers socket: %s",
+                 nng_strerror(rv));
+        return -1;
+    }
+    if (rl_nng_listen(agg->peers, url, &c->tls, err, errlen) != 0)
+        return -1;
+    return start_workers(agg, agg->peers, agg->exchange_workers,
+                         RL_EXCHANGE_WORKERS, err, errlen);
+}
+
 int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
 {
     const rl_aggregator_config *c = &agg->config->aggregator;
@@ -474,31 +594,24 @@ int rl_ingest_start(rl_aggregator *agg, char *err, size_t errlen)
     if (rl_nng_listen(agg->reports, agg->endpoint->reports, &c->tls, err,
                       errlen) != 0)
         return -1;
-    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
-        rl_ingest_worker *w = &agg->workers[i];
-        w->agg = agg;
-        if ((rv = nng_ctx_open(&w->ctx, agg->reports)) != 0
-            || (rv = nng_aio_alloc(&w->aio, on_aio, w)) != 0) {
-            snprintf(err, errlen, "cannot set up report workers: %s",
-                     nng_strerror(rv));
-            return -1;
-        }
-        receive(w);
-    }
-    return 0;
+    if (start_workers(agg, agg->reports, agg->workers, RL_INGEST_WORKERS,
+                      err, errlen) != 0)
+        return -1;
+    return start_peers(agg, err, errlen);
 }
 
-void rl_ingest_stop(rl_aggregator *agg)
+static void stop_workers(nng_socket sock, rl_ingest_worker *workers, int n)
 {
-    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
-        rl_ingest_worker *w = &agg->workers[i];
+    for (int i = 0; i < n; i++) {
+        rl_ingest_worker *w = &workers[i];
         if (w->aio != NULL)
             nng_aio_stop(w->aio);
         rl_nng_handoff(w);
     }
-    nng_close(agg->reports);
-    for (int i = 0; i < RL_INGEST_WORKERS; i++) {
-        rl_ingest_worker *w = &agg->workers[i];
+    if (nng_socket_id(sock) > 0)
+        nng_close(sock);
+    for (int i = 0; i < n; i++) {
+        rl_ingest_worker *w = &workers[i];
         nng_msg_free(w->msg);
         rl_wire_msg_free(&w->report);
         free(w->kept);
@@ -511,6 +624,12 @@ void rl_ingest_stop(rl_aggregator *agg)
             nng_aio_free(w->aio);
         w->aio = NULL;
     }
+}
+
+void rl_ingest_stop(rl_aggregator *agg)
+{
+    stop_workers(agg->reports, agg->workers, RL_INGEST_WORKERS);
+    stop_workers(agg->peers, agg->exchange_workers, RL_EXCHANGE_WORKERS);
     /* Callbacks stopped above may still have queued workers. */
     pthread_mutex_lock(&agg->ready_lock);
     agg->ready = NULL;

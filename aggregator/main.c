@@ -16,6 +16,8 @@
  * changed is logged one line each, as rl-gateway does.
  */
 #include "aggregator.h"
+#include "exchange.h"
+#include "regions.h"
 
 #include "windows.h"
 
@@ -81,6 +83,7 @@ const rl_rule *rl_aggregator_fleet_rule(const rl_aggregator *agg,
 static void on_wakeup(uv_async_t *h)
 {
     rl_ingest_drain_ready(h->data);
+    rl_exchange_drain(h->data);
 }
 
 /* Publishes five eighths into each interval of Redis's clock: agents
@@ -129,6 +132,7 @@ static void *teardown_nng(void *arg)
     /* The reports socket first: its pipe callbacks count into the
      * metrics. */
     rl_ingest_stop(t->agg);
+    rl_regions_stop(t->agg);
     rl_metrics_stop(t->agg);
     nng_close(t->agg->totals);
     atomic_store(&t->done, true);
@@ -197,6 +201,8 @@ static void on_publish(uv_timer_t *t)
     if (!agg->stopping) {
         rl_metrics_render(agg);
         rl_broadcast_publish(agg);
+        rl_exchange_send(agg);
+        rl_regions_sweep(agg, rl_store_now_ms(agg->store));
         agg->interval++;
     }
     uv_timer_start(t, on_publish,
@@ -374,7 +380,8 @@ static int start(rl_aggregator *agg)
         fprintf(stderr, "rl-aggregator: out of memory\n");
         return EXIT_RUNTIME;
     }
-    if (rl_ingest_start(agg, err, sizeof err) != 0
+    if (rl_regions_start(agg, err, sizeof err) != 0
+        || rl_ingest_start(agg, err, sizeof err) != 0
         || rl_metrics_start(agg, err, sizeof err) != 0) {
         fprintf(stderr, "rl-aggregator: %s\n", err);
         return EXIT_RUNTIME;

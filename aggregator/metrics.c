@@ -6,6 +6,7 @@
  * last text, so no counter is read from another thread.
  */
 #include "aggregator.h"
+#include "exchange.h"
 
 #include "histogram.h"
 #include "nng_handoff.h"
@@ -267,6 +268,7 @@ void rl_metrics_render(rl_aggregator *agg)
     text t = {0}, a = {0};
     render_reports(&t, agg);
     render_state(&t, agg);
+    rl_exchange_render(agg, put_any, &t);
     rl_agents_render(agg, rl_store_now_ms(agg->store), put_any, &a);
     pthread_mutex_lock(&m->lock);
     free(m->text);

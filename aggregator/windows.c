@@ -314,8 +314,11 @@ static void add_seq_key(rl_args *a, const report_view *v, const part *pt)
     size_t start = a->used;
     /* A piece's own sequence (windows.h), named before the agent so that
      * no agent id can make one piece's key another's. */
+    /* An exchange's sender is another region's aggregator: its own
+     * names, so that no agent id can be taken for one. */
+    const char *of = m->type == RL_WIRE_EXCHANGE ? "x" : "";
     if (pt->piece > 0) {
-        rl_args_addf(a, "rl:agg:piece:%zu:%.*s", pt->piece - 1,
+        rl_args_addf(a, "rl:agg:%spiece:%zu:%.*s", of, pt->piece - 1,
                      (int)m->agent_id.len, m->agent_id.ptr);
         if (m->stream > 0)
             rl_args_addf(a, "/%llu", (unsigned long long)m->stream);
@@ -329,7 +332,7 @@ static void add_seq_key(rl_args *a, const report_view *v, const part *pt)
         rl_args_addf(a, "rl:agg:seq:%.*s/%llu", (int)m->agent_id.len,
                      m->agent_id.ptr, (unsigned long long)m->stream);
     else
-        rl_args_addf(a, "rl:agg:seq:%.*s", (int)m->agent_id.len,
+        rl_args_addf(a, "rl:agg:%sseq:%.*s", of, (int)m->agent_id.len,
                      m->agent_id.ptr);
     if (!v->cluster)
         return;
@@ -551,7 +554,12 @@ static job *new_job(const rl_wire_msg *m, const rl_rule *const *rules,
     }
     *n_rules = 0;
     for (size_t i = 0; i < n; i++) {
-        j->rule_of[i] = distinct_index(distinct, n_rules, rules[i]);
+        /* An exchange's sender is no agent: it joins no live set, and
+         * its entries are answered with no agent count (agents[0] stays
+         * 0: no set writes it). */
+        j->rule_of[i] = m->type == RL_WIRE_EXCHANGE
+                            ? 0
+                            : distinct_index(distinct, n_rules, rules[i]);
         j->windows[i] = now_ms / rl_wire_subwindow_ms(rules[i]->period_ms);
     }
     for (size_t i = 0; i < n_presence; i++)

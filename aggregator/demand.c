@@ -1,0 +1,247 @@
+/*
+ * demand.c: see demand.h. Each key keeps, per region, the requests offered
+ * in each of the last RL_WIRE_SUBWINDOWS + 1 sub-windows (a ring indexed
+ * by sub-window number), in a chained hash table: keys come and go with
+ * the traffic, and a chain is the simplest table to forget from.
+ */
+#include "demand.h"
+
+#include "config.h"
+#include "wire.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SLOTS (RL_WIRE_SUBWINDOWS + 1)
+
+typedef struct ring {
+    uint64_t head;            /* the latest sub-window noted; 0: none */
+    uint32_t counts[SLOTS];   /* by sub-window number mod SLOTS */
+} ring;
+
+typedef struct key {
+    struct key *next;
+    uint64_t hash;
+    size_t len;               /* of name: "rule\0value" */
+    ring *rings;              /* one per region */
+    uint64_t share;           /* the last part worked out, 0: none */
+    char name[];
+} key;
+
+struct rl_demand {
+    size_t n_regions, max_keys, n_keys, cap;
+    uint64_t refused;
+    key **buckets;
+};
+
+rl_demand *rl_demand_new(size_t n_regions, size_t max_keys)
+{
+    rl_demand *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return NULL;
+    d->n_regions = n_regions;
+    d->max_keys = max_keys;
+    d->cap = 1024;
+    d->buckets = calloc(d->cap, sizeof *d->buckets);
+    if (d->buckets == NULL) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void key_free(key *k)
+{
+    free(k->rings);
+    free(k);
+}
+
+void rl_demand_free(rl_demand *d)
+{
+    if (d == NULL)
+        return;
+    for (size_t i = 0; i < d->cap; i++) {
+        for (key *k = d->buckets[i], *next; k != NULL; k = next) {
+            next = k->next;
+            key_free(k);
+        }
+    }
+    free(d->buckets);
+    free(d);
+}
+
+/* "rule\0value", the key's name, into buf (at least RL_NAME_MAX + 1 +
+ * RL_WIRE_VALUE_MAX bytes); its length. */
+static size_t name_of(char *buf, const char *rule, const char *value,
+                      size_t value_len)
+{
+    size_t n = strlen(rule) + 1;
+    memcpy(buf, rule, n);
+    memcpy(buf + n, value, value_len);
+    return n + value_len;
+}
+
+static uint64_t hash_of(const char *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static key **find(const rl_demand *d, const char *name, size_t len,
+                  uint64_t h)
+{
+    key **at = &d->buckets[h & (d->cap - 1)];
+    while (*at != NULL
+           && !((*at)->hash == h && (*at)->len == len
+                && memcmp((*at)->name, name, len) == 0))
+        at = &(*at)->next;
+    return at;
+}
+
+/* Doubles the buckets when the keys outnumber them; kept as they are
+ * without memory (longer chains, still right). */
+static void grow(rl_demand *d)
+{
+    size_t cap = d->cap * 2;
+    key **buckets = calloc(cap, sizeof *buckets);
+    if (buckets == NULL)
+        return;
+    for (size_t i = 0; i < d->cap; i++) {
+        for (key *k = d->buckets[i], *next; k != NULL; k = next) {
+            next = k->next;
+            k->next = buckets[k->hash & (cap - 1)];
+            buckets[k->hash & (cap - 1)] = k;
+        }
+    }
+    free(d->buckets);
+    d->buckets = buckets;
+    d->cap = cap;
+}
+
+static void ring_add(ring *r, uint64_t w, uint64_t n)
+{
+    if (w > r->head) {
+        uint64_t from = r->head == 0 || w - r->head >= SLOTS
+                            ? (w >= SLOTS ? w - SLOTS + 1 : 0)
+                            : r->head + 1;
+        for (uint64_t x = from; x <= w; x++)
+            r->counts[x % SLOTS] = 0;
+        r->head = w;
+    } else if (r->head - w >= SLOTS) {
+        return; /* out of every span */
+    }
+    uint64_t sum = r->counts[w % SLOTS] + n;
+    r->counts[w % SLOTS] = sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+/* The requests offered in the span that ends at sub-window at. */
+static uint64_t ring_sum(const ring *r, uint64_t at)
+{
+    uint64_t sum = 0;
+    for (uint64_t k = 0; r->head > 0 && k < SLOTS && k <= r->head; k++) {
+        uint64_t w = r->head - k;
+        if (w <= at && w + RL_WIRE_SUBWINDOWS >= at)
+            sum += r->counts[w % SLOTS];
+    }
+    return sum;
+}
+
+bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
+                    size_t value_len, size_t r, uint64_t w, uint64_t n)
+{
+    char name[RL_NAME_MAX + 1 + RL_WIRE_VALUE_MAX];
+    if (r >= d->n_regions || value_len > RL_WIRE_VALUE_MAX
+        || strlen(rule) > RL_NAME_MAX || w == 0)
+        return true;
+    size_t len = name_of(name, rule, value, value_len);
+    uint64_t h = hash_of(name, len);
+    key **at = find(d, name, len, h);
+    if (*at == NULL) {
+        if (d->n_keys >= d->max_keys) {
+            d->refused++;
+            return false;
+        }
+        key *k = calloc(1, sizeof *k + len);
+        if (k == NULL || (k->rings = calloc(d->n_regions, sizeof(ring)))
+                             == NULL) {
+            free(k);
+            d->refused++;
+            return false;
+        }
+        k->hash = h;
+        k->len = len;
+        memcpy(k->name, name, len);
+        *at = k;
+        if (++d->n_keys > d->cap)
+            grow(d);
+        at = find(d, name, len, h);
+    }
+    ring_add(&(*at)->rings[r], w, n);
+    return true;
+}
+
+uint64_t rl_demand_share(rl_demand *d, const char *rule, const char *value,
+                         size_t value_len, size_t self, uint64_t at,
+                         bool cut)
+{
+    char name[RL_NAME_MAX + 1 + RL_WIRE_VALUE_MAX];
+    uint64_t even = RL_WIRE_SHARE_WHOLE / (d->n_regions ? d->n_regions : 1);
+    if (value_len > RL_WIRE_VALUE_MAX || strlen(rule) > RL_NAME_MAX)
+        return even;
+    size_t len = name_of(name, rule, value, value_len);
+    key *k = *find(d, name, len, hash_of(name, len));
+    if (k == NULL)
+        return even;
+    /* Kept one above the part, so that a part of 0 is told from none. */
+    if (cut)
+        return k->share > 0 ? k->share - 1 : even;
+    uint64_t mine = 0, all = 0;
+    for (size_t r = 0; r < d->n_regions; r++) {
+        uint64_t s = ring_sum(&k->rings[r], at);
+        all += s;
+        if (r == self)
+            mine = s;
+    }
+    /* Rounded down: the regions' parts never add up to more than the
+     * room. */
+    uint64_t share = all == 0 ? even
+                              : (uint64_t)((unsigned __int128)mine
+                                           * RL_WIRE_SHARE_WHOLE / all);
+    k->share = share + 1;
+    return share;
+}
+
+void rl_demand_sweep(rl_demand *d, uint64_t now_ms,
+                     uint64_t (*g_of)(void *, const char *rule), void *arg)
+{
+    for (size_t i = 0; i < d->cap; i++) {
+        for (key **at = &d->buckets[i]; *at != NULL;) {
+            key *k = *at;
+            uint64_t g = g_of(arg, k->name);
+            uint64_t newest = 0;
+            for (size_t r = 0; r < d->n_regions; r++)
+                newest = k->rings[r].head > newest ? k->rings[r].head
+                                                   : newest;
+            /* g 0: the rule is gone (a reload). */
+            if (g == 0 || newest + 2 * SLOTS < now_ms / g) {
+                *at = k->next;
+                key_free(k);
+                d->n_keys--;
+            } else {
+                at = &k->next;
+            }
+        }
+    }
+}
+
+size_t rl_demand_keys(const rl_demand *d)
+{
+    return d->n_keys;
+}
+
+uint64_t rl_demand_refused(const rl_demand *d)
+{
+    return d->refused;
+}

@@ -1,0 +1,550 @@
+/*
+ * exchange.c: see exchange.h. Each other region has an outbox, the counts
+ * applied here since its last exchange was built, merged per (rule, value,
+ * sub-window), and at most one exchange outstanding: built once, numbered,
+ * and sent as the same bytes to every peer of that region every interval
+ * until one of them acknowledges it (the receiving region's Redis applies
+ * each number once), so a resent exchange is never counted twice, and one
+ * number's counts never overtake another's. A peer's nng callbacks only
+ * record what happened and wake the loop (agg->wakeup); the loop does the
+ * rest.
+ */
+#include "exchange.h"
+
+#include "agent_id.h"
+#include "demand.h"
+#include "nng_handoff.h"
+#include "nng_tls.h"
+
+#include <nng/protocol/reqrep0/req.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Counts one outbox holds, at most, merged per key and sub-window: past
+ * it, counts are dropped (counted, logged) rather than memory grown
+ * without bound through a long partition. */
+#define OUTBOX_MAX RL_WIRE_ENTRIES_MAX
+/* Senders whose last exchange number this aggregator keeps. */
+#define SENDERS_MAX 128
+
+enum { IDLE, SENDING, RECEIVING };
+
+typedef struct out_entry {
+    uint64_t hash;       /* 0: empty */
+    uint64_t w, g;       /* its sub-window, of g ms */
+    uint64_t count, back, refused;
+    uint16_t rule_len, value_len;
+    char rule[RL_NAME_MAX + 1];
+    char value[RL_WIRE_VALUE_MAX];
+} out_entry;
+
+typedef struct outbox {
+    out_entry *slots;    /* open addressing, cap a power of two */
+    size_t cap, used;
+    uint64_t oldest_ms;  /* loop ms of the oldest count in it; 0: none */
+} outbox;
+
+struct region_link;
+
+/* One peer address of another region. */
+typedef struct peer {
+    struct region_link *region_link;
+    rl_aggregator *agg;
+    nng_socket sock;
+    nng_ctx ctx;
+    nng_aio *aio;
+    const char *url;
+    int state;           /* loop: IDLE, else an exchange under way */
+    /* The last exchange went unanswered: its connection may be one that
+     * went silent without closing (a middlebox dropped it), on which nng
+     * would wait forever. The next send dials afresh. */
+    bool redial;
+    int step;            /* nng side: SENDING, then RECEIVING */
+    /* Under the exchange's lock: the aio ended. */
+    bool done;
+    int result;
+    nng_msg *reply;
+} peer;
+
+/* Another region. */
+typedef struct region_link {
+    size_t region;       /* its index in the config */
+    peer peers[RL_AGGREGATORS_MAX];
+    size_t n_peers;
+    outbox box;
+    void *batch;         /* the exchange outstanding, or NULL */
+    size_t batch_len;
+    uint64_t batch_seq, batch_oldest_ms;
+    uint64_t seq;        /* the last number given */
+    uint64_t heard_ms;   /* loop ms it was last heard; 0: never */
+    uint64_t dropped;    /* counts the full outbox dropped */
+} region_link;
+
+typedef struct seen {
+    char id[RL_WIRE_ID_MAX];
+    size_t len;
+    uint64_t seq;
+    uint64_t used;       /* the table's clock: the oldest goes first */
+} seen;
+
+struct rl_exchange {
+    pthread_mutex_t lock;
+    char sender[RL_WIRE_ID_MAX + 1];
+    region_link links[RL_REGIONS_MAX];
+    size_t n_links;
+    uint64_t started_ms;
+    seen senders[SENDERS_MAX];
+    uint64_t clock;
+};
+
+static uint64_t hash_key(const char *rule, size_t rule_len,
+                         const char *value, size_t value_len, uint64_t w)
+{
+    uint64_t h = 1469598103934665603ULL ^ w; /* FNV-1a */
+    for (size_t i = 0; i < rule_len; i++)
+        h = (h ^ (unsigned char)rule[i]) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;
+    for (size_t i = 0; i < value_len; i++)
+        h = (h ^ (unsigned char)value[i]) * 1099511628211ULL;
+    return h | 1;
+}
+
+static bool box_grow(outbox *b)
+{
+    size_t cap = b->cap ? b->cap * 2 : 64;
+    out_entry *slots = calloc(cap, sizeof *slots);
+    if (slots == NULL)
+        return false;
+    for (size_t i = 0; i < b->cap; i++) {
+        if (b->slots[i].hash == 0)
+            continue;
+        size_t j = b->slots[i].hash & (cap - 1);
+        while (slots[j].hash != 0)
+            j = (j + 1) & (cap - 1);
+        slots[j] = b->slots[i];
+    }
+    free(b->slots);
+    b->slots = slots;
+    b->cap = cap;
+    return true;
+}
+
+/* The outbox's entry of (rule, value, w), made if new; NULL when full. */
+static out_entry *box_entry(outbox *b, const char *rule,
+                            const rl_wire_entry *e, uint64_t w)
+{
+    size_t rule_len = strlen(rule);
+    uint64_t h = hash_key(rule, rule_len, e->value.ptr, e->value.len, w);
+    if (b->used * 2 >= b->cap && (b->used >= OUTBOX_MAX || !box_grow(b)))
+        return NULL;
+    size_t j = h & (b->cap - 1);
+    for (;; j = (j + 1) & (b->cap - 1)) {
+        out_entry *o = &b->slots[j];
+        if (o->hash == 0)
+            break;
+        if (o->hash == h && o->w == w && o->rule_len == rule_len
+            && o->value_len == e->value.len
+            && memcmp(o->rule, rule, rule_len) == 0
+            && memcmp(o->value, e->value.ptr, e->value.len) == 0)
+            return o;
+    }
+    out_entry *o = &b->slots[j];
+    *o = (out_entry){.hash = h, .w = w, .rule_len = (uint16_t)rule_len,
+                     .value_len = (uint16_t)e->value.len};
+    memcpy(o->rule, rule, rule_len);
+    memcpy(o->value, e->value.ptr, e->value.len);
+    b->used++;
+    return o;
+}
+
+void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
+                       const rl_wire_entry *e, uint64_t now_ms)
+{
+    rl_exchange *x = agg->exchange;
+    if (x == NULL || !rule->global || e->value.len > RL_WIRE_VALUE_MAX)
+        return;
+    uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
+    uint64_t w = (e->at_ms > 0 ? e->at_ms : now_ms) / g;
+    for (size_t i = 0; i < x->n_links; i++) {
+        region_link *l = &x->links[i];
+        out_entry *o = box_entry(&l->box, rule->name, e, w);
+        if (o == NULL) {
+            if (l->dropped++ == 0)
+                rl_log(&agg->log, RL_LOG_WARN, "exchange_dropped",
+                       "region=%s reason=\"the outbox is full (%d keys "
+                       "and sub-windows): that region undercounts this "
+                       "one's until the region_link is back\"",
+                       agg->boot_config->regions.regions[l->region].name,
+                       OUTBOX_MAX);
+            continue;
+        }
+        o->g = g;
+        o->count += e->count;
+        o->back += e->back;
+        o->refused += e->refused;
+        if (l->box.oldest_ms == 0)
+            l->box.oldest_ms = uv_now(agg->loop);
+    }
+}
+
+/* The outbox as one EXCHANGE, emptied into l->batch. A count and a
+ * give-back of one sub-window net out. */
+static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
+{
+    const rl_regions_config *rc = &agg->boot_config->regions;
+    rl_wire_writer_reset(w);
+    rl_wire_begin_exchange(w, rc->regions[rc->self].name,
+                           agg->exchange->sender, l->seq + 1, l->box.used);
+    for (size_t j = 0; j < l->box.cap; j++) {
+        const out_entry *o = &l->box.slots[j];
+        if (o->hash == 0)
+            continue;
+        uint64_t count = o->count > o->back ? o->count - o->back : 0;
+        uint64_t back = o->back > o->count ? o->back - o->count : 0;
+        rl_wire_put_demand_at(w, o->rule, o->value, o->value_len, count,
+                              back, o->w * o->g + o->g / 2, o->refused);
+    }
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    void *copy = malloc(len);
+    if (copy == NULL)
+        return false;
+    memcpy(copy, data, len);
+    l->batch = copy;
+    l->batch_len = len;
+    l->batch_seq = ++l->seq;
+    l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
+                                               : uv_now(agg->loop);
+    if (l->box.cap > 0)
+        memset(l->box.slots, 0, l->box.cap * sizeof *l->box.slots);
+    l->box.used = 0;
+    l->box.oldest_ms = 0;
+    return true;
+}
+
+static void finish(peer *p, int result, nng_msg *reply)
+{
+    rl_exchange *x = p->agg->exchange;
+    pthread_mutex_lock(&x->lock);
+    p->done = true;
+    p->result = result;
+    p->reply = reply;
+    pthread_mutex_unlock(&x->lock);
+    uv_async_send(&p->agg->wakeup);
+}
+
+static void on_peer(void *arg)
+{
+    peer *p = arg;
+    rl_nng_handoff(p);
+    int rv = nng_aio_result(p->aio);
+    if (p->step == SENDING) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(p->aio));
+            finish(p, rv, NULL);
+            return;
+        }
+        p->step = RECEIVING;
+        rl_nng_handoff(p);
+        nng_ctx_recv(p->ctx, p->aio);
+        return;
+    }
+    finish(p, rv, rv == 0 ? nng_aio_get_msg(p->aio) : NULL);
+}
+
+static void send_to(rl_aggregator *agg, region_link *l, peer *p)
+{
+    nng_msg *msg;
+    if (nng_msg_alloc(&msg, 0) != 0
+        || nng_msg_append(msg, l->batch, l->batch_len) != 0) {
+        rl_log(&agg->log, RL_LOG_ERROR, "exchange_not_sent",
+               "reason=\"out of memory\"");
+        return;
+    }
+    p->state = SENDING;
+    p->step = SENDING;
+    /* An answer within two intervals, or the next interval sends
+     * again: a peer silent for good (a partition) must not hold the
+     * region_link. */
+    nng_aio_set_timeout(p->aio,
+                        2 * (int)agg->boot_config->aggregator.sync_interval_ms);
+    nng_aio_set_msg(p->aio, msg);
+    rl_nng_handoff(p);
+    nng_ctx_send(p->ctx, p->aio);
+}
+
+static int open_peer(rl_aggregator *agg, peer *p, char *err, size_t errlen)
+{
+    int rv = nng_req0_open(&p->sock);
+    if (rv == 0)
+        rv = nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ,
+                                 agg->boot_config->aggregator
+                                     .max_message_bytes);
+    /* nng resends an unanswered request on its own (and on a new
+     * connection after a reconnect): each interval, as the loop would. */
+    if (rv == 0)
+        rv = nng_socket_set_ms(p->sock, NNG_OPT_REQ_RESENDTIME,
+                               agg->boot_config->aggregator
+                                   .sync_interval_ms);
+    if (rv == 0)
+        rv = nng_ctx_open(&p->ctx, p->sock);
+    if (rv == 0)
+        rv = nng_aio_alloc(&p->aio, on_peer, p);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot open an exchange socket: %s",
+                 nng_strerror(rv));
+        return -1;
+    }
+    return rl_nng_dial(p->sock, p->url, &agg->boot_config->aggregator.tls,
+                       err, errlen);
+}
+
+/* Closes the peer's socket and dials again: its context and aio go with
+ * the socket, so they are made again too. */
+static void redial(rl_aggregator *agg, peer *p)
+{
+    char err[256];
+    p->redial = false;
+    nng_aio_stop(p->aio);
+    rl_nng_handoff(p);
+    nng_aio_free(p->aio);
+    p->aio = NULL;
+    nng_close(p->sock);
+    if (open_peer(agg, p, err, sizeof err) != 0)
+        rl_log(&agg->log, RL_LOG_WARN, "exchange_redial_failed",
+               "peer=%s reason=\"%s\"", p->url, err);
+}
+
+void rl_exchange_send(rl_aggregator *agg)
+{
+    rl_exchange *x = agg->exchange;
+    if (x == NULL)
+        return;
+    rl_wire_writer *w = rl_wire_writer_new();
+    if (w == NULL)
+        return;
+    for (size_t i = 0; i < x->n_links; i++) {
+        region_link *l = &x->links[i];
+        if (l->batch == NULL && !build_batch(agg, l, w))
+            continue;
+        for (size_t k = 0; k < l->n_peers; k++) {
+            peer *p = &l->peers[k];
+            if (p->state != IDLE)
+                continue;
+            if (p->redial)
+                redial(agg, p);
+            if (p->aio != NULL)
+                send_to(agg, l, p);
+        }
+    }
+    rl_wire_writer_free(w);
+}
+
+/* An answer from one of l's peers: the batch is in that region once any
+ * peer says it applied it or had. */
+static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
+{
+    rl_wire_msg ack;
+    const char *why = NULL;
+    if (rl_wire_decode(nng_msg_body(reply), nng_msg_len(reply), &ack, &why)
+        != 0 || ack.type != RL_WIRE_ACK) {
+        rl_log(&agg->log, RL_LOG_WARN, "exchange_answer_refused",
+               "region=%s reason=\"%s\"",
+               agg->boot_config->regions.regions[l->region].name,
+               why != NULL ? why : "not an ACK");
+        return;
+    }
+    if (l->batch != NULL && ack.seq == l->batch_seq
+        && ack.status != RL_ACK_RETRY) {
+        free(l->batch);
+        l->batch = NULL;
+    }
+    rl_wire_msg_free(&ack);
+}
+
+void rl_exchange_drain(rl_aggregator *agg)
+{
+    rl_exchange *x = agg->exchange;
+    if (x == NULL)
+        return;
+    for (size_t i = 0; i < x->n_links; i++) {
+        region_link *l = &x->links[i];
+        for (size_t k = 0; k < l->n_peers; k++) {
+            peer *p = &l->peers[k];
+            pthread_mutex_lock(&x->lock);
+            bool done = p->done;
+            nng_msg *reply = p->reply;
+            int result = p->result;
+            p->done = false;
+            p->reply = NULL;
+            pthread_mutex_unlock(&x->lock);
+            if (!done)
+                continue;
+            p->state = IDLE;
+            p->redial = result == NNG_ETIMEDOUT;
+            if (reply != NULL) {
+                answered(agg, l, reply);
+                nng_msg_free(reply);
+            }
+        }
+    }
+}
+
+int rl_exchange_start(rl_aggregator *agg, char *err, size_t errlen)
+{
+    const rl_regions_config *rc = &agg->boot_config->regions;
+    if (rc->n == 0)
+        return 0;
+    rl_exchange *x = calloc(1, sizeof *x);
+    if (x == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&x->lock, NULL);
+    agg->exchange = x;
+    x->started_ms = uv_now(agg->loop);
+    /* Named as an agent is, unique per start: each start numbers its
+     * exchanges from 1. */
+    rl_agent_id_make(x->sender, sizeof x->sender);
+    for (size_t r = 0; r < rc->n; r++) {
+        if (r == rc->self)
+            continue;
+        region_link *l = &x->links[x->n_links++];
+        l->region = r;
+        for (size_t k = 0; k < rc->regions[r].n_peers; k++) {
+            peer *p = &l->peers[l->n_peers++];
+            p->region_link = l;
+            p->agg = agg;
+            p->url = rc->regions[r].peers[k];
+            if (open_peer(agg, p, err, errlen) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+void rl_exchange_stop(rl_aggregator *agg)
+{
+    rl_exchange *x = agg->exchange;
+    if (x == NULL)
+        return;
+    for (size_t i = 0; i < x->n_links; i++) {
+        region_link *l = &x->links[i];
+        for (size_t k = 0; k < l->n_peers; k++) {
+            peer *p = &l->peers[k];
+            if (p->aio != NULL)
+                nng_aio_stop(p->aio);
+            rl_nng_handoff(p);
+            nng_close(p->sock);
+            if (p->aio != NULL)
+                nng_aio_free(p->aio);
+            nng_msg_free(p->reply);
+        }
+        free(l->batch);
+        free(l->box.slots);
+    }
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    agg->exchange = NULL;
+}
+
+int rl_exchange_region(const rl_aggregator *agg, rl_wire_bytes name)
+{
+    const rl_regions_config *rc = &agg->boot_config->regions;
+    for (size_t r = 0; r < rc->n; r++) {
+        if (r != rc->self && strlen(rc->regions[r].name) == name.len
+            && memcmp(rc->regions[r].name, name.ptr, name.len) == 0)
+            return (int)r;
+    }
+    return -1;
+}
+
+static region_link *link_of(rl_exchange *x, size_t r)
+{
+    for (size_t i = 0; i < x->n_links; i++)
+        if (x->links[i].region == r)
+            return &x->links[i];
+    return NULL;
+}
+
+bool rl_exchange_heard(rl_aggregator *agg, size_t r, rl_wire_bytes sender,
+                       uint64_t seq)
+{
+    rl_exchange *x = agg->exchange;
+    region_link *l = x != NULL ? link_of(x, r) : NULL;
+    if (l == NULL)
+        return false;
+    l->heard_ms = uv_now(agg->loop);
+    seen *s = &x->senders[0];
+    for (size_t i = 0; i < SENDERS_MAX; i++) {
+        seen *t = &x->senders[i];
+        if (t->len == sender.len && memcmp(t->id, sender.ptr, t->len) == 0) {
+            s = t;
+            break;
+        }
+        if (t->used < s->used)
+            s = t;
+    }
+    if (s->len != sender.len || memcmp(s->id, sender.ptr, s->len) != 0) {
+        memcpy(s->id, sender.ptr, sender.len);
+        s->len = sender.len;
+        s->seq = 0;
+    }
+    s->used = ++x->clock;
+    if (seq <= s->seq)
+        return false;
+    s->seq = seq;
+    return true;
+}
+
+bool rl_exchange_cut(const rl_aggregator *agg)
+{
+    const rl_exchange *x = agg->exchange;
+    if (x == NULL)
+        return false;
+    uint64_t now = uv_now(agg->loop);
+    uint64_t stale = agg->boot_config->aggregator.stale_after_ms;
+    for (size_t i = 0; i < x->n_links; i++)
+        if (x->links[i].heard_ms == 0 || now - x->links[i].heard_ms > stale)
+            return true;
+    return false;
+}
+
+void rl_exchange_render(const rl_aggregator *agg,
+                        void (*put)(void *, const char *, ...), void *arg)
+{
+    const rl_exchange *x = agg->exchange;
+    if (x == NULL)
+        return;
+    uint64_t now = uv_now(agg->loop);
+    const rl_regions_config *rc = &agg->boot_config->regions;
+    put(arg, "# HELP rl_agg_region_heard_seconds Time since an exchange "
+             "last came from the region (since the start: never).\n"
+             "# TYPE rl_agg_region_heard_seconds gauge\n");
+    for (size_t i = 0; i < x->n_links; i++) {
+        const region_link *l = &x->links[i];
+        uint64_t since = now - (l->heard_ms ? l->heard_ms : x->started_ms);
+        put(arg, "rl_agg_region_heard_seconds{region=\"%s\"} %.3f\n",
+            rc->regions[l->region].name, (double)since / 1000);
+    }
+    put(arg, "# HELP rl_agg_region_exchange_lag_seconds Age of the oldest "
+             "count the region has not acknowledged (0: none).\n"
+             "# TYPE rl_agg_region_exchange_lag_seconds gauge\n");
+    for (size_t i = 0; i < x->n_links; i++) {
+        const region_link *l = &x->links[i];
+        uint64_t oldest = l->batch != NULL ? l->batch_oldest_ms
+                                           : l->box.oldest_ms;
+        put(arg, "rl_agg_region_exchange_lag_seconds{region=\"%s\"} %.3f\n",
+            rc->regions[l->region].name,
+            oldest ? (double)(now - oldest) / 1000 : 0.0);
+    }
+    put(arg, "# HELP rl_agg_region_exchange_dropped_total Counts not sent "
+             "to the region: its outbox was full.\n"
+             "# TYPE rl_agg_region_exchange_dropped_total counter\n");
+    for (size_t i = 0; i < x->n_links; i++)
+        put(arg, "rl_agg_region_exchange_dropped_total{region=\"%s\"} "
+                 "%llu\n",
+            rc->regions[x->links[i].region].name,
+            (unsigned long long)x->links[i].dropped);
+}
