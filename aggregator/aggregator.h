@@ -46,6 +46,7 @@ typedef struct rl_ingest_worker {
     uint64_t sent_at_us;           /* to Redis, for the latency metric */
     bool exchange;                 /* on the peers socket: another
                                     * region's exchanges, not reports */
+    size_t region;                 /* an exchange's: its region's index */
 } rl_ingest_worker;
 
 /* Why a report was refused. */

@@ -216,6 +216,8 @@ static void on_applied(void *arg, bool duplicate,
             rl_regions_local_count(agg, rule, &entries[i], now);
     }
     if (w->exchange) {
+        if (!duplicate)
+            rl_regions_applied(agg, w->region, entries, n);
         /* Another region's aggregator: an ACK of no entries says its
          * exchange is in this region's Redis. */
         send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, NULL);
@@ -388,6 +390,7 @@ static void handle_exchange(rl_ingest_worker *w)
     applied.n_entries = n;
     agg->in_flight++;
     w->sent_at_us = uv_hrtime() / 1000;
+    w->region = (size_t)r;
     rl_windows_apply(agg->windows, &applied, rules, NULL, 0, now, on_applied,
                      w);
     free(rules);

@@ -5,6 +5,7 @@
 
 #include "demand.h"
 #include "exchange.h"
+#include "resp.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -59,6 +60,47 @@ void rl_regions_note_demand(rl_aggregator *agg, const rl_rule *rule,
 {
     if (agg->demand != NULL)
         note(agg, rule, e, r, e->at_ms);
+}
+
+static void on_viewed(void *arg, const redisReply *r, const char *error)
+{
+    rl_aggregator *agg = arg;
+    if (r == NULL && agg->store != NULL)
+        rl_log(&agg->log, RL_LOG_DEBUG, "region_view_not_written",
+               "reason=\"%s\"", error);
+}
+
+void rl_regions_applied(rl_aggregator *agg, size_t r,
+                        const rl_wire_entry *entries, size_t n)
+{
+    bool cluster = rl_store_is_cluster(agg->store);
+    const char *region = agg->boot_config->regions.regions[r].name;
+    for (size_t i = 0; i < n; i++) {
+        const rl_wire_entry *e = &entries[i];
+        /* By name: a reload while the exchange was at Redis frees the
+         * rules it had. */
+        const rl_rule *rule = rl_aggregator_rule(agg, e->rule);
+        if (rule == NULL || e->count == e->back)
+            continue;
+        uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
+        char key[RL_PREFIX_MAX + RL_WIRE_VALUE_MAX + RL_REGION_NAME_MAX + 40];
+        char delta[24], ttl[24];
+        int len = snprintf(key, sizeof key, "%s%s%.*s%s:r:%s:%llu",
+                           cluster ? "{" : "", rule->key_prefix,
+                           (int)e->value.len, e->value.ptr,
+                           cluster ? "}" : "", region,
+                           (unsigned long long)(e->at_ms / g));
+        size_t delta_len = rl_resp_decimal(delta, (long long)e->count
+                                                      - (long long)e->back);
+        size_t ttl_len = rl_resp_decimal(ttl,
+                                         (long long)(2 * rule->period_ms));
+        rl_store_run(agg->store, RL_NODE_RAW, 3,
+                     (const char *[]){"INCRBY", key, delta},
+                     (size_t[]){6, (size_t)len, delta_len}, on_viewed, agg);
+        rl_store_run(agg->store, RL_NODE_RAW, 3,
+                     (const char *[]){"PEXPIRE", key, ttl},
+                     (size_t[]){7, (size_t)len, ttl_len}, on_viewed, agg);
+    }
 }
 
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,

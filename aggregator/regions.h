@@ -25,6 +25,14 @@ void rl_regions_local_count(rl_aggregator *agg, const rl_rule *rule,
 void rl_regions_note_demand(rl_aggregator *agg, const rl_rule *rule,
                             const rl_wire_entry *e, size_t r);
 
+/* The entries of region r's exchange that this region's Redis applied
+ * (not a duplicate): each region's counts of a key, for rlctl, go to
+ * <prefix><value>:r:<region>:<w> (in the key's slot on a cluster), one
+ * string per sub-window that expires with the key's counts: a view, as
+ * they are written after the counts, not with them. */
+void rl_regions_applied(rl_aggregator *agg, size_t r,
+                        const rl_wire_entry *entries, size_t n);
+
 /* This region's part of the key's room (millionths) as TOTALS say it,
  * and whether a region is cut off (*cut). */
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,

@@ -121,6 +121,12 @@ redisReply *rlctl_command(rlctl_conn *c, const char *arg0, ...)
         lens[argc++] = strlen(a);
     }
     va_end(ap);
+    return rlctl_command_argv(c, argc, argv, lens);
+}
+
+redisReply *rlctl_command_argv(rlctl_conn *c, int argc, const char **argv,
+                               const size_t *lens)
+{
     if (c->conn == NULL)
         return NULL;
     if (rl_redis_conn_command(c->conn, argc, argv, lens) != 0) {

@@ -26,6 +26,10 @@ rlctl_conn *rlctl_conn_open(const rl_endpoint *ep, rl_redis_tls *tls,
  * and every later command fails. */
 redisReply *rlctl_command(rlctl_conn *c, const char *arg0, ...);
 
+/* The same with argc arguments of the given lengths. */
+redisReply *rlctl_command_argv(rlctl_conn *c, int argc, const char **argv,
+                               const size_t *lens);
+
 /* Why the last command had no reply. */
 const char *rlctl_conn_error(const rlctl_conn *c);
 

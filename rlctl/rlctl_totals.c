@@ -89,11 +89,49 @@ static row *row_for(table *t, size_t sorted, const char *value)
     return r;
 }
 
+/* A global rule's client: the other regions' counts in the trailing
+ * period, kept beside its hash (<base>:r:<region>:<w>, aggregator/
+ * regions.c), and this region's, the rest of the estimate. base is the
+ * hash's name without its ":w". */
+static int read_regions(rlctl_conn *c, const rl_regions_config *rc,
+                        const char *base, unsigned long long window,
+                        row *client, char *err, size_t errlen)
+{
+    enum { SPAN = RL_WIRE_SUBWINDOWS + 1 };
+    static char keys[SPAN][RL_PREFIX_MAX + RL_VALUE_MAX + 80];
+    const char *argv[SPAN + 1] = {"MGET"};
+    size_t lens[SPAN + 1] = {4};
+    for (size_t r = 0; r < rc->n; r++) {
+        if (r == rc->self)
+            continue;
+        for (int k = 0; k < SPAN; k++) {
+            int n = snprintf(keys[k], sizeof keys[k], "%s:r:%s:%llu", base,
+                             rc->regions[r].name,
+                             window - RL_WIRE_SUBWINDOWS + (unsigned)k);
+            argv[k + 1] = keys[k];
+            lens[k + 1] = (size_t)n;
+        }
+        redisReply *v = rlctl_command_argv(c, SPAN + 1, argv, lens);
+        if (v == NULL || v->type != REDIS_REPLY_ARRAY) {
+            rlctl_store_why(c, v, "MGET", err, errlen);
+            freeReplyObject(v);
+            return -1;
+        }
+        for (size_t k = 0; k < v->elements; k++) {
+            long long n = v->element[k]->type == REDIS_REPLY_STRING
+                              ? atoll(v->element[k]->str) : 0;
+            client->regions[r] += n > 0 ? (unsigned long long)n : 0;
+        }
+        freeReplyObject(v);
+    }
+    return 0;
+}
+
 /* The trailing period's sub-windows (w-N..w) of one rule's clients on one
  * primary, one row per client. */
 static int scan(rlctl_conn *c, const rlctl_store *s, const rl_rule *rule,
-                unsigned long long window, table *t, char *err,
-                size_t errlen)
+                const rl_regions_config *rc, unsigned long long window,
+                table *t, char *err, size_t errlen)
 {
     char match[2 * RL_PREFIX_MAX + 64], cursor[32] = "0";
     pattern(s, rule, match, sizeof match);
@@ -135,6 +173,17 @@ static int scan(rlctl_conn *c, const rlctl_store *s, const rl_rule *rule,
                                                    : &client->current) += n;
             }
             freeReplyObject(g);
+            if (client != NULL && rule->global && rc->n > 0) {
+                char base[RL_PREFIX_MAX + RL_VALUE_MAX + 8];
+                snprintf(base, sizeof base, "%.*s",
+                         (int)(strlen(keys->element[i]->str) - 2),
+                         keys->element[i]->str);
+                if (read_regions(c, rc, base, window, client, err, errlen)
+                    != 0) {
+                    freeReplyObject(r);
+                    return -1;
+                }
+            }
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
@@ -148,8 +197,28 @@ static int by_estimate(const void *a, const void *b)
                                                                     : 0;
 }
 
-static void print_rule(const rl_rule *r, table *t, unsigned long top,
-                       bool json, bool first)
+/* A global rule's row's parts per region: text columns, or a JSON
+ * object. */
+static void print_regions(const rl_rule *r, const rl_regions_config *rc,
+                          const row *w, bool json)
+{
+    if (!r->global || rc->n == 0)
+        return;
+    printf(json ? ",\"regions\":{" : "");
+    for (size_t g = 0; g < rc->n; g++) {
+        if (json) {
+            printf("%s", g ? "," : "");
+            rlctl_json_string(rc->regions[g].name);
+            printf(":%llu", w->regions[g]);
+        } else {
+            printf(" %10llu", w->regions[g]);
+        }
+    }
+    printf(json ? "}" : "");
+}
+
+static void print_rule(const rl_rule *r, const rl_regions_config *rc,
+                       table *t, unsigned long top, bool json, bool first)
 {
     size_t n = t->n < top ? t->n : top;
     if (json) {
@@ -162,25 +231,44 @@ static void print_rule(const rl_rule *r, table *t, unsigned long top,
             const row *w = &t->rows[i];
             printf("%s{\"value\":", i ? "," : "");
             rlctl_json_string(w->value);
-            printf(",\"current\":%llu,\"previous\":%llu,\"estimate\":%llu}",
+            printf(",\"current\":%llu,\"previous\":%llu,\"estimate\":%llu",
                    w->current, w->previous, w->estimate);
+            print_regions(r, rc, w, true);
+            printf("}");
         }
         printf("]}");
         return;
     }
-    printf("%s%s (limit %llu): %zu client%s%s\n", first ? "" : "\n", r->name,
-           (unsigned long long)r->limit, t->n, t->n == 1 ? "" : "s",
-           t->left_out ? ", more not read" : "");
+    printf("%s%s (limit %llu%s): %zu client%s%s\n", first ? "" : "\n",
+           r->name, (unsigned long long)r->limit,
+           r->global && rc->n > 0 ? ", global" : "", t->n,
+           t->n == 1 ? "" : "s", t->left_out ? ", more not read" : "");
     if (n == 0)
         return;
-    printf("  %-40s %12s %12s %12s\n", "VALUE", "RECENT", "OLDEST",
+    printf("  %-40s %12s %12s %12s", "VALUE", "RECENT", "OLDEST",
            "ESTIMATE");
-    for (size_t i = 0; i < n; i++)
-        printf("  %-40s %12llu %12llu %12llu\n", t->rows[i].value,
+    for (size_t g = 0; r->global && g < rc->n; g++) {
+        char upper[RL_REGION_NAME_MAX + 1];
+        size_t k = 0;
+        for (; rc->regions[g].name[k] != '\0'; k++)
+            upper[k] = (char)(rc->regions[g].name[k] >= 'a'
+                                      && rc->regions[g].name[k] <= 'z'
+                                  ? rc->regions[g].name[k] - 32
+                                  : rc->regions[g].name[k]);
+        upper[k] = '\0';
+        printf(" %10s", upper);
+    }
+    printf("\n");
+    for (size_t i = 0; i < n; i++) {
+        printf("  %-40s %12llu %12llu %12llu", t->rows[i].value,
                t->rows[i].current, t->rows[i].previous, t->rows[i].estimate);
+        print_regions(r, rc, &t->rows[i], false);
+        printf("\n");
+    }
 }
 
 int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
+                         const rl_regions_config *regions,
                          unsigned long long now, rlctl_table *t)
 {
     unsigned long long w = now / rl_wire_subwindow_ms(r->period_ms);
@@ -188,7 +276,7 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
     int failed = -1;
     char err[512] = "";
     for (int p = 0; p < s->n && failed < 0; p++)
-        failed = scan(s->primaries[p], s, r, w, t, err, sizeof err) ? p
+        failed = scan(s->primaries[p], s, r, regions, w, t, err, sizeof err) ? p
                                                                    : -1;
     /* A client's hash is on one primary: rows merge only if a value
      * repeats across primaries, which a cluster's slots rule out. */
@@ -200,6 +288,8 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
             && strcmp(t->rows[merged - 1].value, t->rows[k].value) == 0) {
             t->rows[merged - 1].current += t->rows[k].current;
             t->rows[merged - 1].previous += t->rows[k].previous;
+            for (size_t g = 0; g < RL_REGIONS_MAX; g++)
+                t->rows[merged - 1].regions[g] += t->rows[k].regions[g];
         } else {
             t->rows[merged++] = t->rows[k];
         }
@@ -212,8 +302,17 @@ int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
                 s->endpoints[failed].port, err);
         return -1;
     }
-    for (size_t k = 0; k < t->n; k++)
-        t->rows[k].estimate = t->rows[k].current + t->rows[k].previous;
+    for (size_t k = 0; k < t->n; k++) {
+        row *c = &t->rows[k];
+        c->estimate = c->current + c->previous;
+        /* This region's part: what the others' do not hold. */
+        unsigned long long others = 0;
+        for (size_t g = 0; r->global && g < regions->n; g++)
+            others += g != regions->self ? c->regions[g] : 0;
+        if (r->global && regions->n > 0)
+            c->regions[regions->self] = c->estimate > others
+                                            ? c->estimate - others : 0;
+    }
     if (t->n > 0)
         qsort(t->rows, t->n, sizeof *t->rows, by_estimate);
     return 0;
@@ -232,9 +331,9 @@ int rlctl_totals_print(const rl_config *cfg, rlctl_store *s,
             || (rule != NULL && strcmp(rule, r->name) != 0))
             continue;
         table t;
-        if (rlctl_totals_collect(s, r, now, &t) != 0)
+        if (rlctl_totals_collect(s, r, &cfg->regions, now, &t) != 0)
             return 2;
-        print_rule(r, &t, top, json, first);
+        print_rule(r, &cfg->regions, &t, top, json, first);
         first = false;
         free(t.rows);
     }

@@ -16,6 +16,9 @@ typedef struct rlctl_row {
     /* current: sub-windows w-N+1..w ("recent"); previous: w-N ("oldest");
      * estimate: their sum, as agents count it (wire.h). */
     unsigned long long current, previous, estimate;
+    /* A global rule's (scope: global): each region's part of the
+     * estimate, as this region's Redis has it (docs/regions.md). */
+    unsigned long long regions[RL_REGIONS_MAX];
 } rlctl_row;
 
 /* A rule's clients, by estimate (largest first). */
@@ -25,9 +28,11 @@ typedef struct rlctl_table {
     size_t left_out;   /* clients past the read cap */
 } rlctl_table;
 
-/* Reads a synced rule's clients at Redis time now; 0, or -1 (message
- * printed) when the store fails. The caller frees t->rows. */
+/* Reads a synced rule's clients at Redis time now, and for a global rule
+ * each region's part (regions: the config's); 0, or -1 (message printed)
+ * when the store fails. The caller frees t->rows. */
 int rlctl_totals_collect(rlctl_store *s, const rl_rule *r,
+                         const rl_regions_config *regions,
                          unsigned long long now, rlctl_table *t);
 
 /* Prints the top clients of rule (NULL: every synced rule); returns an

@@ -47,8 +47,28 @@ static double rate_of(const seen *before, const rlctl_row *row,
     return (double)(row->current - before->current) / elapsed_s;
 }
 
-static void show_row(const rl_rule *r, const rlctl_row *row, double rate,
-                     bool json, bool first)
+/* A global rule's client: each region's part of its estimate. */
+static void show_regions(const rl_rule *r, const rl_regions_config *rc,
+                         const rlctl_row *row, bool json)
+{
+    if (!r->global || rc->n == 0)
+        return;
+    printf(json ? ",\"regions\":{" : " ");
+    for (size_t g = 0; g < rc->n; g++) {
+        if (json) {
+            printf("%s", g ? "," : "");
+            rlctl_json_string(rc->regions[g].name);
+            printf(":%llu", row->regions[g]);
+        } else {
+            printf(" %s=%llu", rc->regions[g].name, row->regions[g]);
+        }
+    }
+    printf(json ? "}" : "");
+}
+
+static void show_row(const rl_rule *r, const rl_regions_config *rc,
+                     const rlctl_row *row, double rate, bool json,
+                     bool first)
 {
     double used = 100.0 * (double)row->estimate / (double)r->limit;
     const char *state = row->estimate >= r->limit ? "LIMITED" : "ok";
@@ -58,11 +78,15 @@ static void show_row(const rl_rule *r, const rlctl_row *row, double rate,
         printf(",\"value\":");
         rlctl_json_string(row->value);
         printf(",\"estimate\":%llu,\"limit\":%llu,\"rate_per_s\":%.1f,"
-               "\"state\":\"%s\"}", row->estimate,
+               "\"state\":\"%s\"", row->estimate,
                (unsigned long long)r->limit, rate, state);
+        show_regions(r, rc, row, true);
+        printf("}");
     } else {
-        printf("%-16s %-32s %12llu %7.1f%% %10.1f/s  %s\n", r->name,
+        printf("%-16s %-32s %12llu %7.1f%% %10.1f/s  %s", r->name,
                row->value, row->estimate, used, rate, state);
+        show_regions(r, rc, row, false);
+        printf("\n");
     }
 }
 
@@ -88,7 +112,7 @@ static int refresh(const rl_config *cfg, rlctl_store *s, unsigned long top,
         if (r->mode != RL_MODE_SYNCED)
             continue;
         rlctl_table t;
-        if (rlctl_totals_collect(s, r, now, &t) != 0) {
+        if (rlctl_totals_collect(s, r, &cfg->regions, now, &t) != 0) {
             free(next);
             return 2;
         }
@@ -97,8 +121,9 @@ static int refresh(const rl_config *cfg, rlctl_store *s, unsigned long top,
         unsigned long long window = now / r->period_ms;
         for (size_t k = 0; k < t.n && k < top; k++) {
             const rlctl_row *row = &t.rows[k];
-            show_row(r, row, rate_of(find(*old, *n_old, r->name, row->value),
-                                     row, window, elapsed_s), json, first);
+            show_row(r, &cfg->regions, row,
+                     rate_of(find(*old, *n_old, r->name, row->value), row,
+                             window, elapsed_s), json, first);
             first = false;
             if (n == cap) {
                 cap = cap ? 2 * cap : 64;

@@ -75,6 +75,34 @@ Test(regions, each_regions_counts_reach_every_region_once,
     test_sleep_ms(500);
     for (size_t i = 0; i < 3; i++)
         expect_region_total(i, "k", 70, 0);
+    /* rlctl shows each region's part, from any region's Redis. */
+    char out[4096];
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert_eq(test_rlctl(out, sizeof out, regions.r[i].agg.config,
+                                "totals --json"), 0, "%s", out);
+        cr_assert(strstr(out, "\"estimate\":70,\"regions\":{\"eu\":40,"
+                              "\"us\":25,\"ap\":5}") != NULL,
+                  "region %zu: %s", i, out);
+    }
+    cr_assert_eq(test_rlctl(out, sizeof out, regions.r[1].agg.config,
+                            "totals"), 0, "%s", out);
+    cr_assert(strstr(out, "g (limit 1000, global): 1 client") != NULL, "%s",
+              out);
+    cr_assert(strstr(out, "EU         US         AP") != NULL, "%s", out);
+    /* Each aggregator says when it last heard each other region. */
+    test_http_response page;
+    test_http_get(regions.r[0].agg.metrics, "/metrics", "", &page);
+    cr_assert_eq(page.status, 200);
+    for (size_t j = 1; j < 3; j++) {
+        char line[128];
+        snprintf(line, sizeof line,
+                 "rl_agg_region_heard_seconds{region=\"%s\"} 0.",
+                 regions.r[j].name);
+        cr_assert(strstr(page.body, line) != NULL, "no %s in %s", line,
+                  page.body);
+    }
+    cr_assert(strstr(page.body, "rl_agg_region_exchange_lag_seconds{"
+                                "region=\"us\"}") != NULL);
     for (size_t i = 0; i < 3; i++) {
         rl_agent_close(agent[i]);
         rl_config_free(cfg[i]);
