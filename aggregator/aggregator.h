@@ -118,6 +118,7 @@ struct rl_aggregator {
     rl_broadcast *broadcast;
     rl_aggregator_stats stats;
     bool stopping;
+    uint64_t stopping_ms;          /* loop ms of the stop signal */
     int in_flight;                 /* reports waiting for Redis */
     uint64_t interval;             /* publish count: the log limiter's clock */
     rl_complaint complaints[RL_COMPLAINT_PEERS];

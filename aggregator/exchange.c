@@ -316,7 +316,7 @@ static void redial(rl_aggregator *agg, peer *p)
                "peer=%s reason=\"%s\"", p->url, err);
 }
 
-void rl_exchange_send(rl_aggregator *agg)
+static void send_all(rl_aggregator *agg, bool heartbeats)
 {
     rl_exchange *x = agg->exchange;
     if (x == NULL)
@@ -326,6 +326,8 @@ void rl_exchange_send(rl_aggregator *agg)
         return;
     for (size_t i = 0; i < x->n_links; i++) {
         region_link *l = &x->links[i];
+        if (l->batch == NULL && !heartbeats && l->box.used == 0)
+            continue;
         if (l->batch == NULL && !build_batch(agg, l, w))
             continue;
         for (size_t k = 0; k < l->n_peers; k++) {
@@ -339,6 +341,31 @@ void rl_exchange_send(rl_aggregator *agg)
         }
     }
     rl_wire_writer_free(w);
+}
+
+void rl_exchange_send(rl_aggregator *agg)
+{
+    send_all(agg, true);
+}
+
+bool rl_exchange_flushed(rl_aggregator *agg, uint64_t since_ms)
+{
+    rl_exchange *x = agg->exchange;
+    size_t left = 0;
+    for (size_t i = 0; x != NULL && i < x->n_links; i++)
+        left += x->links[i].batch != NULL || x->links[i].box.used > 0;
+    if (left == 0)
+        return true;
+    uint64_t waited = uv_now(agg->loop) - since_ms;
+    if (waited > 3ULL * agg->boot_config->aggregator.sync_interval_ms) {
+        rl_log(&agg->log, RL_LOG_WARN, "exchange_unsent", "regions=%zu "
+               "waited_ms=%llu reason=\"no answer: those regions miss "
+               "this one's last counts\"", left,
+               (unsigned long long)waited);
+        return true;
+    }
+    send_all(agg, false);
+    return false;
 }
 
 /* An answer from one of l's peers: the batch is in that region once any

@@ -31,6 +31,11 @@ void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
  * region is there). */
 void rl_exchange_send(rl_aggregator *agg);
 
+/* At a stop: true once every other region has acknowledged what this
+ * one counted, or three intervals after since_ms (the stop) when one
+ * does not answer (logged); until then sends what is left. */
+bool rl_exchange_flushed(rl_aggregator *agg, uint64_t since_ms);
+
 /* On the loop: the answers that came in. */
 void rl_exchange_drain(rl_aggregator *agg);
 

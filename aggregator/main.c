@@ -194,7 +194,10 @@ static void shutdown_now(rl_aggregator *agg)
 static void on_publish(uv_timer_t *t)
 {
     rl_aggregator *agg = t->data;
-    if (agg->stopping && agg->in_flight == 0) {
+    /* The reports in Redis first, then what they counted of global
+     * rules in the other regions. */
+    if (agg->stopping && agg->in_flight == 0
+        && rl_exchange_flushed(agg, agg->stopping_ms)) {
         shutdown_now(agg);
         return;
     }
@@ -215,6 +218,7 @@ static void on_stop_signal(uv_signal_t *s, int signum)
     if (agg->stopping)
         return;
     agg->stopping = true;
+    agg->stopping_ms = uv_now(agg->loop);
     rl_log(&agg->log, RL_LOG_INFO, "stopping", "signal=%d in_flight=%d",
            signum, agg->in_flight);
     rl_service_stopping(&agg->service);

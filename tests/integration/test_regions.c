@@ -138,3 +138,19 @@ Test(regions, a_resent_exchange_is_counted_once, .fini = stop_regions)
     rl_agent_close(agent);
     rl_config_free(cfg);
 }
+
+/* An aggregator that stops sends what its region counted to the others
+ * first: an agent's last report, applied just before the stop, is not
+ * lost to them (the next exchange was a second away). */
+Test(regions, a_stopping_aggregator_sends_its_last_counts,
+     .fini = stop_regions)
+{
+    test_regions_start(&regions, 2, GLOBAL_RULE, 1000, "");
+    rl_config *cfg;
+    rl_agent *agent = test_region_agent(&regions, 0, &cfg);
+    cr_assert_eq(admit(agent, "last", 10), 10);
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    test_aggregator_stop(&regions.r[0].agg);
+    expect_region_total(1, "last", 10, 1000);
+}
