@@ -242,11 +242,15 @@ static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
                 continue;
             }
             bool cut;
+            uint64_t more;
             uint64_t share = rl_regions_share(agg, rule, n->value,
-                                              n->value_len, now, &cut);
+                                              n->value_len, now, &cut,
+                                              &more);
+            uint64_t recent = more < RL_WIRE_COUNT_MAX - n->current
+                                  ? n->current + more : RL_WIRE_COUNT_MAX;
             rl_wire_put_total_share(w, n->value, n->value_len, n->window,
-                                    n->current, n->previous, c->agents,
-                                    share, cut);
+                                    recent, n->previous, c->agents, share,
+                                    cut);
         }
         send_totals(agg, rule, w);
         sent = true;

@@ -16,7 +16,8 @@
 
 typedef struct ring {
     uint64_t head;            /* the latest sub-window noted; 0: none */
-    uint32_t counts[SLOTS];   /* by sub-window number mod SLOTS */
+    uint32_t offered[SLOTS];  /* by sub-window number mod SLOTS */
+    uint32_t admitted[SLOTS];
 } ring;
 
 typedef struct key {
@@ -120,36 +121,47 @@ static void grow(rl_demand *d)
     d->cap = cap;
 }
 
-static void ring_add(ring *r, uint64_t w, uint64_t n)
+static uint32_t add_sat(uint32_t a, uint64_t b)
+{
+    uint64_t sum = a + b;
+    return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+static void ring_add(ring *r, uint64_t w, uint64_t admitted,
+                     uint64_t refused)
 {
     if (w > r->head) {
         uint64_t from = r->head == 0 || w - r->head >= SLOTS
                             ? (w >= SLOTS ? w - SLOTS + 1 : 0)
                             : r->head + 1;
         for (uint64_t x = from; x <= w; x++)
-            r->counts[x % SLOTS] = 0;
+            r->offered[x % SLOTS] = r->admitted[x % SLOTS] = 0;
         r->head = w;
     } else if (r->head - w >= SLOTS) {
         return; /* out of every span */
     }
-    uint64_t sum = r->counts[w % SLOTS] + n;
-    r->counts[w % SLOTS] = sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+    r->offered[w % SLOTS] = add_sat(r->offered[w % SLOTS],
+                                    admitted + refused);
+    r->admitted[w % SLOTS] = add_sat(r->admitted[w % SLOTS], admitted);
 }
 
-/* The requests offered in the span that ends at sub-window at. */
-static uint64_t ring_sum(const ring *r, uint64_t at)
+/* The sum of counts over sub-windows from..to that the ring still holds
+ * and that are in the span ending at to. */
+static uint64_t ring_sum(const ring *r, const uint32_t *counts,
+                         uint64_t from, uint64_t to)
 {
     uint64_t sum = 0;
     for (uint64_t k = 0; r->head > 0 && k < SLOTS && k <= r->head; k++) {
         uint64_t w = r->head - k;
-        if (w <= at && w + RL_WIRE_SUBWINDOWS >= at)
-            sum += r->counts[w % SLOTS];
+        if (w <= to && w >= from && w + RL_WIRE_SUBWINDOWS >= to)
+            sum += counts[w % SLOTS];
     }
     return sum;
 }
 
 bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
-                    size_t value_len, size_t r, uint64_t w, uint64_t n)
+                    size_t value_len, size_t r, uint64_t w,
+                    uint64_t admitted, uint64_t refused)
 {
     char name[RL_NAME_MAX + 1 + RL_WIRE_VALUE_MAX];
     if (r >= d->n_regions || value_len > RL_WIRE_VALUE_MAX
@@ -178,20 +190,36 @@ bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
             grow(d);
         at = find(d, name, len, h);
     }
-    ring_add(&(*at)->rings[r], w, n);
+    ring_add(&(*at)->rings[r], w, admitted, refused);
     return true;
+}
+
+static key *lookup(const rl_demand *d, const char *rule,
+                         const char *value, size_t value_len)
+{
+    char name[RL_NAME_MAX + 1 + RL_WIRE_VALUE_MAX];
+    if (value_len > RL_WIRE_VALUE_MAX || strlen(rule) > RL_NAME_MAX)
+        return NULL;
+    size_t len = name_of(name, rule, value, value_len);
+    return *find(d, name, len, hash_of(name, len));
+}
+
+uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
+                            const char *value, size_t value_len, size_t r,
+                            uint64_t from, uint64_t to)
+{
+    const key *k = lookup(d, rule, value, value_len);
+    if (k == NULL || r >= d->n_regions)
+        return 0;
+    return ring_sum(&k->rings[r], k->rings[r].admitted, from, to);
 }
 
 uint64_t rl_demand_share(rl_demand *d, const char *rule, const char *value,
                          size_t value_len, size_t self, uint64_t at,
                          bool cut)
 {
-    char name[RL_NAME_MAX + 1 + RL_WIRE_VALUE_MAX];
     uint64_t even = RL_WIRE_SHARE_WHOLE / (d->n_regions ? d->n_regions : 1);
-    if (value_len > RL_WIRE_VALUE_MAX || strlen(rule) > RL_NAME_MAX)
-        return even;
-    size_t len = name_of(name, rule, value, value_len);
-    key *k = *find(d, name, len, hash_of(name, len));
+    key *k = lookup(d, rule, value, value_len);
     if (k == NULL)
         return even;
     /* Kept one above the part, so that a part of 0 is told from none. */
@@ -199,7 +227,7 @@ uint64_t rl_demand_share(rl_demand *d, const char *rule, const char *value,
         return k->share > 0 ? k->share - 1 : even;
     uint64_t mine = 0, all = 0;
     for (size_t r = 0; r < d->n_regions; r++) {
-        uint64_t s = ring_sum(&k->rings[r], at);
+        uint64_t s = ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
         all += s;
         if (r == self)
             mine = s;

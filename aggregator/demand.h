@@ -22,12 +22,20 @@ typedef struct rl_demand rl_demand;
 rl_demand *rl_demand_new(size_t n_regions, size_t max_keys);
 void rl_demand_free(rl_demand *d);
 
-/* n requests offered of the key (rule, value) in region r, in sub-window
- * w of the rule's sub-windows. A sub-window more than a span before the
- * latest noted for that region is out of every span: not noted. Returns
- * false when the key is new and the table is full. */
+/* Of the key (rule, value) in region r, in sub-window w of the rule's
+ * sub-windows: admitted requests (a give-back's estimate among them) and
+ * refused ones; offered is their sum. A sub-window more than a span
+ * before the latest noted for that region is out of every span: not
+ * noted. Returns false when the key is new and the table is full. */
 bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
-                    size_t value_len, size_t r, uint64_t w, uint64_t n);
+                    size_t value_len, size_t r, uint64_t w,
+                    uint64_t admitted, uint64_t refused);
+
+/* What region r admitted of the key in sub-windows from..to (within the
+ * span of to). */
+uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
+                            const char *value, size_t value_len, size_t r,
+                            uint64_t from, uint64_t to);
 
 /* Region self's part of the key's room, in millionths
  * (RL_WIRE_SHARE_WHOLE): its demand over every region's, each read in the

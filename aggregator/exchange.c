@@ -76,6 +76,8 @@ typedef struct region_link {
     void *batch;         /* the exchange outstanding, or NULL */
     size_t batch_len;
     uint64_t batch_seq, batch_oldest_ms;
+    uint64_t batch_sent_ms;  /* loop ms it was first sent; 0: not yet */
+    uint64_t rtt_ms;         /* the last batch's, send to answer; 0: none */
     uint64_t seq;        /* the last number given */
     uint64_t heard_ms;   /* loop ms it was last heard; 0: never */
     uint64_t dropped;    /* counts the full outbox dropped */
@@ -214,6 +216,7 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     l->batch = copy;
     l->batch_len = len;
     l->batch_seq = ++l->seq;
+    l->batch_sent_ms = 0;
     l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
                                                : uv_now(agg->loop);
     if (l->box.cap > 0)
@@ -264,6 +267,8 @@ static void send_to(rl_aggregator *agg, region_link *l, peer *p)
     }
     p->state = SENDING;
     p->step = SENDING;
+    if (l->batch_sent_ms == 0)
+        l->batch_sent_ms = uv_now(agg->loop);
     /* An answer within two intervals, or the next interval sends
      * again: a peer silent for good (a partition) must not hold the
      * region_link. */
@@ -384,6 +389,7 @@ static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
     }
     if (l->batch != NULL && ack.seq == l->batch_seq
         && ack.status != RL_ACK_RETRY) {
+        l->rtt_ms = uv_now(agg->loop) - l->batch_sent_ms;
         free(l->batch);
         l->batch = NULL;
     }
@@ -536,6 +542,29 @@ bool rl_exchange_cut(const rl_aggregator *agg)
         if (x->links[i].heard_ms == 0 || now - x->links[i].heard_ms > stale)
             return true;
     return false;
+}
+
+uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg, uint64_t now_ms)
+{
+    const rl_exchange *x = agg->exchange;
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
+    uint64_t now = uv_now(agg->loop), at = now_ms;
+    for (size_t i = 0; x != NULL && i < x->n_links; i++) {
+        const region_link *l = &x->links[i];
+        if (l->heard_ms == 0)
+            return 0;
+        /* Its last exchange left it a one-way delay before it came (half
+         * a round trip; two intervals before one was measured) and holds
+         * what its agents reported by its last tick, an interval before
+         * (two, as the totals here were read at this region's tick). */
+        uint64_t delay = l->rtt_ms > 0 ? (l->rtt_ms + 1) / 2 : 2 * interval;
+        uint64_t age = now - l->heard_ms + delay + 2 * interval;
+        if (age >= now_ms)
+            return 0;
+        if (now_ms - age < at)
+            at = now_ms - age;
+    }
+    return at;
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

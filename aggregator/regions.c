@@ -37,7 +37,7 @@ static void note(rl_aggregator *agg, const rl_rule *rule,
 {
     uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
     if (!rl_demand_note(agg->demand, rule->name, e->value.ptr, e->value.len,
-                        r, at_ms / g, e->count + e->refused)
+                        r, at_ms / g, e->count, e->refused)
         && rl_demand_refused(agg->demand) == 1)
         rl_log(&agg->log, RL_LOG_WARN, "demand_keys_capped",
                "max_keys=%u reason=\"keys beyond it split their room "
@@ -105,14 +105,31 @@ void rl_regions_applied(rl_aggregator *agg, size_t r,
 
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
                           const char *value, size_t value_len,
-                          uint64_t now_ms, bool *cut)
+                          uint64_t now_ms, bool *cut, uint64_t *more)
 {
     *cut = rl_exchange_cut(agg);
+    *more = 0;
     if (agg->demand == NULL)
         return RL_WIRE_SHARE_WHOLE;
+    size_t self = agg->boot_config->regions.self;
     uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
-    return rl_demand_share(agg->demand, rule->name, value, value_len,
-                           agg->boot_config->regions.self, now_ms / g, *cut);
+    uint64_t share = rl_demand_share(agg->demand, rule->name, value,
+                                     value_len, self, now_ms / g, *cut);
+    if (share == 0)
+        return 0;
+    /* Agents work out share × (limit − recent − oldest); this region's
+     * counts since the snapshot must come off whole, not at share: so
+     * (1 − share) / share of them more (rounded up). The snapshot's
+     * sub-window counts whole. */
+    uint64_t since = rl_exchange_snapshot_ms(agg, now_ms);
+    uint64_t own = rl_demand_admitted(agg->demand, rule->name, value,
+                                      value_len, self, since / g,
+                                      now_ms / g);
+    *more = (uint64_t)(((unsigned __int128)own
+                            * (RL_WIRE_SHARE_WHOLE - share)
+                        + share - 1)
+                       / share);
+    return share;
 }
 
 /* A demand key's rule's sub-window length, 0 once the rule is gone. */

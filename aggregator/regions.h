@@ -33,11 +33,16 @@ void rl_regions_note_demand(rl_aggregator *agg, const rl_rule *rule,
 void rl_regions_applied(rl_aggregator *agg, size_t r,
                         const rl_wire_entry *entries, size_t n);
 
-/* This region's part of the key's room (millionths) as TOTALS say it,
- * and whether a region is cut off (*cut). */
+/* What a global key's TOTALS say to this region's agents: its part of
+ * the room (millionths), whether a region is cut off (*cut), and *more,
+ * to add to the recent count so that the room the agents split is their
+ * part of the room as of the moment the others' counts are known to
+ * (rl_exchange_snapshot_ms), less what this region admitted since: with
+ * every region so, what they admit together since that moment is within
+ * the room then (docs/regions.md). */
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
                           const char *value, size_t value_len,
-                          uint64_t now_ms, bool *cut);
+                          uint64_t now_ms, bool *cut, uint64_t *more);
 
 /* Every interval: keys idle for two periods are forgotten. */
 void rl_regions_sweep(rl_aggregator *agg, uint64_t now_ms);

@@ -18,14 +18,14 @@ static uint64_t share(rl_demand *d, size_t self, uint64_t at, bool cut)
 Test(demand, the_room_splits_by_each_regions_demand)
 {
     rl_demand *d = rl_demand_new(3, 10);
-    cr_assert(rl_demand_note(d, "g", "k", 1, 0, W, 700));
-    cr_assert(rl_demand_note(d, "g", "k", 1, 1, W + 3, 200));
-    cr_assert(rl_demand_note(d, "g", "k", 1, 2, W + 5, 100));
+    cr_assert(rl_demand_note(d, "g", "k", 1, 0, W, 700, 0));
+    cr_assert(rl_demand_note(d, "g", "k", 1, 1, W + 3, 200, 0));
+    cr_assert(rl_demand_note(d, "g", "k", 1, 2, W + 5, 100, 0));
     cr_assert_eq(share(d, 0, W + 5, false), 700000);
     cr_assert_eq(share(d, 1, W + 5, false), 200000);
     cr_assert_eq(share(d, 2, W + 5, false), 100000);
     /* Parts round down: they never add up to more than the room. */
-    rl_demand_note(d, "g", "k", 1, 2, W + 5, 1);
+    rl_demand_note(d, "g", "k", 1, 2, W + 5, 1, 0);
     uint64_t sum = share(d, 0, W + 5, false) + share(d, 1, W + 5, false)
                    + share(d, 2, W + 5, false);
     cr_assert_leq(sum, RL_WIRE_SHARE_WHOLE);
@@ -36,8 +36,8 @@ Test(demand, the_room_splits_by_each_regions_demand)
 Test(demand, demand_leaves_with_its_span)
 {
     rl_demand *d = rl_demand_new(2, 10);
-    rl_demand_note(d, "g", "k", 1, 0, W, 900);
-    rl_demand_note(d, "g", "k", 1, 1, W + 10, 100);
+    rl_demand_note(d, "g", "k", 1, 0, W, 900, 0);
+    rl_demand_note(d, "g", "k", 1, 1, W + 10, 100, 0);
     cr_assert_eq(share(d, 0, W + 10, false), 900000);
     /* Twenty sub-windows on, region 0's 900 are its span's oldest... */
     cr_assert_eq(share(d, 0, W + 20, false), 900000);
@@ -51,7 +51,7 @@ Test(demand, no_demand_known_splits_evenly)
 {
     rl_demand *d = rl_demand_new(3, 10);
     cr_assert_eq(share(d, 1, W, false), RL_WIRE_SHARE_WHOLE / 3);
-    rl_demand_note(d, "g", "k", 1, 0, W, 0);
+    rl_demand_note(d, "g", "k", 1, 0, W, 0, 0);
     cr_assert_eq(share(d, 1, W, false), RL_WIRE_SHARE_WHOLE / 3);
     rl_demand_free(d);
 }
@@ -62,10 +62,10 @@ Test(demand, no_demand_known_splits_evenly)
 Test(demand, a_cut_keeps_the_last_part)
 {
     rl_demand *d = rl_demand_new(2, 10);
-    rl_demand_note(d, "g", "k", 1, 0, W, 300);
-    rl_demand_note(d, "g", "k", 1, 1, W, 700);
+    rl_demand_note(d, "g", "k", 1, 0, W, 300, 0);
+    rl_demand_note(d, "g", "k", 1, 1, W, 700, 0);
     cr_assert_eq(share(d, 0, W, false), 300000);
-    rl_demand_note(d, "g", "k", 1, 0, W + 1, 5000);
+    rl_demand_note(d, "g", "k", 1, 0, W + 1, 5000, 0);
     cr_assert_eq(share(d, 0, W + 1, true), 300000);
     cr_assert_eq(share(d, 0, W + 30, true), 300000);
     /* A key first seen during a cut: an even part. */
@@ -77,14 +77,14 @@ Test(demand, a_cut_keeps_the_last_part)
 Test(demand, old_counts_are_not_noted_and_idle_keys_go)
 {
     rl_demand *d = rl_demand_new(2, 2);
-    rl_demand_note(d, "g", "k", 1, 0, W + 30, 10);
+    rl_demand_note(d, "g", "k", 1, 0, W + 30, 10, 0);
     /* Out of every span after the latest: not noted. */
-    rl_demand_note(d, "g", "k", 1, 0, W, 1000);
-    rl_demand_note(d, "g", "k", 1, 1, W + 30, 10);
+    rl_demand_note(d, "g", "k", 1, 0, W, 1000, 0);
+    rl_demand_note(d, "g", "k", 1, 1, W + 30, 10, 0);
     cr_assert_eq(share(d, 0, W + 30, false), RL_WIRE_SHARE_WHOLE / 2);
     /* The table is full at two keys. */
-    cr_assert(rl_demand_note(d, "g", "j", 1, 0, W + 30, 1));
-    cr_assert_not(rl_demand_note(d, "g", "x", 1, 0, W + 30, 1));
+    cr_assert(rl_demand_note(d, "g", "j", 1, 0, W + 30, 1, 0));
+    cr_assert_not(rl_demand_note(d, "g", "x", 1, 0, W + 30, 1, 0));
     cr_assert_eq(rl_demand_refused(d), 1);
     cr_assert_eq(rl_demand_keys(d), 2);
     rl_demand_free(d);
@@ -99,8 +99,8 @@ static uint64_t g_of(void *arg, const char *rule)
 Test(demand, a_sweep_forgets_keys_idle_for_two_periods)
 {
     rl_demand *d = rl_demand_new(2, 10);
-    rl_demand_note(d, "g", "k", 1, 0, W, 10);
-    rl_demand_note(d, "gone", "k", 1, 0, W, 10);
+    rl_demand_note(d, "g", "k", 1, 0, W, 10, 0);
+    rl_demand_note(d, "gone", "k", 1, 0, W, 10, 0);
     rl_demand_sweep(d, (W + 42) * 500, g_of, NULL);
     cr_assert_eq(rl_demand_keys(d), 1, "the rule removed goes at once");
     rl_demand_sweep(d, (W + 43) * 500, g_of, NULL);
