@@ -113,15 +113,19 @@ uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
         return RL_WIRE_SHARE_WHOLE;
     size_t self = agg->boot_config->regions.self;
     uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
+    uint64_t since = rl_exchange_snapshot_ms(agg, now_ms);
+    /* Every region's demand as of the snapshot, this one's too: the
+     * others see theirs so, and parts worked out from one moment's
+     * demand add up to the room. */
     uint64_t share = rl_demand_share(agg->demand, rule->name, value,
-                                     value_len, self, now_ms / g, *cut);
+                                     value_len, self,
+                                     (since > 0 ? since : now_ms) / g, *cut);
     if (share == 0)
         return 0;
     /* Agents work out share × (limit − recent − oldest); this region's
      * counts since the snapshot must come off whole, not at share: so
      * (1 − share) / share of them more (rounded up). The snapshot's
      * sub-window counts whole. */
-    uint64_t since = rl_exchange_snapshot_ms(agg, now_ms);
     uint64_t own = rl_demand_admitted(agg->demand, rule->name, value,
                                       value_len, self, since / g,
                                       now_ms / g);
