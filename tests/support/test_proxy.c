@@ -180,7 +180,8 @@ static bool may_deliver(const test_proxy *p, const pair *c, int from)
 }
 
 /* Queues what one side has, due after the delay, as much as its queue
- * has room for; its end (EOF or an error) is queued too. */
+ * has room for; its end (EOF or an error) is queued too. Without memory
+ * to hold it the connection is closed, as the test will see. */
 static void take(test_proxy *p, pair *c, int from)
 {
     queue *q = &c->from[from];
