@@ -68,6 +68,10 @@ typedef struct rl_rule_state {
     /* FAILED, and the rule's on_error: local bucket decided: reply is
      * that bucket's answer (fallback.h). Written with outcome. */
     bool fallback;
+    /* ANSWERED by a global rule's share while a region is cut off (its
+     * last part of the room stands): the decision is degraded, not
+     * fallback. Written with outcome. */
+    bool cut;
     /* I/O thread only: an in_flight rule's slot is taken and held for
      * the request (in_flight.h), until its end or its rejection. */
     bool slot_taken;

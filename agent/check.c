@@ -152,11 +152,17 @@ static int spend_here(rl_agent *a, const rl_rule *rule, rl_ident *id,
 /* A rule decided here that its on_error took part in: a degraded synced
  * key's own share answered (as on_error: local's bucket does for the
  * store's rules), or on_error decides, from its fallback bucket with
- * on_error: local (a key over the cap). */
+ * on_error: local (a key over the cap). Or a global rule's key whose
+ * region is cut off: its share answered, the decision is degraded. */
 static void settle_degraded(rl_agent *a, const rl_gen *g, rl_rule_state *rs,
                             rl_synced_verdict verdict, const char *value,
                             size_t len, uint32_t cost)
 {
+    if (verdict == RL_SYNCED_CUT) {
+        rs->outcome = RL_OUTCOME_ANSWERED;
+        rs->cut = true;
+        return;
+    }
     rs->outcome = RL_OUTCOME_FAILED;
     if (verdict == RL_SYNCED_LOCAL)
         rs->fallback = true;
@@ -502,8 +508,8 @@ static bool any_leased(const rl_rule_state *states, int k)
     return false;
 }
 
-/* One rule whose on_error took part (its key over the cap, or degraded):
- * decided from the reply already had (or, with on_error: local over the
+/* One rule whose on_error took part (its key over the cap, or degraded),
+ * or cut off from a region: decided from the reply already had (or, with on_error: local over the
  * cap, its fallback bucket). Spending again through the general path
  * would count the key twice. */
 static void decide_one_degraded(rl_agent *a, rl_gen *g,

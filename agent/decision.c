@@ -74,6 +74,7 @@ static verdict verdict_of(const rl_rule_state *rs, bool unanswered,
     rl_bucket_reply reply;
     if (outcome == RL_OUTCOME_ANSWERED) {
         from_reply(&v, &rs->reply);
+        v.degraded = rs->cut;
     } else if (outcome != RL_OUTCOME_SKIPPED) {
         /* on_error: local's bucket answers like the store's, for this
          * agent's share; the decision is degraded all the same. */

@@ -47,6 +47,11 @@ typedef struct rl_ident {
     /* An aggregator refused its counts (it has no such synced rule), as
      * logged; false once they are taken again. */
     bool io_refused;
+    /* Global rules, I/O thread: keys whose last TOTALS said a region is
+     * cut off, as the tick is counting them; whether the rule is said to
+     * be (region_cut logged, and region_healed not since). */
+    size_t io_cut_counting;
+    bool io_cut;
     /* Counters of generations already freed (under the reload lock). */
     rl_rule_counters retired;
 } rl_ident;

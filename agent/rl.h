@@ -271,7 +271,10 @@ typedef struct rl_decision {
      * from its aggregators (aggregator.stale_after_ms), and that rule's
      * on_error decided (with on_error: local, its fallback bucket, or for
      * a synced rule its share over its own counts: this agent's share of
-     * the limit). */
+     * the limit). Also when a global rule's (scope: global) region has
+     * not heard another region for a while: its share decided, from the
+     * room that region last left it (docs/regions.md); fallback is not
+     * set then. */
     bool degraded;
     /* The deciding rule: when rejected, the rejecting rule with the longest
      * retry; when allowed, the tightest rule (fewest tokens remaining; the
@@ -494,7 +497,9 @@ typedef struct rl_rule_counters {
     uint64_t rejected;  /* ...that it rejected (on_error: deny included) */
     uint64_t degraded;  /* ...that its on_error decided (no answer in time;
                          * for a synced rule, no totals), its fallback
-                         * bucket or own share (on_error: local) included */
+                         * bucket or own share (on_error: local) included,
+                         * and a global rule's decided while a region is
+                         * cut off */
     /* A shadow rule never rejects: the requests it would have rejected
      * (counted here, not in rejected). */
     uint64_t shadow_rejected;
@@ -524,7 +529,8 @@ typedef struct rl_histogram {
 typedef struct rl_agent_counters {
     uint64_t requests;     /* decided requests (rl_check and async) */
     uint64_t allowed, rejected;
-    uint64_t degraded;     /* decisions some rule's on_error took part in */
+    uint64_t degraded;     /* decisions some rule's on_error took part in,
+                            * or a global rule's while a region is cut off */
     uint64_t store_errors; /* bucket calls the store did not answer */
     /* Writes to store nodes: one batch per shard per turn of the I/O loop
      * (all of a turn's calls to one node leave in one write), and the turns

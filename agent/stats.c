@@ -125,7 +125,7 @@ void rl_stats_count(rl_stats *s, const rl_rule_state *rules, int n,
                 : add(&row[RL_COUNT_SHADOW_REJECTED]);
             allowed = true;
         }
-        count_row(row, own, allowed, failed);
+        count_row(row, own, allowed, failed || rs->cut);
     }
 }
 

@@ -262,15 +262,27 @@ static void on_sub(void *arg)
     rl_nng_handoff(l);
 }
 
-/* Whether an entry goes in the next report: it has new counts, or it is
- * at its mark with none (its count of 0 asks for fresh totals: a key whose
- * agents all reject sends nothing else, and would wait for totals that no
- * count triggers). */
-static bool to_report(const rl_synced_entry *e)
+/* The refusals of a global rule's key the next report carries, when
+ * every aggregator reads them (demand): those since its last report. They
+ * go with a count's sub-window, so only once the key's counts are recorded
+ * by Redis's clock; until then they wait. */
+static uint64_t refusals_due(const rl_synced_entry *e, bool demand)
+{
+    if (!demand || e->ident->io_rule == NULL || !e->ident->io_rule->global
+        || !rl_synced_by_redis(e) || e->own.newest == 0)
+        return 0;
+    return rl_synced_refused(e) - e->refusals_reported;
+}
+
+/* Whether an entry goes in the next report: it has new counts, or new
+ * refusals (demand), or it is at its mark with none (its count of 0 asks
+ * for fresh totals: a key whose agents all reject sends nothing else, and
+ * would wait for totals that no count triggers). */
+static bool to_report(const rl_synced_entry *e, bool demand)
 {
     uint64_t counted = rl_synced_counted(e);
     rl_own_part backs[RL_OWN_WINDOWS + 1];
-    if (rl_own_backs(&e->own, backs) > 0)
+    if (rl_own_backs(&e->own, backs) > 0 || refusals_due(e, demand) > 0)
         return true;
     /* A refused key asks too: under on_error: deny it counts nothing, and
      * would never hear that its rule is taken again. */
@@ -301,27 +313,31 @@ static void assign_owners(rl_sync *s)
     }
 }
 
-/* Whether every aggregator of the config reads the sub-window of a
- * report's counts: a report goes wherever its stream's link is carried,
- * and an aggregator that does not refuses it whole. */
-static bool windows_read(const rl_sync *s)
+/* Whether every aggregator of the config reads what the bits of feature
+ * say (FEATURES, wire.h): a report goes wherever its stream's link is
+ * carried, and an aggregator that does not read a field refuses the whole
+ * report. */
+static bool all_read(const rl_sync *s, uint64_t feature)
 {
     for (size_t i = 0; i < s->n_links; i++) {
-        if (!(s->links[i].features & RL_WIRE_FEATURE_WINDOWS))
+        if (!(s->links[i].features & feature))
             return false;
     }
     return true;
 }
 
+/* Whether every aggregator of the config reads the sub-window of a
+ * report's counts. */
+static bool windows_read(const rl_sync *s)
+{
+    return all_read(s, RL_WIRE_FEATURE_WINDOWS);
+}
+
 /* Whether every aggregator of the config reads give-backs (negative
- * counts): an aggregator that does not refuses the whole report. */
+ * counts). */
 static bool givebacks_read(const rl_sync *s)
 {
-    for (size_t i = 0; i < s->n_links; i++) {
-        if (!(s->links[i].features & RL_WIRE_FEATURE_GIVEBACK))
-            return false;
-    }
-    return true;
+    return all_read(s, RL_WIRE_FEATURE_GIVEBACK);
 }
 
 /* The give-backs a key's report entries take off their sub-windows
@@ -344,9 +360,10 @@ static size_t giveback_parts(const rl_synced_entry *e, bool windows,
  * one (window 0: counted where it arrives); at most `most`, the oldest
  * counts put with the oldest kept (later rather than lost). A key with
  * nothing new but at its mark gets one entry of 0, which asks for its
- * totals. */
+ * totals; one with refusals due (refused) gets it in its newest
+ * sub-window, which they go with. */
 static size_t report_parts(const rl_synced_entry *e, bool windows,
-                           size_t most, rl_own_part *parts)
+                           bool refused, size_t most, rl_own_part *parts)
 {
     bool recorded = e->ident->io_rule != NULL;
     uint64_t counted = recorded ? e->own.counted : rl_synced_counted(e);
@@ -356,8 +373,9 @@ static size_t report_parts(const rl_synced_entry *e, bool windows,
                    ? rl_own_split(&e->own, e->reported, parts)
                    : 0;
     if (n == 0) {
-        parts[0] = (rl_own_part){0, counted > e->reported
-                                        ? counted - e->reported : 0};
+        parts[0] = (rl_own_part){refused ? e->own.newest : 0,
+                                 counted > e->reported
+                                     ? counted - e->reported : 0};
         return 1;
     }
     for (; n > most && n > 1; n--)
@@ -370,7 +388,7 @@ static size_t report_parts(const rl_synced_entry *e, bool windows,
  * framing, after the presence names), their counts recorded by sub-window
  * first; the rest go in the next report. Returns its entries. */
 static size_t pick_report(rl_sync *s, agg_link *l, bool windows,
-                          bool givebacks)
+                          bool givebacks, bool demand)
 {
     rl_synced_table *t = atomic_load(&s->synced->table);
     const rl_aggregator_config *agg = &s->config->aggregator;
@@ -381,10 +399,11 @@ static size_t pick_report(rl_sync *s, agg_link *l, bool windows,
         bytes += strlen(s->presence[i]) + 8;
     for (size_t i = 0; i < t->cap && n < agg->max_entries; i++) {
         rl_synced_entry *e = atomic_load(&t->slots[i]);
-        if (e == NULL || e->owner != l->index || !to_report(e))
+        if (e == NULL || e->owner != l->index || !to_report(e, demand))
             continue;
         rl_synced_record(s->synced, e, loop_ms, 0);
-        size_t k = report_parts(e, windows, agg->max_entries - n, parts);
+        size_t k = report_parts(e, windows, refusals_due(e, demand) > 0,
+                                agg->max_entries - n, parts);
         size_t b = givebacks ? giveback_parts(e, windows, parts) : 0;
         if (b > agg->max_entries - n - k)
             b = 0; /* the next report takes them */
@@ -431,7 +450,8 @@ static bool build_report(rl_sync *s, agg_link *l)
     stream *st = &l->own;
     bool windows = windows_read(s);
     bool givebacks = windows && givebacks_read(s);
-    size_t n = pick_report(s, l, windows, givebacks);
+    bool demand = windows && all_read(s, RL_WIRE_FEATURE_DEMAND);
+    size_t n = pick_report(s, l, windows, givebacks, demand);
     /* Stopping, presence alone is not sent (finish_stopping). */
     if (n == 0 && (s->n_presence == 0 || s->stopping))
         return false;
@@ -456,14 +476,24 @@ static bool build_report(rl_sync *s, agg_link *l)
             continue;
         /* The picked keys, whatever was counted since: the message's
          * length is said. The table only changes on this thread. */
-        size_t np = report_parts(e, windows, e->report_parts, parts);
+        uint64_t refused = refusals_due(e, demand);
+        size_t np = report_parts(e, windows, refused > 0, e->report_parts,
+                                 parts);
         e->report_parts = 0;
+        /* A global rule's entries say what was refused too, with the
+         * first (newest) sub-window's count. */
+        bool global = demand && e->ident->io_rule != NULL
+                      && e->ident->io_rule->global;
+        e->refusals_reported += refused;
         for (size_t p = 0; p < np; p++) {
-            if (parts[p].window > 0)
+            uint64_t at = rl_synced_window_start(e, parts[p].window);
+            if (parts[p].window > 0 && global)
+                rl_wire_put_demand_at(st->pending, e->ident->name, e->value,
+                                      e->value_len, parts[p].count, 0, at,
+                                      p == 0 ? refused : 0);
+            else if (parts[p].window > 0)
                 rl_wire_put_count_at(st->pending, e->ident->name, e->value,
-                                     e->value_len, parts[p].count,
-                                     rl_synced_window_start(e,
-                                                            parts[p].window));
+                                     e->value_len, parts[p].count, at);
             else
                 rl_wire_put_count(st->pending, e->ident->name, e->value,
                                   e->value_len, parts[p].count);
@@ -930,6 +960,22 @@ static void totals_came(agg_link *l, bool stale, uint64_t loop_ms)
         catch_up(l);
 }
 
+/* One line when a global rule's first key is cut off from a region (its
+ * decisions are degraded: the region's last part of the room stands for
+ * it), one when none is; keys is how many are now. */
+static void say_cut(rl_sync *s, rl_ident *id, size_t keys)
+{
+    if (keys > 0 && !id->io_cut)
+        rl_log(s->log, RL_LOG_WARN, "region_cut", "rule=%s keys=%zu "
+               "reason=\"the aggregators have not heard a region for a "
+               "while: each region keeps its last part of the limit, and "
+               "this rule's decisions are marked degraded until they hear "
+               "it again\"", id->name, keys);
+    else if (keys == 0 && id->io_cut)
+        rl_log(s->log, RL_LOG_INFO, "region_healed", "rule=%s", id->name);
+    id->io_cut = keys > 0;
+}
+
 /* Totals from link l's aggregator. Every key's totals are noted (an
  * agent that saw the aggregators up or down a moment apart from this one
  * may have sent it a key this one sends elsewhere), but only the keys
@@ -977,6 +1023,9 @@ static void on_totals(agg_link *l, nng_msg *m)
                                                 t.entries[i].value.len);
             if (e == NULL)
                 continue;
+            if (id->io_rule != NULL && id->io_rule->global)
+                rl_synced_note_region(e, t.entries[i].share,
+                                      t.entries[i].cut);
             /* Totals of another period (a reload on one side only) give
              * no fresh share: it would be worked out from totals that
              * hold none of the acknowledgements since. */
@@ -994,8 +1043,10 @@ static void on_totals(agg_link *l, nng_msg *m)
         /* A fresh share for each key whose totals are this snapshot's (or
          * an older one's), not an acknowledgement's (synced.c says why). */
         rl_synced_table *table = atomic_load(&s->synced->table);
+        size_t cut = 0;
         for (size_t i = 0; i < table->cap; i++) {
             rl_synced_entry *e = atomic_load(&table->slots[i]);
+            cut += e != NULL && e->ident == id && atomic_load(&e->cut);
             if (e != NULL && e->ident == id && e->owner == l->index) {
                 e->snap_ms = t.now_ms;
                 if (atomic_load(&e->degraded) && !key_stale(s, e, loop_ms)
@@ -1004,6 +1055,7 @@ static void on_totals(agg_link *l, nng_msg *m)
                 rl_synced_rebalance(s->synced, e, loop_ms, !e->partial);
             }
         }
+        say_cut(s, id, cut);
     }
     rl_wire_msg_free(&t);
 }
@@ -1215,6 +1267,17 @@ static void log_degraded_rules(rl_sync *s, uint64_t loop_ms)
     }
 }
 
+/* Keys swept or reloaded out of a global rule leave its count of cut
+ * keys: said at the tick that counted them. */
+static void log_cut_rules(rl_sync *s)
+{
+    for (size_t i = 0; s->rules != NULL && i < s->rules->n_rules; i++) {
+        rl_ident *id = s->idents[i];
+        say_cut(s, id, id->io_cut_counting);
+        id->io_cut_counting = 0;
+    }
+}
+
 /* What a tick records was counted before the interval's edge it falls
  * on, a moment after it: in the sub-window that ended there, not the one
  * just begun (counted there, it would stay a sub-window longer in a
@@ -1254,8 +1317,11 @@ static void on_tick(uv_timer_t *t)
          * totals at all, a cold key's), not from an acknowledgement's; the
          * report follows. */
         rl_synced_rebalance(s->synced, e, loop_ms, now != 0 && !e->partial);
+        if (e->ident->io_rule != NULL)
+            e->ident->io_cut_counting += atomic_load(&e->cut);
     }
     log_degraded_rules(s, loop_ms);
+    log_cut_rules(s);
     serve_all(s, true);
     rl_synced_sweep(s->synced, loop_ms);
     uint64_t refused = atomic_load(&s->synced->keys_refused);

@@ -35,6 +35,15 @@
  * since the last TOTALS that held it (partial) gets no fresh share until
  * the next one does.
  *
+ * A global rule's (scope: global) totals are every region's together
+ * (its region's aggregators fold the others' counts in), and its room is
+ * split among the regions by their demand: this agent's share is of its
+ * region's part of the room (the last TOTALS' share; before any, an equal
+ * part per region), and a check that refuses counts its cost as refused,
+ * its region's demand with what it admits (sync.c reports both). While a
+ * region is not heard (cut) the part last known stands, and the key's
+ * decisions say degraded.
+ *
  * While no aggregator gives a key's totals (sync.c: degraded), the mark is
  * this agent's own share of the limit over a trailing period of its own
  * counts (own_counts.h), starting from what the last totals held: the
@@ -126,15 +135,26 @@ void rl_synced_fini(rl_synced *s)
     pthread_mutex_destroy(&s->insert_lock);
 }
 
-uint64_t rl_synced_counted(const rl_synced_entry *e)
+/* A per-thread-slot counter's sum (thread_slot.h). */
+static uint64_t slots_sum(const atomic_uint_least64_t *c)
 {
     unsigned used = atomic_load_explicit(&rl_thread_slots_used,
                                          memory_order_acquire);
-    uint64_t n = atomic_load_explicit(&e->counts[RL_THREAD_SLOT_SHARED],
+    uint64_t n = atomic_load_explicit(&c[RL_THREAD_SLOT_SHARED],
                                       memory_order_relaxed);
     for (unsigned i = 0; i < used; i++)
-        n += atomic_load_explicit(&e->counts[i], memory_order_relaxed);
+        n += atomic_load_explicit(&c[i], memory_order_relaxed);
     return n;
+}
+
+uint64_t rl_synced_counted(const rl_synced_entry *e)
+{
+    return slots_sum(e->counts);
+}
+
+uint64_t rl_synced_refused(const rl_synced_entry *e)
+{
+    return slots_sum(e->refusals);
 }
 
 static bool same_key(const rl_synced_entry *e, uint64_t h,
@@ -190,6 +210,31 @@ static uint64_t share_among(const rl_synced *s, const rl_synced_entry *e,
     return share;
 }
 
+/* The part of a key's room its region's agents share: a global rule's
+ * region has the part the last TOTALS gave it (millionths, rounded down:
+ * the regions' parts add up to the room at most), or before any, an equal
+ * part per region; a regional rule's region has all of it. */
+static uint64_t region_part(const rl_synced *s, const rl_synced_entry *e,
+                            const rl_rule *r, uint64_t room)
+{
+    if (r == NULL || !r->global)
+        return room;
+    uint32_t share = atomic_load_explicit(&e->region_share,
+                                          memory_order_relaxed);
+    if (share == RL_SYNCED_SHARE_EQUAL) {
+        size_t n = s->config->regions.n;
+        return room / (n > 0 ? n : 1);
+    }
+    return (uint64_t)((unsigned __int128)room * share / RL_WIRE_SHARE_WHOLE);
+}
+
+void rl_synced_note_region(rl_synced_entry *e, uint64_t share, bool cut)
+{
+    atomic_store_explicit(&e->region_share, (uint32_t)share,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->cut, cut, memory_order_relaxed);
+}
+
 static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
                          uint64_t room)
 {
@@ -198,19 +243,21 @@ static uint64_t share_of(const rl_synced *s, const rl_synced_entry *e,
                                             memory_order_relaxed));
 }
 
-/* Before any totals: this agent's share of the whole limit. A rule no
- * generation has any more (a late count carried over) admits nothing. */
+/* Before any totals: this agent's share of the whole limit (a global
+ * rule's: of its region's part). A rule no generation has any more (a
+ * late count carried over) admits nothing. */
 static void first_mark(rl_synced *s, rl_synced_entry *e, const rl_rule *rule)
 {
     uint64_t limit = rule != NULL
                          ? atomic_load_explicit(&e->limit, memory_order_relaxed)
                          : 0;
+    uint64_t room = region_part(s, e, rule, limit);
     uint64_t period = rule != NULL ? rule->period_ms : 0;
     /* The agent count known, else the rule's fleet_size, else 1. */
     uint64_t agents = rule != NULL ? rl_fallback_agents(rule, e->ident) : 1;
-    atomic_store_explicit(&e->mark, share_among(s, e, limit, agents),
+    atomic_store_explicit(&e->mark, share_among(s, e, room, agents),
                           memory_order_relaxed);
-    atomic_store_explicit(&e->room, limit, memory_order_relaxed);
+    atomic_store_explicit(&e->room, room, memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, period, memory_order_relaxed);
     atomic_store_explicit(&e->retry_ms, period, memory_order_relaxed);
 }
@@ -241,6 +288,7 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
         e->hash = h;
         e->value_len = (uint16_t)len;
         memcpy(e->value, value, len);
+        atomic_init(&e->region_share, RL_SYNCED_SHARE_EQUAL);
         first_mark(s, e, rule);
         atomic_store_explicit(&t->slots[slot], e, memory_order_release);
         atomic_fetch_add(&s->n_entries, 1);
@@ -250,11 +298,12 @@ static rl_synced_entry *insert(rl_synced *s, const rl_rule *rule,
 }
 
 /* The key is now checked at limit instead of old: its room and this
- * agent's mark move by the difference (its share of it), at once; the
- * next totals work the mark out afresh from the new limit. Rare (a reload,
- * or a key whose override depends on other attributes), so a CAS loop. */
-static void retune(rl_synced_entry *e, uint64_t old,
-                   uint64_t limit)
+ * agent's mark move by the difference (its share of it, of its region's
+ * part for a global rule), at once; the next totals work the mark out
+ * afresh from the new limit. Rare (a reload, or a key whose override
+ * depends on other attributes), so a CAS loop. */
+static void retune(const rl_synced *s, rl_synced_entry *e,
+                   const rl_rule *rule, uint64_t old, uint64_t limit)
 {
     if (!atomic_compare_exchange_strong(&e->limit, &old, limit))
         return; /* another thread did it */
@@ -262,7 +311,7 @@ static void retune(rl_synced_entry *e, uint64_t old,
                                            memory_order_relaxed);
     uint64_t a = agents > 0 ? agents : 1;
     bool up = limit > old;
-    uint64_t diff = up ? limit - old : old - limit;
+    uint64_t diff = region_part(s, e, rule, up ? limit - old : old - limit);
     uint64_t step = (diff + a - 1) / a;
     uint64_t m = atomic_load(&e->mark);
     while (!atomic_compare_exchange_weak(&e->mark, &m,
@@ -276,9 +325,17 @@ static void retune(rl_synced_entry *e, uint64_t old,
         ;
 }
 
+/* A global rule's refusal: its region's demand (sync.c reports it). */
+static void count_refusal(rl_synced_entry *e, const rl_rule *rule,
+                          uint32_t cost)
+{
+    if (rule->global)
+        rl_slot_add(e->refusals, rl_thread_slot(), cost);
+}
+
 /* A degraded key of a rule whose on_error is allow or deny: what allow
  * lets through is counted, as any admission (the fleet's totals get it
- * once the aggregator is back). */
+ * once the aggregator is back), what deny refuses as any refusal. */
 static __attribute__((noinline)) int
 on_error_decides(rl_synced_entry *e, const rl_rule *rule, uint32_t cost,
                  rl_bucket_reply *out, rl_synced_verdict *verdict)
@@ -287,6 +344,8 @@ on_error_decides(rl_synced_entry *e, const rl_rule *rule, uint32_t cost,
     *verdict = RL_SYNCED_ON_ERROR;
     if (rule->on_error == RL_ON_ERROR_ALLOW)
         rl_slot_add(e->counts, rl_thread_slot(), cost);
+    else
+        count_refusal(e, rule, cost);
     return RL_OK;
 }
 
@@ -309,7 +368,10 @@ check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
         *verdict = RL_SYNCED_ON_ERROR;
         return atomic_load(&s->n_entries) >= s->max_keys ? RL_OK : RL_ENOMEM;
     }
-    *verdict = RL_SYNCED_SHARED;
+    /* The cut flag sits on the line the mark is read from. */
+    *verdict = atomic_load_explicit(&e->cut, memory_order_relaxed)
+                   ? RL_SYNCED_CUT
+                   : RL_SYNCED_SHARED;
     if (atomic_load_explicit(&e->degraded, memory_order_relaxed)) {
         if (rule->on_error != RL_ON_ERROR_LOCAL)
             return on_error_decides(e, rule, cost, out, verdict);
@@ -318,11 +380,12 @@ check(rl_synced *s, const rl_rule *rule, rl_ident *id, const rl_limit *rate,
     }
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
     if (limit != rate->limit)
-        retune(e, limit, rate->limit);
+        retune(s, e, rule, limit, rate->limit);
     uint64_t counted = rl_synced_counted(e);
     uint64_t mark = atomic_load_explicit(&e->mark, memory_order_acquire);
     out->reset_ms = atomic_load_explicit(&e->reset_ms, memory_order_relaxed);
     if (counted + cost > mark) {
+        count_refusal(e, rule, cost);
         uint64_t retry = atomic_load_explicit(&e->retry_ms,
                                               memory_order_relaxed);
         out->allowed = false;
@@ -583,7 +646,7 @@ static void degraded_mark(rl_synced *s, rl_synced_entry *e,
     uint64_t g = rl_wire_subwindow_ms(r->period_ms), w = now / g;
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
     uint64_t used = seed_in_span(e, w);
-    uint64_t room = limit > used ? limit - used : 0;
+    uint64_t room = region_part(s, e, r, limit > used ? limit - used : 0);
     uint64_t share = share_among(s, e, room,
                                  rl_fallback_agents(r, e->ident));
     uint64_t start = span_start(w);
@@ -643,6 +706,9 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     const rl_rule *r = e->ident->io_rule;
     if (r == NULL)
         return; /* a rule reloaded away: nobody checks it */
+    /* A rule reloaded from global to regional: no region is its. */
+    if (!r->global && atomic_load_explicit(&e->cut, memory_order_relaxed))
+        atomic_store_explicit(&e->cut, false, memory_order_relaxed);
     renumber(e, rl_wire_subwindow_ms(r->period_ms), rl_synced_now(s, loop_ms));
     /* Totals of another period came since the last of its own (a reload
      * on one side only): the totals held miss the acknowledgements since,
@@ -663,7 +729,7 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     uint64_t w = now / g;
     uint64_t used = estimate(e, w);
     uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
-    uint64_t room = limit > used ? limit - used : 0;
+    uint64_t room = region_part(s, e, r, limit > used ? limit - used : 0);
     uint64_t mark = base(e, fresh_share) + share_of(s, e, room);
     if (fresh_share || mark < atomic_load(&e->mark)) {
         atomic_store_explicit(&e->counted_at_mark, rl_synced_counted(e),

@@ -77,6 +77,19 @@ typedef struct rl_synced_entry {
     uint8_t report_backs; /* and its give-backs' (after them) */
     uint64_t active_ms;  /* loop ms of the first tick that saw it, or that
                           * saw new counts */
+    /* A global rule's (scope: global): the refusals put in reports so
+     * far (its region's demand, with its counts), and this region's part
+     * of the key's room as the last TOTALS said it, in millionths
+     * (RL_SYNCED_SHARE_EQUAL before any: an equal part per region), read
+     * by a check's retune too. */
+    uint64_t refusals_reported;
+    atomic_uint_least32_t region_share;
+    /* Refused so far, ever, a global rule's: per thread slot as counts
+     * are, written on a refusal only, never read by a check. Lines of
+     * their own: refusing threads do not share them with the I/O
+     * thread's fields. */
+    _Alignas(RL_CACHE_LINE) atomic_uint_least64_t refusals[RL_THREAD_SLOTS
+                                                           + 1];
     /* Counted so far, ever: one counter per thread slot, each written by
      * its slot's thread alone (the shared slot's by atomic adds). They sit
      * together, a check reads those in use; so do the fields a decision
@@ -103,12 +116,21 @@ typedef struct rl_synced_entry {
      * with on_error: local from the mark, this agent's share. Written by
      * the I/O thread. */
     atomic_bool degraded;
+    /* A global rule's key whose last TOTALS said a region is not heard:
+     * its share still decides (that region keeps its last part), and the
+     * decisions say degraded. Written by the I/O thread. */
+    atomic_bool cut;
     char value[];
 } rl_synced_entry;
 
 _Static_assert(offsetof(rl_synced_entry, mark)
                    - offsetof(rl_synced_entry, counts) == 2 * RL_CACHE_LINE,
                "the counts and the decision's fields fill two lines");
+
+/* A global rule's key's region_share before any TOTALS gave one: every
+ * region takes an equal part of the room (each taking all of it would
+ * admit the limit once per region at a cold start). */
+#define RL_SYNCED_SHARE_EQUAL UINT32_MAX
 
 typedef struct rl_synced_table {
     size_t cap;                         /* slots, a power of two */
@@ -144,11 +166,15 @@ typedef enum rl_synced_verdict {
     /* The rule's on_error decides: the key is over the cap (nothing
      * counted), or degraded with on_error allow (counted) or deny. */
     RL_SYNCED_ON_ERROR,
+    /* From this agent's share, as RL_SYNCED_SHARED, of a global rule's
+     * key while a region is cut off (synced_entry.cut): degraded. */
+    RL_SYNCED_CUT,
 } rl_synced_verdict;
 
 /* rl_synced_check decides one synced rule for a value at rate (the rule's
- * own, or an override's), counting cost when it allows; id is the rule's
- * identity (entries are found by it). A key last checked at another limit
+ * own, or an override's), counting cost when it allows (and, for a global
+ * rule, when it refuses, as refused: its region's demand); id is the
+ * rule's identity (entries are found by it). A key last checked at another limit
  * moves its mark by the difference at once. Lock-free once the key exists;
  * the first sighting of a key takes a lock and allocates. Returns RL_OK
  * with *out and *verdict filled in (a full table makes the rule decide as
@@ -235,6 +261,15 @@ bool rl_synced_settled(const rl_synced_entry *e);
 
 /* The counts of an entry, summed over its thread slots. */
 uint64_t rl_synced_counted(const rl_synced_entry *e);
+
+/* A global rule's key's refusals so far, summed over its thread slots. */
+uint64_t rl_synced_refused(const rl_synced_entry *e);
+
+/* I/O thread: a global rule's key's last TOTALS said its region's part of
+ * the room (millionths, wire.h) and whether a region is cut off. The next
+ * rebalance gives shares of that part; cut marks the key's decisions
+ * degraded. */
+void rl_synced_note_region(rl_synced_entry *e, uint64_t share, bool cut);
 
 /* I/O thread: drop keys idle for more than two of their periods, and free
  * what earlier rebuilds retired. */

@@ -7,6 +7,7 @@
 #include "test_agent.h"
 
 #include <criterion/criterion.h>
+#include <msgpack.h>
 #include <nng/protocol/pubsub0/pub.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <stdio.h>
@@ -110,6 +111,26 @@ static bool is_key(const fake_agg *f, rl_wire_bytes value)
            && memcmp(value.ptr, f->value, value.len) == 0;
 }
 
+/* How many of a REPORT's entries have five fields: the decoder does not
+ * say how many an entry had, and a refused of 0 is one too. */
+static size_t five_field_entries(const void *buf, size_t len)
+{
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t n = 0;
+    if (msgpack_unpack_next(&u, buf, len, NULL) == MSGPACK_UNPACK_SUCCESS
+        && u.data.type == MSGPACK_OBJECT_ARRAY && u.data.via.array.size > 4
+        && u.data.via.array.ptr[4].type == MSGPACK_OBJECT_ARRAY) {
+        const msgpack_object_array *entries = &u.data.via.array.ptr[4]
+                                                   .via.array;
+        for (uint32_t i = 0; i < entries->size; i++)
+            n += entries->ptr[i].type == MSGPACK_OBJECT_ARRAY
+                 && entries->ptr[i].via.array.size == 5;
+    }
+    msgpack_unpacked_destroy(&u);
+    return n;
+}
+
 fake_held fake_receive(fake_agg *f)
 {
     fake_held r = {0};
@@ -128,7 +149,10 @@ fake_held fake_receive(fake_agg *f)
         }
         cr_assert(is_key(f, e->value), "a report of another key");
         r.count += e->count;
+        r.refused += e->refused;
     }
+    r.demand_entries = five_field_entries(nng_msg_body(r.msg),
+                                          nng_msg_len(r.msg));
     return r;
 }
 
@@ -160,7 +184,11 @@ static void publish(fake_agg *f, bool stale)
     rl_wire_writer *w = rl_wire_writer_new();
     rl_wire_begin_totals(w, f->rule, fake_now(f), stale, f->agents,
                          stale ? 0 : 1);
-    if (!stale)
+    if (!stale && f->global)
+        rl_wire_put_total_share(w, f->value, f->value_len, f->window,
+                                f->recent, f->oldest, f->agents, f->share,
+                                f->cut);
+    else if (!stale)
         rl_wire_put_total(w, f->value, f->value_len, f->window, f->recent,
                           f->oldest, f->agents);
     size_t len;

@@ -26,6 +26,12 @@ typedef struct fake_agg {
     uint64_t recent, oldest; /* the key's totals in it (wire.h) */
     char value[RL_WIRE_VALUE_MAX];
     size_t value_len;      /* the key, as the agent's reports name it */
+    /* A global rule's (scope: global): its TOTALS entries say the
+     * region's share of the room (millionths) and whether a region is
+     * cut off. */
+    bool global;
+    uint64_t share;
+    bool cut;
 } fake_agg;
 
 /* A report received and not answered yet: while it is held the agent
@@ -34,6 +40,8 @@ typedef struct fake_held {
     nng_msg *msg;
     rl_wire_msg report;
     uint64_t count;        /* the key's count in it */
+    uint64_t refused;      /* the refusals its entries say */
+    size_t demand_entries; /* its entries of five fields (with refusals) */
 } fake_held;
 
 /* Listens on two free loopback ports; the clock starts in sub-window
@@ -67,7 +75,8 @@ fake_held fake_receive(fake_agg *f);
  * it with the key's totals, as they are once it is applied. */
 void fake_ack(fake_agg *f, fake_held *r);
 
-/* Publishes the key's totals. */
+/* Publishes the key's totals (with the share and cut of a global
+ * rule's when f->global). */
 void fake_publish(fake_agg *f);
 
 /* Publishes TOTALS marked stale (the aggregator cannot reach Redis): the
