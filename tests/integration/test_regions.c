@@ -61,7 +61,7 @@ static void expect_region_total(size_t i, const char *key, long long want,
 Test(regions, each_regions_counts_reach_every_region_once,
      .fini = stop_regions)
 {
-    test_regions_start(&regions, 3, GLOBAL_RULE, 100, "");
+    test_regions_start(&regions, 3, GLOBAL_RULE, 100, "", NULL);
     rl_config *cfg[3];
     rl_agent *agent[3];
     for (size_t i = 0; i < 3; i++)
@@ -114,7 +114,7 @@ Test(regions, each_regions_counts_reach_every_region_once,
  * after two intervals and dials again. */
 Test(regions, a_resent_exchange_is_counted_once, .fini = stop_regions)
 {
-    test_regions_start(&regions, 2, GLOBAL_RULE, 100, "");
+    test_regions_start(&regions, 2, GLOBAL_RULE, 100, "", NULL);
     rl_config *cfg;
     rl_agent *agent = test_region_agent(&regions, 0, &cfg);
     /* eu's exchanges to us: from the one carrying this key on, its
@@ -145,7 +145,7 @@ Test(regions, a_resent_exchange_is_counted_once, .fini = stop_regions)
 Test(regions, a_stopping_aggregator_sends_its_last_counts,
      .fini = stop_regions)
 {
-    test_regions_start(&regions, 2, GLOBAL_RULE, 1000, "");
+    test_regions_start(&regions, 2, GLOBAL_RULE, 1000, "", NULL);
     rl_config *cfg;
     rl_agent *agent = test_region_agent(&regions, 0, &cfg);
     cr_assert_eq(admit(agent, "last", 10), 10);
@@ -153,4 +153,199 @@ Test(regions, a_stopping_aggregator_sends_its_last_counts,
     rl_config_free(cfg);
     test_aggregator_stop(&regions.r[0].agg);
     expect_region_total(1, "last", 10, 1000);
+}
+
+/* The seed's shape scaled to keep the suite fast: a period of ten sync
+ * intervals (300 per 2 s synced every 200 ms), across three regions whose
+ * links are 40, 80 and 150 ms one way. Under ThreadSanitizer every time
+ * is four times as long (an agent's I/O thread must keep up with an
+ * interval, test_synced_bounds.c). */
+#ifdef __SANITIZE_THREAD__
+#define REGIONS_TIME_SCALE 4
+#else
+#define REGIONS_TIME_SCALE 1
+#endif
+#define LOAD_LIMIT 300
+#define LOAD_PERIOD (2000 * REGIONS_TIME_SCALE)
+#define LOAD_INTERVAL (200 * REGIONS_TIME_SCALE)
+#define LOAD_AGENTS 2 /* per region */
+#define LOAD_RULES \
+    "  - {name: g, match: api_key, limit: 300, period: %ums, mode: synced, " \
+    "scope: global, key_prefix: \"g:\"}\n" \
+    "  - {name: acct, match: ip, limit: 1000000, period: 1h, mode: synced, " \
+    "scope: global, key_prefix: \"acct:\"}\n"
+
+static const test_region_delays load_delays = {
+    {0, 40, 150},
+    {40, 0, 80},
+    {150, 80, 0},
+};
+
+/* What each region's agents let through, ms after the start. */
+typedef struct load {
+    rl_agent *agents[3][LOAD_AGENTS];
+    rl_config *configs[3][LOAD_AGENTS];
+    uint64_t start_ms;
+    uint64_t *at[3];
+    size_t n[3], cap;
+    long degraded[3];     /* decisions marked degraded */
+    long acct[3];         /* the accounting key's admissions */
+    double owed[3];
+    unsigned turn[3];
+} load;
+
+static void load_open(load *l)
+{
+    memset(l, 0, sizeof *l);
+    l->cap = 64 * LOAD_LIMIT;
+    for (size_t r = 0; r < 3; r++) {
+        l->at[r] = calloc(l->cap, sizeof *l->at[r]);
+        cr_assert_not_null(l->at[r]);
+        for (size_t a = 0; a < LOAD_AGENTS; a++)
+            l->agents[r][a] = test_region_agent(&regions, r,
+                                                &l->configs[r][a]);
+    }
+}
+
+static void load_close(load *l)
+{
+    for (size_t r = 0; r < 3; r++) {
+        for (size_t a = 0; a < LOAD_AGENTS; a++) {
+            rl_agent_close(l->agents[r][a]);
+            rl_config_free(l->configs[r][a]);
+        }
+        free(l->at[r]);
+    }
+}
+
+/* One request of region r, on its agents in turn: the key "t", and the
+ * accounting key (never refused) beside it. */
+static void offer_one(load *l, size_t r)
+{
+    rl_agent *agent = l->agents[r][l->turn[r]++ % LOAD_AGENTS];
+    rl_attr a = {"api_key", "t", 1};
+    rl_decision d;
+    cr_assert_eq(rl_check(agent, &a, 1, 1, &d), RL_OK);
+    l->degraded[r] += d.degraded;
+    if (d.allowed) {
+        cr_assert_lt(l->n[r], l->cap);
+        l->at[r][l->n[r]++] = test_now_ms() - l->start_ms;
+    }
+    rl_attr ip = {"ip", "acct", 4};
+    cr_assert_eq(rl_check(agent, &ip, 1, 1, &d), RL_OK);
+    cr_assert(d.allowed, "the accounting key was refused");
+    l->acct[r]++;
+}
+
+/* Offers twice the limit for ms, split among the regions by share[]
+ * (percent), each region's requests spread evenly over its agents. */
+static void offer(load *l, const unsigned share[3], uint64_t ms)
+{
+    double per_ms = 2.0 * LOAD_LIMIT / LOAD_PERIOD;
+    uint64_t end = test_now_ms() + ms, last = test_now_ms();
+    while (test_now_ms() < end) {
+        uint64_t now = test_now_ms();
+        for (size_t r = 0; r < 3; r++) {
+            l->owed[r] += (double)(now - last) * per_ms * share[r] / 100.0;
+            for (; l->owed[r] >= 1; l->owed[r] -= 1)
+                offer_one(l, r);
+        }
+        last = now;
+        test_sleep_ms(1);
+    }
+}
+
+static int by_time(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The most the regions admitted together in any span of one period that
+ * starts at or after from_ms. */
+static long most_in_a_period(const load *l, uint64_t from_ms)
+{
+    size_t n = l->n[0] + l->n[1] + l->n[2], k = 0;
+    uint64_t *all = calloc(n + 1, sizeof *all);
+    cr_assert_not_null(all);
+    for (size_t r = 0; r < 3; r++)
+        for (size_t i = 0; i < l->n[r]; i++)
+            all[k++] = l->at[r][i];
+    qsort(all, n, sizeof *all, by_time);
+    long most = 0;
+    for (size_t i = 0, j = 0; i < n; i++) {
+        if (all[i] < from_ms)
+            continue;
+        while (j < n && all[j] < all[i] + LOAD_PERIOD)
+            j++;
+        if ((long)(j - i) > most)
+            most = (long)(j - i);
+    }
+    free(all);
+    return most;
+}
+
+/* What region r admitted in [from, to) ms. */
+static long admitted_in(const load *l, size_t r, uint64_t from, uint64_t to)
+{
+    long n = 0;
+    for (size_t i = 0; i < l->n[r]; i++)
+        n += l->at[r][i] >= from && l->at[r][i] < to;
+    return n;
+}
+
+static long all_in(const load *l, uint64_t from, uint64_t to)
+{
+    return admitted_in(l, 0, from, to) + admitted_in(l, 1, from, to)
+           + admitted_in(l, 2, from, to);
+}
+
+static void start_load(load *l)
+{
+    char rules[512];
+    snprintf(rules, sizeof rules, LOAD_RULES, LOAD_PERIOD);
+    test_regions_start(&regions, 3, rules, LOAD_INTERVAL, "", &load_delays);
+    load_open(l);
+    /* Each agent heard its aggregator (its first totals) before the
+     * load: a fleet's cold start is its own promise (design.md). */
+    test_sleep_ms(3 * LOAD_INTERVAL);
+    l->start_ms = test_now_ms();
+}
+
+/* Twice the limit, 70/20/10 across the regions, then 10/20/70: no span of
+ * one period over 1.05 of the limit, at least 0.9 of it in every period
+ * of steady overload, and each region's part following its demand. */
+Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
+     .fini = stop_regions, .timeout = 240)
+{
+    static load l;
+    start_load(&l);
+    static const unsigned first[3] = {70, 20, 10}, then[3] = {10, 20, 70};
+    offer(&l, first, 3 * LOAD_PERIOD);
+    offer(&l, then, 3 * LOAD_PERIOD);
+    long most = most_in_a_period(&l, 0);
+    long p[6];
+    for (int k = 0; k < 6; k++)
+        p[k] = all_in(&l, (uint64_t)k * LOAD_PERIOD,
+                      (uint64_t)(k + 1) * LOAD_PERIOD);
+    long eu = admitted_in(&l, 0, 2 * LOAD_PERIOD, 3 * LOAD_PERIOD);
+    long ap = admitted_in(&l, 2, 5 * LOAD_PERIOD, 6 * LOAD_PERIOD);
+    cr_log_info("regions: most in a period %ld of %d; periods %ld %ld %ld "
+                "%ld %ld %ld; eu's part of the third %ld, ap's of the "
+                "sixth %ld", most, LOAD_LIMIT, p[0], p[1], p[2], p[3], p[4],
+                p[5], eu, ap);
+    load_close(&l);
+    cr_assert_leq(most, LOAD_LIMIT * 105 / 100, "a span of one period "
+                  "admitted %ld of %d", most, LOAD_LIMIT);
+    /* Steady overload: the second and third periods of each split. */
+    for (int k = 1; k < 6; k++) {
+        if (k == 3)
+            continue; /* the demand moving */
+        cr_assert_geq(p[k], LOAD_LIMIT * 9 / 10, "period %d admitted %ld",
+                      k, p[k]);
+    }
+    cr_assert_geq(eu * 100, p[2] * 60, "eu sends 70 %% and got %ld of %ld",
+                  eu, p[2]);
+    cr_assert_geq(ap * 100, p[5] * 60, "ap sends 70 %% and got %ld of %ld",
+                  ap, p[5]);
 }

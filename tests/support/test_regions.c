@@ -33,7 +33,8 @@ static void write_extra(test_regions *rs, size_t i, const char *extra_agg)
 
 void test_regions_start(test_regions *rs, size_t n, const char *rules_yaml,
                         unsigned sync_interval_ms,
-                        const char *extra_aggregator)
+                        const char *extra_aggregator,
+                        const test_region_delays *delays)
 {
     cr_assert_leq(n, TEST_REGIONS_MAX);
     memset(rs, 0, sizeof *rs);
@@ -48,8 +49,9 @@ void test_regions_start(test_regions *rs, size_t n, const char *rules_yaml,
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < n; j++) {
             if (j != i)
-                rs->r[i].to[j] = test_proxy_start(rs->r[j].peer_port,
-                                                  &rs->r[i].to_port[j]);
+                rs->r[i].to[j] = test_proxy_start_delayed(
+                    rs->r[j].peer_port, &rs->r[i].to_port[j],
+                    delays != NULL ? (*delays)[i][j] : 0);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -79,4 +81,26 @@ rl_agent *test_region_agent(const test_regions *rs, size_t i,
                             rl_config **config)
 {
     return test_synced_agent(&rs->r[i].agg, config);
+}
+
+/* Both ways: i's exchanges to the others and theirs to i, with their
+ * answers. */
+void test_region_cut(test_regions *rs, size_t i)
+{
+    for (size_t j = 0; j < rs->n; j++) {
+        if (j == i)
+            continue;
+        test_proxy_cut(rs->r[i].to[j]);
+        test_proxy_cut(rs->r[j].to[i]);
+    }
+}
+
+void test_region_heal(test_regions *rs, size_t i)
+{
+    for (size_t j = 0; j < rs->n; j++) {
+        if (j == i)
+            continue;
+        test_proxy_heal(rs->r[i].to[j]);
+        test_proxy_heal(rs->r[j].to[i]);
+    }
 }

@@ -32,12 +32,21 @@ typedef struct test_regions {
     size_t n;
 } test_regions;
 
+/* One-way delays between regions, ms: delay[i][j] both ways between
+ * regions i and j (the matrix is read as given; keep it symmetric). */
+typedef unsigned test_region_delays[TEST_REGIONS_MAX][TEST_REGIONS_MAX];
+
 /* Starts n regions (at most TEST_REGIONS_MAX) with the given rules and
  * sync interval; extra_aggregator goes into each config's aggregator:
- * block (indented lines, or ""). */
+ * block (indented lines, or ""); delays NULL for none. */
 void test_regions_start(test_regions *rs, size_t n, const char *rules_yaml,
                         unsigned sync_interval_ms,
-                        const char *extra_aggregator);
+                        const char *extra_aggregator,
+                        const test_region_delays *delays);
+
+/* Cuts region i off from every other (both ways), or heals it. */
+void test_region_cut(test_regions *rs, size_t i);
+void test_region_heal(test_regions *rs, size_t i);
 
 /* Stops every aggregator, proxy and Redis. */
 void test_regions_stop(test_regions *rs);
