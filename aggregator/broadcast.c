@@ -107,7 +107,9 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
         return;
     if (agg->broadcast->first_note_ms == 0)
         agg->broadcast->first_note_ms = uv_now(agg->loop);
-    c->agents = agents;
+    /* 0: not known (another region's exchange answers so). */
+    if (agents > 0)
+        c->agents = agents;
     if (c->used * 2 >= c->cap) {
         if (c->used >= RL_WIRE_ENTRIES_MAX || !grow(c)) {
             agg->stats.broadcast_dropped++;

@@ -76,8 +76,9 @@ typedef struct region_link {
     void *batch;         /* the exchange outstanding, or NULL */
     size_t batch_len;
     uint64_t batch_seq, batch_oldest_ms;
-    uint64_t batch_sent_ms;  /* loop ms it was first sent; 0: not yet */
-    uint64_t rtt_ms;         /* the last batch's, send to answer; 0: none */
+    /* The latest upto of its exchanges whose counts are in this
+     * region's Redis (its Redis clock, ms); 0: none yet. */
+    uint64_t upto;
     uint64_t seq;        /* the last number given */
     uint64_t heard_ms;   /* loop ms it was last heard; 0: never */
     uint64_t dropped;    /* counts the full outbox dropped */
@@ -196,8 +197,14 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
 {
     const rl_regions_config *rc = &agg->boot_config->regions;
     rl_wire_writer_reset(w);
+    /* Agents report at each multiple of the interval of Redis's clock:
+     * what they counted before the last one is in (the batch is built
+     * at rl_exchange_send, after it). */
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
+    uint64_t upto = rl_store_now_ms(agg->store) / interval * interval;
     rl_wire_begin_exchange(w, rc->regions[rc->self].name,
-                           agg->exchange->sender, l->seq + 1, l->box.used);
+                           agg->exchange->sender, l->seq + 1, upto,
+                           l->box.used);
     for (size_t j = 0; j < l->box.cap; j++) {
         const out_entry *o = &l->box.slots[j];
         if (o->hash == 0)
@@ -216,7 +223,6 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     l->batch = copy;
     l->batch_len = len;
     l->batch_seq = ++l->seq;
-    l->batch_sent_ms = 0;
     l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
                                                : uv_now(agg->loop);
     if (l->box.cap > 0)
@@ -224,6 +230,16 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     l->box.used = 0;
     l->box.oldest_ms = 0;
     return true;
+}
+
+/* How long an exchange waits for its answer before its connection is
+ * taken for one gone silent (a middlebox dropped it without a reset) and
+ * dialled again: two intervals, and a second more for a round trip
+ * between continents (an exchange waits for the last one's answer, so
+ * they go once an interval or once a round trip, whichever is longer). */
+static uint64_t answer_within_ms(const rl_aggregator *agg)
+{
+    return 2ULL * agg->boot_config->aggregator.sync_interval_ms + 1000;
 }
 
 static void finish(peer *p, int result, nng_msg *reply)
@@ -267,13 +283,7 @@ static void send_to(rl_aggregator *agg, region_link *l, peer *p)
     }
     p->state = SENDING;
     p->step = SENDING;
-    if (l->batch_sent_ms == 0)
-        l->batch_sent_ms = uv_now(agg->loop);
-    /* An answer within two intervals, or the next interval sends
-     * again: a peer silent for good (a partition) must not hold the
-     * region_link. */
-    nng_aio_set_timeout(p->aio,
-                        2 * (int)agg->boot_config->aggregator.sync_interval_ms);
+    nng_aio_set_timeout(p->aio, (int)answer_within_ms(agg));
     nng_aio_set_msg(p->aio, msg);
     rl_nng_handoff(p);
     nng_ctx_send(p->ctx, p->aio);
@@ -389,7 +399,6 @@ static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
     }
     if (l->batch != NULL && ack.seq == l->batch_seq
         && ack.status != RL_ACK_RETRY) {
-        l->rtt_ms = uv_now(agg->loop) - l->batch_sent_ms;
         free(l->batch);
         l->batch = NULL;
     }
@@ -537,34 +546,34 @@ bool rl_exchange_cut(const rl_aggregator *agg)
     if (x == NULL)
         return false;
     uint64_t now = uv_now(agg->loop);
+    /* Not before an exchange could have been answered, resent and come
+     * again: a slow link is not a cut. */
     uint64_t stale = agg->boot_config->aggregator.stale_after_ms;
+    uint64_t resent = answer_within_ms(agg)
+                      + agg->boot_config->aggregator.sync_interval_ms;
+    stale = stale > resent ? stale : resent;
     for (size_t i = 0; i < x->n_links; i++)
         if (x->links[i].heard_ms == 0 || now - x->links[i].heard_ms > stale)
             return true;
     return false;
 }
 
-uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg, uint64_t now_ms)
+void rl_exchange_applied(rl_aggregator *agg, size_t r, uint64_t upto)
+{
+    region_link *l = agg->exchange != NULL ? link_of(agg->exchange, r)
+                                           : NULL;
+    if (l != NULL && upto > l->upto)
+        l->upto = upto;
+}
+
+uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg)
 {
     const rl_exchange *x = agg->exchange;
-    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
-    uint64_t now = uv_now(agg->loop), at = now_ms;
-    for (size_t i = 0; x != NULL && i < x->n_links; i++) {
-        const region_link *l = &x->links[i];
-        if (l->heard_ms == 0)
-            return 0;
-        /* Its last exchange left it a one-way delay before it came (half
-         * a round trip; two intervals before one was measured) and holds
-         * what its agents reported by its last tick, an interval before
-         * (two, as the totals here were read at this region's tick). */
-        uint64_t delay = l->rtt_ms > 0 ? (l->rtt_ms + 1) / 2 : 2 * interval;
-        uint64_t age = now - l->heard_ms + delay + 2 * interval;
-        if (age >= now_ms)
-            return 0;
-        if (now_ms - age < at)
-            at = now_ms - age;
-    }
-    return at;
+    uint64_t at = UINT64_MAX;
+    for (size_t i = 0; x != NULL && i < x->n_links; i++)
+        if (x->links[i].upto < at)
+            at = x->links[i].upto;
+    return at == UINT64_MAX ? 0 : at;
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

@@ -55,11 +55,15 @@ bool rl_exchange_heard(rl_aggregator *agg, size_t r, rl_wire_bytes sender,
  * last had, and say so (cut). */
 bool rl_exchange_cut(const rl_aggregator *agg);
 
-/* The latest moment (Redis's clock, ms) by which every other region's
- * counts are surely in this region's totals: the others' last exchanges
- * hold their agents' counts up to then. 0 when a region was never heard.
- * This region's counts after it are ones the others may not know of. */
-uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg, uint64_t now_ms);
+/* An exchange of region r whose counts are now in this region's Redis
+ * (applied, or found applied) says its agents' counts up to upto are. */
+void rl_exchange_applied(rl_aggregator *agg, size_t r, uint64_t upto);
+
+/* The snapshot: the latest moment (Redis's clock, ms) by which every other
+ * region's counts are in this region's Redis, the earliest of their
+ * exchanges' upto; 0 when a region's never were. This region's counts
+ * after it are ones the others may not know of. */
+uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg);
 
 /* Prometheus lines: per peer region, the time since it was last heard and
  * the age of the oldest count it has not acknowledged. */

@@ -218,6 +218,7 @@ static void on_applied(void *arg, bool duplicate,
     if (w->exchange) {
         if (!duplicate)
             rl_regions_applied(agg, w->region, entries, n);
+        rl_exchange_applied(agg, w->region, m->now_ms);
         /* Another region's aggregator: an ACK of no entries says its
          * exchange is in this region's Redis. */
         send_ack(w, duplicate ? RL_ACK_DUPLICATE : RL_ACK_APPLIED, NULL);
@@ -382,6 +383,8 @@ static void handle_exchange(rl_ingest_worker *w)
         free(rules);
         /* A heartbeat (or nothing global here) writes nothing; without
          * Redis's clock, the sender sends it again. */
+        if (now != 0)
+            rl_exchange_applied(agg, (size_t)r, m->now_ms);
         send_ack(w, now == 0 ? RL_ACK_RETRY : RL_ACK_APPLIED, NULL);
         return;
     }

@@ -113,7 +113,7 @@ uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
         return RL_WIRE_SHARE_WHOLE;
     size_t self = agg->boot_config->regions.self;
     uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
-    uint64_t since = rl_exchange_snapshot_ms(agg, now_ms);
+    uint64_t since = rl_exchange_snapshot_ms(agg);
     /* Every region's demand as of the snapshot, this one's too: the
      * others see theirs so, and parts worked out from one moment's
      * demand add up to the room. */

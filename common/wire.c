@@ -288,10 +288,11 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
                && rd_presence(r, m);
     case RL_WIRE_EXCHANGE:
-        return (fields == 6 || fail(r, "wrong number of fields"))
+        return (fields == 7 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_REGION_MAX, &m->region)
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
-               && rd_uint(r, &m->seq) && rd_entries(r, m, rd_report_entry);
+               && rd_uint(r, &m->seq) && rd_uint(r, &m->now_ms)
+               && rd_entries(r, m, rd_report_entry);
     default:
         return fail(r, "unknown message type");
     }
@@ -471,13 +472,14 @@ void rl_wire_put_demand_at(rl_wire_writer *w, const char *rule,
 }
 
 void rl_wire_begin_exchange(rl_wire_writer *w, const char *region,
-                            const char *sender, uint64_t seq,
+                            const char *sender, uint64_t seq, uint64_t upto,
                             size_t n_entries)
 {
-    put_header(w, 6, RL_WIRE_EXCHANGE);
+    put_header(w, 7, RL_WIRE_EXCHANGE);
     put_str(w, region, strlen(region));
     put_str(w, sender, strlen(sender));
     msgpack_pack_uint64(&w->pk, seq);
+    msgpack_pack_uint64(&w->pk, upto);
     msgpack_pack_array(&w->pk, n_entries);
 }
 

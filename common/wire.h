@@ -70,12 +70,15 @@
  *           ACK of seq 0 and no entries.
  *   EXCHANGE aggregator -> another region's aggregators (REQ, on that
  *           region's peers), every interval
- *           [1, 6, region, sender, seq, [[rule, value, count, at,
+ *           [1, 6, region, sender, seq, upto, [[rule, value, count, at,
  *            refused], ...]]
  *           What the sending region's agents counted (and refused) of
  *           its global rules' keys since the sender's last exchange that
  *           was acknowledged, per sub-window of the sender's Redis clock
- *           (at); a negative count is a give-back. sender names the
+ *           (at); a negative count is a give-back. upto (the sender's
+ *           Redis clock, ms) is the tick by which the agents' reports it
+ *           holds were made: what they counted before it is in this
+ *           exchange or an earlier one. sender names the
  *           sending aggregator and its start, as an agent id does: each
  *           sender numbers its exchanges 1, 2, 3..., and resends one
  *           whole until acknowledged (an ACK with no entries); the
@@ -192,7 +195,7 @@ typedef struct rl_wire_msg {
     uint64_t seq;           /* REPORT, ACK, EXCHANGE */
     uint64_t stream;        /* REPORT: 0 when the field is absent */
     uint64_t status;        /* ACK */
-    uint64_t now_ms;        /* ACK, TOTALS */
+    uint64_t now_ms;        /* ACK, TOTALS; EXCHANGE: its upto */
     bool stale;             /* TOTALS: the aggregator cannot reach Redis */
     uint64_t agents;        /* TOTALS: agents reporting the rule */
     uint64_t features;      /* FEATURES: RL_WIRE_FEATURE_* bits */
@@ -246,7 +249,7 @@ void rl_wire_put_demand_at(rl_wire_writer *w, const char *rule,
                            uint64_t refused);
 /* An EXCHANGE: begin, then n_entries rl_wire_put_demand_at. */
 void rl_wire_begin_exchange(rl_wire_writer *w, const char *region,
-                            const char *sender, uint64_t seq,
+                            const char *sender, uint64_t seq, uint64_t upto,
                             size_t n_entries);
 /* A REPORT with the presence field: begin, put n_entries counts, then
  * rl_wire_put_presence once with its names. */

@@ -155,18 +155,21 @@ Test(regions, a_stopping_aggregator_sends_its_last_counts,
     expect_region_total(1, "last", 10, 1000);
 }
 
-/* The seed's shape scaled to keep the suite fast: a period of ten sync
- * intervals (300 per 2 s synced every 200 ms), across three regions whose
- * links are 40, 80 and 150 ms one way. Under ThreadSanitizer every time
- * is four times as long (an agent's I/O thread must keep up with an
- * interval, test_synced_bounds.c). */
+/* The seed's shape scaled to keep the suite fast: 300 per 4 s synced
+ * every 200 ms, across three regions whose links are 40, 80 and 150 ms
+ * one way. A period of twenty intervals: at ten, one region alone admits
+ * about 0.7 of the limit in some periods of steady overload with this
+ * load (bursts come back an interval late, design.md), below the floor
+ * tested here. Under ThreadSanitizer every time is four times as long (an
+ * agent's I/O thread must keep up with an interval,
+ * test_synced_bounds.c). */
 #ifdef __SANITIZE_THREAD__
 #define REGIONS_TIME_SCALE 4
 #else
 #define REGIONS_TIME_SCALE 1
 #endif
 #define LOAD_LIMIT 300
-#define LOAD_PERIOD (2000 * REGIONS_TIME_SCALE)
+#define LOAD_PERIOD (4000 * REGIONS_TIME_SCALE)
 #define LOAD_INTERVAL (200 * REGIONS_TIME_SCALE)
 #define LOAD_AGENTS 2 /* per region */
 #define LOAD_RULES \
@@ -334,6 +337,14 @@ Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
                 "%ld %ld %ld; eu's part of the third %ld, ap's of the "
                 "sixth %ld", most, LOAD_LIMIT, p[0], p[1], p[2], p[3], p[4],
                 p[5], eu, ap);
+    for (int k = 0; k < 6; k++)
+        cr_log_info("period %d: eu %ld us %ld ap %ld", k,
+                    admitted_in(&l, 0, (uint64_t)k * LOAD_PERIOD,
+                                (uint64_t)(k + 1) * LOAD_PERIOD),
+                    admitted_in(&l, 1, (uint64_t)k * LOAD_PERIOD,
+                                (uint64_t)(k + 1) * LOAD_PERIOD),
+                    admitted_in(&l, 2, (uint64_t)k * LOAD_PERIOD,
+                                (uint64_t)(k + 1) * LOAD_PERIOD));
     load_close(&l);
     cr_assert_leq(most, LOAD_LIMIT * 105 / 100, "a span of one period "
                   "admitted %ld of %d", most, LOAD_LIMIT);

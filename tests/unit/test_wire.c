@@ -241,7 +241,7 @@ Test(wire, demand_exchanges_and_shares_read_back_the_same)
     rl_wire_msg_free(&m);
 
     rl_wire_writer_reset(w);
-    rl_wire_begin_exchange(w, "eu", "region:eu/0/x", 9, 1);
+    rl_wire_begin_exchange(w, "eu", "region:eu/0/x", 9, 7000, 1);
     rl_wire_put_demand_at(w, "g", "k", 1, 12, 0, 6000, 1);
     m = decode_ok(w, 0);
     cr_assert_eq(m.type, RL_WIRE_EXCHANGE);
@@ -249,6 +249,7 @@ Test(wire, demand_exchanges_and_shares_read_back_the_same)
     cr_assert_eq(memcmp(m.region.ptr, "eu", 2), 0);
     cr_assert_eq(memcmp(m.agent_id.ptr, "region:eu/0/x", 13), 0);
     cr_assert_eq(m.seq, 9);
+    cr_assert_eq(m.now_ms, 7000);
     cr_assert_eq(m.entries[0].count, 12);
     cr_assert_eq(m.entries[0].refused, 1);
     rl_wire_msg_free(&m);
