@@ -360,3 +360,67 @@ Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
     cr_assert_geq(ap * 100, p[5] * 60, "ap sends 70 %% and got %ld of %ld",
                   ap, p[5]);
 }
+
+/* ap cut off from eu and us for three periods, at twice the limit split
+ * 70/20/10: the fleet stays within 1.1 of the limit, ap keeps its part
+ * (not the whole limit) and the others theirs, ap's decisions say
+ * degraded; after the heal, within the bound from two intervals on; and
+ * every region's Redis ends with every admission once. */
+Test(regions, a_region_cut_off_keeps_its_part, .fini = stop_regions,
+     .timeout = 300)
+{
+    static load l;
+    start_load(&l);
+    static const unsigned split[3] = {70, 20, 10};
+    offer(&l, split, 2 * LOAD_PERIOD);
+    uint64_t cut = test_now_ms() - l.start_ms;
+    test_region_cut(&regions, 2);
+    long degraded_before = l.degraded[2];
+    offer(&l, split, 3 * LOAD_PERIOD);
+    long degraded_cut = l.degraded[2] - degraded_before;
+    uint64_t healed = test_now_ms() - l.start_ms;
+    test_region_heal(&regions, 2);
+    offer(&l, split, LOAD_PERIOD);
+    long degraded_mark = l.degraded[2];
+    offer(&l, split, LOAD_PERIOD);
+    long degraded_after = l.degraded[2] - degraded_mark;
+    long most = most_in_a_period(&l, 0);
+    long after = most_in_a_period(&l, healed + 2 * LOAD_INTERVAL);
+    /* The second and third periods of the cut: the first is the one the
+     * cut is found in. */
+    uint64_t from = cut + LOAD_PERIOD, to = cut + 3 * LOAD_PERIOD;
+    long ap = admitted_in(&l, 2, from, to) / 2;
+    long others = (admitted_in(&l, 0, from, to)
+                   + admitted_in(&l, 1, from, to)) / 2;
+    cr_log_info("regions cut: most in a period %ld, after the heal %ld; per "
+                "period in the cut ap %ld, eu and us %ld; ap degraded %ld "
+                "in the cut, %ld in the last period", most, after, ap,
+                others, degraded_cut, degraded_after);
+    /* Every admission of the accounting key, in every region's Redis. */
+    long acct = l.acct[0] + l.acct[1] + l.acct[2];
+    load_close(&l);
+    for (size_t i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "acct:acct");
+        uint64_t start = test_now_ms();
+        long long got;
+        while ((got = test_window_total(regions.r[i].redis_addr, name))
+               != acct) {
+            cr_assert_lt(test_now_ms() - start, 5000, "region %s's Redis "
+                         "holds %lld of %ld admitted", regions.r[i].name,
+                         got, acct);
+            test_sleep_ms(50);
+        }
+    }
+    cr_assert_leq(most, LOAD_LIMIT * 110 / 100, "a span of one period "
+                  "admitted %ld of %d", most, LOAD_LIMIT);
+    cr_assert_leq(after, LOAD_LIMIT * 105 / 100, "after the heal a span "
+                  "admitted %ld of %d", after, LOAD_LIMIT);
+    cr_assert(ap >= LOAD_LIMIT / 20 && ap <= LOAD_LIMIT / 5, "ap, cut off "
+              "with a part of about a tenth, admitted %ld a period", ap);
+    cr_assert_geq(others, LOAD_LIMIT * 7 / 10, "eu and us, with about nine "
+                  "tenths, admitted %ld a period", others);
+    cr_assert_gt(degraded_cut, 0, "ap's decisions never said degraded");
+    cr_assert_eq(degraded_after, 0, "ap's decisions still degraded a "
+                 "period after the heal");
+}
