@@ -25,7 +25,10 @@ typedef struct key {
     uint64_t hash;
     size_t len;               /* of name: "rule\0value" */
     ring *rings;              /* one per region */
-    uint64_t share;           /* the last part worked out, 0: none */
+    /* The regions' parts last worked out (millionths), after the rings;
+     * parts_known says whether there are any. */
+    uint32_t *parts;
+    bool parts_known;
     char name[];
 } key;
 
@@ -54,6 +57,7 @@ rl_demand *rl_demand_new(size_t n_regions, size_t max_keys)
 static void key_free(key *k)
 {
     free(k->rings);
+    free(k->parts);
     free(k);
 }
 
@@ -177,7 +181,10 @@ bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
         }
         key *k = calloc(1, sizeof *k + len);
         if (k == NULL || (k->rings = calloc(d->n_regions, sizeof(ring)))
-                             == NULL) {
+                             == NULL
+            || (k->parts = calloc(d->n_regions, sizeof *k->parts)) == NULL) {
+            if (k != NULL)
+                free(k->rings);
             free(k);
             d->refused++;
             return false;
@@ -214,31 +221,29 @@ uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
     return ring_sum(&k->rings[r], k->rings[r].admitted, from, to);
 }
 
-uint64_t rl_demand_share(rl_demand *d, const char *rule, const char *value,
-                         size_t value_len, size_t self, uint64_t at,
-                         bool cut)
+void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
+                     size_t value_len, uint64_t at, bool cut,
+                     uint64_t *parts)
 {
     uint64_t even = RL_WIRE_SHARE_WHOLE / (d->n_regions ? d->n_regions : 1);
     key *k = lookup(d, rule, value, value_len);
-    if (k == NULL)
-        return even;
-    /* Kept one above the part, so that a part of 0 is told from none. */
-    if (cut)
-        return k->share > 0 ? k->share - 1 : even;
-    uint64_t mine = 0, all = 0;
+    for (size_t r = 0; r < d->n_regions; r++)
+        parts[r] = k != NULL && k->parts_known ? k->parts[r] : even;
+    if (k == NULL || cut)
+        return;
+    uint64_t all = 0;
+    for (size_t r = 0; r < d->n_regions; r++)
+        all += ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
     for (size_t r = 0; r < d->n_regions; r++) {
-        uint64_t s = ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
-        all += s;
-        if (r == self)
-            mine = s;
+        uint64_t mine = ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
+        /* Rounded down: the regions' parts never add up to more than the
+         * room. */
+        parts[r] = all == 0 ? even
+                            : (uint64_t)((unsigned __int128)mine
+                                         * RL_WIRE_SHARE_WHOLE / all);
+        k->parts[r] = (uint32_t)parts[r];
     }
-    /* Rounded down: the regions' parts never add up to more than the
-     * room. */
-    uint64_t share = all == 0 ? even
-                              : (uint64_t)((unsigned __int128)mine
-                                           * RL_WIRE_SHARE_WHOLE / all);
-    k->share = share + 1;
-    return share;
+    k->parts_known = true;
 }
 
 void rl_demand_sweep(rl_demand *d, uint64_t now_ms,

@@ -37,15 +37,17 @@ uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
                             const char *value, size_t value_len, size_t r,
                             uint64_t from, uint64_t to);
 
-/* Region self's part of the key's room, in millionths
- * (RL_WIRE_SHARE_WHOLE): its demand over every region's, each read in the
- * span that ends at sub-window at; an even part when no demand is known.
- * While a region is cut off (cut), the part the key last had, which the
- * other regions, cut off at the same moment, keep too: so the parts still
- * add up to the room, and no region takes the whole limit. */
-uint64_t rl_demand_share(rl_demand *d, const char *rule, const char *value,
-                         size_t value_len, size_t self, uint64_t at,
-                         bool cut);
+/* Every region's part of the key's room, in millionths
+ * (RL_WIRE_SHARE_WHOLE), into parts[n_regions]: its demand over every
+ * region's, each read in the span that ends at sub-window at, rounded
+ * down (they never add up to more than the room); even parts when no
+ * demand is known. While a region is cut off (cut), the parts the key
+ * last had, which the other regions, cut off at the same moment, keep
+ * too: so the parts still add up to the room, and no region takes the
+ * whole limit. */
+void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
+                     size_t value_len, uint64_t at, bool cut,
+                     uint64_t *parts);
 
 /* Forgets the keys whose every region's last sub-window noted is before
  * w_of(rule) - 2 spans: idle for two periods. */

@@ -79,6 +79,8 @@ typedef struct region_link {
     /* The latest upto of its exchanges whose counts are in this
      * region's Redis (its Redis clock, ms); 0: none yet. */
     uint64_t upto;
+    /* The upto of this region's last exchange it acknowledged; 0: none. */
+    uint64_t batch_upto, acked_upto;
     uint64_t seq;        /* the last number given */
     uint64_t heard_ms;   /* loop ms it was last heard; 0: never */
     uint64_t dropped;    /* counts the full outbox dropped */
@@ -223,6 +225,7 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     l->batch = copy;
     l->batch_len = len;
     l->batch_seq = ++l->seq;
+    l->batch_upto = upto;
     l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
                                                : uv_now(agg->loop);
     if (l->box.cap > 0)
@@ -399,6 +402,7 @@ static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
     }
     if (l->batch != NULL && ack.seq == l->batch_seq
         && ack.status != RL_ACK_RETRY) {
+        l->acked_upto = l->batch_upto;
         free(l->batch);
         l->batch = NULL;
     }
@@ -502,11 +506,11 @@ int rl_exchange_region(const rl_aggregator *agg, rl_wire_bytes name)
     return -1;
 }
 
-static region_link *link_of(rl_exchange *x, size_t r)
+static region_link *link_of(const rl_exchange *x, size_t r)
 {
     for (size_t i = 0; i < x->n_links; i++)
         if (x->links[i].region == r)
-            return &x->links[i];
+            return (region_link *)&x->links[i];
     return NULL;
 }
 
@@ -574,6 +578,16 @@ uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg)
         if (x->links[i].upto < at)
             at = x->links[i].upto;
     return at == UINT64_MAX ? 0 : at;
+}
+
+uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r)
+{
+    const region_link *l = agg->exchange != NULL
+                               ? link_of(agg->exchange, r) : NULL;
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
+    if (l == NULL || l->acked_upto <= interval)
+        return 0;
+    return l->acked_upto - interval;
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

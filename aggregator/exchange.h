@@ -65,6 +65,12 @@ void rl_exchange_applied(rl_aggregator *agg, size_t r, uint64_t upto);
  * after it are ones the others may not know of. */
 uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg);
 
+/* The moment (this region's Redis clock, ms) up to which region r's
+ * agents surely know this region's counts: the upto of the last exchange
+ * r acknowledged, less an interval (r's agents hear them with r's next
+ * totals). 0 when r never acknowledged one. */
+uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r);
+
 /* Prometheus lines: per peer region, the time since it was last heard and
  * the age of the oldest count it has not acknowledged. */
 void rl_exchange_render(const rl_aggregator *agg,

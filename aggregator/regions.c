@@ -111,28 +111,37 @@ uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
     *more = 0;
     if (agg->demand == NULL)
         return RL_WIRE_SHARE_WHOLE;
-    size_t self = agg->boot_config->regions.self;
+    const rl_regions_config *rc = &agg->boot_config->regions;
     uint64_t g = rl_wire_subwindow_ms(rule->period_ms);
     uint64_t since = rl_exchange_snapshot_ms(agg);
-    /* Every region's demand as of the snapshot, this one's too: the
-     * others see theirs so, and parts worked out from one moment's
-     * demand add up to the room. */
-    uint64_t share = rl_demand_share(agg->demand, rule->name, value,
-                                     value_len, self,
-                                     (since > 0 ? since : now_ms) / g, *cut);
+    /* Every region's demand as of the others' last exchanges, this
+     * one's too: the others see theirs so, and parts worked out from one
+     * moment's demand add up to the room. */
+    uint64_t parts[RL_REGIONS_MAX];
+    rl_demand_parts(agg->demand, rule->name, value, value_len,
+                    (since > 0 ? since : now_ms) / g, *cut, parts);
+    uint64_t share = parts[rc->self];
     if (share == 0)
         return 0;
-    /* Agents work out share × (limit − recent − oldest); this region's
-     * counts since the snapshot must come off whole, not at share: so
-     * (1 − share) / share of them more (rounded up). The snapshot's
-     * sub-window counts whole. */
-    uint64_t own = rl_demand_admitted(agg->demand, rule->name, value,
-                                      value_len, self, since / g,
-                                      now_ms / g);
-    *more = (uint64_t)(((unsigned __int128)own
-                            * (RL_WIRE_SHARE_WHOLE - share)
-                        + share - 1)
-                       / share);
+    /* Region r gives out its part of the room as it sees it, and it does
+     * not see what this region admitted since r last heard it: r's part
+     * of that would be given out again. So this region's agents take it
+     * off their room: the sum, over the others, of their part of what
+     * this region admitted since each last heard it, which agents working
+     * out share × (limit − recent − oldest) take off when recent carries
+     * that sum over share more (rounded up). With every region so, the
+     * parts given out add up to the room (docs/regions.md). */
+    unsigned __int128 owed = 0;
+    for (size_t r = 0; r < rc->n; r++) {
+        if (r == rc->self)
+            continue;
+        uint64_t known = rl_exchange_known_upto(agg, r);
+        owed += (unsigned __int128)parts[r]
+                * rl_demand_admitted(agg->demand, rule->name, value,
+                                     value_len, rc->self, known / g,
+                                     now_ms / g);
+    }
+    *more = (uint64_t)((owed + share - 1) / share);
     return share;
 }
 
