@@ -110,8 +110,8 @@ BENCH_IN_FLIGHT = $(BUILD)/bench/bench-in-flight
 PROFILE = $(BUILD)/bench/profile
 NGINX_MOD = $(BUILD)/nginx/ngx_http_rl_module.so
 
-.PHONY: all deps test asan tsan bench profile fuzz mutants run run-nginx \
-        install install-built clean nginx
+.PHONY: all deps test test-programs asan tsan bench profile fuzz mutants \
+        run run-nginx install install-built clean nginx
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HEADER) $(RLCTL) $(AGG) $(GATEWAY) $(RLS) \
@@ -373,39 +373,49 @@ TEST_COMMAND = $(if $(HARNESS_SRC),$(TESTS),bash scripts/criterion-alone.sh $(TE
 # told otherwise (make mutants leaves it out for tests that never use one).
 RUNNER_ARGS ?= --cluster
 
+# What make test runs, built: .ci/run builds the sanitizers' trees so
+# (SAN_GOAL=test-programs) while make test's tests run.
+test-programs: all $(TESTS) $(RUNNER) $(HOLDER) $(NGINX_MOD)
+
 # The tests run without make's flags: a `make -j` build's jobserver is
 # not theirs (test_install.c runs make).
-test: all $(TESTS) $(RUNNER) $(HOLDER) $(NGINX_MOD)
+test: test-programs
 	@sh scripts/run-tests.sh $(BUILD)/test.log \
 	    env -u MAKEFLAGS -u MFLAGS $(TEST_ENV) \
 	    $(RUNNER) $(RUNNER_ARGS) -- $(TEST_COMMAND) $(CRITERION_ARGS)
 
 # Sanitizer builds live in their own trees so that they never mix objects
-# with the normal build.
+# with the normal build. SAN_GOAL=test-programs builds what they would
+# run, and runs nothing.
+SAN_GOAL ?= test
+
 asan:
 	UBSAN_OPTIONS=print_stacktrace=1 \
 	LSAN_OPTIONS="suppressions=$(abspath tests/lsan.supp)" \
 	$(MAKE) BUILD=build/asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-	    test
+	    $(SAN_GOAL)
 
 tsan:
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" \
 	$(MAKE) BUILD=build/tsan OPT=-O1 SAN="-fsanitize=thread" \
-	    TEST_HARNESS=tsan-runner test
+	    TEST_HARNESS=tsan-runner $(SAN_GOAL)
 
 # Not part of `make test`: every tests/mutants/*.mutant (MUTANTS="a b" for
 # some) applied to a copy of the tree in build/mutants, built, and the
 # tests it names run: some must fail. MUTANT_JOBS at once (empty: one per
 # core), each in its own copy. MUTANT_BASELINE=no: no run of their tests
-# on the unmutated copy first (CI: make test has just passed them). See
-# tests/mutants/README.md.
+# on the unmutated copy first (CI: make test has just passed them).
+# MUTANT_BUILD_ONLY=yes: the copies built, no mutant tried (.ci/run, while
+# make test's tests run). See tests/mutants/README.md.
 MUTANTS ?=
 MUTANT_JOBS ?=
 MUTANT_BASELINE ?=
+MUTANT_BUILD_ONLY ?=
 
 mutants:
 	@MUTANT_JOBS=$(MUTANT_JOBS) MUTANT_BASELINE=$(MUTANT_BASELINE) \
+	    MUTANT_BUILD_ONLY=$(MUTANT_BUILD_ONLY) \
 	    bash scripts/mutants.sh $(MUTANTS)
 
 # libFuzzer (clang) on the wire decoder. New inputs go to build/fuzz/corpus;

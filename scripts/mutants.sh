@@ -21,6 +21,8 @@
 # counted as caught: `make test` would hang on it.
 # MUTANT_BASELINE=no skips the run of every mutant's tests on the unmutated
 # copy: for CI, where `make test` has just passed them on the same files.
+# MUTANT_BUILD_ONLY=yes refreshes and builds the copies, then stops: CI
+# builds them while `make test`'s tests leave the cores idle.
 set -uo pipefail
 shopt -s extglob
 cd "$(dirname "$0")/.."
@@ -37,6 +39,11 @@ workers=${MUTANT_JOBS:-$jobs}
 baseline=${MUTANT_BASELINE:-yes}
 [[ $baseline =~ ^(yes|no)$ ]] || {
     echo "mutants: MUTANT_BASELINE must be yes or no, not '$baseline'" >&2
+    exit 1
+}
+build_only=${MUTANT_BUILD_ONLY:-no}
+[[ $build_only =~ ^(yes|no)$ ]] || {
+    echo "mutants: MUTANT_BUILD_ONLY must be yes or no, not '$build_only'" >&2
     exit 1
 }
 # The copy is built the same way whatever make called this script with.
@@ -319,6 +326,10 @@ for ((n = 2; n <= trees; n++)); do
     build "$tree" "$logs/clean.build-$n.log" ||
         die "the unmutated $tree does not build; see $logs/clean.build-$n.log"
 done
+if [ "$build_only" = yes ]; then
+    echo "mutants: $trees copies built in $(since "$start") s"
+    exit 0
+fi
 
 # Every filter once, on the unmutated copy: a test that fails there would
 # "catch" every mutant. MUTANT_BASELINE=no leaves it out where every test
