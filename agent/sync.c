@@ -52,6 +52,11 @@
  * meanwhile. Counts go out by the sub-window they were made in
  * (own_counts.h) to aggregators that said, in FEATURES, that they read it.
  *
+ * A global rule's (scope: global) keys' entries also say what their checks
+ * refused since the last report, their region's demand, to aggregators
+ * that read it (FEATURES); its TOTALS entries say the region's part of
+ * the room and whether a region is cut off (synced.c), logged per rule.
+ *
  * The rules are those of the I/O thread's current generation
  * (rl_sync_set_rules, on a reload): topics follow them, and totals of a
  * rule no longer there are dropped. Keys of a rule reloaded away are still
