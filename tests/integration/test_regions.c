@@ -25,6 +25,8 @@ static void stop_regions(void)
     test_regions_stop(&regions);
 }
 
+TestSuite(regions, .fini = stop_regions);
+
 /* Checks key n times on agent; how many it let through. */
 static long admit(rl_agent *agent, const char *key, int n)
 {
@@ -58,8 +60,7 @@ static void expect_region_total(size_t i, const char *key, long long want,
 
 /* What each region's agents admitted of a global key reaches every
  * region's Redis, once: each region's count is the fleet's. */
-Test(regions, each_regions_counts_reach_every_region_once,
-     .fini = stop_regions)
+Test(regions, each_regions_counts_reach_every_region_once)
 {
     test_regions_start(&regions, 3, GLOBAL_RULE, 100, "", NULL);
     rl_config *cfg[3];
@@ -112,7 +113,7 @@ Test(regions, each_regions_counts_reach_every_region_once,
 /* An exchange applied whose answer is lost is sent again, the same
  * number, and counted once: the sender gives up on a silent connection
  * after two intervals and dials again. */
-Test(regions, a_resent_exchange_is_counted_once, .fini = stop_regions)
+Test(regions, a_resent_exchange_is_counted_once)
 {
     test_regions_start(&regions, 2, GLOBAL_RULE, 100, "", NULL);
     rl_config *cfg;
@@ -142,8 +143,7 @@ Test(regions, a_resent_exchange_is_counted_once, .fini = stop_regions)
 /* An aggregator that stops sends what its region counted to the others
  * first: an agent's last report, applied just before the stop, is not
  * lost to them (the next exchange was a second away). */
-Test(regions, a_stopping_aggregator_sends_its_last_counts,
-     .fini = stop_regions)
+Test(regions, a_stopping_aggregator_sends_its_last_counts)
 {
     test_regions_start(&regions, 2, GLOBAL_RULE, 1000, "", NULL);
     rl_config *cfg;
@@ -319,7 +319,7 @@ static void start_load(load *l)
  * one period over 1.05 of the limit, at least 0.9 of it in every period
  * of steady overload, and each region's part following its demand. */
 Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
-     .fini = stop_regions, .timeout = 240)
+     .timeout = 240)
 {
     static load l;
     start_load(&l);
@@ -333,18 +333,18 @@ Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
                       (uint64_t)(k + 1) * LOAD_PERIOD);
     long eu = admitted_in(&l, 0, 2 * LOAD_PERIOD, 3 * LOAD_PERIOD);
     long ap = admitted_in(&l, 2, 5 * LOAD_PERIOD, 6 * LOAD_PERIOD);
-    cr_log_info("regions: most in a period %ld of %d; periods %ld %ld %ld "
-                "%ld %ld %ld; eu's part of the third %ld, ap's of the "
-                "sixth %ld", most, LOAD_LIMIT, p[0], p[1], p[2], p[3], p[4],
+    fprintf(stderr, "regions: most in a period %ld of %d; periods %ld %ld "
+            "%ld %ld %ld %ld; eu's part of the third %ld, ap's of the "
+            "sixth %ld\n", most, LOAD_LIMIT, p[0], p[1], p[2], p[3], p[4],
                 p[5], eu, ap);
     for (int k = 0; k < 6; k++)
-        cr_log_info("period %d: eu %ld us %ld ap %ld", k,
-                    admitted_in(&l, 0, (uint64_t)k * LOAD_PERIOD,
-                                (uint64_t)(k + 1) * LOAD_PERIOD),
-                    admitted_in(&l, 1, (uint64_t)k * LOAD_PERIOD,
-                                (uint64_t)(k + 1) * LOAD_PERIOD),
-                    admitted_in(&l, 2, (uint64_t)k * LOAD_PERIOD,
-                                (uint64_t)(k + 1) * LOAD_PERIOD));
+        fprintf(stderr, "regions: period %d: eu %ld us %ld ap %ld\n", k,
+                admitted_in(&l, 0, (uint64_t)k * LOAD_PERIOD,
+                            (uint64_t)(k + 1) * LOAD_PERIOD),
+                admitted_in(&l, 1, (uint64_t)k * LOAD_PERIOD,
+                            (uint64_t)(k + 1) * LOAD_PERIOD),
+                admitted_in(&l, 2, (uint64_t)k * LOAD_PERIOD,
+                            (uint64_t)(k + 1) * LOAD_PERIOD));
     load_close(&l);
     cr_assert_leq(most, LOAD_LIMIT * 105 / 100, "a span of one period "
                   "admitted %ld of %d", most, LOAD_LIMIT);
@@ -366,7 +366,7 @@ Test(regions, three_regions_at_twice_the_limit_follow_their_demand,
  * (not the whole limit) and the others theirs, ap's decisions say
  * degraded; after the heal, within the bound from two intervals on; and
  * every region's Redis ends with every admission once. */
-Test(regions, a_region_cut_off_keeps_its_part, .fini = stop_regions,
+Test(regions, a_region_cut_off_keeps_its_part,
      .timeout = 300)
 {
     static load l;
@@ -392,10 +392,10 @@ Test(regions, a_region_cut_off_keeps_its_part, .fini = stop_regions,
     long ap = admitted_in(&l, 2, from, to) / 2;
     long others = (admitted_in(&l, 0, from, to)
                    + admitted_in(&l, 1, from, to)) / 2;
-    cr_log_info("regions cut: most in a period %ld, after the heal %ld; per "
-                "period in the cut ap %ld, eu and us %ld; ap degraded %ld "
-                "in the cut, %ld in the last period", most, after, ap,
-                others, degraded_cut, degraded_after);
+    fprintf(stderr, "regions cut: most in a period %ld, after the heal "
+            "%ld; per period in the cut ap %ld, eu and us %ld; ap degraded "
+            "%ld in the cut, %ld in the last period\n", most, after, ap,
+            others, degraded_cut, degraded_after);
     /* Every admission of the accounting key, in every region's Redis. */
     long acct = l.acct[0] + l.acct[1] + l.acct[2];
     load_close(&l);
