@@ -485,7 +485,12 @@ void rl_exchange_stop(rl_aggregator *agg)
             nng_close(p->sock);
             if (p->aio != NULL)
                 nng_aio_free(p->aio);
+            /* An answer the loop did not take: written under the lock on
+             * an nng thread. */
+            pthread_mutex_lock(&x->lock);
             nng_msg_free(p->reply);
+            p->reply = NULL;
+            pthread_mutex_unlock(&x->lock);
         }
         free(l->batch);
         free(l->box.slots);
