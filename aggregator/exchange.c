@@ -261,18 +261,20 @@ static void on_peer(void *arg)
     peer *p = arg;
     rl_nng_handoff(p);
     int rv = nng_aio_result(p->aio);
-    if (p->step == SENDING) {
-        if (rv != 0) {
-            nng_msg_free(nng_aio_get_msg(p->aio));
-            finish(p, rv, NULL);
-            return;
-        }
+    if (p->step == SENDING && rv == 0) {
         p->step = RECEIVING;
         rl_nng_handoff(p);
         nng_ctx_recv(p->ctx, p->aio);
         return;
     }
-    finish(p, rv, rv == 0 ? nng_aio_get_msg(p->aio) : NULL);
+    if (p->step == SENDING)
+        nng_msg_free(nng_aio_get_msg(p->aio));
+    nng_msg *reply = p->step == RECEIVING && rv == 0
+                         ? nng_aio_get_msg(p->aio) : NULL;
+    /* The last access: a stop (redial, rl_exchange_stop) may free the
+     * aio once this callback has returned. */
+    rl_nng_handoff(p);
+    finish(p, rv, reply);
 }
 
 static void send_to(rl_aggregator *agg, region_link *l, peer *p)
