@@ -271,10 +271,10 @@ static void on_peer(void *arg)
         nng_msg_free(nng_aio_get_msg(p->aio));
     nng_msg *reply = p->step == RECEIVING && rv == 0
                          ? nng_aio_get_msg(p->aio) : NULL;
-    /* The last access: a stop (redial, rl_exchange_stop) may free the
-     * aio once this callback has returned. */
-    rl_nng_handoff(p);
     finish(p, rv, reply);
+    /* The last access: a stop (redial, rl_exchange_stop) may free the
+     * aio, and the peer, once this callback has returned. */
+    rl_nng_handoff(p);
 }
 
 static void send_to(rl_aggregator *agg, region_link *l, peer *p)
