@@ -90,6 +90,9 @@ Test(regions, each_regions_counts_reach_every_region_once)
     cr_assert(strstr(out, "g (limit 1000, global): 1 client") != NULL, "%s",
               out);
     cr_assert(strstr(out, "EU         US         AP") != NULL, "%s", out);
+    cr_assert_eq(test_rlctl(out, sizeof out, regions.r[2].agg.config,
+                            "watch --count 1"), 0, "%s", out);
+    cr_assert(strstr(out, "eu=40 us=25 ap=5") != NULL, "%s", out);
     /* Each aggregator says when it last heard each other region. */
     test_http_response page;
     test_http_get(regions.r[0].agg.metrics, "/metrics", "", &page);
