@@ -263,8 +263,12 @@ static void on_peer(void *arg)
     int rv = nng_aio_result(p->aio);
     if (p->step == SENDING && rv == 0) {
         p->step = RECEIVING;
+        /* Read before the hand-off: once the receive is started, a
+         * redial may stop and free them. */
+        nng_ctx ctx = p->ctx;
+        nng_aio *aio = p->aio;
         rl_nng_handoff(p);
-        nng_ctx_recv(p->ctx, p->aio);
+        nng_ctx_recv(ctx, aio);
         return;
     }
     if (p->step == SENDING)
