@@ -35,11 +35,10 @@ void rl_regions_applied(rl_aggregator *agg, size_t r,
 
 /* What a global key's TOTALS say to this region's agents: its part of
  * the room (millionths), whether a region is cut off (*cut), and *more,
- * to add to the recent count so that the room the agents split is their
- * part of the room as of the moment the others' counts are known to
- * (rl_exchange_snapshot_ms), less what this region admitted since: with
- * every region so, what they admit together since that moment is within
- * the room then (docs/regions.md). */
+ * to add to the recent count so that the agents also take off their room
+ * each other region's part of what this region admitted since that
+ * region last heard it (rl_exchange_known_upto): with every region so,
+ * the parts given out add up to the room (docs/regions.md). */
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
                           const char *value, size_t value_len,
                           uint64_t now_ms, bool *cut, uint64_t *more);
