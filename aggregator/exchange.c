@@ -45,11 +45,8 @@ typedef struct outbox {
     uint64_t oldest_ms;  /* loop ms of the oldest count in it; 0: none */
 } outbox;
 
-struct region_link;
-
 /* One peer address of another region. */
 typedef struct peer {
-    struct region_link *region_link;
     rl_aggregator *agg;
     nng_socket sock;
     nng_ctx ctx;
@@ -179,7 +176,7 @@ void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
                 rl_log(&agg->log, RL_LOG_WARN, "exchange_dropped",
                        "region=%s reason=\"the outbox is full (%d keys "
                        "and sub-windows): that region undercounts this "
-                       "one's until the region_link is back\"",
+                       "one's until the link is back\"",
                        agg->boot_config->regions.regions[l->region].name,
                        OUTBOX_MAX);
             continue;
@@ -466,7 +463,6 @@ int rl_exchange_start(rl_aggregator *agg, char *err, size_t errlen)
         l->region = r;
         for (size_t k = 0; k < rc->regions[r].n_peers; k++) {
             peer *p = &l->peers[l->n_peers++];
-            p->region_link = l;
             p->agg = agg;
             p->url = rc->regions[r].peers[k];
             if (open_peer(agg, p, err, errlen) != 0)
@@ -517,11 +513,11 @@ int rl_exchange_region(const rl_aggregator *agg, rl_wire_bytes name)
     return -1;
 }
 
-static region_link *link_of(const rl_exchange *x, size_t r)
+static region_link *link_of(rl_exchange *x, size_t r)
 {
     for (size_t i = 0; i < x->n_links; i++)
         if (x->links[i].region == r)
-            return (region_link *)&x->links[i];
+            return &x->links[i];
     return NULL;
 }
 
