@@ -1,8 +1,8 @@
 /*
  * demand.c: see demand.h. Each key keeps, per region, the requests offered
- * in each of the last RL_WIRE_SUBWINDOWS + 1 sub-windows (a ring indexed
- * by sub-window number), in a chained hash table: keys come and go with
- * the traffic, and a chain is the simplest table to forget from.
+ * in each of the last SLOTS sub-windows (a ring indexed by sub-window
+ * number), in a chained hash table: keys come and go with the traffic,
+ * and a chain is the simplest table to forget from.
  */
 #include "demand.h"
 
@@ -12,7 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLOTS (RL_WIRE_SUBWINDOWS + 1)
+/* Two spans: parts are read in the span that ends at the others' last
+ * exchanges, which trails this region's own counts by an interval and a
+ * link's delay, and by up to the time a cut takes to be found while a
+ * region has gone silent. With one span's slots, this region's own ring,
+ * running ahead, had lost the oldest sub-windows of that span, and its
+ * part shrank with every interval of the lag: a cut region kept two
+ * thirds of its part (20 a period for 30). A span's worth of lag is
+ * kept; past it the parts last worked out stand (rl_demand_parts). */
+#define SLOTS (2 * RL_WIRE_SUBWINDOWS + 1)
 
 typedef struct ring {
     uint64_t head;            /* the latest sub-window noted; 0: none */
@@ -149,6 +157,13 @@ static void ring_add(ring *r, uint64_t w, uint64_t admitted,
     r->admitted[w % SLOTS] = add_sat(r->admitted[w % SLOTS], admitted);
 }
 
+/* Whether the ring still holds every sub-window of the span ending at
+ * at. */
+static bool ring_holds_span(const ring *r, uint64_t at)
+{
+    return r->head <= at + (SLOTS - 1 - RL_WIRE_SUBWINDOWS);
+}
+
 /* The sum of counts over sub-windows from..to that the ring still holds
  * and that are in the span ending at to. */
 static uint64_t ring_sum(const ring *r, const uint32_t *counts,
@@ -231,6 +246,9 @@ void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
         parts[r] = k != NULL && k->parts_known ? k->parts[r] : even;
     if (k == NULL || cut)
         return;
+    for (size_t r = 0; r < d->n_regions; r++)
+        if (!ring_holds_span(&k->rings[r], at))
+            return;
     uint64_t all = 0;
     for (size_t r = 0; r < d->n_regions; r++)
         all += ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
@@ -258,7 +276,8 @@ void rl_demand_sweep(rl_demand *d, uint64_t now_ms,
                 newest = k->rings[r].head > newest ? k->rings[r].head
                                                    : newest;
             /* g 0: the rule is gone (a reload). */
-            if (g == 0 || newest + 2 * SLOTS < now_ms / g) {
+            if (g == 0
+                || newest + 2 * (RL_WIRE_SUBWINDOWS + 1) < now_ms / g) {
                 *at = k->next;
                 key_free(k);
                 d->n_keys--;

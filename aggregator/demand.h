@@ -24,9 +24,9 @@ void rl_demand_free(rl_demand *d);
 
 /* Of the key (rule, value) in region r, in sub-window w of the rule's
  * sub-windows: admitted requests (a give-back's estimate among them) and
- * refused ones; offered is their sum. A sub-window more than a span
- * before the latest noted for that region is out of every span: not
- * noted. Returns false when the key is new and the table is full. */
+ * refused ones; offered is their sum. A sub-window over two spans
+ * before the latest noted for that region is out of every span parts are
+ * read in (at most a span behind it): not noted. Returns false when the key is new and the table is full. */
 bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
                     size_t value_len, size_t r, uint64_t w,
                     uint64_t admitted, uint64_t refused);
@@ -44,7 +44,8 @@ uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
  * demand is known. While a region is cut off (cut), the parts the key
  * last had, which the other regions, cut off at the same moment, keep
  * too: so the parts still add up to the room, and no region takes the
- * whole limit. */
+ * whole limit. The same when at is over a span behind a region's latest
+ * sub-window noted: the span is no longer held. */
 void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
                      size_t value_len, uint64_t at, bool cut,
                      uint64_t *parts);
