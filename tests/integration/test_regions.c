@@ -194,13 +194,14 @@ static void values_owned(const char *rule, const char *stem, size_t k,
 }
 
 /* When each request of a key admitted, ms from the start, per region;
- * and the least and most room each region's agent said it had after
- * from_ms. */
+ * the least and most room each region's agent said it had after from_ms,
+ * and its decisions marked degraded since. */
 typedef struct admitted_at {
     uint64_t at[2][512];
     size_t n[2];
     uint64_t from_ms;
     uint64_t least[2], most[2];
+    long degraded;       /* decisions marked degraded after from_ms */
 } admitted_at;
 
 /* Every 10 ms for ms, one request of (name, value) on each region's
@@ -220,6 +221,7 @@ static void offer_both(rl_agent *agent[2], const char *name,
                 a->least[r] = d.remaining;
             if (at >= a->from_ms && d.remaining > a->most[r])
                 a->most[r] = d.remaining;
+            a->degraded += at >= a->from_ms && d.degraded;
             if (d.allowed) {
                 cr_assert_lt(a->n[r], 512);
                 a->at[r][a->n[r]++] = at;
@@ -297,6 +299,8 @@ Test(regions, two_aggregators_per_region_exchange_the_keys_they_own)
             "%llu to %llu\n", (unsigned long long)a.least[0],
             (unsigned long long)a.most[0], (unsigned long long)a.least[1],
             (unsigned long long)a.most[1]);
+    /* Each aggregator hears the other region: none says it is cut. */
+    cr_assert_eq(a.degraded, 0, "%ld decisions said degraded", a.degraded);
     for (size_t r = 0; r < 2; r++) {
         cr_assert_geq(a.least[r], 1000 / 4, "region %s's agent, with about "
                       "half of the room of 1000, said %llu", regions.r[r].name,
