@@ -7,7 +7,9 @@
 #include "partition.h"
 #include "rl.h"
 #include "test_agent.h"
+#include "test_certs.h"
 #include "test_env.h"
+#include "test_process.h"
 #include "test_gateway.h"
 #include "test_regions.h"
 
@@ -328,6 +330,78 @@ Test(regions, two_aggregators_per_region_exchange_the_keys_they_own)
         rl_agent_close(agent[i]);
         rl_config_free(cfg[i]);
     }
+}
+
+/* Certificates for two regions' aggregators: eu's signed by ca, us's by
+ * us_ca (ca, or another CA); both trust ca. */
+static const char *region_certs(const char *us_ca)
+{
+    static char dir[600];
+    test_certs_dir(dir, sizeof dir, "regions-tls");
+    test_certs_ca(dir, "ca");
+    if (strcmp(us_ca, "ca") != 0)
+        test_certs_ca(dir, us_ca);
+    test_certs_cert(dir, "ca", "eu");
+    test_certs_cert(dir, us_ca, "us");
+    return dir;
+}
+
+/* Each region admits some of a key; returns its agents, after. */
+static void admit_in_both(rl_agent *agent[2], rl_config *cfg[2],
+                          const char *key, int eu, int us)
+{
+    for (size_t i = 0; i < 2; i++)
+        agent[i] = test_region_agent(&regions, i, &cfg[i]);
+    cr_assert_eq(admit(agent[0], key, eu), eu);
+    cr_assert_eq(admit(agent[1], key, us), us);
+}
+
+static void close_both(rl_agent *agent[2], rl_config *cfg[2])
+{
+    for (size_t i = 0; i < 2; i++) {
+        rl_agent_close(agent[i]);
+        rl_config_free(cfg[i]);
+    }
+}
+
+/* tls+tcp:// peers (mutual TLS, certificates of one CA), through the
+ * proxies: each region's counts reach the other's Redis, once. */
+Test(regions, exchanges_go_over_tls)
+{
+    const char *dir = region_certs("ca");
+    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
+                            &(test_regions_opts){.tls_dir = dir});
+    rl_agent *agent[2];
+    rl_config *cfg[2];
+    admit_in_both(agent, cfg, "over-tls", 30, 20);
+    for (size_t i = 0; i < 2; i++)
+        expect_region_total(i, "over-tls", 50, 3000);
+    test_sleep_ms(500);
+    for (size_t i = 0; i < 2; i++)
+        expect_region_total(i, "over-tls", 50, 0);
+    close_both(agent, cfg);
+}
+
+/* us's aggregator has a certificate another CA signed: eu refuses it as
+ * a server (eu's exchanges to us) and as a client (us's to eu). Neither
+ * region's counts reach the other, and each says why. */
+Test(regions, a_peer_another_ca_signed_is_refused)
+{
+    const char *dir = region_certs("other");
+    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
+                            &(test_regions_opts){.tls_dir = dir});
+    rl_agent *agent[2];
+    rl_config *cfg[2];
+    admit_in_both(agent, cfg, "refused", 30, 20);
+    expect_region_total(0, "refused", 30, 3000);
+    expect_region_total(1, "refused", 20, 3000);
+    for (size_t i = 0; i < 2; i++)
+        test_wait_for_log(&regions.r[i].agg.pid, regions.r[i].agg.log,
+                          "event=exchange_peer_unreachable.*aggregator.tls",
+                          5000);
+    expect_region_total(0, "refused", 30, 0);
+    expect_region_total(1, "refused", 20, 0);
+    close_both(agent, cfg);
 }
 
 /* The seed's shape scaled to keep the suite fast: 300 per 4 s synced
