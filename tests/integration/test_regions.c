@@ -346,10 +346,16 @@ static const char *region_certs(const char *us_ca)
     return dir;
 }
 
-/* Each region admits some of a key; returns its agents, after. */
-static void admit_in_both(rl_agent *agent[2], rl_config *cfg[2],
-                          const char *key, int eu, int us)
+/* Two regions with tls+tcp:// peers, us's certificate signed by us_ca,
+ * and an agent in each (into agent and cfg) that admits eu and us
+ * requests of key. */
+static void tls_regions_admit(const char *us_ca, rl_agent *agent[2],
+                              rl_config *cfg[2], const char *key, int eu,
+                              int us)
 {
+    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
+                            &(test_regions_opts){
+                                .tls_dir = region_certs(us_ca)});
     for (size_t i = 0; i < 2; i++)
         agent[i] = test_region_agent(&regions, i, &cfg[i]);
     cr_assert_eq(admit(agent[0], key, eu), eu);
@@ -368,12 +374,9 @@ static void close_both(rl_agent *agent[2], rl_config *cfg[2])
  * proxies: each region's counts reach the other's Redis, once. */
 Test(regions, exchanges_go_over_tls)
 {
-    const char *dir = region_certs("ca");
-    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
-                            &(test_regions_opts){.tls_dir = dir});
     rl_agent *agent[2];
     rl_config *cfg[2];
-    admit_in_both(agent, cfg, "over-tls", 30, 20);
+    tls_regions_admit("ca", agent, cfg, "over-tls", 30, 20);
     for (size_t i = 0; i < 2; i++)
         expect_region_total(i, "over-tls", 50, 3000);
     test_sleep_ms(500);
@@ -387,12 +390,9 @@ Test(regions, exchanges_go_over_tls)
  * region's counts reach the other, and each says why. */
 Test(regions, a_peer_another_ca_signed_is_refused)
 {
-    const char *dir = region_certs("other");
-    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
-                            &(test_regions_opts){.tls_dir = dir});
     rl_agent *agent[2];
     rl_config *cfg[2];
-    admit_in_both(agent, cfg, "refused", 30, 20);
+    tls_regions_admit("other", agent, cfg, "refused", 30, 20);
     expect_region_total(0, "refused", 30, 3000);
     expect_region_total(1, "refused", 20, 3000);
     for (size_t i = 0; i < 2; i++)
