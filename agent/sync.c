@@ -1028,9 +1028,18 @@ static void on_totals(agg_link *l, nng_msg *m)
                                                 t.entries[i].value.len);
             if (e == NULL)
                 continue;
-            if (id->io_rule != NULL && id->io_rule->global)
+            /* A global key's totals are its owner's: every aggregator of
+             * the region applies the other regions' exchanges and
+             * publishes the key, but only its owner has this region's
+             * demand for it (its agents' reports); another's part says
+             * this region asked nothing, and its count lacks what the
+             * owner adds for the regions that have not heard this one. */
+            if (id->io_rule != NULL && id->io_rule->global) {
+                if (e->owner != l->index)
+                    continue;
                 rl_synced_note_region(e, t.entries[i].share,
                                       t.entries[i].cut);
+            }
             /* Totals of another period (a reload on one side only) give
              * no fresh share: it would be worked out from totals that
              * hold none of the acknowledgements since. */

@@ -58,10 +58,18 @@ typedef struct peer {
      * would wait forever. The next send dials afresh. */
     bool redial;
     int step;            /* nng side: SENDING, then RECEIVING */
-    /* Under the exchange's lock: the aio ended. */
+    /* Under the exchange's lock: the aio ended, or the probe did. */
     bool done;
     int result;
     nng_msg *reply;
+    bool probe_done;
+    int probe_result;
+    /* Why the peer cannot be reached: nng's dialer retries in the
+     * background and keeps the reason (a certificate refused, either way)
+     * to itself; a probe dials once after an unanswered exchange. */
+    rl_nng_probe *probe;
+    bool probing;        /* loop: a probe under way */
+    int probe_logged;    /* the reason last logged; 0 after an answer */
 } peer;
 
 /* Another region. */
@@ -253,6 +261,40 @@ static void finish(peer *p, int result, nng_msg *reply)
     uv_async_send(&p->agg->wakeup);
 }
 
+static void on_probe(void *arg, int result)
+{
+    peer *p = arg;
+    rl_nng_handoff(p);
+    rl_exchange *x = p->agg->exchange;
+    pthread_mutex_lock(&x->lock);
+    p->probe_done = true;
+    p->probe_result = result;
+    pthread_mutex_unlock(&x->lock);
+    uv_async_send(&p->agg->wakeup);
+}
+
+/* Logged once per reason, until the peer answers again. */
+static void probe_finished(rl_aggregator *agg, const region_link *l,
+                           peer *p, int result)
+{
+    p->probing = false;
+    rl_nng_probe_reset(p->probe);
+    if (result == 0 || result == p->probe_logged)
+        return;
+    p->probe_logged = result;
+    /* A certificate refused is a configuration to fix, not an outage. */
+    bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+    rl_log(&agg->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
+           "exchange_peer_unreachable", "region=%s peer=%s reason=\"%s\" "
+           "hint=\"%s\"", agg->boot_config->regions.regions[l->region].name,
+           p->url, nng_strerror(result), tls
+               ? "TLS refused: check aggregator.tls in both regions (each "
+                 "one's ca must have signed the other's aggregators' "
+                 "certificates, server_name must be a name in them)"
+               : "check that the region's rl-aggregator runs and listens "
+                 "on this peer address");
+}
+
 static void on_peer(void *arg)
 {
     peer *p = arg;
@@ -422,17 +464,28 @@ void rl_exchange_drain(rl_aggregator *agg)
         for (size_t k = 0; k < l->n_peers; k++) {
             peer *p = &l->peers[k];
             pthread_mutex_lock(&x->lock);
-            bool done = p->done;
+            bool done = p->done, probe_done = p->probe_done;
             nng_msg *reply = p->reply;
-            int result = p->result;
-            p->done = false;
+            int result = p->result, probe_result = p->probe_result;
+            p->done = p->probe_done = false;
             p->reply = NULL;
             pthread_mutex_unlock(&x->lock);
+            if (probe_done)
+                probe_finished(agg, l, p, probe_result);
             if (!done)
                 continue;
             p->state = IDLE;
             p->redial = result == NNG_ETIMEDOUT;
+            /* Unanswered: find out why (a TLS handshake gets at least a
+             * second). */
+            if (p->redial && p->probe != NULL && !p->probing) {
+                uint64_t wait = answer_within_ms(agg);
+                p->probing = true;
+                rl_nng_handoff(p);
+                rl_nng_probe_start(p->probe, (int)wait);
+            }
             if (reply != NULL) {
+                p->probe_logged = 0;
                 answered(agg, l, reply);
                 nng_msg_free(reply);
             }
@@ -467,6 +520,11 @@ int rl_exchange_start(rl_aggregator *agg, char *err, size_t errlen)
             p->url = rc->regions[r].peers[k];
             if (open_peer(agg, p, err, errlen) != 0)
                 return -1;
+            /* None for inproc://, which has no stream to probe. */
+            char why[256];
+            p->probe = rl_nng_probe_new(p->url,
+                                        &agg->boot_config->aggregator.tls,
+                                        on_probe, p, why, sizeof why);
         }
     }
     return 0;
@@ -481,6 +539,8 @@ void rl_exchange_stop(rl_aggregator *agg)
         region_link *l = &x->links[i];
         for (size_t k = 0; k < l->n_peers; k++) {
             peer *p = &l->peers[k];
+            rl_nng_probe_free(p->probe);
+            rl_nng_handoff(p);
             if (p->aio != NULL)
                 nng_aio_stop(p->aio);
             rl_nng_handoff(p);

@@ -863,9 +863,35 @@ static int load_tls(struct loader *ld, const rl_raw_tls *raw,
         return bad(ld, "aggregator.tls", "give ca (to verify the other "
                    "side), cert and key (the aggregator's own; agents "
                    "present theirs when client_auth is required)");
-    if (tls_url == NULL)
-        return bad(ld, "aggregator.tls", "set, but neither reports nor "
-                   "totals is a tls+tcp:// URL");
+    return RL_OK;
+}
+
+/* aggregator.tls is for the tls+tcp:// URLs among reports, totals and the
+ * regions' peers (those loaded after it): each such URL needs it, and set
+ * with none of them it would be a TLS deploy that is not one. */
+static int check_tls_used(struct loader *ld, const rl_config *cfg)
+{
+    char path[96];
+    bool set = cfg->aggregator.tls.ca[0] != '\0';
+    bool used = tls_url_path(&cfg->aggregator, false, path, sizeof path)
+                != NULL;
+    for (size_t r = 0; r < cfg->regions.n; r++) {
+        const rl_region *region = &cfg->regions.regions[r];
+        for (size_t k = 0; k < region->n_peers; k++) {
+            if (!is_tls_url(region->peers[k]))
+                continue;
+            if (!set) {
+                snprintf(path, sizeof path, "regions.%s.peers",
+                         region->name);
+                return bad(ld, path, "a tls+tcp:// URL needs "
+                           "aggregator.tls with at least ca, cert and key");
+            }
+            used = true;
+        }
+    }
+    if (set && !used)
+        return bad(ld, "aggregator.tls", "set, but none of reports, totals "
+                   "and the regions' peers is a tls+tcp:// URL");
     return RL_OK;
 }
 
@@ -1159,6 +1185,7 @@ static int load_config(struct loader *ld, const rl_raw_config *raw,
         || (rc = load_aggregator(ld, raw, &cfg->aggregator))
                != RL_OK
         || (rc = rl_config_load_regions(ld, raw, cfg)) != RL_OK
+        || (rc = check_tls_used(ld, cfg)) != RL_OK
         || (rc = load_local(ld, raw->local, cfg)) != RL_OK
         || (rc = load_gateway(ld, raw->gateway, &cfg->gateway)) != RL_OK
         || (rc = choose(ld, "charge", raw->charge, charge_names, &choice))

@@ -4,9 +4,12 @@
  * rl-aggregator; the aggregators' exchanges go through a proxy per pair
  * and direction, which a test can make drop answers.
  */
+#include "partition.h"
 #include "rl.h"
 #include "test_agent.h"
+#include "test_certs.h"
 #include "test_env.h"
+#include "test_process.h"
 #include "test_gateway.h"
 #include "test_regions.h"
 
@@ -156,6 +159,249 @@ Test(regions, a_stopping_aggregator_sends_its_last_counts)
     rl_config_free(cfg);
     test_aggregator_stop(&regions.r[0].agg);
     expect_region_total(1, "last", 10, 1000);
+}
+
+/* Regions of two aggregators each: agents report each key to its owner
+ * (rendezvous over the indexes, partition.c), and each aggregator
+ * exchanges the keys it owns with every aggregator of the other region. */
+#define MULTI_RULES \
+    GLOBAL_RULE \
+    "  - {name: tight, match: tenant, limit: 40, period: 2s, " \
+    "mode: synced, scope: global, key_prefix: \"t:\"}\n"
+#define MULTI_KEYS 4
+#define MULTI_PERIOD 2000
+
+/* The index of two aggregators that owns rule's key value. */
+static size_t owner_of(const char *rule, const char *value)
+{
+    bool up[2] = {true, true};
+    return rl_partition_owner(rl_partition_key(rule, value, strlen(value)),
+                              up, 2);
+}
+
+/* n values of rule's keys, stem0, stem1, ..., with owner index k's
+ * (every owner's when k is 2) in turn. */
+static void values_owned(const char *rule, const char *stem, size_t k,
+                         char values[][16], size_t n)
+{
+    size_t got = 0;
+    for (unsigned i = 0; got < n && i < 1000; i++) {
+        char value[16];
+        snprintf(value, sizeof value, "%s%u", stem, i);
+        size_t want = k < 2 ? k : got % 2;
+        if (owner_of(rule, value) == want)
+            memcpy(values[got++], value, sizeof value);
+    }
+    cr_assert_eq(got, n);
+}
+
+/* When each request of a key admitted, ms from the start, per region;
+ * the least and most room each region's agent said it had after from_ms,
+ * and its decisions marked degraded since. */
+typedef struct admitted_at {
+    uint64_t at[2][512];
+    size_t n[2];
+    uint64_t from_ms;
+    uint64_t least[2], most[2];
+    long degraded;       /* decisions marked degraded after from_ms */
+} admitted_at;
+
+/* Every 10 ms for ms, one request of (name, value) on each region's
+ * agent. */
+static void offer_both(rl_agent *agent[2], const char *name,
+                       const char *value, admitted_at *a, uint64_t start,
+                       uint64_t ms)
+{
+    rl_attr attr = {name, value, strlen(value)};
+    a->least[0] = a->least[1] = UINT64_MAX;
+    for (uint64_t end = test_now_ms() + ms; test_now_ms() < end;) {
+        for (size_t r = 0; r < 2; r++) {
+            rl_decision d;
+            cr_assert_eq(rl_check(agent[r], &attr, 1, 1, &d), RL_OK);
+            uint64_t at = test_now_ms() - start;
+            if (at >= a->from_ms && d.remaining < a->least[r])
+                a->least[r] = d.remaining;
+            if (at >= a->from_ms && d.remaining > a->most[r])
+                a->most[r] = d.remaining;
+            a->degraded += at >= a->from_ms && d.degraded;
+            if (d.allowed) {
+                cr_assert_lt(a->n[r], 512);
+                a->at[r][a->n[r]++] = at;
+            }
+        }
+        test_sleep_ms(10);
+    }
+}
+
+/* The most both regions admitted in a span of one period that starts at
+ * or after from. */
+static long most_of_both(const admitted_at *a, uint64_t from)
+{
+    long most = 0;
+    for (size_t r = 0; r < 2; r++) {
+        for (size_t i = 0; i < a->n[r]; i++) {
+            if (a->at[r][i] < from)
+                continue;
+            long in = 0;
+            for (size_t q = 0; q < 2; q++)
+                for (size_t k = 0; k < a->n[q]; k++)
+                    in += a->at[q][k] >= a->at[r][i]
+                          && a->at[q][k] < a->at[r][i] + MULTI_PERIOD;
+            most = in > most ? in : most;
+        }
+    }
+    return most;
+}
+
+static long of_region_in(const admitted_at *a, size_t r, uint64_t from)
+{
+    long n = 0;
+    for (size_t i = 0; i < a->n[r]; i++)
+        n += a->at[r][i] >= from && a->at[r][i] < from + MULTI_PERIOD;
+    return n;
+}
+
+/* Two regions of two aggregators: each key's count reaches both Redis
+ * once (whichever aggregator owns it, whichever of the other region's
+ * takes its exchange), and stays so; a key offered in both regions at
+ * five times its limit admits no more than the limit in any period (its
+ * shares' rounding: one per agent), about half in each. */
+Test(regions, two_aggregators_per_region_exchange_the_keys_they_own)
+{
+    test_regions_start_opts(&regions, 2, MULTI_RULES, 100,
+                            &(test_regions_opts){.aggregators = 2});
+    rl_config *cfg[2];
+    rl_agent *agent[2];
+    for (size_t i = 0; i < 2; i++)
+        agent[i] = test_region_agent(&regions, i, &cfg[i]);
+    char keys[MULTI_KEYS][16], even[1][16], both[1][16];
+    values_owned("g", "m", 2, keys, MULTI_KEYS);
+    /* The keys whose shares are watched: the second aggregator's. */
+    values_owned("g", "even", 1, even, 1);
+    values_owned("tight", "both", 1, both, 1);
+    for (int k = 0; k < MULTI_KEYS; k++) {
+        cr_assert_eq(admit(agent[0], keys[k], 10 + k), 10 + k);
+        cr_assert_eq(admit(agent[1], keys[k], 20 + k), 20 + k);
+    }
+    for (size_t i = 0; i < 2; i++)
+        for (int k = 0; k < MULTI_KEYS; k++)
+            expect_region_total(i, keys[k], 30 + 2 * k, 3000);
+    test_sleep_ms(500);
+    for (size_t i = 0; i < 2; i++)
+        for (int k = 0; k < MULTI_KEYS; k++)
+            expect_region_total(i, keys[k], 30 + 2 * k, 0);
+    /* A key both regions ask for evenly, far below its limit: each
+     * region's agent works from about half the room, whichever of its
+     * region's aggregators published the key's totals last. */
+    static admitted_at a;
+    memset(&a, 0, sizeof a);
+    a.from_ms = 500;
+    offer_both(agent, "api_key", even[0], &a, test_now_ms(), 1500);
+    fprintf(stderr, "regions of two aggregators: room eu %llu to %llu, us "
+            "%llu to %llu\n", (unsigned long long)a.least[0],
+            (unsigned long long)a.most[0], (unsigned long long)a.least[1],
+            (unsigned long long)a.most[1]);
+    /* Each aggregator hears the other region: none says it is cut. */
+    cr_assert_eq(a.degraded, 0, "%ld decisions said degraded", a.degraded);
+    for (size_t r = 0; r < 2; r++) {
+        cr_assert_geq(a.least[r], 1000 / 4, "region %s's agent, with about "
+                      "half of the room of 1000, said %llu", regions.r[r].name,
+                      (unsigned long long)a.least[r]);
+        cr_assert_leq(a.most[r], 1000 * 6 / 10, "region %s's agent, with "
+                      "about half of the room of 1000, said %llu",
+                      regions.r[r].name, (unsigned long long)a.most[r]);
+    }
+    /* A key at five times its limit in both: within the limit in any
+     * period after the first (a cold key's is its own promise). */
+    memset(&a, 0, sizeof a);
+    offer_both(agent, "tenant", both[0], &a, test_now_ms(), 2 * MULTI_PERIOD);
+    long most = most_of_both(&a, MULTI_PERIOD);
+    long eu = of_region_in(&a, 0, MULTI_PERIOD);
+    long us = of_region_in(&a, 1, MULTI_PERIOD);
+    fprintf(stderr, "regions of two aggregators: most in a period %ld of "
+            "40; second period eu %ld us %ld\n", most, eu, us);
+    cr_assert_leq(most, 40 + 2, "a span of one period admitted %ld of 40",
+                  most);
+    cr_assert_geq(eu + us, 40 * 8 / 10, "the second period admitted %ld "
+                  "of 40", eu + us);
+    cr_assert(eu >= 40 / 4 && us >= 40 / 4, "even demand, and eu admitted "
+              "%ld, us %ld", eu, us);
+    for (size_t i = 0; i < 2; i++) {
+        rl_agent_close(agent[i]);
+        rl_config_free(cfg[i]);
+    }
+}
+
+/* Certificates for two regions' aggregators: eu's signed by ca, us's by
+ * us_ca (ca, or another CA); both trust ca. */
+static const char *region_certs(const char *us_ca)
+{
+    static char dir[600];
+    test_certs_dir(dir, sizeof dir, "regions-tls");
+    test_certs_ca(dir, "ca");
+    if (strcmp(us_ca, "ca") != 0)
+        test_certs_ca(dir, us_ca);
+    test_certs_cert(dir, "ca", "eu");
+    test_certs_cert(dir, us_ca, "us");
+    return dir;
+}
+
+/* Two regions with tls+tcp:// peers, us's certificate signed by us_ca,
+ * and an agent in each (into agent and cfg) that admits eu and us
+ * requests of key. */
+static void tls_regions_admit(const char *us_ca, rl_agent *agent[2],
+                              rl_config *cfg[2], const char *key, int eu,
+                              int us)
+{
+    test_regions_start_opts(&regions, 2, GLOBAL_RULE, 100,
+                            &(test_regions_opts){
+                                .tls_dir = region_certs(us_ca)});
+    for (size_t i = 0; i < 2; i++)
+        agent[i] = test_region_agent(&regions, i, &cfg[i]);
+    cr_assert_eq(admit(agent[0], key, eu), eu);
+    cr_assert_eq(admit(agent[1], key, us), us);
+}
+
+static void close_both(rl_agent *agent[2], rl_config *cfg[2])
+{
+    for (size_t i = 0; i < 2; i++) {
+        rl_agent_close(agent[i]);
+        rl_config_free(cfg[i]);
+    }
+}
+
+/* tls+tcp:// peers (mutual TLS, certificates of one CA), through the
+ * proxies: each region's counts reach the other's Redis, once. */
+Test(regions, exchanges_go_over_tls)
+{
+    rl_agent *agent[2];
+    rl_config *cfg[2];
+    tls_regions_admit("ca", agent, cfg, "over-tls", 30, 20);
+    for (size_t i = 0; i < 2; i++)
+        expect_region_total(i, "over-tls", 50, 3000);
+    test_sleep_ms(500);
+    for (size_t i = 0; i < 2; i++)
+        expect_region_total(i, "over-tls", 50, 0);
+    close_both(agent, cfg);
+}
+
+/* us's aggregator has a certificate another CA signed: eu refuses it as
+ * a server (eu's exchanges to us) and as a client (us's to eu). Neither
+ * region's counts reach the other, and each says why. */
+Test(regions, a_peer_another_ca_signed_is_refused)
+{
+    rl_agent *agent[2];
+    rl_config *cfg[2];
+    tls_regions_admit("other", agent, cfg, "refused", 30, 20);
+    expect_region_total(0, "refused", 30, 3000);
+    expect_region_total(1, "refused", 20, 3000);
+    for (size_t i = 0; i < 2; i++)
+        test_wait_for_log(&regions.r[i].agg.pid, regions.r[i].agg.log,
+                          "event=exchange_peer_unreachable.*aggregator.tls",
+                          5000);
+    expect_region_total(0, "refused", 30, 0);
+    expect_region_total(1, "refused", 20, 0);
+    close_both(agent, cfg);
 }
 
 /* The seed's shape scaled to keep the suite fast: 300 per 4 s synced

@@ -73,18 +73,27 @@ void test_aggregators_start(test_aggregator *aggs, size_t n,
                             const char *redis, const char *rules_yaml,
                             unsigned sync_interval_ms)
 {
+    test_aggregators_start_extra(aggs, n, redis, rules_yaml,
+                                 sync_interval_ms, "");
+}
+
+void test_aggregators_start_extra(test_aggregator *aggs, size_t n,
+                                  const char *redis, const char *rules_yaml,
+                                  unsigned sync_interval_ms,
+                                  const char *extra)
+{
     char config[512];
     snprintf(config, sizeof config, "%s/aggs-%d-%d.yaml",
              test_env("RL_TEST_TMPDIR"), (int)getpid(), ++config_serial);
     FILE *f = fopen(config, "w");
     cr_assert_not_null(f);
     write_store(f, redis);
-    fprintf(f, "aggregator:\n  sync_interval_ms: %u\naggregators:\n",
-            sync_interval_ms);
+    fprintf(f, "aggregator:\n  sync_interval_ms: %u\n%saggregators:\n",
+            sync_interval_ms, extra);
     for (size_t i = 0; i < n; i++) {
         test_aggregator *agg = &aggs[i];
         memset(agg, 0, sizeof *agg);
-        agg->extra = "";
+        agg->extra = extra;
         snprintf(agg->config, sizeof agg->config, "%s", config);
         snprintf(agg->index, sizeof agg->index, "%zu", i);
         snprintf(agg->reports, sizeof agg->reports, "tcp://127.0.0.1:%u",

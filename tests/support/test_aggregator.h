@@ -54,6 +54,13 @@ void test_aggregators_start(test_aggregator *aggs, size_t n,
                             const char *redis, const char *rules_yaml,
                             unsigned sync_interval_ms);
 
+/* The same, with extra lines after the config's aggregator: line
+ * (indented lines under it, then top-level ones, such as region:). */
+void test_aggregators_start_extra(test_aggregator *aggs, size_t n,
+                                  const char *redis, const char *rules_yaml,
+                                  unsigned sync_interval_ms,
+                                  const char *extra);
+
 /* SIGTERM and wait: the aggregator's clean exit (status 0 asserted). */
 /* Waits until the aggregator has read Redis's clock (event=store_ready):
  * it is listening before that, and sends a report back for a retry. */

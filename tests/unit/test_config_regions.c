@@ -105,6 +105,27 @@ Test(config_regions, a_region_has_one_peer_per_aggregator)
                    "aggregator, in the aggregators' order");
 }
 
+/* aggregator.tls serves tls+tcp:// peers alone (TLS between regions,
+ * plain reports and totals in one), and such a peer needs it. */
+Test(config_regions, tls_peers_take_aggregator_tls)
+{
+    rl_config *cfg = load_ok(
+        "aggregator:\n  tls: {ca: ca.pem, cert: a.pem, key: a.key}\n"
+        "region: eu\nregions:\n  eu: {peers: tls+tcp://127.0.0.1:1}\n"
+        "  us: {peers: tls+tcp://127.0.0.1:2}\n" GLOBAL_RULE);
+    cr_assert_str_eq(cfg->aggregator.tls.ca, "ca.pem");
+    rl_config_free(cfg);
+    expect_refused("region: eu\nregions:\n  eu: {peers: tcp://127.0.0.1:1}\n"
+                   "  us: {peers: tls+tcp://127.0.0.1:2}\n" GLOBAL_RULE,
+                   "<test>:4:15: regions.us.peers: a tls+tcp:// URL needs "
+                   "aggregator.tls with at least ca, cert and key");
+    expect_refused("aggregator:\n  tls: {ca: ca.pem, cert: a.pem, key: a.key}"
+                   "\nregion: eu\nregions:\n  eu: {peers: tcp://127.0.0.1:1}"
+                   "\n" GLOBAL_RULE,
+                   "<test>:2:8: aggregator.tls: set, but none of reports, totals "
+                   "and the regions' peers is a tls+tcp:// URL");
+}
+
 Test(config_regions, bad_regions_are_refused_with_where)
 {
     expect_refused("region: eu\nregions:\n  eu: {peers: http://x}\n"
