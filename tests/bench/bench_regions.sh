@@ -71,20 +71,20 @@ TABLE
 
 # The headline figures and targets, from the lines the tests printed.
 if [ -n "$demand" ]; then
-    read -r most p0 p1 p2 p3 p4 p5 < <(echo "$demand" | sed -n \
-        's/.*most in a period \([0-9]*\) of [0-9]*; periods \([0-9 ]*\);.*/\1 \2/p')
+    read -r most limit p0 p1 p2 p3 p4 p5 < <(echo "$demand" | sed -n \
+        's/.*most in a period \([0-9]*\) of \([0-9]*\); periods \([0-9 ]*\);.*/\1 \2 \3/p')
     # Steady overload: the second and third periods of each split.
     least=$(printf '%s\n' "$p1" "$p2" "$p4" "$p5" | sort -n | head -1)
-    printf 'three regions, 300 per period (%s), twice the limit 70/20/10 then 10/20/70\tmost in any span of one period %s; per period %s %s %s %s %s %s\t%s\n' \
-        "$shape" "$most" "$p0" "$p1" "$p2" "$p3" "$p4" "$p5" \
+    printf 'three regions, %s per period (%s), twice the limit 70/20/10 then 10/20/70\tmost in any span of one period %s; per period %s %s %s %s %s %s\t%s\n' \
+        "$limit" "$shape" "$most" "$p0" "$p1" "$p2" "$p3" "$p4" "$p5" \
         "$(echo "$demand" | sed 's/.*; //')" >>"$bench_out/figures.tsv"
     printf 'regions (%s): most in any span of one period / limit\t%.2f\t<=\t1.05\tx\n' \
-        "$shape" "$(awk -v n="$most" 'BEGIN { print n / 300 }')" >>"$bench_out/targets.tsv"
+        "$shape" "$(awk -v n="$most" -v l="$limit" 'BEGIN { print n / l }')" >>"$bench_out/targets.tsv"
     printf 'regions (%s): least per period in steady overload / limit\t%.2f\t>=\t0.90\tx\n' \
-        "$shape" "$(awk -v n="$least" 'BEGIN { print n / 300 }')" >>"$bench_out/targets.tsv"
+        "$shape" "$(awk -v n="$least" -v l="$limit" 'BEGIN { print n / l }')" >>"$bench_out/targets.tsv"
 fi
 if [ -n "$cut" ]; then
-    printf 'three regions, 300 per period (%s), ap cut off for three periods\t%s\t\n' \
+    printf 'three regions, ap cut off for three periods (%s)\t%s\t\n' \
         "$shape" "${cut#regions cut: }" >>"$bench_out/figures.tsv"
 fi
 
