@@ -182,7 +182,8 @@ Test(regions, a_stopping_aggregator_sends_its_last_counts)
 #endif
 #define LOAD_SHAPE_DEFAULT "4s/200ms"
 /* The cut test's seven periods (and its start's three intervals, half a
- * period at most) within its timeout of 300 s. */
+ * period at most) within its timeout of 300 s, once scaled: the TSan
+ * runner's is 300 s too. */
 #define LOAD_PERIOD_MAX_MS 20000
 #define LOAD_INTERVAL_MIN_MS 10 /* the config's least sync_interval_ms */
 #define LOAD_LIMIT 300
@@ -213,13 +214,14 @@ static void load_shape(void)
         ok = rl_duration_parse(period, &p) == RL_OK
              && rl_duration_parse(slash + 1, &i) == RL_OK
              && i >= LOAD_INTERVAL_MIN_MS && p >= 2 * i
-             && p <= LOAD_PERIOD_MAX_MS;
+             && p * REGIONS_TIME_SCALE <= LOAD_PERIOD_MAX_MS;
     }
     cr_assert(ok, "RL_TEST_REGIONS_SHAPE=%s: want PERIOD/INTERVAL as a "
               "rule's durations (10s/1s), the interval at least %dms, the "
               "period at least two intervals and at most %ds (the cut "
               "test's seven periods within its timeout)", shape,
-              LOAD_INTERVAL_MIN_MS, LOAD_PERIOD_MAX_MS / 1000);
+              LOAD_INTERVAL_MIN_MS,
+              LOAD_PERIOD_MAX_MS / REGIONS_TIME_SCALE / 1000);
     load_period_ms = (unsigned)p * REGIONS_TIME_SCALE;
     load_interval_ms = (unsigned)i * REGIONS_TIME_SCALE;
 }
