@@ -415,14 +415,16 @@ Test(regions, a_peer_another_ca_signed_is_refused)
  * (make bench does: docs/performance.md). A period of twenty intervals
  * by default: at ten, as at 10s/1s, some periods of steady overload admit
  * 0.75 to 0.86 of the limit (one region alone about 0.7), below the
- * floor tested here, which fails there (the cut test's, 0.85 of a part,
- * is at the edge): an agent records an interval's counts in its last
- * sub-window, so room comes back a period and an interval after its
- * requests, and bursts drift. Under ThreadSanitizer
- * every time is four times as long (an agent's I/O thread must keep up
- * with an interval, test_synced_bounds.c). */
+ * floor tested here, which fails there: an agent records an interval's
+ * counts in its last sub-window, so room comes back a period and an
+ * interval after its requests, and bursts drift. Under ThreadSanitizer
+ * every time is twice as long (an agent's I/O thread must keep up with an
+ * interval, test_synced_bounds.c; six agents and three aggregators do at
+ * 400 ms on two cores beside two other builds' tests, load 4 to 5: most
+ * in any span 300, steady periods 282 to 300, the cut region 28 a period
+ * for a part of 30). */
 #ifdef __SANITIZE_THREAD__
-#define REGIONS_TIME_SCALE 4
+#define REGIONS_TIME_SCALE 2
 #else
 #define REGIONS_TIME_SCALE 1
 #endif
@@ -712,13 +714,19 @@ Test(regions, a_region_cut_off_keeps_its_part,
                   "admitted %ld of %d", most, LOAD_LIMIT);
     cr_assert_leq(after, LOAD_LIMIT * 105 / 100, "after the heal a span "
                   "admitted %ld of %d", after, LOAD_LIMIT);
-    /* A part as of the cut: ap's own counts ran on while the cut was
-     * being found, and a part read from them shrank (20 for 30). */
-    cr_assert(ap * 100 >= LOAD_LIMIT * 85 / 10 && ap <= LOAD_LIMIT / 5,
-              "ap, cut off with a part of about a tenth, admitted %ld a "
-              "period", ap);
-    cr_assert_geq(others * 100, LOAD_LIMIT * 90 * 85 / 100, "eu and us, "
-                  "with about nine tenths, admitted %ld a period", others);
+    /* ap's part of what the fleet admits in the cut, as of the cut: a
+     * part read from ap's own counts as they ran on while the cut was
+     * being found shrank (16 to 24 a period to eu and us's 255 to 264,
+     * 6 to 8.4 %); with it, 28 to 31 to 266 to 269 (9.5 to 10.4 %), and
+     * at the issue's shape, where the floor holds both below their
+     * parts, 25 to 27 to 231 to 233. */
+    cr_assert(ap <= LOAD_LIMIT / 5, "ap, cut off with a part of about a "
+              "tenth, admitted %ld a period", ap);
+    cr_assert_geq(ap * 1000, (ap + others) * 88, "ap, with a part of about "
+                  "a tenth, admitted %ld a period to eu and us's %ld", ap,
+                  others);
+    cr_assert_geq(others, LOAD_LIMIT * 7 / 10, "eu and us, with about nine "
+                  "tenths, admitted %ld a period", others);
     cr_assert_gt(degraded_cut, 0, "ap's decisions never said degraded");
     cr_assert_eq(degraded_after, 0, "ap's decisions still degraded a "
                  "period after the heal");
