@@ -182,8 +182,8 @@ targets() {
     echo
     targets
     echo
-    for name in exact synced accuracy leased overrides nginx rls fleet regions \
-        cluster in_flight; do
+    for name in exact synced accuracy leased holds overrides nginx rls fleet \
+        regions cluster in_flight; do
         [ -f "$out/section-$name.md" ] || continue
         cat "$out/section-$name.md"
         echo
