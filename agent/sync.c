@@ -1083,8 +1083,7 @@ static void probe_finished(agg_link *l, int result)
     if (result == 0 || result == l->probe_logged || s->stopping)
         return;
     l->probe_logged = result;
-    /* A certificate refused is a configuration to fix, not an outage. */
-    bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+    bool tls = rl_nng_probe_tls_refused(result);
     rl_log(s->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
            "aggregator_unreachable", "url=%s "
            "reason=\"%s\" hint=\"%s\"",

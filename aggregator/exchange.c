@@ -282,8 +282,7 @@ static void probe_finished(rl_aggregator *agg, const region_link *l,
     if (result == 0 || result == p->probe_logged)
         return;
     p->probe_logged = result;
-    /* A certificate refused is a configuration to fix, not an outage. */
-    bool tls = result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+    bool tls = rl_nng_probe_tls_refused(result);
     rl_log(&agg->log, tls ? RL_LOG_ERROR : RL_LOG_WARN,
            "exchange_peer_unreachable", "region=%s peer=%s reason=\"%s\" "
            "hint=\"%s\"", agg->boot_config->regions.regions[l->region].name,

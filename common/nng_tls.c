@@ -242,3 +242,8 @@ void rl_nng_probe_free(rl_nng_probe *p)
         nng_aio_free(p->aio);
     free(p);
 }
+
+bool rl_nng_probe_tls_refused(int result)
+{
+    return result == NNG_EPEERAUTH || result == NNG_ECRYPTO;
+}

@@ -54,4 +54,8 @@ void rl_nng_probe_reset(rl_nng_probe *p);
  * NULL is a no-op. */
 void rl_nng_probe_free(rl_nng_probe *p);
 
+/* Whether a probe's result is a certificate refused, by either side: a
+ * configuration to fix (logged as an error), not an outage. */
+bool rl_nng_probe_tls_refused(int result);
+
 #endif
