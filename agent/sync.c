@@ -165,6 +165,7 @@ struct rl_sync {
     bool goodbye_said;          /* the GOODBYEs went out (or none could) */
     char agent_id[RL_WIRE_ID_MAX + 1];
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
+    uint64_t ticked_interval;   /* Redis's clock's interval last ticked in */
     int open_handles;
 };
 
@@ -1171,6 +1172,23 @@ static uint64_t until_next_tick(const rl_sync *s)
     return now == 0 ? interval : interval - now % interval;
 }
 
+/* Until the next edge of a synced rule's sub-windows that falls inside an
+ * interval, or 0 when none comes before the next tick. */
+static uint64_t until_next_edge(const rl_sync *s)
+{
+    uint64_t now = rl_synced_now(s->synced, now_ms(s));
+    uint64_t tick = until_next_tick(s), edge = 0;
+    for (size_t i = 0; now != 0 && s->rules != NULL
+                       && i < s->rules->n_rules; i++) {
+        const rl_rule *r = &s->rules->rules[i];
+        uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+        uint64_t to = g - now % g;
+        if (r->mode == RL_MODE_SYNCED && to < tick && (edge == 0 || to < edge))
+            edge = to;
+    }
+    return edge;
+}
+
 /* A key whose aggregator gives no totals is degraded (its on_error
  * decides, with local from this agent's own share); it goes back to
  * shares once what it counted meanwhile is in the fleet's totals. */
@@ -1304,9 +1322,46 @@ static uint64_t recorded_at(const rl_sync *s, uint64_t now)
                                                                : now;
 }
 
-static void on_tick(uv_timer_t *t)
+static void on_wake(uv_timer_t *t);
+
+/* The next wake: at the next tick, or before it at a synced rule's
+ * sub-window edge (on_edge). */
+static void schedule_wake(rl_sync *s)
 {
-    rl_sync *s = t->data;
+    uint64_t edge = until_next_edge(s);
+    uv_timer_start(&s->tick, on_wake, edge != 0 ? edge : until_next_tick(s),
+                   0);
+}
+
+/* At a sub-window edge inside an interval, the keys of the rules whose
+ * edge it is record their counts in the sub-window that just ended, and
+ * take a share of the room the sub-window that left the span gave back
+ * (the last totals' oldest): else counts made just after a tick would be
+ * recorded at the next, a sub-window late, and the room given back at
+ * the next tick, so that a request's room came back a period and an
+ * interval after it (10/11 of the limit a period, and less as bursts
+ * spill over, at 1 s intervals of 500 ms sub-windows). */
+static void on_edge(rl_sync *s)
+{
+    uint64_t loop_ms = now_ms(s);
+    uint64_t now = rl_synced_now(s->synced, loop_ms);
+    rl_synced_table *table = atomic_load(&s->synced->table);
+    for (size_t i = 0; now != 0 && i < table->cap; i++) {
+        rl_synced_entry *e = atomic_load(&table->slots[i]);
+        const rl_rule *r = e != NULL ? e->ident->io_rule : NULL;
+        if (r == NULL)
+            continue;
+        uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+        if (now % g >= g / 2 || now < g)
+            continue; /* not this rule's edge */
+        rl_synced_record(s->synced, e, loop_ms, now - now % g - 1);
+        rl_synced_edge(s->synced, e, loop_ms);
+    }
+    schedule_wake(s);
+}
+
+static void on_tick(rl_sync *s)
+{
     uint64_t loop_ms = now_ms(s);
     rl_synced_table *table = atomic_load(&s->synced->table);
     uint64_t now = rl_synced_now(s->synced, loop_ms);
@@ -1344,7 +1399,22 @@ static void on_tick(uv_timer_t *t)
                s->synced->max_keys);
         s->refused_logged = refused;
     }
-    uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
+    schedule_wake(s);
+}
+
+/* A tick is the first wake in an interval (or every wake while Redis's
+ * clock is not known); any other is a sub-window edge's inside one. */
+static void on_wake(uv_timer_t *t)
+{
+    rl_sync *s = t->data;
+    uint64_t now = rl_synced_now(s->synced, now_ms(s));
+    uint64_t interval = now / interval_ms(s);
+    if (now != 0 && interval == s->ticked_interval) {
+        on_edge(s);
+        return;
+    }
+    s->ticked_interval = interval;
+    on_tick(s);
 }
 
 /* nng 1.5.2 redials after a random wait below a second by default, so an
@@ -1496,7 +1566,7 @@ void rl_sync_start(rl_sync *s, uv_loop_t *loop)
      * the start. */
     for (size_t i = 0; i < s->n_links; i++)
         s->links[i].fresh_ms = s->links[i].applied_ms = uv_now(loop);
-    uv_timer_start(&s->tick, on_tick, until_next_tick(s), 0);
+    schedule_wake(s);
     /* Only now: a receive that completes wakes the loop through s->wakeup,
      * which exists from here on. */
     for (size_t i = 0; i < s->n_links; i++) {

@@ -503,6 +503,8 @@ static bool numbered_in(const rl_synced *s, uint64_t window, uint64_t now_ms,
  * they may have to, never less (the limit admits less, never more). */
 static void renumber(rl_synced_entry *e, uint64_t g, uint64_t now_ms)
 {
+    if (e->window_g != g)
+        e->mark_window = 0; /* numbered in the old sub-windows */
     if (e->window != 0 && e->window_g != 0 && e->window_g != g) {
         uint64_t w = ((e->window + 1) * e->window_g - 1) / g;
         if (now_ms != 0 && w > now_ms / g)
@@ -732,6 +734,7 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     uint64_t room = region_part(s, e, r, limit > used ? limit - used : 0);
     uint64_t mark = base(e, fresh_share) + share_of(s, e, room);
     if (fresh_share || mark < atomic_load(&e->mark)) {
+        e->mark_window = w;
         atomic_store_explicit(&e->counted_at_mark, rl_synced_counted(e),
                               memory_order_relaxed);
         atomic_store_explicit(&e->room, room, memory_order_relaxed);
@@ -743,6 +746,51 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
     atomic_store_explicit(&e->retry_ms, room >= 1 ? 0 : to_next,
                           memory_order_relaxed);
     atomic_store_explicit(&e->reset_ms, RL_WIRE_SUBWINDOWS * g - now % g,
+                          memory_order_relaxed);
+}
+
+/* Added to a mark or a room that checks may move at once (a limit
+ * changed by a reload, rl_synced_limit). */
+static void add_to(atomic_uint_least64_t *v, uint64_t more)
+{
+    uint64_t m = atomic_load(v);
+    while (!atomic_compare_exchange_weak(v, &m, m + more))
+        ;
+}
+
+/* Not a fresh share: the mark may have come down since it was worked out
+ * (an acknowledgement's totals), and a fresh share is only ever worked
+ * out from a TOTALS snapshot (the top of this file says why), which an
+ * edge inside an interval has no new one of. What the totals held that
+ * left the span since is room given back all the same, to every agent at
+ * the same edge, each its share. */
+void rl_synced_edge(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms)
+{
+    const rl_rule *r = e->ident->io_rule;
+    if (r == NULL)
+        return;
+    if (atomic_load_explicit(&e->degraded, memory_order_relaxed)) {
+        rl_synced_rebalance(s, e, loop_ms, false);
+        return;
+    }
+    uint64_t g = rl_wire_subwindow_ms(r->period_ms);
+    uint64_t w = rl_synced_now(s, loop_ms) / g;
+    if (e->window_g != g || e->mark_window == 0 || w <= e->mark_window)
+        return;
+    uint64_t limit = atomic_load_explicit(&e->limit, memory_order_relaxed);
+    uint64_t was = estimate(e, e->mark_window), now = estimate(e, w);
+    e->mark_window = w;
+    if (now >= was)
+        return;
+    uint64_t before = region_part(s, e, r, limit > was ? limit - was : 0);
+    uint64_t after = region_part(s, e, r, limit > now ? limit - now : 0);
+    add_to(&e->mark, share_of(s, e, after) - share_of(s, e, before));
+    add_to(&e->room, after - before);
+    uint64_t now_ms = rl_synced_now(s, loop_ms);
+    atomic_store_explicit(&e->retry_ms, atomic_load(&e->room) >= 1
+                                            ? 0 : g - now_ms % g,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->reset_ms, RL_WIRE_SUBWINDOWS * g - now_ms % g,
                           memory_order_relaxed);
 }
 

@@ -51,6 +51,8 @@ typedef struct rl_synced_entry {
     bool partial;        /* the totals below came with an ack since the
                           * last TOTALS: they may miss reports others
                           * made at the same moment */
+    uint64_t mark_window; /* the sub-window whose estimate the mark was
+                           * last worked out from (0: none, or degraded) */
     uint64_t last_counted; /* counted at the last tick, to see idleness */
     uint64_t recorded_ns; /* uv_hrtime just before the last record read
                            * the counts: a check after it is unrecorded */
@@ -231,6 +233,12 @@ bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
  * only come down. */
 void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                          bool fresh_share);
+
+/* I/O thread, at an edge of the key's sub-windows: the room that the
+ * sub-windows the totals hold and that left the span since the mark was
+ * worked out give back, this agent's share of it, added to the mark (a
+ * degraded key's mark is worked out again). */
+void rl_synced_edge(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms);
 
 /* I/O thread: records what the key counted since the last record in the
  * sub-window of at_ms, Redis's clock (0: now, or, before the agent has
