@@ -102,7 +102,7 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
     uint64_t now = rl_store_now_ms(agg->store);
     if (now == 0)
         return interval;
-    uint64_t phase = (now + interval * 5 / 8) % interval; /* at 3/8 */
+    uint64_t phase = (now + interval * 5 / 8) % interval; /* fires at 3/8 */
     return interval - phase;
 }
 

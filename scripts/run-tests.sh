@@ -36,6 +36,12 @@ for f in "$RL_TEST_LOGDIR"/*; do
     reports=$((reports + n))
 done
 if [ "$reports" -gt 0 ]; then
+    # The test processes' own reports were printed as they came, far from
+    # the end CI keeps: the first one again, here.
+    if grep -qE "$pattern" "$log"; then
+        echo "--- $log: the first sanitizer report ---" >&2
+        grep -m 1 -A 40 -E "$pattern" "$log" >&2
+    fi
     echo "run-tests: $reports sanitizer report(s) above; see $log and $RL_TEST_LOGDIR" >&2
     [ "$status" -eq 0 ] && status=1
 fi

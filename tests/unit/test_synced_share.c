@@ -89,3 +89,28 @@ Test(synced_share, a_snapshot_older_than_the_ack_does_not)
     cr_assert_eq(mark(&k), 30 + 40);
     one_key_close(&k);
 }
+
+/* At a sub-window edge inside an interval, the room the totals' oldest
+ * sub-window gives back as it leaves the span comes on top of the mark as
+ * it is (an ack's totals may have lowered it): this agent's share of it,
+ * once, and nothing while no other sub-window of the totals leaves. */
+Test(synced_share, an_edge_adds_the_room_the_oldest_sub_window_frees)
+{
+    one_key k;
+    one_key_open(&k);
+    uint64_t g = rl_wire_subwindow_ms(k.rule.period_ms);
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 30 + 50, "acked 30 + the room of 100 - 50");
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 40, 20);
+    rl_synced_rebalance(&k.s, k.e, 0, false);
+    cr_assert_eq(mark(&k), 30 + 40, "an ack's totals lowered it");
+    rl_synced_edge(&k.s, k.e, g);
+    cr_assert_eq(mark(&k), 30 + 40 + 20, "the oldest's 20 on top");
+    cr_assert_eq(atomic_load(&k.e->room), 60);
+    rl_synced_edge(&k.s, k.e, g + 1);
+    rl_synced_edge(&k.s, k.e, 2 * g);
+    cr_assert_eq(mark(&k), 30 + 60, "given once; the recent ones stay");
+    one_key_close(&k);
+}
