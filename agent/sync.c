@@ -166,6 +166,7 @@ struct rl_sync {
     char agent_id[RL_WIRE_ID_MAX + 1];
     uint64_t refused_logged;    /* keys refused at the cap, as last logged */
     uint64_t ticked_interval;   /* Redis's clock's interval last ticked in */
+    uint64_t woke_at;           /* Redis's clock at the last tick or edge */
     int open_handles;
 };
 
@@ -1352,9 +1353,11 @@ static void on_edge(rl_sync *s)
         if (r == NULL)
             continue;
         uint64_t g = rl_wire_subwindow_ms(r->period_ms);
-        if (now % g >= g / 2 || now < g)
-            continue; /* not this rule's edge */
-        rl_synced_record(s->synced, e, loop_ms, now - now % g - 1);
+        if (now / g == s->woke_at / g)
+            continue; /* no edge of this rule's since the last wake */
+        /* Counted before the edge, unless the wake came late. */
+        rl_synced_record(s->synced, e, loop_ms,
+                         now % g < g / 2 ? now - now % g - 1 : now);
         rl_synced_edge(s->synced, e, loop_ms);
     }
     schedule_wake(s);
@@ -1411,10 +1414,11 @@ static void on_wake(uv_timer_t *t)
     uint64_t interval = now / interval_ms(s);
     if (now != 0 && interval == s->ticked_interval) {
         on_edge(s);
-        return;
+    } else {
+        s->ticked_interval = interval;
+        on_tick(s);
     }
-    s->ticked_interval = interval;
-    on_tick(s);
+    s->woke_at = now;
 }
 
 /* nng 1.5.2 redials after a random wait below a second by default, so an
