@@ -650,7 +650,10 @@ uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r)
 {
     const region_link *l = agg->exchange != NULL
                                ? link_of(agg->exchange, r) : NULL;
-    return l != NULL ? l->acked_upto : 0;
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
+    if (l == NULL || l->acked_upto <= interval)
+        return 0;
+    return l->acked_upto - interval;
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

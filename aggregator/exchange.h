@@ -67,11 +67,8 @@ uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg);
 
 /* The moment (this region's Redis clock, ms) up to which region r's
  * agents surely know this region's counts: the upto of the last exchange
- * r acknowledged. r applied it before it answered, so before its next
- * publish, which comes at the same moment of the interval as this
- * region's (main.c): r's agents hear it with the same totals as this
- * region's agents hear what this region took off for it. 0 when r never
- * acknowledged one. */
+ * r acknowledged, less an interval (r's agents hear them with r's next
+ * totals). 0 when r never acknowledged one. */
 uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r);
 
 /* Prometheus lines: per peer region, the time since it was last heard and
