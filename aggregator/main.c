@@ -86,15 +86,14 @@ static void on_wakeup(uv_async_t *h)
     rl_exchange_drain(h->data);
 }
 
-/* Publishes three eighths into each interval of Redis's clock: agents
- * report at its start, so a totals message covers the reports just made,
- * and it comes before the interval's middle, where an interval of two
- * sub-windows (wire.h) has an edge: the agents give out there what the
- * message's oldest sub-window gave back as it left the span (sync.c,
- * on_edge), from the message itself. Published after the middle (five
- * eighths, before the agents had edges), room the middle freed waited
- * for the message, and room the interval's end freed for the next: in a
- * 10 s period synced every second, bursts came back every 11 s. */
+/* Publishes five eighths into each interval of Redis's clock: agents
+ * report at its start, so a totals message covers the reports just made;
+ * and a little after the middle, so that when the interval is two
+ * sub-windows (wire.h) the message comes after the sub-window boundary,
+ * when the oldest sub-window it frees has left the span. Published at the
+ * middle, it came a few ms before the boundary by some agents' clocks,
+ * freed nothing, and room waited for the next tick: in a 10 s period
+ * synced every second, bursts came back every 12 to 13 s instead of 11. */
 static uint64_t until_next_publish(const rl_aggregator *agg)
 {
     /* aggregator.* is not reloaded: the agents keep theirs too. */
@@ -102,7 +101,7 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
     uint64_t now = rl_store_now_ms(agg->store);
     if (now == 0)
         return interval;
-    uint64_t phase = (now + interval * 5 / 8) % interval; /* fires at 3/8 */
+    uint64_t phase = (now + interval * 3 / 8) % interval;
     return interval - phase;
 }
 
