@@ -749,15 +749,6 @@ void rl_synced_rebalance(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms,
                           memory_order_relaxed);
 }
 
-/* Added to a mark or a room that checks may move at once (a limit
- * changed by a reload, rl_synced_limit). */
-static void add_to(atomic_uint_least64_t *v, uint64_t more)
-{
-    uint64_t m = atomic_load(v);
-    while (!atomic_compare_exchange_weak(v, &m, m + more))
-        ;
-}
-
 /* Not a fresh share: the mark may have come down since it was worked out
  * (an acknowledgement's totals), and a fresh share is only ever worked
  * out from a TOTALS snapshot (the top of this file says why), which an
@@ -784,8 +775,11 @@ void rl_synced_edge(rl_synced *s, rl_synced_entry *e, uint64_t loop_ms)
         return;
     uint64_t before = region_part(s, e, r, limit > was ? limit - was : 0);
     uint64_t after = region_part(s, e, r, limit > now ? limit - now : 0);
-    add_to(&e->mark, share_of(s, e, after) - share_of(s, e, before));
-    add_to(&e->room, after - before);
+    /* Added, not stored: a reload's new limit may move both at once
+     * (rl_synced_limit). */
+    atomic_fetch_add(&e->mark,
+                     share_of(s, e, after) - share_of(s, e, before));
+    atomic_fetch_add(&e->room, after - before);
     uint64_t now_ms = rl_synced_now(s, loop_ms);
     atomic_store_explicit(&e->retry_ms, atomic_load(&e->room) >= 1
                                             ? 0 : g - now_ms % g,
