@@ -25,7 +25,6 @@
 typedef struct ring {
     uint64_t head;            /* the latest sub-window noted; 0: none */
     uint32_t offered[SLOTS];  /* by sub-window number mod SLOTS */
-    uint32_t admitted[SLOTS];
 } ring;
 
 typedef struct key {
@@ -147,14 +146,13 @@ static void ring_add(ring *r, uint64_t w, uint64_t admitted,
                             ? (w >= SLOTS ? w - SLOTS + 1 : 0)
                             : r->head + 1;
         for (uint64_t x = from; x <= w; x++)
-            r->offered[x % SLOTS] = r->admitted[x % SLOTS] = 0;
+            r->offered[x % SLOTS] = 0;
         r->head = w;
     } else if (r->head - w >= SLOTS) {
         return; /* out of every span */
     }
     r->offered[w % SLOTS] = add_sat(r->offered[w % SLOTS],
                                     admitted + refused);
-    r->admitted[w % SLOTS] = add_sat(r->admitted[w % SLOTS], admitted);
 }
 
 /* Whether the ring still holds every sub-window of the span ending at
@@ -164,16 +162,15 @@ static bool ring_holds_span(const ring *r, uint64_t at)
     return r->head <= at + (SLOTS - 1 - RL_WIRE_SUBWINDOWS);
 }
 
-/* The sum of counts over sub-windows from..to that the ring still holds
- * and that are in the span ending at to. */
-static uint64_t ring_sum(const ring *r, const uint32_t *counts,
-                         uint64_t from, uint64_t to)
+/* The requests offered in the span ending at sub-window to, of those the
+ * ring still holds. */
+static uint64_t ring_sum(const ring *r, uint64_t to)
 {
     uint64_t sum = 0;
     for (uint64_t k = 0; r->head > 0 && k < SLOTS && k <= r->head; k++) {
         uint64_t w = r->head - k;
-        if (w <= to && w >= from && w + RL_WIRE_SUBWINDOWS >= to)
-            sum += counts[w % SLOTS];
+        if (w <= to && w + RL_WIRE_SUBWINDOWS >= to)
+            sum += r->offered[w % SLOTS];
     }
     return sum;
 }
@@ -226,16 +223,6 @@ static key *lookup(const rl_demand *d, const char *rule,
     return *find(d, name, len, hash_of(name, len));
 }
 
-uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
-                            const char *value, size_t value_len, size_t r,
-                            uint64_t from, uint64_t to)
-{
-    const key *k = lookup(d, rule, value, value_len);
-    if (k == NULL || r >= d->n_regions)
-        return 0;
-    return ring_sum(&k->rings[r], k->rings[r].admitted, from, to);
-}
-
 void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
                      size_t value_len, uint64_t at, bool cut,
                      uint64_t *parts)
@@ -251,9 +238,9 @@ void rl_demand_parts(rl_demand *d, const char *rule, const char *value,
             return;
     uint64_t all = 0;
     for (size_t r = 0; r < d->n_regions; r++)
-        all += ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
+        all += ring_sum(&k->rings[r], at);
     for (size_t r = 0; r < d->n_regions; r++) {
-        uint64_t mine = ring_sum(&k->rings[r], k->rings[r].offered, 0, at);
+        uint64_t mine = ring_sum(&k->rings[r], at);
         /* Rounded down: the regions' parts never add up to more than the
          * room. */
         parts[r] = all == 0 ? even

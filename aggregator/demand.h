@@ -31,12 +31,6 @@ bool rl_demand_note(rl_demand *d, const char *rule, const char *value,
                     size_t value_len, size_t r, uint64_t w,
                     uint64_t admitted, uint64_t refused);
 
-/* What region r admitted of the key in sub-windows from..to (within the
- * span of to). */
-uint64_t rl_demand_admitted(const rl_demand *d, const char *rule,
-                            const char *value, size_t value_len, size_t r,
-                            uint64_t from, uint64_t to);
-
 /* Every region's part of the key's room, in millionths
  * (RL_WIRE_SHARE_WHOLE), into parts[n_regions]: its demand over every
  * region's, each read in the span that ends at sub-window at, rounded

@@ -78,17 +78,21 @@ typedef struct region_link {
     peer peers[RL_AGGREGATORS_MAX];
     size_t n_peers;
     outbox box;
+    /* The exchanges built since the last one that region's totals
+     * surely carry, merged as the outbox is: with the outbox, what its
+     * agents have not heard of this region's (rl_exchange_unheard). */
+    outbox sent;
+    bool sent_acked;     /* sent's last exchange was acknowledged */
     void *batch;         /* the exchange outstanding, or NULL */
     size_t batch_len;
     uint64_t batch_seq, batch_oldest_ms;
     /* The latest upto of its exchanges whose counts are in this
      * region's Redis (its Redis clock, ms); 0: none yet. */
     uint64_t upto;
-    /* The upto of this region's last exchange it acknowledged; 0: none. */
-    uint64_t batch_upto, acked_upto;
     uint64_t seq;        /* the last number given */
     uint64_t heard_ms;   /* loop ms it was last heard; 0: never */
     uint64_t dropped;    /* counts the full outbox dropped */
+    uint64_t untracked;  /* entries sent could not keep */
 } region_link;
 
 typedef struct seen {
@@ -108,15 +112,25 @@ struct rl_exchange {
     uint64_t clock;
 };
 
+/* FNV-1a over a key's rule and value: the state hash_at goes on from, so
+ * that a key's sub-windows are looked up without hashing it again. */
 static uint64_t hash_key(const char *rule, size_t rule_len,
-                         const char *value, size_t value_len, uint64_t w)
+                         const char *value, size_t value_len)
 {
-    uint64_t h = 1469598103934665603ULL ^ w; /* FNV-1a */
+    uint64_t h = 1469598103934665603ULL;
     for (size_t i = 0; i < rule_len; i++)
         h = (h ^ (unsigned char)rule[i]) * 1099511628211ULL;
     h = (h ^ 0xff) * 1099511628211ULL;
     for (size_t i = 0; i < value_len; i++)
         h = (h ^ (unsigned char)value[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* ... and on over the sub-window w: an outbox slot's hash (never 0). */
+static uint64_t hash_at(uint64_t h, uint64_t w)
+{
+    for (int i = 0; i < 8; i++, w >>= 8)
+        h = (h ^ (w & 0xff)) * 1099511628211ULL;
     return h | 1;
 }
 
@@ -140,32 +154,54 @@ static bool box_grow(outbox *b)
     return true;
 }
 
-/* The outbox's entry of (rule, value, w), made if new; NULL when full. */
-static out_entry *box_entry(outbox *b, const char *rule,
-                            const rl_wire_entry *e, uint64_t w)
+/* A key's slot in b: the one holding (rule, value, w) of hash h, or the
+ * empty one it would take. b has a slot (cap > 0). */
+static out_entry *box_slot(const outbox *b, uint64_t h, const char *rule,
+                           size_t rule_len, const char *value,
+                           size_t value_len, uint64_t w)
 {
-    size_t rule_len = strlen(rule);
-    uint64_t h = hash_key(rule, rule_len, e->value.ptr, e->value.len, w);
-    if (b->used * 2 >= b->cap && (b->used >= OUTBOX_MAX || !box_grow(b)))
-        return NULL;
-    size_t j = h & (b->cap - 1);
-    for (;; j = (j + 1) & (b->cap - 1)) {
+    for (size_t j = h & (b->cap - 1);; j = (j + 1) & (b->cap - 1)) {
         out_entry *o = &b->slots[j];
-        if (o->hash == 0)
-            break;
-        if (o->hash == h && o->w == w && o->rule_len == rule_len
-            && o->value_len == e->value.len
-            && memcmp(o->rule, rule, rule_len) == 0
-            && memcmp(o->value, e->value.ptr, e->value.len) == 0)
+        if (o->hash == 0
+            || (o->hash == h && o->w == w && o->rule_len == rule_len
+                && o->value_len == value_len
+                && memcmp(o->rule, rule, rule_len) == 0
+                && memcmp(o->value, value, value_len) == 0))
             return o;
     }
-    out_entry *o = &b->slots[j];
+}
+
+/* b's entry of (rule, value, w), made if new; NULL when b holds max
+ * entries (or no memory is left). */
+static out_entry *box_entry(outbox *b, const char *rule, size_t rule_len,
+                            const char *value, size_t value_len, uint64_t w,
+                            size_t max)
+{
+    uint64_t h = hash_at(hash_key(rule, rule_len, value, value_len), w);
+    if (b->used * 2 >= b->cap && (b->used >= max || !box_grow(b)))
+        return NULL;
+    out_entry *o = box_slot(b, h, rule, rule_len, value, value_len, w);
+    if (o->hash != 0)
+        return o;
     *o = (out_entry){.hash = h, .w = w, .rule_len = (uint16_t)rule_len,
-                     .value_len = (uint16_t)e->value.len};
+                     .value_len = (uint16_t)value_len};
     memcpy(o->rule, rule, rule_len);
-    memcpy(o->value, e->value.ptr, e->value.len);
+    memcpy(o->value, value, value_len);
     b->used++;
     return o;
+}
+
+/* What b counts of a key (its hash h) in sub-window w, give-backs taken
+ * off. */
+static uint64_t box_net(const outbox *b, uint64_t h, const char *rule,
+                        size_t rule_len, const char *value, size_t value_len,
+                        uint64_t w)
+{
+    if (b->used == 0)
+        return 0;
+    const out_entry *o = box_slot(b, hash_at(h, w), rule, rule_len, value,
+                                  value_len, w);
+    return o->hash != 0 && o->count > o->back ? o->count - o->back : 0;
 }
 
 void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
@@ -178,7 +214,8 @@ void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
     uint64_t w = (e->at_ms > 0 ? e->at_ms : now_ms) / g;
     for (size_t i = 0; i < x->n_links; i++) {
         region_link *l = &x->links[i];
-        out_entry *o = box_entry(&l->box, rule->name, e, w);
+        out_entry *o = box_entry(&l->box, rule->name, strlen(rule->name),
+                                 e->value.ptr, e->value.len, w, OUTBOX_MAX);
         if (o == NULL) {
             if (l->dropped++ == 0)
                 rl_log(&agg->log, RL_LOG_WARN, "exchange_dropped",
@@ -195,6 +232,34 @@ void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
         o->refused += e->refused;
         if (l->box.oldest_ms == 0)
             l->box.oldest_ms = uv_now(agg->loop);
+    }
+}
+
+/* The outbox, about to go out, into sent: that region's agents hear of it
+ * only with its totals after the exchange is applied there. At a stop no
+ * totals are published again: nothing is kept. */
+static void keep_sent(rl_aggregator *agg, region_link *l)
+{
+    l->sent_acked = false;
+    for (size_t j = 0; !agg->stopping && j < l->box.cap; j++) {
+        const out_entry *o = &l->box.slots[j];
+        if (o->hash == 0)
+            continue;
+        out_entry *s = box_entry(&l->sent, o->rule, o->rule_len, o->value,
+                                 o->value_len, o->w, 2 * OUTBOX_MAX);
+        if (s == NULL) {
+            if (l->untracked++ == 0)
+                rl_log(&agg->log, RL_LOG_WARN, "exchange_untracked",
+                       "region=%s reason=\"more counts sent there and "
+                       "not in its totals yet than %d keys and "
+                       "sub-windows, or no memory: those are not taken "
+                       "off this region's room\"",
+                       agg->boot_config->regions.regions[l->region].name,
+                       2 * OUTBOX_MAX);
+            continue;
+        }
+        s->count += o->count;
+        s->back += o->back;
     }
 }
 
@@ -230,7 +295,7 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     l->batch = copy;
     l->batch_len = len;
     l->batch_seq = ++l->seq;
-    l->batch_upto = upto;
+    keep_sent(agg, l);
     l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
                                                : uv_now(agg->loop);
     if (l->box.cap > 0)
@@ -446,7 +511,7 @@ static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
     }
     if (l->batch != NULL && ack.seq == l->batch_seq
         && ack.status != RL_ACK_RETRY) {
-        l->acked_upto = l->batch_upto;
+        l->sent_acked = true;
         free(l->batch);
         l->batch = NULL;
     }
@@ -555,6 +620,7 @@ void rl_exchange_stop(rl_aggregator *agg)
         }
         free(l->batch);
         free(l->box.slots);
+        free(l->sent.slots);
     }
     pthread_mutex_destroy(&x->lock);
     free(x);
@@ -646,14 +712,44 @@ uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg)
     return at == UINT64_MAX ? 0 : at;
 }
 
-uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r)
+void rl_exchange_publishing(rl_aggregator *agg)
+{
+    rl_exchange *x = agg->exchange;
+    for (size_t i = 0; x != NULL && i < x->n_links; i++) {
+        region_link *l = &x->links[i];
+        /* Its answer came before now: that region applied it at least a
+         * link's delay ago, before the totals it publishes now too (every
+         * region publishes at the same moment of its interval, by its
+         * Redis's clock, and those clocks are far closer than that). */
+        if (l->sent_acked && l->sent.used > 0) {
+            memset(l->sent.slots, 0, l->sent.cap * sizeof *l->sent.slots);
+            l->sent.used = 0;
+        }
+    }
+}
+
+uint64_t rl_exchange_unheard(const rl_aggregator *agg, size_t r,
+                             const rl_rule *rule, const char *value,
+                             size_t value_len, uint64_t now_ms)
 {
     const region_link *l = agg->exchange != NULL
                                ? link_of(agg->exchange, r) : NULL;
-    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
-    if (l == NULL || l->acked_upto <= interval)
+    if (l == NULL || value_len > RL_WIRE_VALUE_MAX)
         return 0;
-    return l->acked_upto - interval;
+    size_t rule_len = strlen(rule->name);
+    uint64_t h = hash_key(rule->name, rule_len, value, value_len);
+    uint64_t g = rl_wire_subwindow_ms(rule->period_ms), to = now_ms / g + 1;
+    uint64_t sum = 0;
+    /* The span's sub-windows, and one ahead: an agent's clock may run a
+     * little ahead of this Redis's. */
+    for (uint64_t w = to > RL_WIRE_SUBWINDOWS + 1
+                          ? to - RL_WIRE_SUBWINDOWS - 1 : 0;
+         w <= to; w++)
+        sum += box_net(&l->box, h, rule->name, rule_len, value, value_len,
+                       w)
+               + box_net(&l->sent, h, rule->name, rule_len, value,
+                         value_len, w);
+    return sum;
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

@@ -65,11 +65,18 @@ void rl_exchange_applied(rl_aggregator *agg, size_t r, uint64_t upto);
  * after it are ones the others may not know of. */
 uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg);
 
-/* The moment (this region's Redis clock, ms) up to which region r's
- * agents surely know this region's counts: the upto of the last exchange
- * r acknowledged, less an interval (r's agents hear them with r's next
- * totals). 0 when r never acknowledged one. */
-uint64_t rl_exchange_known_upto(const rl_aggregator *agg, size_t r);
+/* At each publish, before the totals: the exchanges each region has
+ * acknowledged are in the totals it publishes now, at the same moment of
+ * its interval: its agents know of them from here on. */
+void rl_exchange_publishing(rl_aggregator *agg);
+
+/* What region r's agents have not heard of this region's counts of the
+ * key (rule, value) in its span at now_ms: the counts applied here since
+ * the last exchange r's totals carry (rl_exchange_publishing), whether
+ * still in the outbox or sent, late reports too. */
+uint64_t rl_exchange_unheard(const rl_aggregator *agg, size_t r,
+                             const rl_rule *rule, const char *value,
+                             size_t value_len, uint64_t now_ms);
 
 /* Prometheus lines: per peer region, the time since it was last heard and
  * the age of the oldest count it has not acknowledged. */

@@ -203,6 +203,7 @@ static void on_publish(uv_timer_t *t)
     }
     if (!agg->stopping) {
         rl_metrics_render(agg);
+        rl_exchange_publishing(agg);
         rl_broadcast_publish(agg);
         rl_exchange_send(agg);
         rl_regions_sweep(agg, rl_store_now_ms(agg->store));

@@ -124,23 +124,19 @@ uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
     if (share == 0)
         return 0;
     /* Region r gives out its part of the room as it sees it, and it does
-     * not see what this region admitted since r last heard it: r's part
-     * of that would be given out again. So this region's agents take it
-     * off their room: the sum, over the others, of their part of what
-     * this region admitted since each last heard it, which agents working
-     * out share × (limit − recent − oldest) take off when recent carries
-     * that sum over share more (rounded up). With every region so, the
-     * parts given out add up to the room (docs/regions.md). */
+     * not see what this region admitted that its totals do not carry yet:
+     * r's part of that would be given out again. So this region's agents
+     * take it off their room: the sum, over the others, of their part of
+     * what each has not heard, which agents working out
+     * share × (limit − recent − oldest) take off when recent carries that
+     * sum over share more (rounded up). With every region so, the parts
+     * given out add up to the room (docs/regions.md). */
     unsigned __int128 owed = 0;
-    for (size_t r = 0; r < rc->n; r++) {
-        if (r == rc->self)
-            continue;
-        uint64_t known = rl_exchange_known_upto(agg, r);
-        owed += (unsigned __int128)parts[r]
-                * rl_demand_admitted(agg->demand, rule->name, value,
-                                     value_len, rc->self, known / g,
-                                     now_ms / g);
-    }
+    for (size_t r = 0; r < rc->n; r++)
+        if (r != rc->self)
+            owed += (unsigned __int128)parts[r]
+                    * rl_exchange_unheard(agg, r, rule, value, value_len,
+                                          now_ms);
     *more = (uint64_t)((owed + share - 1) / share);
     return share;
 }

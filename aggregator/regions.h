@@ -36,8 +36,8 @@ void rl_regions_applied(rl_aggregator *agg, size_t r,
 /* What a global key's TOTALS say to this region's agents: its part of
  * the room (millionths), whether a region is cut off (*cut), and *more,
  * to add to the recent count so that the agents also take off their room
- * each other region's part of what this region admitted since that
- * region last heard it (rl_exchange_known_upto): with every region so,
+ * each other region's part of what this region admitted that its totals
+ * do not carry yet (rl_exchange_unheard): with every region so,
  * the parts given out add up to the room (docs/regions.md). */
 uint64_t rl_regions_share(rl_aggregator *agg, const rl_rule *rule,
                           const char *value, size_t value_len,

@@ -65,15 +65,29 @@ static void expect_region_total(size_t i, const char *key, long long want,
     }
 }
 
+/* n regions (a global rule, synced every 100 ms) and an agent in each. */
+static void open_agents(size_t n, rl_agent *agent[], rl_config *cfg[])
+{
+    test_regions_start(&regions, n, GLOBAL_RULE, 100, "", NULL);
+    for (size_t i = 0; i < n; i++)
+        agent[i] = test_region_agent(&regions, i, &cfg[i]);
+}
+
+static void close_agents(size_t n, rl_agent *agent[], rl_config *cfg[])
+{
+    for (size_t i = 0; i < n; i++) {
+        rl_agent_close(agent[i]);
+        rl_config_free(cfg[i]);
+    }
+}
+
 /* What each region's agents admitted of a global key reaches every
  * region's Redis, once: each region's count is the fleet's. */
 Test(regions, each_regions_counts_reach_every_region_once)
 {
-    test_regions_start(&regions, 3, GLOBAL_RULE, 100, "", NULL);
     rl_config *cfg[3];
     rl_agent *agent[3];
-    for (size_t i = 0; i < 3; i++)
-        agent[i] = test_region_agent(&regions, i, &cfg[i]);
+    open_agents(3, agent, cfg);
     long admitted = admit(agent[0], "k", 40) + admit(agent[1], "k", 25)
                     + admit(agent[2], "k", 5);
     cr_assert_eq(admitted, 70);
@@ -114,10 +128,7 @@ Test(regions, each_regions_counts_reach_every_region_once)
     }
     cr_assert(strstr(page.body, "rl_agg_region_exchange_lag_seconds{"
                                 "region=\"us\"}") != NULL);
-    for (size_t i = 0; i < 3; i++) {
-        rl_agent_close(agent[i]);
-        rl_config_free(cfg[i]);
-    }
+    close_agents(3, agent, cfg);
 }
 
 /* An exchange applied whose answer is lost is sent again, the same
@@ -163,6 +174,45 @@ Test(regions, a_stopping_aggregator_sends_its_last_counts)
     rl_config_free(cfg);
     test_aggregator_stop(&regions.r[0].agg);
     expect_region_total(1, "last", 10, 1000);
+}
+
+/* What a region admitted stays off its own room, at the other's part,
+ * until the other's totals carry it: not only while it waits in the
+ * outbox, but once sent and unanswered too. Here eu's exchange carrying
+ * its last counts never reaches us, and us is cut off before eu dials
+ * again: with the demand even, eu's agent gets half of the room less
+ * all of what us has not heard (1000 - 600 - 200 = 200, half of it
+ * 100), not half of the room as eu's Redis has it (200). */
+Test(regions, counts_sent_and_unanswered_stay_off_the_room)
+{
+    rl_config *cfg[2];
+    rl_agent *agent[2];
+    open_agents(2, agent, cfg);
+    for (size_t i = 0; i < 2; i++)
+        cr_assert_eq(admit(agent[i], "unsent", 100), 100);
+    for (size_t i = 0; i < 2; i++)
+        expect_region_total(i, "unsent", 200, 3000);
+    test_proxy_silence_from(regions.r[0].to[1], "unsent", 6, true);
+    for (size_t i = 0; i < 2; i++)
+        cr_assert_eq(admit(agent[i], "unsent", 200), 200);
+    expect_region_total(0, "unsent", 600, 3000);
+    uint64_t start = test_now_ms();
+    while (!test_proxy_silenced(regions.r[0].to[1])) {
+        cr_assert_lt(test_now_ms() - start, 3000, "eu's exchange with "
+                     "its 200 never went out");
+        test_sleep_ms(5);
+    }
+    test_region_cut(&regions, 1);
+    /* Totals published after the exchange went out. */
+    test_sleep_ms(300);
+    long more = admit(agent[0], "unsent", 300);
+    fprintf(stderr, "regions unanswered: eu admitted %ld more, its part "
+            "of the room less what us has not heard 100\n", more);
+    cr_assert_geq(more, 70, "eu admitted %ld more of a room of 100", more);
+    cr_assert_leq(more, 130, "eu admitted %ld more: what us has not "
+                  "heard was not taken off (100 with it, 200 without)",
+                  more);
+    close_agents(2, agent, cfg);
 }
 
 /* Regions of two aggregators each: agents report each key to its owner
@@ -369,14 +419,6 @@ static void tls_regions_admit(const char *us_ca, rl_agent *agent[2],
     cr_assert_eq(admit(agent[1], key, us), us);
 }
 
-static void close_both(rl_agent *agent[2], rl_config *cfg[2])
-{
-    for (size_t i = 0; i < 2; i++) {
-        rl_agent_close(agent[i]);
-        rl_config_free(cfg[i]);
-    }
-}
-
 /* tls+tcp:// peers (mutual TLS, certificates of one CA), through the
  * proxies: each region's counts reach the other's Redis, once. */
 Test(regions, exchanges_go_over_tls)
@@ -389,7 +431,7 @@ Test(regions, exchanges_go_over_tls)
     test_sleep_ms(500);
     for (size_t i = 0; i < 2; i++)
         expect_region_total(i, "over-tls", 50, 0);
-    close_both(agent, cfg);
+    close_agents(2, agent, cfg);
 }
 
 /* us's aggregator has a certificate another CA signed: eu refuses it as
@@ -408,7 +450,7 @@ Test(regions, a_peer_another_ca_signed_is_refused)
                           5000);
     expect_region_total(0, "refused", 30, 0);
     expect_region_total(1, "refused", 20, 0);
-    close_both(agent, cfg);
+    close_agents(2, agent, cfg);
 }
 
 /* The load tests' shape, PERIOD/INTERVAL as a rule writes durations: 300
