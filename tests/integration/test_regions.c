@@ -457,12 +457,12 @@ Test(regions, a_peer_another_ca_signed_is_refused)
  * per 4 s synced every 200 ms by default, to keep the suite fast, across
  * three regions whose links are 40, 80 and 150 ms one way.
  * RL_TEST_REGIONS_SHAPE=10s/1s runs the same tests at the issue's shape
- * (make bench does: docs/performance.md). A period of twenty intervals
- * by default: at ten, as at 10s/1s, some periods of steady overload admit
- * 0.75 to 0.86 of the limit (one region alone about 0.7), below the
- * floor tested here, which fails there: an agent records an interval's
- * counts in its last sub-window, so room comes back a period and an
- * interval after its requests, and bursts drift. Under ThreadSanitizer
+ * (make bench does: docs/performance.md). At 10s/1s the last period
+ * after the demand moves admits 0.81 to 0.82 of the limit, below the
+ * floor tested here, which fails there: admissions come in waves a
+ * period and a sub-window apart, and the ramped wave the move leaves
+ * falls across that period (docs/regions.md); at the default shape the
+ * six periods hold whole waves. Under ThreadSanitizer
  * every time is twice as long (an agent's I/O thread must keep up with an
  * interval, test_synced_bounds.c; six agents and three aggregators do at
  * 400 ms on two cores beside two other builds' tests, load 4 to 5: most
