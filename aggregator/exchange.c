@@ -25,6 +25,8 @@
  * it, counts are dropped (counted, logged) rather than memory grown
  * without bound through a long partition. */
 #define OUTBOX_MAX RL_WIRE_ENTRIES_MAX
+/* Slots an emptied table keeps (about 1.5 MB); a bigger one is freed. */
+#define BOX_KEPT 4096
 /* Senders whose last exchange number this aggregator keeps. */
 #define SENDERS_MAX 128
 
@@ -42,6 +44,7 @@ typedef struct out_entry {
 typedef struct outbox {
     out_entry *slots;    /* open addressing, cap a power of two */
     size_t cap, used;
+    uint64_t w_min, w_max; /* the sub-windows held, while used > 0 */
     uint64_t oldest_ms;  /* loop ms of the oldest count in it; 0: none */
 } outbox;
 
@@ -82,7 +85,10 @@ typedef struct region_link {
      * surely carry, merged as the outbox is: with the outbox, what its
      * agents have not heard of this region's (rl_exchange_unheard). */
     outbox sent;
-    bool sent_acked;     /* sent's last exchange was acknowledged */
+    /* Whether sent's last exchange was acknowledged, and that region's
+     * Redis clock when it answered (after applying it; 0: not said). */
+    bool sent_acked;
+    uint64_t acked_at_ms;
     void *batch;         /* the exchange outstanding, or NULL */
     size_t batch_len;
     uint64_t batch_seq, batch_oldest_ms;
@@ -178,30 +184,57 @@ static out_entry *box_entry(outbox *b, const char *rule, size_t rule_len,
                             size_t max)
 {
     uint64_t h = hash_at(hash_key(rule, rule_len, value, value_len), w);
-    if (b->used * 2 >= b->cap && (b->used >= max || !box_grow(b)))
-        return NULL;
-    out_entry *o = box_slot(b, h, rule, rule_len, value, value_len, w);
-    if (o->hash != 0)
+    /* An entry held takes counts even when b is full. */
+    out_entry *o = b->cap > 0 ? box_slot(b, h, rule, rule_len, value,
+                                         value_len, w) : NULL;
+    if (o != NULL && o->hash != 0)
         return o;
+    if (b->used * 2 >= b->cap) {
+        if (b->used >= max || !box_grow(b))
+            return NULL;
+        o = box_slot(b, h, rule, rule_len, value, value_len, w);
+    }
     *o = (out_entry){.hash = h, .w = w, .rule_len = (uint16_t)rule_len,
                      .value_len = (uint16_t)value_len};
     memcpy(o->rule, rule, rule_len);
     memcpy(o->value, value, value_len);
+    b->w_min = b->used == 0 || w < b->w_min ? w : b->w_min;
+    b->w_max = b->used == 0 || w > b->w_max ? w : b->w_max;
     b->used++;
     return o;
 }
 
-/* What b counts of a key (its hash h) in sub-window w, give-backs taken
- * off. */
+/* Empties b. A table a long cut grew is given back: the next exchanges
+ * are an interval's counts again. */
+static void box_clear(outbox *b)
+{
+    if (b->cap > BOX_KEPT) {
+        free(b->slots);
+        b->slots = NULL;
+        b->cap = 0;
+    } else if (b->cap > 0) {
+        memset(b->slots, 0, b->cap * sizeof *b->slots);
+    }
+    b->used = 0;
+}
+
+/* What b counts of a key (its hash h) in sub-windows from..to, give-backs
+ * taken off: only those b holds are looked up (an interval's, mostly). */
 static uint64_t box_net(const outbox *b, uint64_t h, const char *rule,
                         size_t rule_len, const char *value, size_t value_len,
-                        uint64_t w)
+                        uint64_t from, uint64_t to)
 {
+    uint64_t sum = 0;
     if (b->used == 0)
         return 0;
-    const out_entry *o = box_slot(b, hash_at(h, w), rule, rule_len, value,
-                                  value_len, w);
-    return o->hash != 0 && o->count > o->back ? o->count - o->back : 0;
+    for (uint64_t w = from > b->w_min ? from : b->w_min;
+         w <= to && w <= b->w_max; w++) {
+        const out_entry *o = box_slot(b, hash_at(h, w), rule, rule_len,
+                                      value, value_len, w);
+        if (o->hash != 0 && o->count > o->back)
+            sum += o->count - o->back;
+    }
+    return sum;
 }
 
 void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
@@ -298,9 +331,7 @@ static bool build_batch(rl_aggregator *agg, region_link *l, rl_wire_writer *w)
     keep_sent(agg, l);
     l->batch_oldest_ms = l->box.oldest_ms != 0 ? l->box.oldest_ms
                                                : uv_now(agg->loop);
-    if (l->box.cap > 0)
-        memset(l->box.slots, 0, l->box.cap * sizeof *l->box.slots);
-    l->box.used = 0;
+    box_clear(&l->box);
     l->box.oldest_ms = 0;
     return true;
 }
@@ -512,6 +543,7 @@ static void answered(rl_aggregator *agg, region_link *l, nng_msg *reply)
     if (l->batch != NULL && ack.seq == l->batch_seq
         && ack.status != RL_ACK_RETRY) {
         l->sent_acked = true;
+        l->acked_at_ms = ack.now_ms;
         free(l->batch);
         l->batch = NULL;
     }
@@ -712,19 +744,17 @@ uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg)
     return at == UINT64_MAX ? 0 : at;
 }
 
-void rl_exchange_publishing(rl_aggregator *agg)
+void rl_exchange_publishing(rl_aggregator *agg, uint64_t at_ms)
 {
     rl_exchange *x = agg->exchange;
     for (size_t i = 0; x != NULL && i < x->n_links; i++) {
         region_link *l = &x->links[i];
-        /* Its answer came before now: that region applied it at least a
-         * link's delay ago, before the totals it publishes now too (every
-         * region publishes at the same moment of its interval, by its
-         * Redis's clock, and those clocks are far closer than that). */
-        if (l->sent_acked && l->sent.used > 0) {
-            memset(l->sent.slots, 0, l->sent.cap * sizeof *l->sent.slots);
-            l->sent.used = 0;
-        }
+        /* Applied there before at_ms by its clock: in the totals it
+         * publishes at that moment of its interval too, however late
+         * either loop runs them. */
+        if (l->sent_acked && l->sent.used > 0
+            && (l->acked_at_ms == 0 || l->acked_at_ms < at_ms))
+            box_clear(&l->sent);
     }
 }
 
@@ -738,18 +768,15 @@ uint64_t rl_exchange_unheard(const rl_aggregator *agg, size_t r,
         return 0;
     size_t rule_len = strlen(rule->name);
     uint64_t h = hash_key(rule->name, rule_len, value, value_len);
-    uint64_t g = rl_wire_subwindow_ms(rule->period_ms), to = now_ms / g + 1;
-    uint64_t sum = 0;
     /* The span's sub-windows, and one ahead: an agent's clock may run a
      * little ahead of this Redis's. */
-    for (uint64_t w = to > RL_WIRE_SUBWINDOWS + 1
-                          ? to - RL_WIRE_SUBWINDOWS - 1 : 0;
-         w <= to; w++)
-        sum += box_net(&l->box, h, rule->name, rule_len, value, value_len,
-                       w)
-               + box_net(&l->sent, h, rule->name, rule_len, value,
-                         value_len, w);
-    return sum;
+    uint64_t g = rl_wire_subwindow_ms(rule->period_ms), to = now_ms / g + 1;
+    uint64_t from = to > RL_WIRE_SUBWINDOWS + 1 ? to - RL_WIRE_SUBWINDOWS - 1
+                                                : 0;
+    return box_net(&l->box, h, rule->name, rule_len, value, value_len, from,
+                   to)
+           + box_net(&l->sent, h, rule->name, rule_len, value, value_len,
+                     from, to);
 }
 
 void rl_exchange_render(const rl_aggregator *agg,

@@ -65,10 +65,11 @@ void rl_exchange_applied(rl_aggregator *agg, size_t r, uint64_t upto);
  * after it are ones the others may not know of. */
 uint64_t rl_exchange_snapshot_ms(const rl_aggregator *agg);
 
-/* At each publish, before the totals: the exchanges each region has
- * acknowledged are in the totals it publishes now, at the same moment of
- * its interval: its agents know of them from here on. */
-void rl_exchange_publishing(rl_aggregator *agg);
+/* At each publish, before the totals; at_ms: the publish's moment (this
+ * Redis's clock). The exchanges a region applied before that moment by
+ * its own clock (its answer says when) are in the totals it publishes at
+ * the same moment of its interval: its agents know of them from here on. */
+void rl_exchange_publishing(rl_aggregator *agg, uint64_t at_ms);
 
 /* What region r's agents have not heard of this region's counts of the
  * key (rule, value) in its span at now_ms: the counts applied here since

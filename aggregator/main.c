@@ -105,6 +105,18 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
     return interval - phase;
 }
 
+/* The moment (Redis's clock) of the publish under way, however late the
+ * loop runs it: five eighths into an interval, every region's by its own
+ * clock. 0 while the clock is not known. */
+static uint64_t publish_moment(const rl_aggregator *agg)
+{
+    uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
+    uint64_t now = rl_store_now_ms(agg->store), shift = interval * 3 / 8;
+    if (now + shift < interval)
+        return 0;
+    return (now + shift) / interval * interval - shift;
+}
+
 /* How long the stop waits for nng to close the sockets. */
 #define NNG_CLOSE_WAIT_MS 5000
 
@@ -203,7 +215,7 @@ static void on_publish(uv_timer_t *t)
     }
     if (!agg->stopping) {
         rl_metrics_render(agg);
-        rl_exchange_publishing(agg);
+        rl_exchange_publishing(agg, publish_moment(agg));
         rl_broadcast_publish(agg);
         rl_exchange_send(agg);
         rl_regions_sweep(agg, rl_store_now_ms(agg->store));
