@@ -274,7 +274,9 @@ void rl_exchange_count(rl_aggregator *agg, const rl_rule *rule,
 static void keep_sent(rl_aggregator *agg, region_link *l)
 {
     l->sent_acked = false;
-    for (size_t j = 0; !agg->stopping && j < l->box.cap; j++) {
+    if (agg->stopping)
+        return;
+    for (size_t j = 0; j < l->box.cap; j++) {
         const out_entry *o = &l->box.slots[j];
         if (o->hash == 0)
             continue;

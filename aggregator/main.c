@@ -94,6 +94,11 @@ static void on_wakeup(uv_async_t *h)
  * middle, it came a few ms before the boundary by some agents' clocks,
  * freed nothing, and room waited for the next tick: in a 10 s period
  * synced every second, bursts came back every 12 to 13 s instead of 11. */
+static uint64_t publish_shift(uint64_t interval)
+{
+    return interval * 3 / 8; /* before each interval's end */
+}
+
 static uint64_t until_next_publish(const rl_aggregator *agg)
 {
     /* aggregator.* is not reloaded: the agents keep theirs too. */
@@ -101,7 +106,7 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
     uint64_t now = rl_store_now_ms(agg->store);
     if (now == 0)
         return interval;
-    uint64_t phase = (now + interval * 3 / 8) % interval;
+    uint64_t phase = (now + publish_shift(interval)) % interval;
     return interval - phase;
 }
 
@@ -111,7 +116,8 @@ static uint64_t until_next_publish(const rl_aggregator *agg)
 static uint64_t publish_moment(const rl_aggregator *agg)
 {
     uint64_t interval = agg->boot_config->aggregator.sync_interval_ms;
-    uint64_t now = rl_store_now_ms(agg->store), shift = interval * 3 / 8;
+    uint64_t now = rl_store_now_ms(agg->store);
+    uint64_t shift = publish_shift(interval);
     if (now + shift < interval)
         return 0;
     return (now + shift) / interval * interval - shift;
