@@ -989,6 +989,35 @@ static void say_cut(rl_sync *s, rl_ident *id, size_t keys)
  * this agent reports to l get a fresh share: the message is a snapshot of
  * what l applied, and says nothing of this agent's acknowledged reports
  * to another aggregator. */
+/* LEAVING (wire.h), after its topic's first byte: noted for the keys
+ * whose recent came in the TOTALS message it follows. */
+static void on_leaving(agg_link *l, const char *body, size_t len)
+{
+    rl_sync *s = l->s;
+    const char *nul = memchr(body, '\0', len < 80 ? len : 80);
+    rl_wire_msg t;
+    const char *why = "no topic";
+    if (nul == NULL
+        || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), &t, &why)
+               != 0
+        || t.type != RL_WIRE_LEAVING) {
+        rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
+        return;
+    }
+    rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
+    for (size_t i = 0; id != NULL && i < t.n_entries; i++) {
+        const rl_wire_entry *x = &t.entries[i];
+        rl_synced_entry *e = rl_synced_find(s->synced, id, x->value.ptr,
+                                            x->value.len);
+        /* A global key's totals are its owner's only (on_totals). */
+        if (e != NULL && !(id->io_rule != NULL && id->io_rule->global
+                           && e->owner != l->index))
+            rl_synced_note_leaving(e, x->window, t.now_ms, x->leaving,
+                                   x->n_leaving);
+    }
+    rl_wire_msg_free(&t);
+}
+
 static void on_totals(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
@@ -997,6 +1026,10 @@ static void on_totals(agg_link *l, nng_msg *m)
     if (len >= RL_WIRE_FEATURES_TOPIC_LEN && body[0] == '\0') {
         on_features(l, body + RL_WIRE_FEATURES_TOPIC_LEN,
                     len - RL_WIRE_FEATURES_TOPIC_LEN);
+        return;
+    }
+    if (len > 0 && body[0] == RL_WIRE_LEAVING_TOPIC) {
+        on_leaving(l, body + 1, len - 1);
         return;
     }
     const char *nul = memchr(body, '\0', len < 80 ? len : 80);
@@ -1520,10 +1553,14 @@ static void follow(rl_sync *s, const rl_config *from, const rl_config *to,
         if (!needs_fleet(r)
             || fleet_rule(to, r->name, strlen(r->name)) != NULL)
             continue;
-        char topic[RL_NAME_MAX + 2];
+        char topic[RL_NAME_MAX + 2], leaving[RL_NAME_MAX + 3];
         size_t n = rl_wire_topic(r->name, topic, sizeof topic);
-        for (size_t k = 0; k < s->n_links; k++)
+        size_t n_leaving = rl_wire_leaving_topic(r->name, leaving,
+                                                 sizeof leaving);
+        for (size_t k = 0; k < s->n_links; k++) {
             nng_socket_set(s->links[k].sub.sock, opt, topic, n);
+            nng_socket_set(s->links[k].sub.sock, opt, leaving, n_leaving);
+        }
     }
 }
 

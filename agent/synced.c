@@ -512,8 +512,19 @@ static void renumber(rl_synced_entry *e, uint64_t g, uint64_t now_ms)
         e->window = w;
         e->current += e->previous;
         e->previous = 0;
+        e->n_leaving = 0; /* numbered in the old sub-windows */
     }
     e->window_g = g;
+}
+
+/* A recent read elsewhere than the counts after the oldest noted: those
+ * may be more than it holds of them (a give-back since), or less. */
+static void take_current(rl_synced_entry *e, uint64_t current,
+                         uint64_t now_ms)
+{
+    e->current = current;
+    e->current_ms = now_ms;
+    e->n_leaving = 0;
 }
 
 bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
@@ -533,11 +544,12 @@ bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
                       && now_ms >= e->totals_ms;
     if (window > e->window || (window == e->window && after_back)) {
         e->window = window;
-        e->current = current;
+        take_current(e, current, now_ms);
         e->previous = previous;
         e->totals_ms = now_ms;
     } else if (window == e->window) {
-        e->current = current > e->current ? current : e->current;
+        if (current > e->current)
+            take_current(e, current, now_ms);
         e->previous = previous > e->previous ? previous : e->previous;
         e->totals_ms = now_ms > e->totals_ms ? now_ms : e->totals_ms;
     }
@@ -545,15 +557,32 @@ bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
     return true;
 }
 
+void rl_synced_note_leaving(rl_synced_entry *e, uint64_t window,
+                            uint64_t now_ms, const uint64_t *counts,
+                            size_t n)
+{
+    if (window == 0 || window != e->window || now_ms != e->current_ms)
+        return;
+    e->n_leaving = (uint8_t)(n < RL_WIRE_LEAVING_MAX ? n
+                                                     : RL_WIRE_LEAVING_MAX);
+    memcpy(e->leaving, counts, e->n_leaving * sizeof *counts);
+}
+
 /* The fleet's count in the trailing period as the totals last known hold
- * it, at sub-window w of Redis's clock. */
+ * it, at sub-window w of Redis's clock: once the clock has moved on, the
+ * oldest has left the span, and so have the sub-windows of recent before
+ * w - N, whose counts LEAVING gave (the others, until fresh totals come,
+ * stay: the estimate never undercounts). */
 static uint64_t estimate(const rl_synced_entry *e, uint64_t w)
 {
     if (e->window == 0 || w <= e->window)
         return e->current + e->previous;
-    if (w - e->window <= RL_WIRE_SUBWINDOWS)
-        return e->current; /* the oldest has left the span */
-    return 0;              /* all of it has */
+    if (w - e->window > RL_WIRE_SUBWINDOWS)
+        return 0; /* all of it has left */
+    uint64_t used = e->current;
+    for (uint64_t i = 0; i < e->n_leaving && i + 1 < w - e->window; i++)
+        used -= e->leaving[i] < used ? e->leaving[i] : used;
+    return used;
 }
 
 /* What this agent counted that the totals used hold. A fresh share is

@@ -16,6 +16,7 @@
 #include "keys.h"
 #include "own_counts.h"
 #include "thread_slot.h"
+#include "wire.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -48,6 +49,11 @@ typedef struct rl_synced_entry {
     uint64_t window_g;   /* its length in ms, the period's it is of */
     uint64_t current;    /* recent: fleet total of sub-windows w-N+1..w */
     uint64_t previous;   /* oldest: fleet total of sub-window w-N */
+    uint64_t current_ms; /* the Redis ms of the message current came in */
+    /* The counts of w-N+1, w-N+2, ... that current holds, read with it
+     * (LEAVING, wire.h); none once another current is noted. */
+    uint64_t leaving[RL_WIRE_LEAVING_MAX];
+    uint8_t n_leaving;
     bool partial;        /* the totals below came with an ack since the
                           * last TOTALS: they may miss reports others
                           * made at the same moment */
@@ -208,6 +214,14 @@ static inline void rl_synced_prefetch(rl_synced *s, const rl_ident *id,
 /* I/O thread: Redis's clock as the aggregator last told it. */
 void rl_synced_set_time(rl_synced *s, uint64_t server_ms, uint64_t loop_ms);
 uint64_t rl_synced_now(const rl_synced *s, uint64_t loop_ms);
+
+/* I/O thread: the counts of the sub-windows after the oldest that the
+ * totals read in window hold (LEAVING, wire.h), from the message of
+ * now_ms; kept only if the entry's recent came in that message's TOTALS,
+ * so that each is taken off what holds it once it has left the span. */
+void rl_synced_note_leaving(rl_synced_entry *e, uint64_t window,
+                            uint64_t now_ms, const uint64_t *counts,
+                            size_t n);
 
 /* I/O thread: find an entry (no insert). */
 rl_synced_entry *rl_synced_find(rl_synced *s, const rl_ident *id,

@@ -11,6 +11,7 @@
 #include "service.h"
 #include "log.h"
 #include "store.h"
+#include "windows.h"
 #include "wire.h"
 
 #include <nng/nng.h>
@@ -172,9 +173,8 @@ void rl_broadcast_free(rl_broadcast *b);
  * for those of a call that applied a give-back (given_back), which may be
  * lower and are the newest. */
 void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
-                       const char *value, size_t value_len, uint64_t window,
-                       uint64_t current, uint64_t previous, uint64_t agents,
-                       bool given_back);
+                       const char *value, size_t value_len,
+                       const rl_window_total *t, bool given_back);
 /* After a reload (agg->config is the new config, agg->broadcast new and
  * empty): each rule kept by name keeps the agent count from `from`, the
  * broadcast under `old`, so that the next heartbeat does not say 0 agents

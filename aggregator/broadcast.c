@@ -25,6 +25,8 @@
 typedef struct noted {
     uint64_t hash;
     uint64_t window, current, previous;
+    uint64_t leaving[RL_WIRE_LEAVING_MAX]; /* read with them */
+    uint8_t n_leaving;
     uint16_t value_len;
     char value[RL_WIRE_VALUE_MAX];
 } noted;
@@ -98,10 +100,10 @@ static bool grow(rule_changes *c)
 }
 
 void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
-                       const char *value, size_t value_len, uint64_t window,
-                       uint64_t current, uint64_t previous, uint64_t agents,
-                       bool given_back)
+                       const char *value, size_t value_len,
+                       const rl_window_total *t, bool given_back)
 {
+    uint64_t window = t->window, current = t->current, agents = t->agents;
     rule_changes *c = rule != NULL ? changes_of(agg, rule) : NULL;
     if (c == NULL || value_len > RL_WIRE_VALUE_MAX)
         return;
@@ -135,7 +137,9 @@ void rl_broadcast_note(rl_aggregator *agg, const rl_rule *rule,
     }
     n->window = window;
     n->current = current;
-    n->previous = previous;
+    n->previous = t->previous;
+    n->n_leaving = (uint8_t)t->n_leaving;
+    memcpy(n->leaving, t->leaving, sizeof n->leaving);
 }
 
 void rl_broadcast_agents(rl_aggregator *agg, const rl_rule *rule,
@@ -208,8 +212,9 @@ static size_t chunk(const rl_aggregator *agg, const rule_changes *c,
         const noted *n = &c->slots[j];
         if (n->hash == 0)
             continue;
-        /* A value, three counts, a share and msgpack's framing. */
-        size_t need = n->value_len + 64;
+        /* A value, three counts, a share and msgpack's framing; the
+         * same bounds the LEAVING entry but for its counts. */
+        size_t need = n->value_len + 64 + 9 * n->n_leaving;
         if (count > 0 && bytes + need > budget)
             break;
         bytes += need;
@@ -217,6 +222,32 @@ static size_t chunk(const rl_aggregator *agg, const rule_changes *c,
     }
     *end = j;
     return count;
+}
+
+/* After a TOTALS message of slots from..end, the LEAVING message of those
+ * of its keys whose totals name sub-windows after the oldest (wire.h),
+ * within the cap too (chunk). */
+static void publish_leaving(rl_aggregator *agg, const rl_rule *rule,
+                            const rule_changes *c, size_t from, size_t end,
+                            rl_wire_writer *w, uint64_t now)
+{
+    size_t count = 0;
+    for (size_t i = from; i < end; i++)
+        count += c->slots[i].hash != 0 && c->slots[i].n_leaving > 0;
+    if (count == 0)
+        return;
+    rl_wire_writer_reset(w);
+    rl_wire_begin_leaving(w, rule->name, now, count);
+    for (size_t i = from; i < end; i++) {
+        const noted *n = &c->slots[i];
+        if (n->hash != 0 && n->n_leaving > 0)
+            rl_wire_put_leaving(w, n->value, n->value_len, n->window,
+                                n->leaving, n->n_leaving);
+    }
+    int rv = publish(agg, w);
+    if (rv != 0)
+        rl_log(&agg->log, RL_LOG_WARN, "totals_not_sent", "rule=%s "
+               "reason=\"%s\"", rule->name, nng_strerror(rv));
 }
 
 /* Publishes a rule's changed keys, in as many messages as the message cap
@@ -228,7 +259,7 @@ static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
     size_t i = 0;
     bool sent = false;
     for (;;) {
-        size_t end, count = chunk(agg, c, i, &end);
+        size_t from = i, end, count = chunk(agg, c, i, &end);
         if (count == 0 && sent)
             break;
         rl_wire_writer_reset(w);
@@ -255,6 +286,8 @@ static void publish_rule(rl_aggregator *agg, const rl_rule *rule,
                                     cut);
         }
         send_totals(agg, rule, w);
+        if (c != NULL)
+            publish_leaving(agg, rule, c, from, end, w, now);
         sent = true;
         if (c == NULL || i >= c->cap)
             break;

@@ -206,9 +206,7 @@ static void on_applied(void *arg, bool duplicate,
     for (size_t i = 0; i < n; i++) {
         const rl_rule *rule = rl_aggregator_rule(agg, entries[i].rule);
         rl_broadcast_note(agg, rule, entries[i].value.ptr,
-                          entries[i].value.len, totals[i].window,
-                          totals[i].current, totals[i].previous,
-                          totals[i].agents,
+                          entries[i].value.len, &totals[i],
                           !duplicate && entries[i].back > 0);
         /* This region's counts of a global rule go to the others, once:
          * a duplicate went when it was applied. */

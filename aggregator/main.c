@@ -379,9 +379,8 @@ static int start(rl_aggregator *agg)
                               &rl_window_scripts, NULL, &agg->log);
     agg->windows = rl_windows_new(agg->store,
                                   agg->boot_config->aggregator.max_entries,
-                                  RL_WIRE_LIVE_INTERVALS
-                                      * (uint64_t)agg->boot_config->aggregator
-                                            .sync_interval_ms);
+                                  agg->boot_config->aggregator
+                                      .sync_interval_ms);
     agg->broadcast = rl_broadcast_new();
     if (agg->store == NULL || agg->windows == NULL
         || agg->broadcast == NULL) {

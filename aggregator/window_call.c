@@ -43,12 +43,13 @@
  * the rest counted); the number of
  * groups, per group the hashes' ttl in ms, the sub-window w their totals
  * are read in (now's), the sub-window their counts go to (w or one of the
- * N before it), the number of hashes and the sub-windows' length g in ms;
- * then per hash its count (summed
- * over the fresh parts). Answers {0, agents per set rule..., (recent,
- * oldest) per hash..., the µs the call took in Redis (its own TIME, not
- * the wait before it: what it kept others waiting, windows.c sizes calls
- * by it)}, or {1, the numbers of the parts found not new...} or {2, the
+ * N before it), the number of hashes, the sub-windows' length g in ms
+ * and how many sub-windows after the oldest to answer (LEAVING, wire.h);
+ * then per hash its count (summed over the fresh parts). Answers {0,
+ * agents per set rule..., (recent, oldest, {the counts of w-N+1, w-N+2,
+ * ..., as many as asked}) per hash..., the µs the call took in Redis (its
+ * own TIME, not the wait before it: what it kept others waiting,
+ * windows.c sizes calls by it)}, or {1, the numbers of the parts found not new...} or {2, the
  * numbers of the KEYS that hold another type...} having written nothing.
  * Everything that can fail is read before the first write (the types of
  * the sets and hashes; a hash's m, kept for its first entry) and the
@@ -249,20 +250,32 @@
     "    end\n" \
     "    return span(key, w)\n" \
     "  end\n" \
+    "  local function leaving(key, w, count)\n" \
+    "    if count == 0 then return {} end\n" \
+    "    local names = {}\n" \
+    "    for i = 1, count do\n" \
+    "      names[i] = string.format('%.0f', w - n + i)\n" \
+    "    end\n" \
+    "    local v = redis.call('HMGET', key, unpack(names))\n" \
+    "    for i = 1, count do v[i] = tonumber(v[i] or 0) end\n" \
+    "    return v\n" \
+    "  end\n" \
     "  local k, g, o = nparts + nsets + 1, a + 2 * nsets + 1, #out\n" \
-    "  local c = g + 5 * tonumber(ARGV[g - 1])\n" \
+    "  local c = g + 6 * tonumber(ARGV[g - 1])\n" \
     "  while k <= #KEYS do\n" \
     "    local ttl, ws, cs = ARGV[g], ARGV[g + 1], ARGV[g + 2]\n" \
     "    sub = ARGV[g + 4]\n" \
     "    local w, cw = tonumber(ws), tonumber(cs)\n" \
     "    local upto = k + tonumber(ARGV[g + 3])\n" \
+    "    local count = tonumber(ARGV[g + 5])\n" \
     "    while k < upto do\n" \
     "      local recent, oldest = entry(KEYS[k], ARGV[c], w, ws, cw, cs,\n" \
     "                                   ttl)\n" \
-    "      out[o + 1], out[o + 2], o = recent, oldest, o + 2\n" \
+    "      out[o + 1], out[o + 2] = recent, oldest\n" \
+    "      out[o + 3], o = leaving(KEYS[k], w, count), o + 3\n" \
     "      k, c = k + 1, c + 1\n" \
     "    end\n" \
-    "    g = g + 5\n" \
+    "    g = g + 6\n" \
     "  end\n" \
     "  for key, seq in pairs(last) do\n" \
     "    redis.call('SET', key, seq, 'EX', " SEQ_TTL_S ")\n" \
@@ -284,7 +297,13 @@
     "  end\n" \
     "  return out\n"
 
-/* rl_agg_7: rl_agg_6 read a hash's sub-windows in the period of the call,
+/* rl_agg_8: rl_agg_7 answered no counts of the sub-windows after the
+ * oldest (LEAVING), and its groups have five arguments, not six. The
+ * hashes, their m and the sets of live agents are the same: an rl_agg_7
+ * aggregator beside an rl_agg_8 one on the same Redis (a rolling upgrade)
+ * keeps its own library and counts into the same keys.
+ *
+ * rl_agg_7: rl_agg_6 read a hash's sub-windows in the period of the call,
  * whatever period numbered them: an m of four numbers does not parse
  * there, so rl_agg_6 aggregators on the same Redis work its sums out again
  * from the fields, and write three. And rl_agg_6 kept each rule's agents in a set per period window
@@ -297,17 +316,17 @@
  * rl_agg_6 also wrote the sequence keys first, answered no time, and
  * failed part-way on a key of another type. The hashes are the same. */
 static const char library[] =
-    "#!lua name=rl_agg_7\n"
+    "#!lua name=rl_agg_8\n"
     "local function apply(KEYS, ARGV)\n" LUA_APPLY_BODY "end\n"
     "local function leave(KEYS, ARGV)\n" LUA_LEAVE_BODY "end\n"
-    "redis.register_function('rl_agg_7_apply', apply)\n"
-    "redis.register_function('rl_agg_7_leave', leave)\n";
+    "redis.register_function('rl_agg_8_apply', apply)\n"
+    "redis.register_function('rl_agg_8_leave', leave)\n";
 
 static const char apply_script[] = LUA_APPLY_BODY;
 static const char leave_script[] = LUA_LEAVE_BODY;
 
-static const char *const functions[] = {"rl_agg_7_apply",
-                                        "rl_agg_7_leave"};
+static const char *const functions[] = {"rl_agg_8_apply",
+                                        "rl_agg_8_leave"};
 static const char *const sources[] = {apply_script, leave_script};
 
 const rl_script_set rl_window_scripts = {
@@ -338,6 +357,7 @@ typedef struct call {
 /* The distinct set rules, sub-windows and hashes of a call's parts. */
 typedef struct merge {
     uint64_t *group_ttl, *group_window, *group_count_window, *group_g;
+    size_t *group_leaving;
     size_t *group_keys, n_groups, last_group; /* hashes per group */
     size_t *group_first, *group_filled;      /* their places */
     const rl_window_count **key_first; /* per distinct hash, in order met */
@@ -354,6 +374,7 @@ static void merge_free(merge *g)
     free(g->group_window);
     free(g->group_count_window);
     free(g->group_g);
+    free(g->group_leaving);
     free(g->group_keys);
     free(g->group_first);
     free(g->group_filled);
@@ -377,6 +398,8 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
                  .group_count_window = calloc(n_counts + 1,
                                               sizeof *g->group_count_window),
                  .group_g = calloc(n_counts + 1, sizeof *g->group_g),
+                 .group_leaving = calloc(n_counts + 1,
+                                         sizeof *g->group_leaving),
                  .group_keys = calloc(n_counts + 1, sizeof *g->group_keys),
                  .group_first = calloc(n_counts + 1,
                                        sizeof *g->group_first),
@@ -392,6 +415,7 @@ static int merge_alloc(merge *g, size_t n_counts, size_t n_sets)
                  .sets = calloc(n_sets + 1, sizeof *g->sets)};
     if (g->group_ttl == NULL || g->group_window == NULL
         || g->group_count_window == NULL || g->group_g == NULL
+        || g->group_leaving == NULL
         || g->group_keys == NULL
         || g->group_first == NULL || g->group_filled == NULL || g->key_slot == NULL
         || g->key_first == NULL
@@ -407,7 +431,8 @@ static bool in_group(const merge *g, size_t k, const rl_window_count *c)
 {
     return g->group_window[k] == c->window
            && g->group_count_window[k] == c->count_window
-           && g->group_ttl[k] == c->ttl_ms && g->group_g[k] == c->g_ms;
+           && g->group_ttl[k] == c->ttl_ms && g->group_g[k] == c->g_ms
+           && g->group_leaving[k] == c->n_leaving;
 }
 
 /* The group of a count's hash: its sub-windows and ttl (a call's counts
@@ -427,6 +452,7 @@ static size_t group_of(merge *g, const rl_window_count *c)
         g->group_count_window[k] = c->count_window;
         g->group_ttl[k] = c->ttl_ms;
         g->group_g[k] = c->g_ms;
+        g->group_leaving[k] = c->n_leaving;
         g->n_groups++;
     }
     return g->last_group = k;
@@ -511,7 +537,7 @@ static void merge_parts(merge *g, rl_window_part *parts)
 static size_t args_cap(const merge *g, const rl_window_part *parts,
                        size_t *slots)
 {
-    size_t cap = 8 * 24 + 5 * 24 * g->n_groups, n = 8 + 5 * g->n_groups;
+    size_t cap = 8 * 24 + 6 * 24 * g->n_groups, n = 8 + 6 * g->n_groups;
     for (const rl_window_part *p = live(parts); p != NULL;
          p = live(p->next)) {
         cap += p->seq_key_len + p->agent_len + 24 * (3 + p->n_sets);
@@ -563,6 +589,7 @@ static void add_args(rl_args *a, const merge *g, const rl_window_part *parts,
         rl_args_add_u64(a, g->group_count_window[k]);
         rl_args_add_u64(a, g->group_keys[k]);
         rl_args_add_u64(a, g->group_g[k]);
+        rl_args_add_u64(a, g->group_leaving[k]);
     }
     for (size_t s = 0; s < g->n_keys; s++)
         rl_args_addf(a, "%" PRId64, g->key_sum[g->by_slot[s]]);
@@ -573,6 +600,35 @@ static bool all_integers(const redisReply *r)
     for (size_t i = 0; i < r->elements; i++) {
         if (r->element[i]->type != REDIS_REPLY_INTEGER)
             return false;
+    }
+    return true;
+}
+
+/* An applied call's answer: integers, but for each hash's counts after
+ * the oldest, an array of as many integers as it asked, none negative. */
+static bool well_formed(const call *c, const redisReply *r)
+{
+    if (r->elements != 2 + c->n_sets + 3 * c->n_keys)
+        return false;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        bool counts = i > c->n_sets && i < r->elements - 1
+                      && (i - 1 - c->n_sets) % 3 == 2;
+        if (counts ? e->type != REDIS_REPLY_ARRAY || !all_integers(e)
+                   : e->type != REDIS_REPLY_INTEGER)
+            return false;
+    }
+    for (const rl_window_part *p = live(c->parts); p != NULL;
+         p = live(p->next)) {
+        for (size_t k = 0; k < p->n_counts; k++) {
+            const redisReply *e =
+                r->element[1 + c->n_sets + 3 * p->counts[k].slot + 2];
+            if (e->elements != p->counts[k].n_leaving)
+                return false;
+            for (size_t j = 0; j < e->elements; j++)
+                if (e->element[j]->integer < 0)
+                    return false;
+        }
     }
     return true;
 }
@@ -645,9 +701,12 @@ static void take_answer(const call *c, const redisReply *r)
                                     ->integer;
         for (size_t k = 0; k < p->n_counts; k++) {
             rl_window_count *t = &p->counts[k];
-            size_t at = 1 + c->n_sets + 2 * t->slot;
+            size_t at = 1 + c->n_sets + 3 * t->slot;
             t->recent = (uint64_t)r->element[at]->integer;
             t->oldest = (uint64_t)r->element[at + 1]->integer;
+            for (size_t j = 0; j < t->n_leaving; j++)
+                t->leaving[j] = (uint64_t)r->element[at + 2]->element[j]
+                                    ->integer;
         }
     }
 }
@@ -658,19 +717,19 @@ static void on_reply(void *arg, const redisReply *r, const char *error)
     if (error == NULL && r == NULL)
         error = "no reply";
     if (error == NULL && (r->type != REDIS_REPLY_ARRAY || r->elements < 1
-                          || !all_integers(r)))
+                          || r->element[0]->type != REDIS_REPLY_INTEGER))
         error = "unexpected reply from the window script";
     if (error == NULL && (r->element[0]->integer == 1
                           || r->element[0]->integer == 2)) {
-        if (r->element[0]->integer == 1 ? mark_duplicates(c, r)
-                                        : fail_wrong_types(c, r)) {
+        if (all_integers(r)
+            && (r->element[0]->integer == 1 ? mark_duplicates(c, r)
+                                            : fail_wrong_types(c, r))) {
             rl_window_call(c->store, c->parts, c->fn, c->arg);
             free(c);
             return;
         }
         error = "unexpected reply from the window script";
-    } else if (error == NULL
-               && r->elements != 2 + c->n_sets + 2 * c->n_keys) {
+    } else if (error == NULL && !well_formed(c, r)) {
         error = "unexpected reply from the window script";
     }
     uint64_t redis_us = 0;

@@ -1,5 +1,5 @@
 /*
- * window_call.h: one call of the window function (rl_agg_7) for several
+ * window_call.h: one call of the window function (rl_agg_8) for several
  * parts of reports at once, each checked against its own sequence key, the
  * counts of one key summed over the parts so that Redis adds them once.
  * Private to rl-aggregator; windows.c makes the parts.
@@ -8,6 +8,7 @@
 #define RL_AGGREGATOR_WINDOW_CALL_H
 
 #include "store.h"
+#include "wire.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,14 +32,17 @@ typedef struct rl_window_set {
 
 /* A count for a client's hash of sub-windows, added to sub-window
  * count_window (at most window); answered with its totals read in
- * sub-window window, now's. */
+ * sub-window window, now's, and the counts of the n_leaving sub-windows
+ * after the oldest (LEAVING, wire.h). */
 typedef struct rl_window_count {
     const char *key;
     size_t key_len;
     uint64_t ttl_ms, window, count_window, count;
     uint64_t back;           /* a give-back: taken off count_window's */
     uint64_t g_ms;           /* the sub-windows' length: the rule's */
+    size_t n_leaving;        /* at most RL_WIRE_LEAVING_MAX */
     uint64_t recent, oldest; /* the answer */
+    uint64_t leaving[RL_WIRE_LEAVING_MAX];
     size_t slot;             /* its place in the call */
 } rl_window_count;
 

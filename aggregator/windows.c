@@ -107,6 +107,7 @@ struct rl_windows {
     rl_store *store;
     size_t max_entries;
     uint64_t live_ms;       /* how long a report keeps its agent live */
+    uint64_t interval_ms;   /* the sync interval */
     rl_window_part *queue, *queue_tail;
     bool busy;
     uint64_t cost_ns, cost_entries; /* decaying sums (cost_per_entry_ns) */
@@ -192,8 +193,11 @@ static void part_answered(part *pt, const char *error)
             j->agents[pt->rules[k]] = pt->call.sets[k].agents;
         for (size_t k = 0; k < pt->n_entries; k++) {
             rl_window_total *t = &j->totals[pt->entries[k]];
-            t->current = pt->call.counts[k].recent;
-            t->previous = pt->call.counts[k].oldest;
+            const rl_window_count *c = &pt->call.counts[k];
+            t->current = c->recent;
+            t->previous = c->oldest;
+            t->n_leaving = c->n_leaving;
+            memcpy(t->leaving, c->leaving, sizeof t->leaving);
         }
     } else if (j->error == NULL) {
         snprintf(j->error_text, sizeof j->error_text, "%s", error);
@@ -387,7 +391,7 @@ static void place_count(rl_window_count *c, const rl_wire_entry *e,
 
 /* Makes the part's keys and what it asks of Redis; -1 without memory. */
 static int prepare(const report_view *v, part *pt, uint64_t now_ms,
-                   uint64_t live_ms)
+                   const rl_windows *ws)
 {
     rl_window_part *c = &pt->call;
     /* Every key, plus room for the pieces of a key being joined. */
@@ -411,7 +415,7 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms,
         c->sets[k] = (rl_window_set){.key = a->argv[a->n - 1],
                                      .key_len = a->lens[a->n - 1],
                                      .now_ms = now_ms,
-                                     .until_ms = now_ms + live_ms};
+                                     .until_ms = now_ms + ws->live_ms};
     }
     for (size_t k = 0; k < pt->n_entries; k++) {
         size_t i = pt->entries[k];
@@ -420,7 +424,8 @@ static int prepare(const report_view *v, part *pt, uint64_t now_ms,
         c->counts[k] = (rl_window_count){
             .key = a->argv[a->n - 1], .key_len = a->lens[a->n - 1],
             .ttl_ms = 2 * period, .g_ms = rl_wire_subwindow_ms(period),
-            .window = now_ms / rl_wire_subwindow_ms(period)};
+            .window = now_ms / rl_wire_subwindow_ms(period),
+            .n_leaving = rl_wire_leaving_count(period, ws->interval_ms)};
         place_count(&c->counts[k], &v->m->entries[i],
                     rl_wire_subwindow_ms(period));
     }
@@ -568,12 +573,13 @@ static job *new_job(const rl_wire_msg *m, const rl_rule *const *rules,
 }
 
 rl_windows *rl_windows_new(rl_store *store, size_t max_entries,
-                           uint64_t live_ms)
+                           uint64_t interval_ms)
 {
     rl_windows *ws = calloc(1, sizeof *ws);
     if (ws != NULL)
         *ws = (rl_windows){.store = store, .max_entries = max_entries,
-                           .live_ms = live_ms};
+                           .live_ms = RL_WIRE_LIVE_INTERVALS * interval_ms,
+                           .interval_ms = interval_ms};
     return ws;
 }
 
@@ -614,7 +620,7 @@ void rl_windows_apply(rl_windows *ws, const rl_wire_msg *m,
     report_view v = {m, rules, distinct, rl_store_is_cluster(ws->store)};
     bool ok = j != NULL && plan(&v, j, n_rules, parts, &n_parts) == 0;
     for (size_t k = 0; ok && k < n_parts; k++)
-        ok = prepare(&v, parts[k], now_ms, ws->live_ms) == 0;
+        ok = prepare(&v, parts[k], now_ms, ws) == 0;
     if (!ok) {
         for (size_t k = 0; k < n_parts; k++)
             part_free(parts[k]);

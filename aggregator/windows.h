@@ -20,6 +20,8 @@ typedef struct rl_window_total {
     uint64_t current;  /* recent: sub-windows w-N+1..w */
     uint64_t previous; /* oldest: sub-window w-N */
     uint64_t agents;   /* of its rule */
+    size_t n_leaving;  /* the counts of w-N+1, w-N+2, ... (LEAVING) */
+    uint64_t leaving[RL_WIRE_LEAVING_MAX];
 } rl_window_total;
 
 /* Called once per rl_windows_apply: duplicate says the report had been
@@ -50,9 +52,11 @@ typedef struct rl_windows rl_windows;
 
 /* A gathered call carries at most max_entries report entries (a single
  * report more if it is larger); a report keeps its agent live in its rules
- * for live_ms. NULL without memory. */
+ * for RL_WIRE_LIVE_INTERVALS sync intervals of interval_ms, and its
+ * entries' totals carry what LEAVING needs at that interval. NULL without
+ * memory. */
 rl_windows *rl_windows_new(rl_store *store, size_t max_entries,
-                           uint64_t live_ms);
+                           uint64_t interval_ms);
 /* Once no report is being applied (or the store closed). */
 void rl_windows_free(rl_windows *ws);
 

@@ -215,6 +215,41 @@ static bool rd_totals_entry(struct reader *r, rl_wire_entry *e)
                    && rd_bool(r, &e->cut)));
 }
 
+/* LEAVING's entries, [value, window, [count, ...]], their counts in one
+ * array the message owns. */
+static bool rd_leaving_entries(struct reader *r, rl_wire_msg *m)
+{
+    size_t n;
+    if (!rd_array(r, &n))
+        return false;
+    if (n > RL_WIRE_ENTRIES_MAX)
+        return fail(r, "too many entries");
+    if (n == 0)
+        return true;
+    m->entries = calloc(n, sizeof *m->entries);
+    m->leaving = calloc(n * RL_WIRE_LEAVING_MAX, sizeof *m->leaving);
+    if (m->entries == NULL || m->leaving == NULL)
+        return fail(r, "out of memory");
+    m->n_entries = n;
+    for (size_t i = 0; i < n; i++) {
+        rl_wire_entry *e = &m->entries[i];
+        uint64_t *counts = &m->leaving[i * RL_WIRE_LEAVING_MAX];
+        size_t k;
+        if (!rd_fields(r, 3) || !rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
+            || !rd_uint(r, &e->window) || !rd_array(r, &k))
+            return false;
+        if (k == 0 || k > RL_WIRE_LEAVING_MAX)
+            return fail(r, "too many or no counts");
+        for (size_t j = 0; j < k; j++) {
+            if (!rd_bounded(r, RL_WIRE_COUNT_MAX, &counts[j]))
+                return false;
+        }
+        e->leaving = counts;
+        e->n_leaving = k;
+    }
+    return true;
+}
+
 static bool rd_entries(struct reader *r, rl_wire_msg *m,
                        bool (*entry)(struct reader *, rl_wire_entry *))
 {
@@ -287,6 +322,10 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
         return (fields == 4 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_ID_MAX, &m->agent_id)
                && rd_presence(r, m);
+    case RL_WIRE_LEAVING:
+        return (fields == 5 || fail(r, "wrong number of fields"))
+               && rd_bytes(r, RL_WIRE_NAME_MAX, &m->rule)
+               && rd_uint(r, &m->now_ms) && rd_leaving_entries(r, m);
     case RL_WIRE_EXCHANGE:
         return (fields == 7 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_REGION_MAX, &m->region)
@@ -312,7 +351,7 @@ int rl_wire_decode(const void *buf, size_t len, rl_wire_msg *out,
          && (version == RL_WIRE_VERSION || fail(&r, "unknown version"))
          && rd_uint(&r, &type);
     if (ok) {
-        out->type = type <= RL_WIRE_EXCHANGE ? (int)type : -1;
+        out->type = type <= RL_WIRE_LEAVING ? (int)type : -1;
         ok = rd_body(&r, fields, out)
              && (left(&r) == 0 || fail(&r, "bytes after the message"));
     }
@@ -332,6 +371,8 @@ void rl_wire_msg_free(rl_wire_msg *m)
     free(m->presence);
     m->presence = NULL;
     m->n_presence = 0;
+    free(m->leaving);
+    m->leaving = NULL;
 }
 
 struct rl_wire_writer {
@@ -569,6 +610,40 @@ void rl_wire_put_total_share(rl_wire_writer *w, const char *value,
         msgpack_pack_true(&w->pk);
     else
         msgpack_pack_false(&w->pk);
+}
+
+size_t rl_wire_leaving_topic(const char *rule, char *buf, size_t cap)
+{
+    size_t n = strlen(rule) + 2;
+    if (n > cap)
+        return 0;
+    buf[0] = RL_WIRE_LEAVING_TOPIC;
+    memcpy(buf + 1, rule, n - 1);
+    return n;
+}
+
+void rl_wire_begin_leaving(rl_wire_writer *w, const char *rule,
+                           uint64_t now_ms, size_t n_entries)
+{
+    char topic = RL_WIRE_LEAVING_TOPIC;
+    msgpack_sbuffer_write(&w->buf, &topic, 1);
+    msgpack_sbuffer_write(&w->buf, rule, strlen(rule) + 1);
+    put_header(w, 5, RL_WIRE_LEAVING);
+    put_str(w, rule, strlen(rule));
+    msgpack_pack_uint64(&w->pk, now_ms);
+    msgpack_pack_array(&w->pk, n_entries);
+}
+
+void rl_wire_put_leaving(rl_wire_writer *w, const char *value,
+                         size_t value_len, uint64_t window,
+                         const uint64_t *counts, size_t n)
+{
+    msgpack_pack_array(&w->pk, 3);
+    put_bin(w, value, value_len);
+    msgpack_pack_uint64(&w->pk, window);
+    msgpack_pack_array(&w->pk, n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(&w->pk, counts[i]);
 }
 
 void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,

@@ -68,6 +68,20 @@
  *           counts of those rules (its presence names) at once, rather
  *           than when it has not reported for a while. Answered with an
  *           ACK of seq 0 and no entries.
+ *   LEAVING aggregator -> agents (PUB), after each TOTALS message of a
+ *           rule whose sub-windows are shorter than the sync interval
+ *           (rl_wire_leaving_count > 0), under the topic "\1rule\0"
+ *           (RL_WIRE_LEAVING_TOPIC, then the rule's: no rule's topic
+ *           starts so, and agents that do not know the message never
+ *           subscribe to it)
+ *           [1, 7, rule, now_ms, [[value, window, [count, ...]], ...]]
+ *           For each key of that TOTALS message read so (window, and the
+ *           read's now_ms), the counts of the sub-windows w - N + 1,
+ *           w - N + 2, ... that recent holds and that leave the span
+ *           before the next totals come: an agent frees each at the edge
+ *           it leaves at, as it frees oldest at the first (agent/synced.c).
+ *           Without it (an older aggregator), their room waits for the
+ *           next totals.
  *   EXCHANGE aggregator -> another region's aggregators (REQ, on that
  *           region's peers), every interval
  *           [1, 6, region, sender, seq, upto, [[rule, value, count, at,
@@ -117,6 +131,7 @@
 #define RL_WIRE_FEATURES 4
 #define RL_WIRE_GOODBYE 5
 #define RL_WIRE_EXCHANGE 6
+#define RL_WIRE_LEAVING 7
 
 /* FEATURES bits. */
 #define RL_WIRE_FEATURE_WINDOWS 1u   /* REPORT entries' at */
@@ -126,6 +141,9 @@
 /* The topic FEATURES messages come under, and its length. */
 #define RL_WIRE_FEATURES_TOPIC ""
 #define RL_WIRE_FEATURES_TOPIC_LEN 1
+
+/* The byte LEAVING's topic starts with, before the rule's topic. */
+#define RL_WIRE_LEAVING_TOPIC '\1'
 
 /* Decoders refuse anything larger or longer than these. */
 #define RL_WIRE_MESSAGE_MAX (4u << 20)
@@ -158,6 +176,25 @@ static inline uint64_t rl_wire_subwindow_ms(uint64_t period_ms)
     return g > 0 ? g : 1;
 }
 
+/* The most counts a LEAVING entry carries: all an interval needs for a
+ * period of two intervals or more; a shorter period's others leave with
+ * the next totals, as before LEAVING. */
+#define RL_WIRE_LEAVING_MAX (RL_WIRE_SUBWINDOWS / 2)
+
+/* How many sub-windows after the oldest a rule's totals name in LEAVING:
+ * those that leave the span before the next totals, when an interval
+ * holds more than one edge, and one more for totals that come late;
+ * 0 when every interval holds at most one edge (the oldest covers it). */
+static inline size_t rl_wire_leaving_count(uint64_t period_ms,
+                                           uint64_t interval_ms)
+{
+    uint64_t g = rl_wire_subwindow_ms(period_ms);
+    if (interval_ms <= g)
+        return 0;
+    uint64_t k = (interval_ms + g - 1) / g;
+    return k < RL_WIRE_LEAVING_MAX ? (size_t)k : RL_WIRE_LEAVING_MAX;
+}
+
 /* ACK status. */
 #define RL_ACK_APPLIED 0
 #define RL_ACK_DUPLICATE 1   /* applied before: not counted again */
@@ -185,17 +222,19 @@ typedef struct rl_wire_entry {
     uint64_t share;       /* TOTALS: the region's millionths of the room
                            * (RL_WIRE_SHARE_WHOLE unless a global rule's) */
     bool cut;             /* TOTALS: a region has not been heard */
+    const uint64_t *leaving; /* LEAVING: counts of w-N+1, w-N+2, ... */
+    size_t n_leaving;
 } rl_wire_entry;
 
 typedef struct rl_wire_msg {
     int type;
     rl_wire_bytes agent_id; /* REPORT, GOODBYE; EXCHANGE: its sender */
     rl_wire_bytes region;   /* EXCHANGE: the sending region */
-    rl_wire_bytes rule;     /* TOTALS */
+    rl_wire_bytes rule;     /* TOTALS, LEAVING */
     uint64_t seq;           /* REPORT, ACK, EXCHANGE */
     uint64_t stream;        /* REPORT: 0 when the field is absent */
     uint64_t status;        /* ACK */
-    uint64_t now_ms;        /* ACK, TOTALS; EXCHANGE: its upto */
+    uint64_t now_ms;        /* ACK, TOTALS, LEAVING; EXCHANGE: its upto */
     bool stale;             /* TOTALS: the aggregator cannot reach Redis */
     uint64_t agents;        /* TOTALS: agents reporting the rule */
     uint64_t features;      /* FEATURES: RL_WIRE_FEATURE_* bits */
@@ -204,6 +243,7 @@ typedef struct rl_wire_msg {
     bool has_presence;      /* REPORT: the presence field was there */
     rl_wire_bytes *presence; /* REPORT, GOODBYE: owned, like entries */
     size_t n_presence;
+    uint64_t *leaving;      /* LEAVING: the entries' counts, owned */
 } rl_wire_msg;
 
 /* rl_wire_decode parses one message of len bytes (for TOTALS, after its
@@ -286,6 +326,15 @@ void rl_wire_put_total_share(rl_wire_writer *w, const char *value,
                              uint64_t current, uint64_t previous,
                              uint64_t agents, uint64_t share, bool cut);
 
+/* LEAVING starts with its topic, RL_WIRE_LEAVING_TOPIC and "rule\0";
+ * then n_entries rl_wire_put_leaving, each of 1 to RL_WIRE_LEAVING_MAX
+ * counts. */
+void rl_wire_begin_leaving(rl_wire_writer *w, const char *rule,
+                           uint64_t now_ms, size_t n_entries);
+void rl_wire_put_leaving(rl_wire_writer *w, const char *value,
+                         size_t value_len, uint64_t window,
+                         const uint64_t *counts, size_t n);
+
 /* GOODBYE of agent_id from the n rules it named as present. */
 void rl_wire_goodbye(rl_wire_writer *w, const char *agent_id,
                      const char *const *rules, size_t n);
@@ -296,5 +345,7 @@ void rl_wire_begin_features(rl_wire_writer *w, uint64_t features);
 
 /* The topic bytes a TOTALS message of rule starts with, and its length. */
 size_t rl_wire_topic(const char *rule, char *buf, size_t cap);
+/* The same for its LEAVING messages. */
+size_t rl_wire_leaving_topic(const char *rule, char *buf, size_t cap);
 
 #endif

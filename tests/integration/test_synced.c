@@ -430,6 +430,95 @@ Test(synced, a_key_of_another_type_fails_its_report_alone_and_loses_no_count)
     test_redis_stop(&srv);
 }
 
+/* The next LEAVING message (wire.h) the SUB socket s hears. */
+static rl_wire_msg receive_leaving(nng_socket s)
+{
+    for (;;) {
+        char *buf;
+        size_t size;
+        cr_assert_eq(nng_recv(s, &buf, &size, NNG_FLAG_ALLOC), 0,
+                     "no LEAVING message");
+        const char *nul = memchr(buf, '\0', size);
+        if (size > 0 && buf[0] == RL_WIRE_LEAVING_TOPIC && nul != NULL) {
+            rl_wire_msg m;
+            const char *why;
+            size_t skip = (size_t)(nul + 1 - buf);
+            cr_assert_eq(rl_wire_decode(buf + skip, size - skip, &m, &why),
+                         0, "bad LEAVING: %s", why);
+            nng_free(buf, size);
+            return m;
+        }
+        nng_free(buf, size);
+    }
+}
+
+/* A rule of 2 s (sub-windows of 100 ms) synced every 250 ms: an interval
+ * holds two edges and a half, so after each TOTALS message its keys' counts
+ * of the three sub-windows after the oldest come in LEAVING, read with the
+ * totals: those the agents free at the edges they leave at. Counts of 1, 2,
+ * 4, ... in consecutive sub-windows tell which were named. */
+Test(synced, leaving_names_the_sub_windows_after_the_oldest)
+{
+    enum { PIECES = 8 };
+    test_redis srv;
+    char addr[64];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    test_aggregator agg;
+    test_aggregator_start(&agg, addr,
+                          "  - {name: leave, match: tenant, limit: 1000, "
+                          "period: 2s, mode: synced}\n", 250, NULL);
+    test_aggregator_wait_ready(&agg);
+    nng_socket sub;
+    cr_assert_eq(nng_sub0_open(&sub), 0);
+    char topic[16];
+    size_t tlen = rl_wire_leaving_topic("leave", topic, sizeof topic);
+    cr_assert_eq(nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, topic, tlen), 0);
+    nng_socket_set_ms(sub, NNG_OPT_RECVTIMEO, 3000);
+    cr_assert_eq(nng_dial(sub, agg.totals, NULL, 0), 0);
+    nng_socket s = dial_reports(&agg);
+    redisContext *c = test_redis_connect(addr);
+    uint64_t g = rl_wire_subwindow_ms(2000);
+    /* The first count in the sub-window after now's oldest: the first
+     * LEAVING names, and, read a little later, the oldest or gone. */
+    uint64_t first = test_redis_time_ms(c) / g - RL_WIRE_SUBWINDOWS + 1;
+    rl_wire_writer *w = rl_wire_writer_new();
+    rl_wire_begin_report(w, "leaving-agent", 1, PIECES);
+    for (uint64_t j = 0; j < PIECES; j++)
+        rl_wire_put_count_at(w, "leave", "org_l", 5, 1ULL << j,
+                             (first + j) * g + g / 2);
+    size_t len;
+    const void *data = rl_wire_writer_data(w, &len);
+    rl_wire_msg ack = request(s, data, len, 3000);
+    cr_assert_eq(ack.type, RL_WIRE_ACK);
+    cr_assert_eq(ack.status, RL_ACK_APPLIED);
+    uint64_t read_in = ack.entries[PIECES - 1].window;
+    rl_wire_msg_free(&ack);
+    rl_wire_msg m = receive_leaving(sub);
+    cr_assert_eq(m.n_entries, 1);
+    cr_assert_eq(m.rule.len, 5);
+    cr_assert_eq(m.entries[0].window, read_in,
+                 "the totals' sub-window, the report's last answer's");
+    cr_assert_eq(m.entries[0].n_leaving, rl_wire_leaving_count(2000, 250));
+    cr_assert_eq(m.entries[0].n_leaving, 3);
+    for (size_t i = 0; i < m.entries[0].n_leaving; i++) {
+        /* Sub-window read_in - N + 1 + i, counted 2^(its place). */
+        uint64_t sw = read_in - RL_WIRE_SUBWINDOWS + 1 + i;
+        uint64_t want = sw >= first && sw < first + PIECES
+                            ? 1ULL << (sw - first) : 0;
+        cr_expect_eq(m.entries[0].leaving[i], want,
+                     "sub-window %zu after the oldest: %llu, not %llu", i + 1,
+                     (unsigned long long)m.entries[0].leaving[i],
+                     (unsigned long long)want);
+    }
+    rl_wire_msg_free(&m);
+    rl_wire_writer_free(w);
+    redisFree(c);
+    nng_close(s);
+    nng_close(sub);
+    test_aggregator_stop(&agg);
+    test_redis_stop(&srv);
+}
+
 /* A report of more entries than a piece (windows.h) is applied in pieces,
  * each under its own sequence key, in calls that each take a few of them.
  * One piece fails (a key of another type in its middle): the report is
@@ -525,10 +614,10 @@ static bool apply_at(redisContext *c, const char *hash, uint64_t seq,
     snprintf(count_s, sizeof count_s, "%lld", count);
     snprintf(n_s, sizeof n_s, "%d", RL_WIRE_SUBWINDOWS);
     /* The rule's period is 30 s (a ttl of two): sub-windows of 1.5 s. */
-    const char *argv[] = {"FCALL", "rl_agg_7_apply", "3",
+    const char *argv[] = {"FCALL", "rl_agg_8_apply", "3",
                           seq_key, "rl:agg:live:late", hash, "1", "1", n_s, seq_s,
                           "late-sums", "0", "1", "1", "1", "60000", "1",
-                          "60000", w_s, at_s, "1", "1500", count_s};
+                          "60000", w_s, at_s, "1", "1500", "0", count_s};
     enum { ARGC = sizeof argv / sizeof argv[0], KNOWN_DUPLICATE = 11 };
     redisReply *r = redisCommandArgv(c, ARGC, argv, NULL);
     cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2,
@@ -544,8 +633,11 @@ static bool apply_at(redisContext *c, const char *hash, uint64_t seq,
         cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
         cr_assert_eq(r->element[0]->integer, 0);
     }
-    /* The answer ends with the µs the call took in Redis. */
-    cr_assert_eq(r->elements, 5);
+    /* The answer ends with the µs the call took in Redis, after the
+     * counts after the oldest, none asked. */
+    cr_assert_eq(r->elements, 6);
+    cr_assert_eq(r->element[4]->type, REDIS_REPLY_ARRAY);
+    cr_assert_eq(r->element[4]->elements, 0);
     *recent = r->element[2]->integer;
     *oldest = r->element[3]->integer;
     freeReplyObject(r);

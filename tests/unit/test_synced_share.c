@@ -114,3 +114,61 @@ Test(synced_share, an_edge_adds_the_room_the_oldest_sub_window_frees)
     cr_assert_eq(mark(&k), 30 + 60, "given once; the recent ones stay");
     one_key_close(&k);
 }
+
+/* An interval of several sub-windows: the totals' oldest leaves at the
+ * first edge, and the sub-windows after it, which recent holds, at the
+ * edges after; LEAVING (wire.h) says what each holds, so each edge gives
+ * back its own, once, before the next totals come. */
+Test(synced_share, edges_after_the_first_free_what_leaving_named)
+{
+    one_key k;
+    one_key_open(&k);
+    uint64_t g = rl_wire_subwindow_ms(k.rule.period_ms);
+    const uint64_t leaving[] = {10, 5};
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
+    rl_synced_note_leaving(k.e, k.window, 1000000, leaving, 2);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 30 + 50, "acked 30 + the room of 100 - 50");
+    rl_synced_edge(&k.s, k.e, g);
+    cr_assert_eq(mark(&k), 30 + 70, "the oldest's 20 at the first edge");
+    rl_synced_edge(&k.s, k.e, 2 * g);
+    cr_assert_eq(mark(&k), 30 + 80, "the next one's 10 at the second");
+    rl_synced_edge(&k.s, k.e, 3 * g);
+    cr_assert_eq(mark(&k), 30 + 85, "and 5 at the third");
+    cr_assert_eq(atomic_load(&k.e->room), 85);
+    rl_synced_edge(&k.s, k.e, 4 * g);
+    cr_assert_eq(mark(&k), 30 + 85, "nothing LEAVING did not name");
+    one_key_close(&k);
+}
+
+/* Counts read with another recent than the one held may be more than it
+ * holds of those sub-windows (a give-back since): another message's
+ * LEAVING is not taken, and an ack's newer totals drop those taken. */
+Test(synced_share, leaving_counts_only_with_the_recent_they_came_with)
+{
+    one_key k;
+    one_key_open(&k);
+    uint64_t g = rl_wire_subwindow_ms(k.rule.period_ms);
+    const uint64_t leaving[] = {10, 5};
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
+    rl_synced_note_leaving(k.e, k.window, 1000001, leaving, 2);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    rl_synced_edge(&k.s, k.e, g);
+    rl_synced_edge(&k.s, k.e, 2 * g);
+    cr_assert_eq(mark(&k), 30 + 70, "another message's counts were taken");
+    one_key_close(&k);
+
+    one_key_open(&k);
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
+    rl_synced_note_leaving(k.e, k.window, 1000000, leaving, 2);
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000040, 35, 20);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 30 + 45);
+    rl_synced_edge(&k.s, k.e, g);
+    rl_synced_edge(&k.s, k.e, 2 * g);
+    cr_assert_eq(mark(&k), 30 + 65, "counts read with another recent");
+    one_key_close(&k);
+}

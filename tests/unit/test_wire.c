@@ -278,6 +278,62 @@ Test(wire, demand_exchanges_and_shares_read_back_the_same)
     rl_wire_writer_free(w);
 }
 
+/* LEAVING: its topic's first byte, the rule's topic, then the counts of
+ * each key's sub-windows after the oldest, one to RL_WIRE_LEAVING_MAX. */
+Test(wire, leaving_reads_back_the_same_after_its_topic)
+{
+    rl_wire_writer *w = rl_wire_writer_new();
+    const uint64_t counts[RL_WIRE_LEAVING_MAX + 1] = {7, 0, 9};
+    rl_wire_begin_leaving(w, "g", 5000, 2);
+    rl_wire_put_leaving(w, "k", 1, 41, counts, 3);
+    rl_wire_put_leaving(w, "j", 1, 40, counts, 1);
+    char topic[8];
+    size_t tlen = rl_wire_leaving_topic("g", topic, sizeof topic);
+    cr_assert_eq(tlen, 3);
+    size_t len;
+    const char *data = rl_wire_writer_data(w, &len);
+    cr_assert_eq(memcmp(data, "\1g", 3), 0, "the topic comes first");
+    cr_assert_eq(memcmp(data, topic, tlen), 0);
+    rl_wire_msg m = decode_ok(w, tlen);
+    cr_assert_eq(m.type, RL_WIRE_LEAVING);
+    cr_assert_eq(m.now_ms, 5000);
+    cr_assert_eq(m.rule.len, 1);
+    cr_assert_eq(m.n_entries, 2);
+    cr_assert_eq(m.entries[0].window, 41);
+    cr_assert_eq(m.entries[0].n_leaving, 3);
+    cr_assert_eq(m.entries[0].leaving[0], 7);
+    cr_assert_eq(m.entries[0].leaving[2], 9);
+    cr_assert_eq(m.entries[1].n_leaving, 1);
+    rl_wire_msg_free(&m);
+
+    /* More counts than an interval can need, or none, are refused. */
+    rl_wire_writer_reset(w);
+    rl_wire_begin_leaving(w, "g", 5000, 1);
+    rl_wire_put_leaving(w, "k", 1, 41, counts, RL_WIRE_LEAVING_MAX + 1);
+    data = rl_wire_writer_data(w, &len);
+    cr_assert_str_eq(refusal(data + tlen, len - tlen),
+                     "too many or no counts");
+    rl_wire_writer_reset(w);
+    rl_wire_begin_leaving(w, "g", 5000, 1);
+    rl_wire_put_leaving(w, "k", 1, 41, counts, 0);
+    data = rl_wire_writer_data(w, &len);
+    cr_assert_str_eq(refusal(data + tlen, len - tlen),
+                     "too many or no counts");
+    rl_wire_writer_free(w);
+}
+
+/* How many LEAVING names: none while an interval holds one edge at most,
+ * else those an interval's edges free after the oldest and one more,
+ * never beyond RL_WIRE_LEAVING_MAX. */
+Test(wire, leaving_names_an_interval_of_edges_and_one_more)
+{
+    cr_assert_eq(rl_wire_leaving_count(4000, 200), 0, "g 200, interval 200");
+    cr_assert_eq(rl_wire_leaving_count(60000, 1000), 0);
+    cr_assert_eq(rl_wire_leaving_count(10000, 1000), 2, "g 500");
+    cr_assert_eq(rl_wire_leaving_count(2000, 250), 3, "g 100");
+    cr_assert_eq(rl_wire_leaving_count(1000, 1000), RL_WIRE_LEAVING_MAX);
+}
+
 Test(wire, malformed_messages_are_refused_with_a_reason)
 {
     /* [1, 1, "a", 1, [...]] with pieces wrong. */
