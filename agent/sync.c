@@ -40,8 +40,9 @@
  * a synced rule, brings its keys' totals up to date and gives the keys
  * this agent reports to that aggregator a fresh share of what is left, as
  * every tick does (synced.c): an aggregator's snapshot says nothing of the
- * keys another one applies. nng's threads only queue what they received
- * and wake the loop.
+ * keys another one applies; a LEAVING message after it (the rules' other
+ * topics) says what the sub-windows that leave before the next one hold.
+ * nng's threads only queue what they received and wake the loop.
  *
  * A key whose aggregator gives no totals (none fresh, nor a report of
  * this agent's applied, for aggregator.stale_after_ms, or totals that say
@@ -983,27 +984,33 @@ static void say_cut(rl_sync *s, rl_ident *id, size_t keys)
     id->io_cut = keys > 0;
 }
 
-/* Totals from link l's aggregator. Every key's totals are noted (an
- * agent that saw the aggregators up or down a moment apart from this one
- * may have sent it a key this one sends elsewhere), but only the keys
- * this agent reports to l get a fresh share: the message is a snapshot of
- * what l applied, and says nothing of this agent's acknowledged reports
- * to another aggregator. */
+/* A message of the given type after its topic ("rule\0"), into *t; false
+ * (logged) when it is not one. */
+static bool decode_after_topic(rl_sync *s, const char *body, size_t len,
+                               int type, rl_wire_msg *t)
+{
+    const char *nul = memchr(body, '\0', len < 80 ? len : 80);
+    const char *why = "no topic";
+    if (nul != NULL
+        && rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), t, &why)
+               == 0) {
+        if (t->type == type)
+            return true;
+        rl_wire_msg_free(t);
+        why = "another message under the topic";
+    }
+    rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
+    return false;
+}
+
 /* LEAVING (wire.h), after its topic's first byte: noted for the keys
  * whose recent came in the TOTALS message it follows. */
 static void on_leaving(agg_link *l, const char *body, size_t len)
 {
     rl_sync *s = l->s;
-    const char *nul = memchr(body, '\0', len < 80 ? len : 80);
     rl_wire_msg t;
-    const char *why = "no topic";
-    if (nul == NULL
-        || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), &t, &why)
-               != 0
-        || t.type != RL_WIRE_LEAVING) {
-        rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
+    if (!decode_after_topic(s, body, len, RL_WIRE_LEAVING, &t))
         return;
-    }
     rl_ident *id = synced_ident(s, t.rule.ptr, t.rule.len);
     for (size_t i = 0; id != NULL && i < t.n_entries; i++) {
         const rl_wire_entry *x = &t.entries[i];
@@ -1018,6 +1025,12 @@ static void on_leaving(agg_link *l, const char *body, size_t len)
     rl_wire_msg_free(&t);
 }
 
+/* Totals from link l's aggregator. Every key's totals are noted (an
+ * agent that saw the aggregators up or down a moment apart from this one
+ * may have sent it a key this one sends elsewhere), but only the keys
+ * this agent reports to l get a fresh share: the message is a snapshot of
+ * what l applied, and says nothing of this agent's acknowledged reports
+ * to another aggregator. */
 static void on_totals(agg_link *l, nng_msg *m)
 {
     rl_sync *s = l->s;
@@ -1032,16 +1045,9 @@ static void on_totals(agg_link *l, nng_msg *m)
         on_leaving(l, body + 1, len - 1);
         return;
     }
-    const char *nul = memchr(body, '\0', len < 80 ? len : 80);
     rl_wire_msg t;
-    const char *why = "no topic";
-    if (nul == NULL
-        || rl_wire_decode(nul + 1, len - (size_t)(nul + 1 - body), &t, &why)
-               != 0
-        || t.type != RL_WIRE_TOTALS) {
-        rl_log(s->log, RL_LOG_WARN, "sync_bad_totals", "reason=\"%s\"", why);
+    if (!decode_after_topic(s, body, len, RL_WIRE_TOTALS, &t))
         return;
-    }
     /* An agent count of 0 is one not known: an aggregator that has
      * applied nothing since it started (back from a crash, say) has read
      * none from Redis yet. Taken as the fleet's size, it would give every

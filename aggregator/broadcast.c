@@ -7,8 +7,11 @@
  * reports). A rule with no changes still gets its message: it carries the
  * clock by which agents roll their windows over, and the agent count an
  * on_error: local fallback divides by. When Redis is away the message says
- * so (stale) and carries what was known. Every interval too, Redis up or
- * not, one FEATURES message (topic RL_WIRE_FEATURES_TOPIC) says what this
+ * so (stale) and carries what was known. A rule whose sub-windows are
+ * shorter than the interval gets a LEAVING message after each TOTALS one
+ * (wire.h): the counts, read with its keys' totals, of the sub-windows
+ * that leave before the next. Every interval too, Redis up or not, one
+ * FEATURES message (topic RL_WIRE_FEATURES_TOPIC) says what this
  * aggregator reads.
  *
  * Memory is bounded: at most RL_WIRE_ENTRIES_MAX keys per rule per

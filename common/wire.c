@@ -215,41 +215,28 @@ static bool rd_totals_entry(struct reader *r, rl_wire_entry *e)
                    && rd_bool(r, &e->cut)));
 }
 
-/* LEAVING's entries, [value, window, [count, ...]], their counts in one
- * array the message owns. */
-static bool rd_leaving_entries(struct reader *r, rl_wire_msg *m)
+/* A LEAVING entry, [value, window, [count, ...]], its counts into the
+ * place the message keeps for them. */
+static bool rd_leaving_entry(struct reader *r, rl_wire_entry *e,
+                             uint64_t *counts)
 {
-    size_t n;
-    if (!rd_array(r, &n))
+    size_t k;
+    if (!rd_fields(r, 3) || !rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
+        || !rd_uint(r, &e->window) || !rd_array(r, &k))
         return false;
-    if (n > RL_WIRE_ENTRIES_MAX)
-        return fail(r, "too many entries");
-    if (n == 0)
-        return true;
-    m->entries = calloc(n, sizeof *m->entries);
-    m->leaving = calloc(n * RL_WIRE_LEAVING_MAX, sizeof *m->leaving);
-    if (m->entries == NULL || m->leaving == NULL)
-        return fail(r, "out of memory");
-    m->n_entries = n;
-    for (size_t i = 0; i < n; i++) {
-        rl_wire_entry *e = &m->entries[i];
-        uint64_t *counts = &m->leaving[i * RL_WIRE_LEAVING_MAX];
-        size_t k;
-        if (!rd_fields(r, 3) || !rd_bytes(r, RL_WIRE_VALUE_MAX, &e->value)
-            || !rd_uint(r, &e->window) || !rd_array(r, &k))
+    if (k == 0 || k > RL_WIRE_LEAVING_MAX)
+        return fail(r, "too many or no counts");
+    for (size_t j = 0; j < k; j++) {
+        if (!rd_bounded(r, RL_WIRE_COUNT_MAX, &counts[j]))
             return false;
-        if (k == 0 || k > RL_WIRE_LEAVING_MAX)
-            return fail(r, "too many or no counts");
-        for (size_t j = 0; j < k; j++) {
-            if (!rd_bounded(r, RL_WIRE_COUNT_MAX, &counts[j]))
-                return false;
-        }
-        e->leaving = counts;
-        e->n_leaving = k;
     }
+    e->leaving = counts;
+    e->n_leaving = k;
     return true;
 }
 
+/* The entries array, each read by entry, or for LEAVING (entry NULL) by
+ * rd_leaving_entry, their counts in one array the message owns. */
 static bool rd_entries(struct reader *r, rl_wire_msg *m,
                        bool (*entry)(struct reader *, rl_wire_entry *))
 {
@@ -261,11 +248,17 @@ static bool rd_entries(struct reader *r, rl_wire_msg *m,
     if (n == 0)
         return true;
     m->entries = calloc(n, sizeof *m->entries);
-    if (m->entries == NULL)
+    if (entry == NULL)
+        m->leaving = calloc(n * RL_WIRE_LEAVING_MAX, sizeof *m->leaving);
+    if (m->entries == NULL || (entry == NULL && m->leaving == NULL))
         return fail(r, "out of memory");
     m->n_entries = n;
     for (size_t i = 0; i < n; i++) {
-        if (!entry(r, &m->entries[i]))
+        bool ok = entry != NULL
+                      ? entry(r, &m->entries[i])
+                      : rd_leaving_entry(r, &m->entries[i],
+                                         m->leaving + i * RL_WIRE_LEAVING_MAX);
+        if (!ok)
             return false;
     }
     return true;
@@ -325,7 +318,7 @@ static bool rd_body(struct reader *r, size_t fields, rl_wire_msg *m)
     case RL_WIRE_LEAVING:
         return (fields == 5 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_NAME_MAX, &m->rule)
-               && rd_uint(r, &m->now_ms) && rd_leaving_entries(r, m);
+               && rd_uint(r, &m->now_ms) && rd_entries(r, m, NULL);
     case RL_WIRE_EXCHANGE:
         return (fields == 7 || fail(r, "wrong number of fields"))
                && rd_bytes(r, RL_WIRE_REGION_MAX, &m->region)

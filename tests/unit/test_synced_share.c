@@ -115,6 +115,23 @@ Test(synced_share, an_edge_adds_the_room_the_oldest_sub_window_frees)
     one_key_close(&k);
 }
 
+/* Totals of 30 recent and 20 oldest from the message of 1000000 ms,
+ * LEAVING's 10 and 5 after the oldest from the message of leaving_ms,
+ * then, if acked_recent, an ack's totals of the same sub-window with that
+ * recent; and the fresh share. */
+static void share_with_leaving(one_key *k, uint64_t leaving_ms,
+                               uint64_t acked_recent)
+{
+    static const uint64_t leaving[] = {10, 5};
+    rl_synced_note_totals(&k->s, k->e, k->window, 1000000, 30, 20);
+    rl_synced_note_leaving(k->e, k->window, leaving_ms, leaving, 2);
+    if (acked_recent > 0)
+        rl_synced_note_totals(&k->s, k->e, k->window, 1000040, acked_recent,
+                              20);
+    k->e->snap_ms = k->e->acked_ms + 20;
+    rl_synced_rebalance(&k->s, k->e, 0, true);
+}
+
 /* An interval of several sub-windows: the totals' oldest leaves at the
  * first edge, and the sub-windows after it, which recent holds, at the
  * edges after; LEAVING (wire.h) says what each holds, so each edge gives
@@ -124,11 +141,7 @@ Test(synced_share, edges_after_the_first_free_what_leaving_named)
     one_key k;
     one_key_open(&k);
     uint64_t g = rl_wire_subwindow_ms(k.rule.period_ms);
-    const uint64_t leaving[] = {10, 5};
-    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
-    rl_synced_note_leaving(k.e, k.window, 1000000, leaving, 2);
-    k.e->snap_ms = k.e->acked_ms + 20;
-    rl_synced_rebalance(&k.s, k.e, 0, true);
+    share_with_leaving(&k, 1000000, 0);
     cr_assert_eq(mark(&k), 30 + 50, "acked 30 + the room of 100 - 50");
     rl_synced_edge(&k.s, k.e, g);
     cr_assert_eq(mark(&k), 30 + 70, "the oldest's 20 at the first edge");
@@ -150,22 +163,14 @@ Test(synced_share, leaving_counts_only_with_the_recent_they_came_with)
     one_key k;
     one_key_open(&k);
     uint64_t g = rl_wire_subwindow_ms(k.rule.period_ms);
-    const uint64_t leaving[] = {10, 5};
-    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
-    rl_synced_note_leaving(k.e, k.window, 1000001, leaving, 2);
-    k.e->snap_ms = k.e->acked_ms + 20;
-    rl_synced_rebalance(&k.s, k.e, 0, true);
+    share_with_leaving(&k, 1000001, 0);
     rl_synced_edge(&k.s, k.e, g);
     rl_synced_edge(&k.s, k.e, 2 * g);
     cr_assert_eq(mark(&k), 30 + 70, "another message's counts were taken");
     one_key_close(&k);
 
     one_key_open(&k);
-    rl_synced_note_totals(&k.s, k.e, k.window, 1000000, 30, 20);
-    rl_synced_note_leaving(k.e, k.window, 1000000, leaving, 2);
-    rl_synced_note_totals(&k.s, k.e, k.window, 1000040, 35, 20);
-    k.e->snap_ms = k.e->acked_ms + 20;
-    rl_synced_rebalance(&k.s, k.e, 0, true);
+    share_with_leaving(&k, 1000000, 35);
     cr_assert_eq(mark(&k), 30 + 45);
     rl_synced_edge(&k.s, k.e, g);
     rl_synced_edge(&k.s, k.e, 2 * g);

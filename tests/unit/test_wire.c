@@ -517,11 +517,12 @@ Test(wire, a_goodbye_reads_back_the_same)
 Test(wire, fuzz_seeds_decode)
 {
     const char *names[] = {"report", "ack", "totals", "report_presence",
-                           "report_windows", "features", "goodbye"};
+                           "report_windows", "features", "goodbye",
+                           "leaving"};
     const int types[] = {RL_WIRE_REPORT, RL_WIRE_ACK, RL_WIRE_TOTALS,
                          RL_WIRE_REPORT, RL_WIRE_REPORT, RL_WIRE_FEATURES,
-                         RL_WIRE_GOODBYE};
-    for (int i = 0; i < 7; i++) {
+                         RL_WIRE_GOODBYE, RL_WIRE_LEAVING};
+    for (int i = 0; i < 8; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/../fuzz/corpus/wire/%s",
                  getenv("RL_TEST_CONFIGS"), names[i]);
