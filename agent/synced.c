@@ -517,8 +517,9 @@ static void renumber(rl_synced_entry *e, uint64_t g, uint64_t now_ms)
     e->window_g = g;
 }
 
-/* A recent read elsewhere than the counts after the oldest noted: those
- * may be more than it holds of them (a give-back since), or less. */
+/* Another recent than the one the counts after the oldest noted were
+ * read with: they may be more than it holds of them (a give-back since),
+ * or less. */
 static void take_current(rl_synced_entry *e, uint64_t current,
                          uint64_t now_ms)
 {
@@ -548,7 +549,11 @@ bool rl_synced_note_totals(rl_synced *s, rl_synced_entry *e, uint64_t window,
         e->previous = previous;
         e->totals_ms = now_ms;
     } else if (window == e->window) {
-        if (current > e->current)
+        /* An equal recent is this message's too: its LEAVING, which an
+         * acknowledgement (read in the same call, often) does not carry,
+         * may come; counts already had stay as good. */
+        if (current > e->current
+            || (current == e->current && e->n_leaving == 0))
             take_current(e, current, now_ms);
         e->previous = previous > e->previous ? previous : e->previous;
         e->totals_ms = now_ms > e->totals_ms ? now_ms : e->totals_ms;

@@ -157,7 +157,8 @@ Test(synced_share, edges_after_the_first_free_what_leaving_named)
 
 /* Counts read with another recent than the one held may be more than it
  * holds of those sub-windows (a give-back since): another message's
- * LEAVING is not taken, and an ack's newer totals drop those taken. */
+ * LEAVING is not taken, and an ack's newer totals drop those taken; an
+ * equal recent is as good as the message's own. */
 Test(synced_share, leaving_counts_only_with_the_recent_they_came_with)
 {
     one_key k;
@@ -175,5 +176,20 @@ Test(synced_share, leaving_counts_only_with_the_recent_they_came_with)
     rl_synced_edge(&k.s, k.e, g);
     rl_synced_edge(&k.s, k.e, 2 * g);
     cr_assert_eq(mark(&k), 30 + 65, "counts read with another recent");
+    one_key_close(&k);
+
+    /* An ack's totals, then a TOTALS message's equal recent: that is the
+     * message's recent too, and its LEAVING is taken. */
+    one_key_open(&k);
+    static const uint64_t leaving[] = {10, 5};
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000040, 40, 20);
+    rl_synced_note_totals(&k.s, k.e, k.window, 1000050, 40, 20);
+    rl_synced_note_leaving(k.e, k.window, 1000050, leaving, 2);
+    k.e->snap_ms = k.e->acked_ms + 20;
+    rl_synced_rebalance(&k.s, k.e, 0, true);
+    cr_assert_eq(mark(&k), 30 + 40);
+    rl_synced_edge(&k.s, k.e, g);
+    rl_synced_edge(&k.s, k.e, 2 * g);
+    cr_assert_eq(mark(&k), 30 + 70, "an equal recent's counts");
     one_key_close(&k);
 }
