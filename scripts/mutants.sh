@@ -400,6 +400,11 @@ while [ "$next" -lt "${#checked[@]}" ] || [ "${#tree_of[@]}" -gt 0 ]; do
 done
 set +m
 show_ready
+# CI keeps only the end of what a run printed: the rows not caught again.
+if [ "$bad" -gt 0 ]; then
+    echo "mutants not caught:"
+    awk '$2 != "caught" && NR > 1' "$out/report.txt"
+fi
 echo "mutants: ${#checked[@]} mutants, $bad not caught, $(since "$start") s in all" |
     tee -a "$out/report.txt"
 [ "$bad" -eq 0 ]
