@@ -72,6 +72,12 @@ long test_log_size(const char *log)
 void test_wait_for_log_from(pid_t *pid, const char *log, long from,
                             const char *what, int timeout_ms)
 {
+    test_wait_for_log_lines(pid, log, from, what, 1, timeout_ms);
+}
+
+void test_wait_for_log_lines(pid_t *pid, const char *log, long from,
+                             const char *what, int lines, int timeout_ms)
+{
     char cmd[700], out[64];
     snprintf(cmd, sizeof cmd, "tail -c +%ld %s | grep -c '%s'", from + 1,
              log, what);
@@ -83,12 +89,13 @@ void test_wait_for_log_from(pid_t *pid, const char *log, long from,
             cr_assert_fail("the process exited at start; see %s", log);
         }
         test_run(cmd, out, sizeof out);
-        if (atoi(out) > 0)
+        if (atoi(out) >= lines)
             return;
         usleep(20 * 1000);
     }
     test_show_log(log);
-    cr_assert_fail("no '%s' in %s within %d ms", what, log, timeout_ms);
+    cr_assert_fail("%s '%s' in %s within %d ms", lines > 1 ? "fewer than"
+                   : "no", what, log, timeout_ms);
 }
 
 /* Where a process that will not stop is stuck: every thread's stack, by

@@ -30,6 +30,10 @@ void test_wait_for_log(pid_t *pid, const char *log, const char *what,
 void test_wait_for_log_from(pid_t *pid, const char *log, long from,
                             const char *what, int timeout_ms);
 
+/* The same until at least `lines` lines there hold what. */
+void test_wait_for_log_lines(pid_t *pid, const char *log, long from,
+                             const char *what, int lines, int timeout_ms);
+
 /* The log's size in bytes, 0 if there is none yet. */
 long test_log_size(const char *log);
 

@@ -41,37 +41,6 @@ static void set_port(const char *name, uint16_t port)
     setenv(name, v, 1);
 }
 
-static int count_in_log(const char *log, const char *what)
-{
-    FILE *f = fopen(log, "r");
-    if (f == NULL)
-        return 0;
-    static char text[1 << 16];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = '\0';
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, what)) != NULL; p++)
-        n++;
-    return n;
-}
-
-/* Every worker's store connected: a call before that waits for it within
- * its deadline, which the default store.timeout_ms (50 ms) does not always
- * cover on a loaded machine, and its answer says degraded. */
-static void wait_store_ready(test_rls *r, int workers)
-{
-    for (int waited = 0; count_in_log(r->log, "store_ready") < workers;
-         waited += 10) {
-        if (waited >= 10000) {
-            test_show_log(r->log);
-            cr_assert_fail("rl-rls: %d workers, not every store ready "
-                           "within 10 s", workers);
-        }
-        usleep(10000);
-    }
-}
-
 void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
                     const char *const *env)
 {
@@ -126,7 +95,10 @@ void test_rls_start_workers(test_rls *r, const char *limits,
                           ? "\"event\":\"listening\""
                           : "event=listening",
                       30000);
-    wait_store_ready(r, n);
+    /* Every worker's store connected: a call before that waits for it
+     * within its deadline, which the default store.timeout_ms (50 ms) does
+     * not always cover on a loaded machine, and its answer says degraded. */
+    test_wait_for_log_lines(&r->pid, r->log, 0, "store_ready", n, 10000);
 }
 
 static void call_v(test_rls *r, const char *const *opts, char *out,
