@@ -713,6 +713,70 @@ static long long wait_calls(const char *addr)
     return n;
 }
 
+/* A connection to addr that has sent MONITOR: it hears every command the
+ * node runs from then on. */
+static redisContext *monitor_node(const char *addr)
+{
+    redisContext *c = test_redis_connect(addr);
+    redisReply *r = redisCommand(c, "MONITOR");
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "%s: MONITOR: %s",
+              addr, r != NULL ? r->str : c->errstr);
+    freeReplyObject(r);
+    return c;
+}
+
+/* The addresses on addr of this process's connections (node.c names them
+ * rl:<program>:<pid>), each with its closing "]" as MONITOR prints it. */
+static size_t own_clients(const char *addr, char (*out)[64], size_t cap)
+{
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ":%ld", (long)getpid());
+    redisReply *r = on_node(addr, "CLIENT LIST");
+    size_t n = 0;
+    for (char *line = strtok(r->str, "\n"); line != NULL && n < cap;
+         line = strtok(NULL, "\n")) {
+        char client[48], name[64];
+        if (sscanf(line, "%*s addr=%47s", client) != 1)
+            continue;
+        const char *at = strstr(line, " name=rl:");
+        if (at == NULL || sscanf(at, " name=%63s", name) != 1)
+            continue;
+        size_t len = strlen(name);
+        if (len >= strlen(suffix)
+            && strcmp(name + len - strlen(suffix), suffix) == 0)
+            snprintf(out[n++], sizeof out[0], "%s]", client);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* The WAITs monitor heard from this process's connections: other tests'
+ * agents send theirs to the same primaries, which INFO commandstats
+ * counts together ("WAIT ran 29 times for 15 writes", four tests at a
+ * time under TSan). Read up to an ECHO of a word of this process's. */
+static long long own_waits(redisContext *monitor, const char *addr)
+{
+    char clients[16][64], end[48];
+    size_t n = own_clients(addr, clients, 16);
+    cr_assert_gt(n, 0, "no connection of this process on %s", addr);
+    snprintf(end, sizeof end, "\"rl-test-monitor-end-%ld\"", (long)getpid());
+    freeReplyObject(on_node(addr, "ECHO %b", end + 1, strlen(end) - 2));
+    long long waits = 0;
+    for (;;) {
+        redisReply *r;
+        cr_assert_eq(redisGetReply(monitor, (void **)&r), REDIS_OK,
+                     "%s: MONITOR: %s", addr, monitor->errstr);
+        bool done = r->type == REDIS_REPLY_STATUS && strstr(r->str, end);
+        for (size_t i = 0; !done && i < n; i++)
+            waits += r->type == REDIS_REPLY_STATUS
+                     && strstr(r->str, clients[i]) != NULL
+                     && strstr(r->str, "\"WAIT\"") != NULL;
+        freeReplyObject(r);
+        if (done)
+            return waits;
+    }
+}
+
 Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
 {
     const char *seeds = test_env("RL_TEST_CLUSTER");
@@ -726,7 +790,7 @@ Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
     rl_agent *a = cluster_agent_with(seeds, ", wait_replicas: 1",
                                      "  - {name: per-key, match: api_key, "
                                      "limit: 10, period: 1h}\n", 1000, &cfg);
-    long long before = wait_calls(prim[0]);
+    redisContext *monitor = monitor_node(prim[0]);
     rl_attr attr = {"api_key", value, strlen(value)};
     int allowed = 0;
     for (int i = 0; i < 15; i++) {
@@ -735,7 +799,8 @@ Test(cluster, wait_replicas_waits_for_a_replica_after_each_write)
         cr_assert(!d.degraded, "a check waited past its deadline");
         allowed += d.allowed;
     }
-    long long waited = wait_calls(prim[0]) - before;
+    long long waited = own_waits(monitor, prim[0]);
+    redisFree(monitor);
     close_agent(a, cfg);
     cr_assert_eq(allowed, 10);
     cr_assert_eq(waited, 15, "WAIT ran %lld times for 15 writes", waited);
