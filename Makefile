@@ -365,9 +365,13 @@ TEST_ENV = RL_TEST_LIBRL_SO=$(LIB_SO) RL_TEST_RLCTL=$(RLCTL) \
            RL_TEST_AGGREGATOR=$(AGG) RL_TEST_GATEWAY=$(GATEWAY) RL_TEST_RLS=$(RLS) \
            RL_TEST_EXAMPLE=$(EXAMPLE) RL_TEST_NGINX_MODULE=$(abspath $(NGINX_MOD)) \
            RL_TEST_CONFIGS=tests/configs RL_TEST_EXAMPLES=configs \
-           RL_TEST_ALONE=tests/run-alone.txt RL_TEST_HOLDER=$(HOLDER)
+           RL_TEST_ALONE=tests/run-alone.txt RL_TEST_HOLDER=$(HOLDER) \
+           RL_TEST_JOBS=$(TEST_JOBS)
 CRITERION_ARGS ?=
-# The tests in tests/run-alone.txt run one at a time, before the others.
+# The tests in tests/run-alone.txt run one at a time, before the others,
+# which run TEST_JOBS at a time (empty: Criterion's one per core, the TSan
+# runner's two).
+TEST_JOBS ?=
 TEST_COMMAND = $(if $(HARNESS_SRC),$(TESTS),bash scripts/criterion-alone.sh $(TESTS))
 # What the runner starts besides one redis-server: a Redis Cluster unless
 # told otherwise (make mutants leaves it out for tests that never use one).

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Runs a Criterion test binary in two passes: first the selected tests that
 # tests/run-alone.txt names, one at a time, then the other selected tests
-# as many at once as Criterion runs by default (one per core). Timing
-# tests with ten agents hold their bounds alone but not always beside
-# another test on two cores; the list says which and why.
+# RL_TEST_JOBS at once (unset or empty: as Criterion runs them by default,
+# one per core). Timing tests with ten agents hold their bounds alone but
+# not always beside another test on two cores; the list says which and why.
 #
 #   criterion-alone.sh BINARY [CRITERION ARGS...]
 #
@@ -16,6 +16,12 @@ shift
 alone_list=${RL_TEST_ALONE:-tests/run-alone.txt}
 [ -r "$alone_list" ] || {
     echo "criterion-alone: cannot read $alone_list" >&2
+    exit 2
+}
+
+jobs=${RL_TEST_JOBS:-}
+[[ -z $jobs || $jobs =~ ^[1-9][0-9]*$ ]] || {
+    echo "criterion-alone: RL_TEST_JOBS must be a positive number, not '$jobs'" >&2
     exit 2
 }
 
@@ -67,6 +73,7 @@ fi
 # is left out, and with none the filter is the caller's own (make mutants'
 # filters rarely name a test of the list).
 if [ ${#others[@]} -gt 0 ]; then
+    [ -n "$jobs" ] && args+=(--jobs "$jobs")
     [ ${#matched[@]} -eq 0 ] && exec "$binary" "${args[@]}" --filter "$filter"
     exec "$binary" "${args[@]}" --filter "!(!($filter)|$(IFS='|'
         echo "${!matched[*]}"))"

@@ -59,11 +59,12 @@ struct test_proxy {
     int n_pairs, accepted;
     int64_t delay_ns;
     size_t queued_peak;
-    /* What clients sent since test_proxy_silence_from, searched for its
-     * needle until found. */
+    /* What clients sent since test_proxy_silence_from or
+     * test_proxy_watch_for, searched for its needle until found; with
+     * mute, its connection goes silent then. */
     char kept[KEPT_MAX], needle[256];
     size_t n_kept, n_needle;
-    bool watching, requests_too, silenced, cut, stop;
+    bool watching, mute, requests_too, seen, silenced, cut, stop;
     char read_buf[READ_MAX];
 };
 
@@ -151,19 +152,23 @@ static void take_connection(test_proxy *p)
 }
 
 /* What c's client sent, as far as there is room: once the needle is in
- * it, c's server is heard no more (the answer to this request cannot have
- * been read yet: the server has not had it), nor with requests_too is its
- * client. Returns whether buf is to be carried. */
+ * it, it is seen, and when muting c's server is heard no more (the answer
+ * to this request cannot have been read yet: the server has not had it),
+ * nor with requests_too is its client. Returns whether buf is to be
+ * carried. */
 static bool watch(test_proxy *p, pair *c, const char *buf, size_t n)
 {
     size_t room = KEPT_MAX - p->n_kept;
     memcpy(p->kept + p->n_kept, buf, n < room ? n : room);
     p->n_kept += n < room ? n : room;
     if (memmem(p->kept, p->n_kept, p->needle, p->n_needle) != NULL) {
-        c->mute[1] = true;
-        c->mute[0] = p->requests_too;
         p->watching = false;
-        p->silenced = true;
+        p->seen = true;
+        if (p->mute) {
+            c->mute[1] = true;
+            c->mute[0] = p->requests_too;
+            p->silenced = true;
+        }
     }
     return !c->mute[0];
 }
@@ -369,17 +374,38 @@ void test_proxy_silence(test_proxy *p)
     wake(p);
 }
 
-void test_proxy_silence_from(test_proxy *p, const void *needle, size_t len,
-                             bool requests_too)
+static void watch_for(test_proxy *p, const void *needle, size_t len,
+                      bool mute, bool requests_too)
 {
     cr_assert(len > 0 && len <= sizeof p->needle);
     pthread_mutex_lock(&p->lock);
     memcpy(p->needle, needle, len);
     p->n_needle = len;
     p->n_kept = 0;
+    p->mute = mute;
     p->requests_too = requests_too;
+    p->seen = false;
     p->watching = true;
     pthread_mutex_unlock(&p->lock);
+}
+
+void test_proxy_silence_from(test_proxy *p, const void *needle, size_t len,
+                             bool requests_too)
+{
+    watch_for(p, needle, len, true, requests_too);
+}
+
+void test_proxy_watch_for(test_proxy *p, const void *needle, size_t len)
+{
+    watch_for(p, needle, len, false, false);
+}
+
+bool test_proxy_seen(test_proxy *p)
+{
+    pthread_mutex_lock(&p->lock);
+    bool seen = p->seen;
+    pthread_mutex_unlock(&p->lock);
+    return seen;
 }
 
 bool test_proxy_silenced(test_proxy *p)

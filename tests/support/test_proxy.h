@@ -72,6 +72,12 @@ void test_proxy_silence_from(test_proxy *p, const void *needle, size_t len,
 /* Whether a connection has carried the needle and gone silent so. */
 bool test_proxy_silenced(test_proxy *p);
 
+/* From now on, watches for the len bytes at needle from a client, as
+ * test_proxy_silence_from does, without silencing anything: whether they
+ * have passed is test_proxy_seen's. Another watch replaces this one. */
+void test_proxy_watch_for(test_proxy *p, const void *needle, size_t len);
+bool test_proxy_seen(test_proxy *p);
+
 /* How many connections the proxy has accepted. */
 int test_proxy_accepted(test_proxy *p);
 

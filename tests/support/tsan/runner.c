@@ -138,18 +138,25 @@ static bool report(const struct test *t, int status, double seconds)
     return passed;
 }
 
-/* How many tests run at once: TSAN_JOBS, else JOBS_DEFAULT. The tests
- * in tests/run-alone.txt never share the machine: they run first, one at
- * a time, and the others after them, TSAN_JOBS at a time. Two at a time with that
- * list passed all 250 tests twice on a shared 2-core machine, in 234 s and
- * 233 s against 397 s one at a time (TSAN_JOBS=1). */
+/* How many tests run at once: RL_TEST_JOBS (make's TEST_JOBS), else
+ * JOBS_DEFAULT. The tests in tests/run-alone.txt never share the machine:
+ * they run first, one at a time, and the others after them, that many at
+ * a time. Two at a time with that list passed all 250 tests twice on a
+ * shared 2-core machine, in 234 s and 233 s against 397 s one at a time
+ * (TEST_JOBS=1). */
 #define JOBS_DEFAULT 2
 static long jobs(void)
 {
-    const char *env = getenv("TSAN_JOBS");
-    long n = env != NULL ? atol(env) : JOBS_DEFAULT;
-    if (n < 1)
-        n = 1;
+    const char *env = getenv("RL_TEST_JOBS");
+    if (env == NULL || *env == '\0')
+        return JOBS_DEFAULT;
+    char *end;
+    long n = strtol(env, &end, 10);
+    if (*end != '\0' || n < 1) {
+        fprintf(stderr, "tsan runner: RL_TEST_JOBS must be a positive "
+                "number, not '%s'\n", env);
+        exit(2);
+    }
     return n > MAX_JOBS ? MAX_JOBS : n;
 }
 
@@ -261,10 +268,11 @@ int main(int argc, char **argv)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;
     size_t passed = 0, failed = 0;
+    long at_once = jobs();
     if (!read_alone())
         return 1;
     if (!run_tests(filter, true, 1, &passed, &failed)
-        || !run_tests(filter, false, jobs(), &passed, &failed))
+        || !run_tests(filter, false, at_once, &passed, &failed))
         return 1;
     printf("tsan: %zu passed, %zu failed\n", passed, failed);
     return failed == 0 && passed > 0 ? 0 : 1;
