@@ -161,37 +161,52 @@ Test(regions, a_resent_exchange_is_counted_once)
     rl_config_free(cfg);
 }
 
+/* Returns once the exchange of every second has just gone out on p. */
+static void after_an_exchange(test_proxy *p)
+{
+    uint64_t sent = test_proxy_from_clients(p), start = test_now_ms();
+    while (test_proxy_from_clients(p) == sent) {
+        cr_assert_lt(test_now_ms() - start, 3000, "no exchange in 3 s");
+        test_sleep_ms(2);
+    }
+}
+
 /* An aggregator that stops sends what its region counted to the others
  * first: an agent's last report, applied just before the stop, is not
- * lost to them (the next exchange was up to a second away). Only if no
- * exchange of every second carried it before the stop does that show:
- * one that did (the agent's close and the stop straddled one; seen
- * under load, with the stop's sending left out) sends the stop off with
- * nothing left, and another key is tried. */
+ * lost to them. The stop comes once region eu's Redis holds the report,
+ * which the agent sends at the start of an interval, before the exchange
+ * of every second (at five eighths of it) has carried it: only then does
+ * the stop's sending show. The agent's checks start just after an
+ * exchange; one that carried the key all the same (seen under load, with
+ * the stop's sending left out) leaves the stop nothing to send, and
+ * another key is tried. The agent closes after the stop: its close waits
+ * for the next totals, which come with the next exchange. */
 Test(regions, a_stopping_aggregator_sends_its_last_counts)
 {
     test_regions_start(&regions, 2, GLOBAL_RULE, 1000, "", NULL);
     test_proxy *eu_to_us = regions.r[0].to[1];
-    for (int tries = 0; tries < 5; tries++) {
-        char key[32];
+    rl_config *cfg;
+    rl_agent *agent = test_region_agent(&regions, 0, &cfg);
+    char key[32];
+    bool stopped = false;
+    for (int tries = 0; tries < 5 && !stopped; tries++) {
         snprintf(key, sizeof key, "last-%d", tries);
         test_proxy_watch_for(eu_to_us, key, strlen(key));
-        rl_config *cfg;
-        rl_agent *agent = test_region_agent(&regions, 0, &cfg);
+        after_an_exchange(eu_to_us);
         cr_assert_eq(admit(agent, key, 10), 10);
-        rl_agent_close(agent);
-        rl_config_free(cfg);
-        if (test_proxy_seen(eu_to_us)) {
+        expect_region_total(0, key, 10, 3000);
+        stopped = !test_proxy_seen(eu_to_us);
+        if (stopped)
+            test_aggregator_stop(&regions.r[0].agg);
+        else
             fprintf(stderr, "regions stopping: %s left before the stop\n",
                     key);
-            continue;
-        }
-        test_aggregator_stop(&regions.r[0].agg);
-        expect_region_total(1, key, 10, 1000);
-        return;
     }
-    cr_assert_fail("an exchange of every second carried each of 5 keys "
-                   "before the stop could");
+    rl_agent_close(agent);
+    rl_config_free(cfg);
+    cr_assert(stopped, "an exchange of every second carried each of 5 keys "
+              "before the stop could");
+    expect_region_total(1, key, 10, 1000);
 }
 
 /* What a region admitted stays off its own room, at the other's part,

@@ -59,6 +59,7 @@ struct test_proxy {
     int n_pairs, accepted;
     int64_t delay_ns;
     size_t queued_peak;
+    uint64_t from_clients; /* bytes read from clients */
     /* What clients sent since test_proxy_silence_from or
      * test_proxy_watch_for, searched for its needle until found; with
      * mute, its connection goes silent then. */
@@ -195,6 +196,8 @@ static void take(test_proxy *p, pair *c, int from)
                      room < READ_MAX ? room : READ_MAX, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
+    if (n > 0 && from == 0)
+        p->from_clients += (uint64_t)n;
     if (n > 0 && from == 0 && p->watching
         && !watch(p, c, p->read_buf, (size_t)n))
         return;
@@ -430,6 +433,14 @@ size_t test_proxy_queued_peak(test_proxy *p)
     size_t peak = p->queued_peak;
     pthread_mutex_unlock(&p->lock);
     return peak;
+}
+
+uint64_t test_proxy_from_clients(test_proxy *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t n = p->from_clients;
+    pthread_mutex_unlock(&p->lock);
+    return n;
 }
 
 void test_proxy_stop(test_proxy *p)

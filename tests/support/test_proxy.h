@@ -78,6 +78,10 @@ bool test_proxy_silenced(test_proxy *p);
 void test_proxy_watch_for(test_proxy *p, const void *needle, size_t len);
 bool test_proxy_seen(test_proxy *p);
 
+/* How many bytes it has read from clients: a test sees a request go out
+ * by the count's growing. */
+uint64_t test_proxy_from_clients(test_proxy *p);
+
 /* How many connections the proxy has accepted. */
 int test_proxy_accepted(test_proxy *p);
 
