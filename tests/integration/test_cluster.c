@@ -733,7 +733,7 @@ static size_t own_clients(const char *addr, char (*out)[64], size_t cap)
     snprintf(suffix, sizeof suffix, ":%ld", (long)getpid());
     redisReply *r = on_node(addr, "CLIENT LIST");
     size_t n = 0;
-    for (char *line = strtok(r->str, "\n"); line != NULL && n < cap;
+    for (char *line = strtok(r->str, "\n"); line != NULL;
          line = strtok(NULL, "\n")) {
         char client[48], name[64];
         if (sscanf(line, "%*s addr=%47s", client) != 1)
@@ -743,8 +743,11 @@ static size_t own_clients(const char *addr, char (*out)[64], size_t cap)
             continue;
         size_t len = strlen(name);
         if (len >= strlen(suffix)
-            && strcmp(name + len - strlen(suffix), suffix) == 0)
+            && strcmp(name + len - strlen(suffix), suffix) == 0) {
+            cr_assert_lt(n, cap, "more than %zu connections named %s on %s",
+                         cap, name, addr);
             snprintf(out[n++], sizeof out[0], "%s]", client);
+        }
     }
     freeReplyObject(r);
     return n;

@@ -94,8 +94,8 @@ void test_wait_for_log_lines(pid_t *pid, const char *log, long from,
         usleep(20 * 1000);
     }
     test_show_log(log);
-    cr_assert_fail("%s '%s' in %s within %d ms", lines > 1 ? "fewer than"
-                   : "no", what, log, timeout_ms);
+    cr_assert_fail("fewer than %d lines with '%s' in %s within %d ms", lines,
+                   what, log, timeout_ms);
 }
 
 /* Where a process that will not stop is stuck: every thread's stack, by
