@@ -226,9 +226,10 @@ static int take_config(rl_agent *a, const rl_options *o, rl_error *err)
                           a->config->in_flight_lease_ms) != RL_OK)
         return rl_error_set(err, RL_ENOMEM, "rl_agent_open: out of memory");
     if (o->timeout_ms != 0) {
-        if (o->timeout_ms > 60000)
+        if (o->timeout_ms > RL_STORE_TIMEOUT_MAX_MS)
             return rl_error_set(err, RL_EINVAL, "rl_agent_open: timeout_ms "
-                                "%u is over 60000", o->timeout_ms);
+                                "%u is over %u", o->timeout_ms,
+                                RL_STORE_TIMEOUT_MAX_MS);
         a->store_config.timeout_ms = o->timeout_ms;
     }
     /* TLS files are read here, where a refusal still reaches the caller,

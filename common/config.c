@@ -752,8 +752,8 @@ static int load_store(struct loader *ld, const char *where,
         return rc;
     uint64_t n;
     if (raw->timeout_ms != NULL) {
-        if ((rc = parse_int(ld, AT("timeout_ms"), raw->timeout_ms, 1, 60000,
-                            &n)) != RL_OK)
+        if ((rc = parse_int(ld, AT("timeout_ms"), raw->timeout_ms, 1,
+                            RL_STORE_TIMEOUT_MAX_MS, &n)) != RL_OK)
             return rc;
         store->timeout_ms = (uint32_t)n;
     }

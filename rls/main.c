@@ -174,6 +174,10 @@ static int load_rl_config(app *a, const char *path, bool print)
     char *file = path != NULL ? read_file(path, &rc) : NULL;
     if (rc != 0)
         return rc;
+    if (path != NULL && a->settings.redis_timeout_given)
+        rl_log(&a->log, RL_LOG_WARN, "setting_without_effect", "%s",
+               "REDIS_TIMEOUT: with --config, a call waits for Redis for "
+               "the config's store.timeout_ms");
     char *yaml;
     rc = parse_rl(a, file, path, false, &yaml);
     if (rc == 0 && a->rl->aggregator.given) {

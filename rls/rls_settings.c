@@ -6,6 +6,8 @@
  */
 #include "rls_settings.h"
 
+#include "config.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -520,6 +522,24 @@ static void note(char *notes, size_t cap, const var *v, const char *value)
                  v->name, value, v->why);
 }
 
+/* REDIS_TIMEOUT is how long a call waits for Redis, as rl's
+ * store.timeout_ms is, whose bounds it takes. Unset, rl's own default
+ * holds: upstream's 10 s is what let a dead Redis hold every call. */
+static int read_redis_timeout(rls_settings *s, rls_env_fn env, void *arg,
+                              char *err, size_t cap)
+{
+    const char *set = env("REDIS_TIMEOUT", arg);
+    if (set == NULL)
+        return 0;
+    s->redis_timeout_given = true;
+    if (s->redis_timeout_ms >= 1
+        && s->redis_timeout_ms <= RL_STORE_TIMEOUT_MAX_MS)
+        return 0;
+    snprintf(err, cap, "REDIS_TIMEOUT=\"%s\": not between 1ms and 60s "
+             "(how long a call waits for Redis: rl's store.timeout_ms)", set);
+    return -1;
+}
+
 int rls_settings_read(rls_settings *s, rls_env_fn env, void *arg, char *err,
                       size_t cap, char *notes, size_t notes_cap)
 {
@@ -542,6 +562,8 @@ int rls_settings_read(rls_settings *s, rls_env_fn env, void *arg, char *err,
         if (v->use == NO_EFFECT)
             note(notes, notes_cap, v, set);
     }
+    if (read_redis_timeout(s, env, arg, err, cap) != 0)
+        return -1;
     return check_ports(s, err, cap);
 }
 

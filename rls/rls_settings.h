@@ -66,7 +66,8 @@ typedef struct rls_settings {
     char *redis_tls_client_key;
     char *redis_tls_cacert;
     bool redis_tls_skip_hostname_verification;
-    int64_t redis_timeout_ms;
+    int64_t redis_timeout_ms;     /* rl's store.timeout_ms, when given */
+    bool redis_timeout_given;     /* unset: rl's own default, not 10 s */
 } rls_settings;
 
 /* Where the variables come from: getenv, or a test's table. NULL: unset. */

@@ -171,6 +171,12 @@ static int add_store(text *t, const rls_settings *s, char *err, size_t cap)
         return -1;
     }
     add_tls(t, s);
+    if (s->redis_timeout_given) {
+        char line[48];
+        snprintf(line, sizeof line, "  timeout_ms: %lld\n",
+                 (long long)s->redis_timeout_ms);
+        add_str(t, line);
+    }
     return 0;
 }
 

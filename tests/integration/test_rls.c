@@ -120,6 +120,55 @@ Test(rls, the_store_from_upstreams_variables)
     test_rls_stop(&r);
 }
 
+/* REDIS_TIMEOUT is how long a call waits for Redis, as rl's
+ * store.timeout_ms: with Redis paused, a call of 5 s is answered when
+ * REDIS_TIMEOUT (1.5 s) has passed, let through and marked degraded, not
+ * at rl's own 50 ms. The stamps are the client's: a health call's answer,
+ * then the paused call's. */
+Test(rls, redis_timeout_is_how_long_a_call_waits_for_redis)
+{
+    test_redis srv;
+    char addr[64];
+    static char url[96];
+    test_agent_private_redis(&srv, addr, sizeof addr);
+    snprintf(url, sizeof url, "REDIS_URL=%s", addr);
+    const char *env[] = {url, "REDIS_TIMEOUT=1500ms", NULL};
+    test_rls r;
+    test_rls_start(&r, limits, NULL, env);
+    static char out[1024];
+    const char call[] = "{\"domain\": \"edge\", \"stamp\": true, "
+                        "\"descriptors\": [{\"entries\": [[\"client\", "
+                        "\"waits\"]]}]}";
+    test_rls_call(&r, out, sizeof out, call, NULL);
+    cr_assert(strstr(out, " OK OK OK:19:") != NULL, "%s", out);
+    test_redis_pause(&srv);
+    test_rls_call(&r, out, sizeof out, "{\"health\": true, \"stamp\": true}",
+                  call, NULL);
+    test_redis_resume(&srv);
+    long long asked, answered;
+    char second[256];
+    cr_assert_eq(sscanf(out, "%lld HEALTH SERVING\n%lld %255[^\n]", &asked,
+                        &answered, second), 3, "%s", out);
+    cr_assert(strncmp(second, "OK OK OK:20:20/MINUTE::", 23) == 0
+              && strstr(second, "|| x-rl-degraded=true") != NULL, "%s", out);
+    cr_assert_geq(answered - asked, 1400, "answered after %lld ms:\n%s",
+                  answered - asked, out);
+    test_rls_stop(&r);
+    test_redis_stop(&srv);
+}
+
+/* With --config, the config's store.timeout_ms is the deadline: a
+ * REDIS_TIMEOUT beside it is said to have no effect. */
+Test(rls, redis_timeout_beside_a_config_is_said_to_have_no_effect)
+{
+    const char *env[] = {"REDIS_TIMEOUT=1s", NULL};
+    test_rls r;
+    test_rls_start(&r, limits, rl_yaml(), env);
+    test_wait_for_log(&r.pid, r.log, "event=setting_without_effect "
+                      "REDIS_TIMEOUT: with --config", 5000);
+    test_rls_stop(&r);
+}
+
 /* Calls until a line holds want, 5 s at most. */
 static void call_until(test_rls *r, const char *call, const char *want)
 {

@@ -187,7 +187,8 @@ static const char *const synced_rules[] = {
 
 /* --print-rl-config prints the store, the aggregator and every rule the
  * agents run on, the synced ones with an aggregator only; REDIS_AUTH's
- * password goes by its variable's name, never in the text; and
+ * password goes by its variable's name, never in the text, and
+ * REDIS_TIMEOUT as the store's timeout_ms; and
  * rl-aggregator starts on it as printed. */
 Test(rls_modes, print_rl_config_is_an_aggregators_config)
 {
@@ -196,9 +197,11 @@ Test(rls_modes, print_rl_config_is_an_aggregators_config)
              test_env("RL_TEST_TMPDIR"), (int)getpid());
     static const char *const env[] = {"REDIS_AUTH=alice:hunter2-secret",
                                       "REDIS_SOCKET_TYPE=tcp",
-                                      "REDIS_URL=127.0.0.1:6379", NULL};
+                                      "REDIS_URL=127.0.0.1:6379",
+                                      "REDIS_TIMEOUT=250ms", NULL};
     print_rl_config(NULL, env, out);
     const char *text = slurp(out);
+    cr_assert(strstr(text, "\n  timeout_ms: 250\n") != NULL, "%s", text);
     cr_assert(strstr(text, "hunter2") == NULL, "%s", text);
     cr_assert(strstr(text, "password_env: RL_RLS_REDIS_PASSWORD\n") != NULL,
               "%s", text);

@@ -21,8 +21,9 @@ typedef struct test_rls {
 /* Starts build/bin/rl-rls with limits (YAML) as config/limits.yaml, the
  * environment variables in env (NULL-terminated "NAME=value" strings,
  * after the test's own: the runtime layout, loopback ports, the test
- * Redis by REDIS_URL) and, if rl_yaml is not NULL, a --config file of
- * that text; waits until it listens. */
+ * Redis by REDIS_URL, REDIS_TIMEOUT=2s without rl_yaml) and, if rl_yaml
+ * is not NULL, a --config file of that text; waits until it listens and
+ * every worker's store is ready. */
 void test_rls_start(test_rls *r, const char *limits, const char *rl_yaml,
                     const char *const *env);
 

@@ -44,6 +44,7 @@ Test(rls_settings, upstreams_defaults)
     cr_expect_str_eq(s.redis_type, "single");
     cr_expect_str_eq(s.redis_url, "/var/run/nutcracker/ratelimit.sock");
     cr_expect_eq(s.redis_timeout_ms, 10000);
+    cr_expect(!s.redis_timeout_given);
     cr_expect_eq(s.near_limit_ratio, 0.8);
     cr_expect_eq(s.expiration_jitter_max_seconds, 300);
     cr_expect_str_eq(s.log_level, "warn");
@@ -73,6 +74,7 @@ Test(rls_settings, values_as_go_parses_them)
     cr_expect(s.shadow_mode && s.merge_domain_config);
     cr_expect(!s.runtime_watch_root);
     cr_expect_eq(s.redis_timeout_ms, 1500);
+    cr_expect(s.redis_timeout_given);
     cr_expect_eq(s.grpc_max_connection_age_ms, 5400000);
     cr_expect_eq(s.near_limit_ratio, 0.9);
     cr_expect(s.limit_response_headers_enabled);
@@ -113,6 +115,16 @@ Test(rls_settings, a_bad_value_is_refused_with_what_would_do)
          "SHADOW_MODE=\"yes\": not a boolean (true, false, 1, 0, t, f)"},
         {"REDIS_TIMEOUT", "10",
          "REDIS_TIMEOUT=\"10\": not a duration (300ms, 10s, 1h30m)"},
+        /* rl's store.timeout_ms's bounds, 1 ms to 60 s */
+        {"REDIS_TIMEOUT", "0",
+         "REDIS_TIMEOUT=\"0\": not between 1ms and 60s (how long a call "
+         "waits for Redis: rl's store.timeout_ms)"},
+        {"REDIS_TIMEOUT", "500us",
+         "REDIS_TIMEOUT=\"500us\": not between 1ms and 60s (how long a call "
+         "waits for Redis: rl's store.timeout_ms)"},
+        {"REDIS_TIMEOUT", "60001ms",
+         "REDIS_TIMEOUT=\"60001ms\": not between 1ms and 60s (how long a "
+         "call waits for Redis: rl's store.timeout_ms)"},
         {"REDIS_TYPE", "replicated",
          "REDIS_TYPE=\"replicated\": not single, cluster or sentinel"},
         {"LOG_FORMAT", "xml", "LOG_FORMAT=\"xml\": not text or json"},
@@ -148,9 +160,13 @@ Test(rls_settings, upstreams_defaults_set_by_hand_pass_and_no_effect_is_named)
     static const char *const env[] = {
         "BACKEND_TYPE", "REDIS", "CONFIG_TYPE", "FILE",
         "REDIS_PERSECOND", "false", "USE_STATSD", "true",
-        "REDIS_POOL_SIZE", "20", "USE_STATSD", "false", NULL};
+        "REDIS_POOL_SIZE", "20", "USE_STATSD", "false",
+        "REDIS_TIMEOUT", "10s", NULL};
     rls_settings s;
     cr_assert_eq(read_env(&s, env), 0, "%s", err);
+    /* Upstream's default set by hand is the operator's deadline all the
+     * same: rl's own default holds only when it is unset. */
+    cr_expect(s.redis_timeout_given && s.redis_timeout_ms == 10000);
     cr_expect_str_eq(notes, "REDIS_POOL_SIZE=\"20\": no effect in rl-rls "
                      "(rl-rls pipelines every call on one connection per "
                      "loop)\n");
