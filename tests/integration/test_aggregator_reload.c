@@ -931,7 +931,10 @@ Test(synced_reload, a_longer_period_keeps_the_count_aggregator_first)
 /* 4 s -> 1 s: the 50 spent were made within the second before the gap, so
  * any span of the new period that holds them and the gap admits at most
  * 50 more in it; once they have left, 100 per second come back (at least
- * 150 in the 2.5 s after: not stuck). */
+ * 150 in the 2.5 s after: not stuck), and no more than three spans'
+ * limits, the shares' rounding and SLACK (a limit stuck at the old
+ * period's counts admits thousands; make tsan, six tests at a time,
+ * admitted 320: totals come late on a machine that loaded). */
 static void shorter_period(bool agents_first)
 {
     rule_change c = {
@@ -945,7 +948,8 @@ static void shorter_period(bool agents_first)
     cr_expect_leq(seen.gap, 100 - SPENT + SLACK,
                   "%ld admitted in the second of the 50 spent", seen.gap);
     cr_expect_geq(seen.after, 150, "the new period's limit was not given");
-    cr_expect_leq(seen.after, 3 * (100 + 2 * N_AGENTS));
+    cr_expect_leq(seen.after, 3 * (100 + 2 * N_AGENTS) + SLACK,
+                  "%ld admitted in 2.5 s", seen.after);
 }
 
 Test(synced_reload, a_shorter_period_keeps_the_count_agents_first)
