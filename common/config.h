@@ -77,7 +77,7 @@ typedef struct rl_limit {
 #define RL_OVERRIDES_FILE_MAX (64u << 20) /* bytes of one overrides_file */
 #define RL_ROUTES_MAX 4096    /* entries of gateway.routes */
 #define RL_FLEET_MAX 100000   /* fleet_size, at most */
-#define RL_STORE_TIMEOUT_MAX_MS 60000 /* store.timeout_ms, at most */
+#define RL_STORE_TIMEOUT_MAX_MS 60000u /* store.timeout_ms, at most */
 /* in_flight_lease_ms: its default and bounds. */
 #define RL_IN_FLIGHT_LEASE_MS 10000
 #define RL_IN_FLIGHT_LEASE_MIN 1000

@@ -535,8 +535,9 @@ static int read_redis_timeout(rls_settings *s, rls_env_fn env, void *arg,
     if (s->redis_timeout_ms >= 1
         && s->redis_timeout_ms <= RL_STORE_TIMEOUT_MAX_MS)
         return 0;
-    snprintf(err, cap, "REDIS_TIMEOUT=\"%s\": not between 1ms and 60s "
-             "(how long a call waits for Redis: rl's store.timeout_ms)", set);
+    snprintf(err, cap, "REDIS_TIMEOUT=\"%s\": not between 1ms and %us "
+             "(how long a call waits for Redis: rl's store.timeout_ms)", set,
+             RL_STORE_TIMEOUT_MAX_MS / 1000);
     return -1;
 }
 
